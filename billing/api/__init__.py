@@ -1,0 +1,1 @@
+"""HTTP API: thin FastAPI handlers over the domain modules."""

@@ -1,0 +1,96 @@
+"""Typed domain errors; each carries its HTTP status, and one API handler renders them all."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class FieldError:
+    """One validation problem: ``index`` of the event (None for query/body-level), ``path``, words."""
+
+    index: int | None
+    path: str
+    message: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "path": self.path, "message": self.message}
+
+
+class BillingError(Exception):
+    """Base of every error a client can cause; ``status`` is the HTTP status to answer with."""
+
+    status = 400
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body of the error response."""
+        return {"error": str(self)}
+
+
+class ValidationFailed(BillingError):
+    """422: the request is malformed; ``errors`` lists every problem (CONTRACT "Ingest")."""
+
+    status = 422
+
+    def __init__(self, errors: list[FieldError]) -> None:
+        super().__init__("; ".join(f"{e.path}: {e.message}" for e in errors[:5]))
+        self.errors = errors
+
+    def body(self) -> dict[str, Any]:
+        return {"errors": [e.as_dict() for e in self.errors]}
+
+
+class TooLarge(BillingError):
+    """413: more than 1000 events or a body over 1 MiB."""
+
+    status = 413
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """An ``event_id`` reused with different content, at ``index`` of the batch."""
+
+    index: int
+    event_id: str
+
+
+class EventConflict(BillingError):
+    """409: an event_id already stored (or repeated in the batch) with different content."""
+
+    status = 409
+
+    def __init__(self, conflicts: list[Conflict]) -> None:
+        super().__init__(f"{len(conflicts)} event_id(s) reused with different content")
+        self.conflicts = conflicts
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": (
+                "event_id already used for an event with different content; an event_id names "
+                "one event forever: send a new event_id for a new event"
+            ),
+            "conflicts": [{"index": c.index, "event_id": c.event_id} for c in self.conflicts],
+        }
+
+
+class NotFound(BillingError):
+    """404 with a sentence naming what was not found."""
+
+    status = 404
+
+
+class PriceConflict(BillingError):
+    """409: a price for the same model and effective_from exists with different amounts."""
+
+    status = 409
+
+
+class Unavailable(BillingError):
+    """503: the database cannot be reached now; nothing was stored. Retry after ``retry_after`` s."""
+
+    status = 503
+
+    def __init__(self, retry_after: int) -> None:
+        super().__init__("the database is unavailable; nothing was stored, retry later")
+        self.retry_after = retry_after

@@ -1,0 +1,1 @@
+"""Ingest: validating lifecycle events and storing them exactly once."""

@@ -1,0 +1,134 @@
+"""The lifecycle events of CONTRACT "Events", as pydantic models discriminated by ``type``."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+)
+
+PROTOCOLS = ("openai.chat_completions", "openai.responses", "anthropic.messages")
+EVENT_TYPES = (
+    "stream.started",
+    "stream.tokens",
+    "stream.client_disconnected",
+    "stream.usage",
+    "stream.failed",
+)
+#: The largest token count accepted in one field (a billion tokens; far past any context window).
+MAX_TOKENS = 1_000_000_000
+#: The highest attempt number accepted.
+MAX_ATTEMPT = 1000
+
+
+def _require_text(value: Any) -> Any:
+    if not isinstance(value, str):
+        raise ValueError("must be an RFC 3339 timestamp string such as 2026-10-15T08:00:00Z")
+    return value
+
+
+def _to_utc(value: datetime) -> datetime:
+    return value.astimezone(UTC)
+
+
+def _printable(value: str) -> str:
+    if not value.isprintable():
+        raise ValueError("must be printable text (no control characters)")
+    return value
+
+
+Timestamp = Annotated[AwareDatetime, BeforeValidator(_require_text), AfterValidator(_to_utc)]
+Tokens = Annotated[int, Field(ge=0, le=MAX_TOKENS, strict=True)]
+Id128 = Annotated[str, StringConstraints(min_length=1, max_length=128), AfterValidator(_printable)]
+Label = Annotated[str, StringConstraints(min_length=1, max_length=64), AfterValidator(_printable)]
+ModelName = Annotated[
+    str, StringConstraints(min_length=1, max_length=256), AfterValidator(_printable)
+]
+MetadataKey = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+MetadataValue = Annotated[str, StringConstraints(max_length=256)]
+Protocol = Literal["openai.chat_completions", "openai.responses", "anthropic.messages"]
+
+
+class _Event(BaseModel):
+    """Envelope fields shared by every event (CONTRACT "Events")."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    event_id: Id128
+    request_id: Id128
+    occurred_at: Timestamp
+    attempt: Annotated[int, Field(ge=1, le=MAX_ATTEMPT, strict=True)] = 1
+
+
+class StreamStarted(_Event):
+    """The gateway opened the upstream stream for this attempt."""
+
+    type: Literal["stream.started"]
+    api_key_id: Id128
+    model: ModelName
+    protocol: Protocol
+    input_tokens: Tokens | None = None
+    metadata: Annotated[dict[MetadataKey, MetadataValue], Field(max_length=32)] | None = None
+
+
+class StreamTokens(_Event):
+    """Progress: cumulative output tokens generated upstream and delivered to the client."""
+
+    type: Literal["stream.tokens"]
+    output_tokens_generated: Tokens
+    output_tokens_delivered: Tokens
+
+
+class StreamClientDisconnected(_Event):
+    """The client went away; cumulative counts at that moment."""
+
+    type: Literal["stream.client_disconnected"]
+    output_tokens_delivered: Tokens
+    output_tokens_generated: Tokens | None = None
+
+
+class StreamUsage(_Event):
+    """Usage of the attempt in the contract's token semantics.
+
+    ``input_tokens`` excludes cache reads and writes; ``output_tokens`` includes reasoning;
+    ``source`` is ``upstream`` (the provider's count) or ``estimate`` (the gateway's count).
+    """
+
+    type: Literal["stream.usage"]
+    input_tokens: Tokens
+    output_tokens: Tokens
+    cache_read_input_tokens: Tokens = 0
+    cache_creation_input_tokens: Tokens = 0
+    reasoning_tokens: Tokens = 0
+    source: Literal["upstream", "estimate"]
+    model: ModelName | None = None
+    stop_reason: Label | None = None
+
+
+class StreamFailed(_Event):
+    """The attempt ended in an error (``error_type`` such as ``api_error`` or ``stalled``)."""
+
+    type: Literal["stream.failed"]
+    error_type: Label
+    message: Annotated[str, StringConstraints(max_length=4096)] | None = None
+    output_tokens_generated: Tokens | None = None
+
+
+Event = Annotated[
+    StreamStarted | StreamTokens | StreamClientDisconnected | StreamUsage | StreamFailed,
+    Field(discriminator="type"),
+]
+
+#: Fields allowed per event type, for error messages.
+FIELDS_BY_TYPE: dict[str, tuple[str, ...]] = {
+    model.model_fields["type"].annotation.__args__[0]: tuple(model.model_fields)  # type: ignore[union-attr]
+    for model in (StreamStarted, StreamTokens, StreamClientDisconnected, StreamUsage, StreamFailed)
+}

@@ -1,0 +1,147 @@
+"""Parsing a batch body into events, collecting every error in words a gateway developer can use."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import orjson
+from pydantic import TypeAdapter, ValidationError
+from pydantic_core import ErrorDetails
+
+from billing.errors import FieldError, TooLarge, ValidationFailed
+from billing.ingest.schemas import EVENT_TYPES, FIELDS_BY_TYPE, PROTOCOLS, Event
+
+MAX_BATCH = 1000
+MAX_BODY_BYTES = 1024 * 1024
+#: Events more than this far ahead of the server's clock are refused (CONTRACT "Events").
+MAX_FUTURE = timedelta(minutes=5)
+
+_events_adapter: TypeAdapter[list[Event]] = TypeAdapter(list[Event])
+
+
+@dataclass(frozen=True)
+class ParsedEvent:
+    """A validated event with the JSON object the gateway sent (``raw``, key order kept)."""
+
+    event: Event
+    raw: dict[str, Any]
+
+
+def parse_batch(body: bytes, now: datetime) -> list[ParsedEvent]:
+    """Parse and validate a ``POST /v1/events`` body (CONTRACT "Ingest").
+
+    Returns the events in batch order. Raises ``TooLarge`` past 1 MiB or 1000 events and
+    ``ValidationFailed`` listing every problem (by event index and field path) otherwise.
+    """
+    if len(body) > MAX_BODY_BYTES:
+        raise TooLarge(f"request body is {len(body)} bytes; the limit is {MAX_BODY_BYTES} (1 MiB)")
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as error:
+        raise ValidationFailed(
+            [FieldError(None, "body", f"is not valid JSON ({error}); send {{\"events\": [...]}}")]
+        ) from None
+    if not isinstance(document, dict) or not isinstance(document.get("events"), list):
+        raise ValidationFailed(
+            [FieldError(None, "body", 'must be a JSON object {"events": [event, ...]}')]
+        )
+    extra = sorted(set(document) - {"events"})
+    raws: list[Any] = document["events"]
+    if len(raws) > MAX_BATCH:
+        raise TooLarge(f"batch holds {len(raws)} events; send at most {MAX_BATCH} per request")
+    errors = [FieldError(None, f"body.{k}", "is not a known field; send only \"events\"") for k in extra]
+    if not raws:
+        errors.append(FieldError(None, "events", f"must hold 1 to {MAX_BATCH} events, not 0"))
+    if errors:
+        raise ValidationFailed(errors)
+    try:
+        events = _events_adapter.validate_python(raws)
+    except ValidationError as error:
+        raise ValidationFailed(
+            [_describe(item, raws) for item in error.errors(include_url=False)]
+        ) from None
+    future = [
+        FieldError(
+            i,
+            f"events[{i}].occurred_at",
+            f"is more than 5 minutes ahead of the service's clock ({now.isoformat()}); "
+            "check the gateway's clock",
+        )
+        for i, event in enumerate(events)
+        if event.occurred_at - now > MAX_FUTURE
+    ]
+    if future:
+        raise ValidationFailed(future)
+    return [ParsedEvent(event, raw) for event, raw in zip(events, raws, strict=True)]
+
+
+def _describe(item: ErrorDetails, raws: Sequence[Any]) -> FieldError:
+    """One pydantic error as a FieldError with a sentence a gateway developer can act on."""
+    loc = list(item["loc"])
+    index = loc.pop(0) if loc and isinstance(loc[0], int) else None
+    event_type = None
+    if loc and isinstance(loc[0], str) and loc[0] in EVENT_TYPES:
+        event_type = loc.pop(0)
+    path = f"events[{index}]" if index is not None else "events"
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}"
+    field = str(loc[-1]) if loc else ""
+    return FieldError(index, path, _message(item, event_type, field, raws, index))
+
+
+def _message(
+    item: ErrorDetails, event_type: str | None, field: str, raws: Sequence[Any], index: int | None
+) -> str:
+    kind = item["type"]
+    ctx = item.get("ctx") or {}
+    of_type = f"{event_type} events" if event_type else "events"
+    if kind == "union_tag_not_found":
+        if index is not None and not isinstance(raws[index], dict):
+            return "must be a JSON object (an event)"
+        return "needs a \"type\": one of " + ", ".join(EVENT_TYPES)
+    if kind == "union_tag_invalid":
+        return f"unknown event type {ctx.get('tag')!r}; use one of " + ", ".join(EVENT_TYPES)
+    if kind == "missing":
+        return f"is required for {of_type}"
+    if kind == "extra_forbidden":
+        allowed = ", ".join(FIELDS_BY_TYPE.get(event_type or "", ()))
+        return f"is not a field of {of_type}; remove it (allowed: {allowed})"
+    if field == "protocol" and kind == "literal_error":
+        return "unknown protocol; use one of " + ", ".join(PROTOCOLS)
+    if field == "source" and kind == "literal_error":
+        return "must be \"upstream\" (reported by the provider) or \"estimate\" (counted by the gateway)"
+    if kind == "timezone_aware":
+        return (
+            "has no UTC offset; send an RFC 3339 timestamp with an offset, "
+            "such as 2026-10-15T08:00:00Z or 2026-10-15T10:00:00+02:00"
+        )
+    if kind in {"datetime_parsing", "datetime_from_date_parsing", "datetime_type"}:
+        return "is not an RFC 3339 timestamp; send one such as 2026-10-15T08:00:00Z"
+    if kind in {"int_type", "int_parsing", "int_from_float"}:
+        if field in {"attempt"}:
+            return "must be an integer ≥ 1 (the upstream attempt number)"
+        return "must be a whole number of tokens (a JSON integer ≥ 0)"
+    if kind == "greater_than_equal":
+        if field == "attempt":
+            return "must be an integer ≥ 1 (attempts are numbered from 1)"
+        return f"must be ≥ {ctx.get('ge')}: token counts are never negative"
+    if kind == "less_than_equal":
+        return f"must be at most {ctx.get('le')}"
+    if kind == "string_too_short":
+        return "must not be empty"
+    if kind == "string_too_long":
+        return f"is too long: at most {ctx.get('max_length')} characters"
+    if kind == "too_long" and field == "metadata":
+        return "has too many entries: at most 32 string keys to string values"
+    if kind == "string_type":
+        if len(item["loc"]) >= 4 and item["loc"][-2] == "metadata":
+            return "metadata values must be strings (at most 256 characters)"
+        return "must be a string"
+    if kind == "dict_type" and field == "metadata":
+        return "must be a JSON object of string keys to string values"
+    if kind == "value_error":
+        return str(ctx.get("error", item["msg"]))
+    return str(item["msg"])

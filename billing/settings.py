@@ -1,0 +1,82 @@
+"""Service settings, read from the environment with the prefix ``BILLING_``."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Every knob of the service; each field maps to ``BILLING_<NAME>``.
+
+    - ``database_url``: SQLAlchemy URL; a SQLite file ``billing.db`` in the working directory by
+      default, ``postgresql+psycopg://user@host/db`` for PostgreSQL (CONTRACT "Operations").
+    - ``settle_after_s``: seconds without a new event after which a call settles on what it has
+      (CONTRACT "Reconciliation", default 300).
+    - ``close_lag_s``: seconds after ``until`` before an export period counts as closed
+      (CONTRACT "Export", default 60).
+    - ``reconcile_interval_s``: seconds between background reconciliation passes in ``serve``.
+    - ``sqlite_busy_timeout_ms``: how long a SQLite writer waits for the lock before giving up.
+    - ``db_retry_after_s``: the ``Retry-After`` value sent with a 503 when the database is down.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="BILLING_", extra="ignore")
+
+    database_url: str = "sqlite:///billing.db"
+    settle_after_s: float = Field(default=300.0, gt=0)
+    close_lag_s: float = Field(default=60.0, ge=0)
+    reconcile_interval_s: float = Field(default=2.0, gt=0)
+    reconcile_batch_size: int = Field(default=500, ge=1, le=100_000)
+    sqlite_busy_timeout_ms: int = Field(default=10_000, ge=0)
+    db_pool_size: int = Field(default=10, ge=1)
+    db_retry_after_s: int = Field(default=2, ge=1)
+    log_level: str = "info"
+
+    @field_validator("database_url")
+    @classmethod
+    def _known_database(cls, value: str) -> str:
+        for plain in ("postgresql://", "postgres://"):
+            if value.startswith(plain):
+                # psycopg 3 is the driver we ship; a bare postgresql:// would ask for psycopg2.
+                value = "postgresql+psycopg://" + value[len(plain) :]
+        if not (value.startswith("sqlite") or value.startswith("postgresql+psycopg")):
+            raise ValueError(
+                "must be a sqlite:///PATH or postgresql+psycopg://USER@HOST/DB URL, "
+                f"not {value.split(':', 1)[0]!r}"
+            )
+        return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        levels = {"critical", "error", "warning", "info", "debug"}
+        if value.lower() not in levels:
+            raise ValueError(f"must be one of {', '.join(sorted(levels))}")
+        return value.lower()
+
+
+class SettingsError(Exception):
+    """A setting in the environment is invalid; ``str()`` is one line naming it."""
+
+
+def describe_error(error: ValidationError) -> str:
+    """Turn a settings ``ValidationError`` into one line: ``BILLING_X: reason; …``."""
+    parts = []
+    for item in error.errors():
+        name = "BILLING_" + str(item["loc"][0]).upper() if item["loc"] else "settings"
+        parts.append(f"{name}: {item['msg']}")
+    return "invalid setting " + "; ".join(parts)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process's settings, read once.
+
+    Raises ``SettingsError`` with one clear line when a value is invalid.
+    """
+    try:
+        return Settings()
+    except ValidationError as error:
+        raise SettingsError(describe_error(error)) from None

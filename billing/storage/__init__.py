@@ -1,0 +1,1 @@
+"""Storage: ORM tables, column types and database engines."""

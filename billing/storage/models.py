@@ -1,0 +1,206 @@
+"""All ORM tables of the service, in one place (the migrations are the source of the schema)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from billing.storage.types import UTCDateTime
+
+# SQLite only makes an INTEGER PRIMARY KEY auto-increment; PostgreSQL gets a real bigint.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    """Declarative base with a naming convention, so migrations name constraints alike."""
+
+    metadata = MetaData(naming_convention=NAMING)
+
+
+def _tokens() -> Mapped[int]:
+    return mapped_column(BigInteger, nullable=False, default=0, server_default=text("0"))
+
+
+class Event(Base):
+    """One accepted lifecycle event, append-only (CONTRACT "Events").
+
+    ``body`` is the event's JSON as the gateway sent it (keys and values in its order);
+    ``content_hash`` is the SHA-256 of its canonical validated form, which decides whether a reused
+    ``event_id`` is a duplicate (same hash) or a conflict (different hash). ``seq`` is arrival order.
+    """
+
+    __tablename__ = "events"
+
+    seq: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    event_id: Mapped[str] = mapped_column(String(128), nullable=False, unique=True)
+    request_id: Mapped[str] = mapped_column(String(128), nullable=False)
+    attempt: Mapped[int] = mapped_column(Integer, nullable=False)
+    type: Mapped[str] = mapped_column(String(40), nullable=False)
+    occurred_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    received_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    content_hash: Mapped[str] = mapped_column(String(64), nullable=False)
+    body: Mapped[str] = mapped_column(Text, nullable=False)
+
+    __table_args__ = (Index(None, "request_id", "seq"),)
+
+
+class Call(Base):
+    """Per-call state: ingest bookkeeping plus the reconciler's current figures.
+
+    Ingest creates the row and bumps ``change_seq`` / sets ``pending`` for every call that received a
+    new event; the reconciler recomputes the figures from the events, settles, and clears
+    ``pending`` when nothing arrived meanwhile. Token fields are integers (tokens); ``cost_pusd`` is
+    the exact cost in picodollars (1e-12 USD), null while the model has no price.
+    """
+
+    __tablename__ = "calls"
+
+    request_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    api_key_id: Mapped[str | None] = mapped_column(String(128))
+    model: Mapped[str | None] = mapped_column(String(256))
+    protocol: Mapped[str | None] = mapped_column(String(40))
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    metadata_: Mapped[dict[str, str] | None] = mapped_column("metadata", JSON)
+    first_received_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    last_received_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    change_seq: Mapped[int] = mapped_column(BigInteger, nullable=False, default=1)
+    pending: Mapped[bool] = mapped_column(Boolean, nullable=False, default=True)
+    status: Mapped[str] = mapped_column(String(32), nullable=False, default="open")
+    settled: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False)
+    settled_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    usage_source: Mapped[str | None] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    input_tokens: Mapped[int] = _tokens()
+    cache_read_input_tokens: Mapped[int] = _tokens()
+    cache_creation_input_tokens: Mapped[int] = _tokens()
+    output_tokens_billed: Mapped[int] = _tokens()
+    output_tokens_delivered: Mapped[int] = _tokens()
+    output_tokens_undelivered: Mapped[int] = _tokens()
+    reasoning_tokens: Mapped[int] = _tokens()
+    cost_pusd: Mapped[int | None] = mapped_column(BigInteger)
+    error_type: Mapped[str | None] = mapped_column(String(64))
+    stop_reason: Mapped[str | None] = mapped_column(String(64))
+    anomalies: Mapped[list[str]] = mapped_column(JSON, nullable=False, default=list)
+
+    __table_args__ = (
+        Index(None, "api_key_id", "started_at", "request_id"),
+        Index(None, "model", "started_at", "request_id"),
+        Index(None, "started_at", "request_id"),
+        Index(None, "pending", "last_received_at"),
+        Index(None, "settled", "last_received_at"),
+    )
+
+
+class CallAttempt(Base):
+    """Figures of one upstream attempt of a call, as last reconciled (CONTRACT "Reconciliation")."""
+
+    __tablename__ = "call_attempts"
+
+    request_id: Mapped[str] = mapped_column(
+        String(128), ForeignKey("calls.request_id"), primary_key=True
+    )
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model: Mapped[str | None] = mapped_column(String(256))
+    status: Mapped[str] = mapped_column(String(32), nullable=False)
+    usage_source: Mapped[str] = mapped_column(String(16), nullable=False)
+    input_tokens: Mapped[int] = _tokens()
+    cache_read_input_tokens: Mapped[int] = _tokens()
+    cache_creation_input_tokens: Mapped[int] = _tokens()
+    output_tokens_billed: Mapped[int] = _tokens()
+    output_tokens_delivered: Mapped[int] = _tokens()
+    output_tokens_undelivered: Mapped[int] = _tokens()
+    reasoning_tokens: Mapped[int] = _tokens()
+    error_type: Mapped[str | None] = mapped_column(String(64))
+    stop_reason: Mapped[str | None] = mapped_column(String(64))
+
+
+class Price(Base):
+    """A model's price from ``effective_from`` on, in micro-USD per million tokens.
+
+    Micro-USD per million tokens is numerically picodollars per token, so ``tokens × price`` is an
+    exact cost in picodollars (CONTRACT "Cost": at most 6 decimal places).
+    """
+
+    __tablename__ = "prices"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    model: Mapped[str] = mapped_column(String(256), nullable=False)
+    effective_from: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    input_uusd_per_mtok: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    output_uusd_per_mtok: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    cache_read_uusd_per_mtok: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    cache_creation_uusd_per_mtok: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+
+    __table_args__ = (UniqueConstraint("model", "effective_from"),)
+
+
+class LedgerEntry(Base):
+    """An immutable ledger entry: a ``settlement`` or an ``adjustment`` (CONTRACT "Reconciliation").
+
+    Never updated or deleted. ``(request_id, seq)`` is unique, so a second reconciler writing the
+    same step of the same call fails instead of booking twice. Token fields are signed deltas;
+    prices are those used for this entry (null when unpriced), and ``cost_pusd`` (picodollars)
+    always equals the tokens of this row times its own prices.
+    """
+
+    __tablename__ = "ledger_entries"
+
+    entry_id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    request_id: Mapped[str] = mapped_column(String(128), nullable=False)
+    seq: Mapped[int] = mapped_column(Integer, nullable=False)
+    kind: Mapped[str] = mapped_column(String(16), nullable=False)
+    reason: Mapped[str] = mapped_column(String(200), nullable=False)
+    booked_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    api_key_id: Mapped[str | None] = mapped_column(String(128))
+    model: Mapped[str | None] = mapped_column(String(256))
+    protocol: Mapped[str | None] = mapped_column(String(40))
+    status: Mapped[str] = mapped_column(String(32), nullable=False)
+    call_started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    input_tokens: Mapped[int] = _tokens()
+    cache_read_input_tokens: Mapped[int] = _tokens()
+    cache_creation_input_tokens: Mapped[int] = _tokens()
+    output_tokens_billed: Mapped[int] = _tokens()
+    output_tokens_delivered: Mapped[int] = _tokens()
+    output_tokens_undelivered: Mapped[int] = _tokens()
+    reasoning_tokens: Mapped[int] = _tokens()
+    price_id: Mapped[int | None] = mapped_column(BigInteger)
+    input_uusd_per_mtok: Mapped[int | None] = mapped_column(BigInteger)
+    output_uusd_per_mtok: Mapped[int | None] = mapped_column(BigInteger)
+    cache_read_uusd_per_mtok: Mapped[int | None] = mapped_column(BigInteger)
+    cache_creation_uusd_per_mtok: Mapped[int | None] = mapped_column(BigInteger)
+    cost_pusd: Mapped[int | None] = mapped_column(BigInteger)
+
+    __table_args__ = (
+        UniqueConstraint("request_id", "seq"),
+        Index(None, "booked_at", "entry_id"),
+    )
+
+
+def row_dict(obj: Any) -> dict[str, Any]:
+    """A mapped object's column values by attribute name (for tests and serialisers)."""
+    return {c.key: getattr(obj, c.key) for c in obj.__mapper__.column_attrs}

@@ -1,0 +1,139 @@
+"""Test databases built by the migrations: a SQLite file per test by default, or the PostgreSQL
+database named by ``BILLING_TEST_DATABASE_URL`` (emptied between tests)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
+
+from billing.api.app import create_app
+from billing.settings import Settings
+from billing.storage.migrate import upgrade_to_head
+from billing.storage.models import Base
+
+PG_URL = os.environ.get("BILLING_TEST_DATABASE_URL")
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def pytest_report_header() -> str:
+    return f"billing test database: {'PostgreSQL ' + PG_URL if PG_URL else 'SQLite (a file per test)'}"
+
+
+@pytest.fixture(scope="session")
+def _sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("template") / "template.db"
+    upgrade_to_head(f"sqlite:///{path}")
+    return path
+
+
+@pytest.fixture(scope="session")
+def _pg_migrated() -> str:
+    assert PG_URL is not None
+    upgrade_to_head(PG_URL)
+    return PG_URL
+
+
+def _truncate_pg(url: str) -> None:
+    engine = create_engine(url, poolclass=NullPool)
+    tables = ", ".join(t.name for t in Base.metadata.sorted_tables)
+    with engine.begin() as conn:
+        conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
+    engine.dispose()
+
+
+@pytest.fixture
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A database at the migration head with no rows; SQLite or PostgreSQL as configured."""
+    if PG_URL:
+        url = request.getfixturevalue("_pg_migrated")
+        _truncate_pg(url)
+        yield url
+        return
+    template: Path = request.getfixturevalue("_sqlite_template")
+    path = tmp_path / "billing.db"
+    shutil.copyfile(template, path)
+    yield f"sqlite:///{path}"
+
+
+@pytest.fixture
+def is_postgres() -> bool:
+    return PG_URL is not None
+
+
+@pytest.fixture
+def settings(db_url: str) -> Settings:
+    return Settings(database_url=db_url)
+
+
+@pytest.fixture
+def app(settings: Settings) -> FastAPI:
+    return create_app(settings)
+
+
+@pytest.fixture
+def client(app: FastAPI) -> Iterator[TestClient]:
+    with TestClient(app) as test_client:
+        yield test_client
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class LiveServer:
+    """A real uvicorn server for ``app`` on a loopback port, in a thread of this process."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> LiveServer:
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture
+def live_server(app: FastAPI) -> Iterator[LiveServer]:
+    with LiveServer(app) as server:
+        yield server
+
+
+@pytest.fixture
+def http(live_server: LiveServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=live_server.url, timeout=30) as client:
+        yield client
+
+
+def pg_admin_url(url: str, database: str = "postgres") -> str:
+    """``url`` pointed at another database of the same server (for CREATE/DROP DATABASE)."""
+    return make_url(url).set(database=database).render_as_string(hide_password=False)
