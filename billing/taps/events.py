@@ -1,0 +1,109 @@
+"""Turn a tap's state into the payloads of the CONTRACT's closing lifecycle events.
+
+The payloads carry no envelope fields: the caller adds ``event_id``, ``request_id``,
+``occurred_at`` and ``attempt`` (CONTRACT.md, "Events"). :func:`attempt_final_events` also
+sets ``type``; the two ``*_payload`` functions do not.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from billing.taps.base import Tap
+
+__all__ = ["attempt_final_events", "stream_failed_payload", "stream_usage_payload"]
+
+
+def stream_usage_payload(tap: Tap, *, fallback_input_tokens: int | None = None) -> dict[str, Any]:
+    """The ``stream.usage`` payload of the attempt the tap has read (token counts in tokens).
+
+    Shape::
+
+        {"input_tokens": int, "output_tokens": int, "cache_read_input_tokens": int,
+         "cache_creation_input_tokens": int, "reasoning_tokens": int,
+         "source": "upstream" | "estimate", "model": str (when reported),
+         "stop_reason": str (when known)}
+
+    ``source`` is ``upstream`` when the provider reported a usage and no content was generated
+    after it (:attr:`Tap.usage_is_final`); its counts are then the provider's. Otherwise it is
+    ``estimate``: ``output_tokens`` is :attr:`Tap.output_tokens` (the last reported running
+    count plus the deltas after it, or one token per content delta; never Anthropic's
+    ``message_start`` placeholder), and the input side is whatever the stream reported
+    (:attr:`Tap.input_reported`, e.g. Anthropic's ``message_start``), else
+    ``fallback_input_tokens`` (the gateway's own count), else 0.
+    """
+    payload: dict[str, Any] = {}
+    usage = tap.usage
+    if usage is not None and tap.usage_is_final:
+        payload.update(usage.as_dict())
+        payload["source"] = "upstream"
+    else:
+        reported = tap.input_reported
+        if reported is not None:
+            payload.update(reported.as_dict())
+        else:
+            payload.update(
+                input_tokens=fallback_input_tokens or 0,
+                cache_read_input_tokens=0,
+                cache_creation_input_tokens=0,
+            )
+        payload["output_tokens"] = tap.output_tokens
+        payload["reasoning_tokens"] = min(
+            usage.reasoning_tokens if usage is not None else 0, tap.output_tokens
+        )
+        payload["source"] = "estimate"
+    ordered = {
+        key: payload[key]
+        for key in (
+            "input_tokens",
+            "output_tokens",
+            "cache_read_input_tokens",
+            "cache_creation_input_tokens",
+            "reasoning_tokens",
+            "source",
+        )
+    }
+    if tap.model:
+        ordered["model"] = tap.model
+    if tap.stop_reason:
+        ordered["stop_reason"] = tap.stop_reason
+    return ordered
+
+
+def stream_failed_payload(tap: Tap) -> dict[str, Any] | None:
+    """The ``stream.failed`` payload when the stream carried an error, else ``None``.
+
+    Shape: ``{"error_type": str, "message": str (when non-empty),
+    "output_tokens_generated": int (tokens)}``; ``error_type`` is the provider's error
+    ``type`` (e.g. ``overloaded_error``, ``api_error``), or its ``code`` when it has no type.
+    """
+    error = tap.error
+    if error is None:
+        return None
+    payload: dict[str, Any] = {"error_type": str(error["type"])}
+    message = error.get("message")
+    if isinstance(message, str) and message:
+        payload["message"] = message
+    payload["output_tokens_generated"] = tap.output_tokens
+    return payload
+
+
+def attempt_final_events(
+    tap: Tap, *, fallback_input_tokens: int | None = None
+) -> list[dict[str, Any]]:
+    """The closing events of an attempt, each a payload plus its ``type``.
+
+    Always a ``stream.usage`` (see :func:`stream_usage_payload`), followed by a
+    ``stream.failed`` when the stream carried an error (see :func:`stream_failed_payload`).
+    """
+    events: list[dict[str, Any]] = [
+        {
+            "type": "stream.usage",
+            **stream_usage_payload(tap, fallback_input_tokens=fallback_input_tokens),
+        }
+    ]
+    failed = stream_failed_payload(tap)
+    if failed is not None:
+        events.append({"type": "stream.failed", **failed})
+    return events

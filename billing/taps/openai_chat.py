@@ -1,0 +1,161 @@
+"""Tap for OpenAI Chat Completions streams (``POST /v1/chat/completions``, ``stream: true``).
+
+Rules, from the OpenAI API reference ("The chat completion chunk object", ``stream_options.
+include_usage``) and the OpenAI-compatible providers seen in the wild:
+
+* each ``data:`` is a ``chat.completion.chunk`` object; ``data: [DONE]`` ends the stream;
+* ``choices[].delta`` carries the generated content: ``content``, ``refusal``,
+  ``tool_calls[].function.arguments``, the legacy ``function_call.arguments``, and reasoning
+  text (``reasoning_content``, ``reasoning``) from compatible providers; each non-empty piece
+  counts as one estimated output token, across all choices (``n`` > 1);
+* ``choices[].finish_reason`` is the stop reason; it does NOT end the stream: the usage
+  usually follows in a chunk with ``"choices": []`` (or no ``choices``, or still a choice);
+* ``usage`` (also Groq's legacy ``x_groq.usage``): ``prompt_tokens`` INCLUDES
+  ``prompt_tokens_details.cached_tokens`` (and cache writes where a provider reports them as
+  ``prompt_tokens_details.cache_write_tokens`` / ``cache_creation_input_tokens``), so
+  ``input_tokens = prompt_tokens - cached - cache writes``; ``completion_tokens`` includes
+  ``completion_tokens_details.reasoning_tokens``. Some providers send a cumulative usage on
+  every chunk: each one is a snapshot that replaces the previous (fields it omits are kept);
+* in-stream errors: a chunk with an ``error`` member, or an ``event: error`` block.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from billing.taps.base import (
+    InputUsage,
+    MalformedEventError,
+    Tap,
+    Usage,
+    as_dict,
+    error_from_event,
+    opt_str,
+    opt_tokens,
+)
+
+__all__ = ["ChatCompletionsTap"]
+
+_TEXT_FIELDS = ("content", "refusal", "reasoning_content", "reasoning")
+
+
+def _nonempty(value: object) -> bool:
+    return isinstance(value, str | list | dict) and len(value) > 0
+
+
+def _delta_pieces(delta: dict[str, Any]) -> int:
+    """Number of non-empty generated pieces in one choice delta."""
+    n = 0
+    for key in _TEXT_FIELDS:
+        value = delta.get(key)
+        if isinstance(value, str | list) and value:
+            n += 1
+    tool_calls = delta.get("tool_calls")
+    if tool_calls is not None:
+        if not isinstance(tool_calls, list):
+            raise MalformedEventError("tool_calls is not a list")
+        for call in tool_calls:
+            function = as_dict(call, "tool call").get("function")
+            if isinstance(function, dict) and _nonempty(function.get("arguments")):
+                n += 1
+    function_call = delta.get("function_call")
+    if isinstance(function_call, dict) and _nonempty(function_call.get("arguments")):
+        n += 1
+    audio = delta.get("audio")
+    if isinstance(audio, dict) and (
+        _nonempty(audio.get("transcript")) or _nonempty(audio.get("data"))
+    ):
+        n += 1
+    return n
+
+
+class ChatCompletionsTap(Tap):
+    """Tap for ``openai.chat_completions`` streams; see the module doc for the rules."""
+
+    protocol = "openai.chat_completions"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._raw: dict[str, int] = {}
+
+    def _on_event(self, kind: str, sse_event: str | None, data: dict[str, Any]) -> None:
+        self._set_model(opt_str(data, "model"))
+        if _nonempty(data.get("error")) or kind == "error" or sse_event == "error":
+            self._set_error(error_from_event(data))
+
+        choices = data.get("choices")
+        if choices is not None:
+            if isinstance(choices, list):
+                for choice in choices:
+                    try:
+                        self._on_choice(as_dict(choice, "choice"))
+                    except MalformedEventError:
+                        self._mark_malformed()
+            else:
+                self._mark_malformed()
+
+        usage = data.get("usage")
+        if usage is None:
+            x_groq = data.get("x_groq")
+            if isinstance(x_groq, dict):
+                usage = x_groq.get("usage")
+        if usage is not None:
+            self._on_usage(as_dict(usage, "usage"))
+
+    def _on_choice(self, choice: dict[str, Any]) -> None:
+        delta = choice.get("delta")
+        if delta is not None:
+            self._count_deltas(_delta_pieces(as_dict(delta, "delta")))
+        finish = choice.get("finish_reason")
+        if isinstance(finish, str) and finish:
+            self._set_stop_reason(finish)
+
+    def _on_usage(self, usage: dict[str, Any]) -> None:
+        found: dict[str, int | None] = {
+            "prompt": opt_tokens(usage, "prompt_tokens"),
+            "completion": opt_tokens(usage, "completion_tokens"),
+            "cached": None,
+            "cache_write": opt_tokens(usage, "cache_creation_input_tokens"),
+            "reasoning": None,
+        }
+        details = usage.get("prompt_tokens_details")
+        if details is not None:
+            details = as_dict(details, "prompt_tokens_details")
+            found["cached"] = opt_tokens(details, "cached_tokens")
+            write = opt_tokens(details, "cache_write_tokens")
+            if write is not None:
+                found["cache_write"] = write
+        if found["cached"] is None:
+            found["cached"] = opt_tokens(usage, "prompt_cache_hit_tokens")  # DeepSeek
+        details = usage.get("completion_tokens_details")
+        if details is not None:
+            found["reasoning"] = opt_tokens(
+                as_dict(details, "completion_tokens_details"), "reasoning_tokens"
+            )
+
+        for key, value in found.items():
+            if value is not None:
+                self._raw[key] = value
+
+        raw = self._raw
+        prompt = raw.get("prompt")
+        cached = raw.get("cached", 0)
+        cache_write = raw.get("cache_write", 0)
+        completion = raw.get("completion")
+        if prompt is None:
+            if completion is not None:
+                self._set_exact_output(completion)
+            return
+        input_tokens = max(0, prompt - cached - cache_write)
+        if completion is None:
+            self._set_input(InputUsage(input_tokens, cached, cache_write))
+            return
+        self._set_usage(
+            Usage(
+                input_tokens=input_tokens,
+                output_tokens=completion,
+                cache_read_input_tokens=cached,
+                cache_creation_input_tokens=cache_write,
+                reasoning_tokens=raw.get("reasoning", 0),
+            )
+        )

@@ -1,0 +1,124 @@
+"""Tap for OpenAI Responses streams (``POST /v1/responses``, ``stream: true``).
+
+Rules, from the OpenAI API reference ("Streaming events" of the Responses API):
+
+* every event's JSON has a ``type`` (``response.created``, ``response.output_text.delta``, …);
+  the ``event:`` line may be missing, the JSON ``type`` decides; there is no ``[DONE]``;
+* events ``response.created`` / ``in_progress`` / ``completed`` / ``incomplete`` / ``failed``
+  carry the ``response`` object: its ``model``, its ``status`` (the stop reason once it is
+  neither ``in_progress`` nor ``queued``: ``completed``, ``incomplete``, ``failed``,
+  ``cancelled``) and, at the end, its ``usage``;
+* ``response.usage``: ``input_tokens`` INCLUDES ``input_tokens_details.cached_tokens``, so
+  ``input_tokens = input_tokens - cached_tokens``; ``output_tokens`` includes
+  ``output_tokens_details.reasoning_tokens``. ``response.incomplete`` and ``response.failed``
+  may carry a usage too: it is billed like any other;
+* every ``response.*.delta`` event with a non-empty ``delta`` (output text, refusal,
+  function-call arguments, reasoning text and summaries, …) counts as one estimated output
+  token; ``response.audio.delta`` is left out, its ``transcript`` twin is counted;
+* errors: an ``error`` event (``{"type": "error", "code", "message", "param"}``, or with a
+  nested ``error`` object), and a ``failed`` response's ``response.error``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from billing.taps.base import (
+    InputUsage,
+    Tap,
+    Usage,
+    as_dict,
+    error_from_event,
+    opt_str,
+    opt_tokens,
+)
+
+__all__ = ["ResponsesTap"]
+
+_NOT_STOPPED = frozenset({"in_progress", "queued"})
+_TERMINAL_KINDS = {
+    "response.completed": "completed",
+    "response.incomplete": "incomplete",
+    "response.failed": "failed",
+    "response.cancelled": "cancelled",
+}
+_UNCOUNTED_DELTAS = frozenset({"response.audio.delta"})
+
+
+class ResponsesTap(Tap):
+    """Tap for ``openai.responses`` streams; see the module doc for the rules."""
+
+    protocol = "openai.responses"
+
+    def _on_event(self, kind: str, sse_event: str | None, data: dict[str, Any]) -> None:
+        response = data.get("response")
+        if (
+            kind == "error"
+            or sse_event == "error"
+            or (response is None and isinstance(data.get("error"), dict) and data["error"])
+        ):
+            self._set_error(error_from_event(data))
+            return
+        if response is not None:
+            self._on_response(kind, as_dict(response, "response"))
+        elif kind in _TERMINAL_KINDS:
+            self._set_stop_reason(_TERMINAL_KINDS[kind])
+            self._mark_malformed()  # a terminal event without its response object
+        if (
+            kind.startswith("response.")
+            and kind.endswith(".delta")
+            and kind not in _UNCOUNTED_DELTAS
+            and isinstance(data.get("delta"), str | list | dict)
+            and data["delta"]
+        ):
+            self._count_deltas(1)
+
+    def _on_response(self, kind: str, response: dict[str, Any]) -> None:
+        self._set_model(opt_str(response, "model"))
+        status = opt_str(response, "status") or _TERMINAL_KINDS.get(kind)
+        if status is not None and status not in _NOT_STOPPED:
+            self._set_stop_reason(status)
+        usage = response.get("usage")
+        if usage is not None:
+            self._on_usage(as_dict(usage, "response.usage"))
+        if status == "failed":
+            error = response.get("error")
+            self._set_error(error if error else {"message": "response failed"})
+
+    def _on_usage(self, usage: dict[str, Any]) -> None:
+        input_total = opt_tokens(usage, "input_tokens")
+        output = opt_tokens(usage, "output_tokens")
+        cached = 0
+        cache_write = 0
+        reasoning = 0
+        details = usage.get("input_tokens_details")
+        if details is not None:
+            details = as_dict(details, "input_tokens_details")
+            cached = opt_tokens(details, "cached_tokens") or 0
+            cache_write = (
+                opt_tokens(details, "cache_write_tokens")
+                or opt_tokens(details, "cache_creation_tokens")
+                or 0
+            )
+        details = usage.get("output_tokens_details")
+        if details is not None:
+            reasoning = (
+                opt_tokens(as_dict(details, "output_tokens_details"), "reasoning_tokens") or 0
+            )
+        if input_total is None:
+            if output is not None:
+                self._set_exact_output(output)
+            return
+        input_tokens = max(0, input_total - cached - cache_write)
+        if output is None:
+            self._set_input(InputUsage(input_tokens, cached, cache_write))
+            return
+        self._set_usage(
+            Usage(
+                input_tokens=input_tokens,
+                output_tokens=output,
+                cache_read_input_tokens=cached,
+                cache_creation_input_tokens=cache_write,
+                reasoning_tokens=reasoning,
+            )
+        )

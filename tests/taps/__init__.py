@@ -1,0 +1,1 @@
+"""Tests of billing.taps: SSE decoding and the per-protocol stream taps."""
