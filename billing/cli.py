@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import json
 import sys
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
 import uvicorn
+from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from billing.errors import BillingError
+from billing.pricing.prices import PriceIn
+from billing.pricing.service import record_price
+from billing.reconcile.runner import run_pass
 
 from billing.settings import Settings, SettingsError, get_settings
+from billing.storage.db import make_engine, make_sessionmaker, write_transaction
 from billing.storage.migrate import upgrade_to_head
 
 app = typer.Typer(
@@ -83,6 +94,60 @@ def migrate() -> None:
     settings = load_settings()
     migrate_or_fail(settings)
     typer.echo(f"billing: database at migration head ({_safe(settings.database_url)})", err=True)
+
+
+prices_app = typer.Typer(help="Model prices.", no_args_is_help=True)
+app.add_typer(prices_app, name="prices")
+
+
+def _open(settings: Settings) -> sessionmaker[Session]:
+    return make_sessionmaker(make_engine(settings))
+
+
+@prices_app.command("load")
+def prices_load(
+    file: Annotated[Path, typer.Argument(help="A JSON list of price objects (as POST /v1/prices).")],
+) -> None:
+    """Load prices from FILE; an identical price already stored is skipped, a different one fails."""
+    settings = load_settings()
+    try:
+        document = json.loads(file.read_text())
+    except (OSError, ValueError) as error:
+        fail(f"cannot read {file}: {error}")
+    if not isinstance(document, list):
+        fail(f"{file} must hold a JSON list of price objects")
+    try:
+        prices = [PriceIn.model_validate(item) for item in document]
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        fail(f"{file}: price {where}: {first['msg']}")
+    migrate_or_fail(settings)
+    created = 0
+    try:
+        with write_transaction(_open(settings)) as session:
+            now = datetime.now(UTC)
+            for price in prices:
+                created += record_price(session, price, now)[1]
+    except BillingError as error:
+        fail(str(error))
+    typer.echo(f"billing: {created} price(s) added, {len(prices) - created} already present", err=True)
+
+
+@app.command()
+def reconcile() -> None:
+    """Run one reconciliation pass now and print what it settled and adjusted (JSON)."""
+    settings = load_settings()
+    migrate_or_fail(settings)
+    try:
+        result = run_pass(_open(settings), settings)
+    except SQLAlchemyError as error:
+        fail(f"reconciliation failed: {str(getattr(error, 'orig', error)).strip().splitlines()[0]}")
+    typer.echo(
+        json.dumps(
+            {"examined": result.examined, "settled": result.settled, "adjusted": result.adjusted}
+        )
+    )
 
 
 def main() -> None:

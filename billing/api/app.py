@@ -15,9 +15,10 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from billing.api import errors, events, health
+from billing.api import calls, errors, events, health, prices, reconcile
 from billing.api.state import AppState
 from billing.metrics import Metrics
+from billing.reconcile.runner import run_pass
 from billing.settings import Settings, get_settings
 from billing.storage.db import make_engine, make_sessionmaker
 from billing.storage.models import Call
@@ -101,13 +102,11 @@ def create_app(settings: Settings | None = None, *, background: bool = False) ->
     return app
 
 
-_ROUTERS: list[Any] = [events, health]
+_ROUTERS: list[Any] = [events, calls, prices, reconcile, health]
 
 
 async def _reconcile_loop(state: AppState) -> None:
     """Background passes; a failed pass is logged and retried at the next interval."""
-    from billing.reconcile.runner import run_pass  # noqa: PLC0415 - avoids an import cycle
-
     while True:
         await asyncio.sleep(state.settings.reconcile_interval_s)
         try:

@@ -1,0 +1,51 @@
+"""``POST /v1/prices`` and ``GET /v1/prices`` (CONTRACT "Cost")."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from billing.api.state import AppState, get_state
+from billing.pricing.prices import PriceIn, PriceRow, list_prices
+from billing.pricing.service import record_price
+from billing.storage.db import read_transaction, write_transaction
+
+router = APIRouter()
+
+
+def _post(state: AppState, price: PriceIn) -> tuple[PriceRow, bool]:
+    with write_transaction(state.sessions) as session:
+        return record_price(session, price, datetime.now(UTC))
+
+
+@router.post(
+    "/v1/prices",
+    summary="Add a model price effective from a time",
+    responses={200: {}, 201: {}, 409: {}, 422: {}},
+)
+async def post_price(
+    price: PriceIn, state: Annotated[AppState, Depends(get_state)]
+) -> JSONResponse:
+    """201 with the stored price; 200 when the same price was already stored; 409 when a
+    different price exists for the same model and ``effective_from``."""
+    row, created = await run_in_threadpool(_post, state, price)
+    return JSONResponse(row.as_json(), status_code=201 if created else 200)
+
+
+def _list(state: AppState, model: str | None) -> list[PriceRow]:
+    with read_transaction(state.sessions) as session:
+        return list_prices(session, model)
+
+
+@router.get("/v1/prices", summary="List prices")
+async def get_prices(
+    state: Annotated[AppState, Depends(get_state)],
+    model: Annotated[str | None, Query(max_length=256)] = None,
+) -> dict[str, Any]:
+    """``{"data": [price, …]}`` by model then ``effective_from``."""
+    rows = await run_in_threadpool(_list, state, model)
+    return {"data": [row.as_json() for row in rows]}

@@ -1,0 +1,29 @@
+"""``POST /v1/reconcile``: one reconciliation pass now (CONTRACT "Cost")."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends
+from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
+
+from billing.api.state import AppState, get_state
+from billing.reconcile.runner import run_pass
+
+router = APIRouter()
+
+
+class PassReply(BaseModel):
+    """Calls examined, newly settled, and adjustment entries written by the pass."""
+
+    examined: int
+    settled: int
+    adjusted: int
+
+
+@router.post("/v1/reconcile", summary="Run one reconciliation pass now")
+async def reconcile_now(state: Annotated[AppState, Depends(get_state)]) -> PassReply:
+    """Settles what is due and books adjustments for late events; answers what it did."""
+    result = await run_in_threadpool(run_pass, state.sessions, state.settings, state.metrics)
+    return PassReply(examined=result.examined, settled=result.settled, adjusted=result.adjusted)

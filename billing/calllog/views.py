@@ -1,0 +1,64 @@
+"""JSON shapes of the call log (CONTRACT "Call log and usage queries")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from billing.pricing.money import pusd_to_str, uusd_per_mtok_to_str
+from billing.reconcile.rule import TOKEN_FIELDS
+from billing.storage.models import Call, Event, LedgerEntry
+from billing.timefmt import rfc3339
+
+
+def call_json(call: Call) -> dict[str, Any]:
+    """The contract's call object; tokens as integers, ``cost_usd`` as an exact decimal string."""
+    return {
+        "request_id": call.request_id,
+        "api_key_id": call.api_key_id,
+        "model": call.model,
+        "protocol": call.protocol,
+        "status": call.status,
+        "settled": call.settled,
+        "usage_source": call.usage_source,
+        "started_at": rfc3339(call.started_at),
+        "ended_at": rfc3339(call.ended_at),
+        "attempts": call.attempts,
+        **{name: getattr(call, name) for name in TOKEN_FIELDS},
+        "cost_usd": pusd_to_str(call.cost_pusd),
+        "error_type": call.error_type,
+        "stop_reason": call.stop_reason,
+        "metadata": call.metadata_ or {},
+        "anomalies": list(call.anomalies or []),
+    }
+
+
+def event_json(event: Event) -> dict[str, Any]:
+    """An event as the gateway sent it, with ``occurred_at`` in UTC and its arrival time."""
+    body: dict[str, Any] = orjson.loads(event.body)
+    body["occurred_at"] = rfc3339(event.occurred_at)
+    body.setdefault("attempt", event.attempt)
+    body["received_at"] = rfc3339(event.received_at)
+    return body
+
+
+def ledger_entry_json(entry: LedgerEntry) -> dict[str, Any]:
+    """A ledger entry: kind, reason, booking time, signed token deltas, prices used and cost."""
+    return {
+        "entry_id": entry.entry_id,
+        "request_id": entry.request_id,
+        "kind": entry.kind,
+        "reason": entry.reason,
+        "booked_at": rfc3339(entry.booked_at),
+        "api_key_id": entry.api_key_id,
+        "model": entry.model,
+        "protocol": entry.protocol,
+        "status": entry.status,
+        **{name: getattr(entry, name) for name in TOKEN_FIELDS},
+        "input_usd_per_mtok": uusd_per_mtok_to_str(entry.input_uusd_per_mtok),
+        "output_usd_per_mtok": uusd_per_mtok_to_str(entry.output_uusd_per_mtok),
+        "cache_read_usd_per_mtok": uusd_per_mtok_to_str(entry.cache_read_uusd_per_mtok),
+        "cache_creation_usd_per_mtok": uusd_per_mtok_to_str(entry.cache_creation_uusd_per_mtok),
+        "cost_usd": pusd_to_str(entry.cost_pusd),
+    }

@@ -1,0 +1,1 @@
+"""Pricing: model prices over time and exact money arithmetic."""

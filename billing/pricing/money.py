@@ -1,0 +1,72 @@
+"""Exact money: prices in micro-USD per million tokens, costs in picodollars, shown as decimals.
+
+Source: CONTRACT "Cost". A price has at most 6 decimal places (USD per million tokens), so a price
+in micro-USD per million tokens is an integer, and it is also the price of one token in
+picodollars (1e-12 USD). ``tokens × price`` is then an exact integer cost in picodollars: no
+rounding anywhere, and sums in SQL stay exact on SQLite too.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal, InvalidOperation
+
+PICO = Decimal(10) ** 12
+MICRO = Decimal(10) ** 6
+#: The highest price accepted, USD per million tokens.
+MAX_PRICE_USD_PER_MTOK = Decimal(100_000)
+
+
+def parse_price(value: object) -> int:
+    """A price in USD per million tokens (a decimal string, or an integer) → micro-USD per Mtok.
+
+    Raises ``ValueError`` with a sentence for floats, non-numbers, negatives, more than 6 decimal
+    places, or more than ``MAX_PRICE_USD_PER_MTOK``.
+    """
+    if isinstance(value, bool) or isinstance(value, float):
+        raise ValueError('must be a decimal string such as "0.30" (binary floats are not exact)')
+    if isinstance(value, int):
+        value = str(value)
+    if not isinstance(value, str):
+        raise ValueError('must be a decimal string such as "0.30"')
+    try:
+        amount = Decimal(value.strip())
+    except InvalidOperation:
+        raise ValueError(f'{value!r} is not a decimal number; send one such as "0.30"') from None
+    if not amount.is_finite():
+        raise ValueError("must be a finite decimal number")
+    if amount < 0:
+        raise ValueError("must not be negative")
+    if amount > MAX_PRICE_USD_PER_MTOK:
+        raise ValueError(f"must be at most {MAX_PRICE_USD_PER_MTOK} USD per million tokens")
+    micro = amount * MICRO
+    if micro != micro.to_integral_value():
+        raise ValueError("has more than 6 decimal places")
+    return int(micro)
+
+
+def format_usd(amount: Decimal) -> str:
+    """A Decimal in plain positional form with trailing zeros removed: ``"0.0000075"``, ``"0"``.
+
+    Never exponent notation (CONTRACT "Cost").
+    """
+    if amount == 0:
+        return "0"
+    text = format(amount, "f")
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return text
+
+
+def pusd_to_decimal(pusd: int) -> Decimal:
+    """Picodollars (int) → USD as an exact Decimal."""
+    return Decimal(pusd).scaleb(-12)
+
+
+def pusd_to_str(pusd: int | None) -> str | None:
+    """Picodollars → the contract's USD string (None stays None)."""
+    return None if pusd is None else format_usd(pusd_to_decimal(pusd))
+
+
+def uusd_per_mtok_to_str(micro: int | None) -> str | None:
+    """A stored price (micro-USD per Mtok) → its USD-per-million-tokens string."""
+    return None if micro is None else format_usd(Decimal(micro).scaleb(-6))

@@ -1,0 +1,1 @@
+"""Reconciliation: the billing rule, settling calls, and the append-only ledger."""

@@ -1,0 +1,117 @@
+"""Turning a call's target figures into ledger entries: settle once, then adjust by differences.
+
+Source: CONTRACT "Reconciliation". Entries are only ever added. A call's booked figures are the
+sum of its entries per *line* (api key, model, price); the next entries are the difference between
+the target lines and what is booked: an adjustment when a line's tokens change; a reversal of the
+old line plus a new settlement when the key or model changed; a reversal plus a re-post at the new
+rates when the price changed (for example a model that was priced after it was settled).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from billing.pricing.prices import PriceRow
+from billing.reconcile.rule import TOKEN_FIELDS, Tokens
+
+
+@dataclass(frozen=True)
+class LineKey:
+    """What a ledger line is booked under: the key, the model and the price id (None: unpriced)."""
+
+    api_key_id: str | None
+    model: str | None
+    price_id: int | None
+
+    def sort_key(self) -> tuple[str, str, int]:
+        return (self.api_key_id or "", self.model or "", self.price_id or 0)
+
+
+@dataclass(frozen=True)
+class Line:
+    """Target tokens of one line and the price that applies to it (None: unpriced)."""
+
+    key: LineKey
+    tokens: Tokens
+    price: PriceRow | None
+
+
+@dataclass(frozen=True)
+class NewEntry:
+    """A ledger entry to write: ``kind`` settlement|adjustment, signed token deltas, its price."""
+
+    kind: str
+    reason: str
+    key: LineKey
+    tokens: Tokens
+    price: PriceRow | None
+    cost_pusd: int | None
+
+
+def _cost(tokens: Tokens, price: PriceRow | None) -> int | None:
+    return None if price is None else price.cost_pusd(tokens)
+
+
+def _describe(delta: Tokens) -> str:
+    changes = [
+        f"{name} {value:+d}"
+        for name, value in delta.as_dict().items()
+        if value and name in TOKEN_FIELDS
+    ]
+    return ", ".join(changes)
+
+
+def plan_entries(
+    target: list[Line],
+    booked: Mapping[LineKey, Tokens],
+    booked_prices: Mapping[LineKey, PriceRow | None],
+    has_entries: bool,
+    settle_reason: str,
+) -> list[NewEntry]:
+    """The entries that bring the booked lines to the target lines (empty when they agree).
+
+    ``booked`` holds the summed token deltas per line so far and ``booked_prices`` the price each
+    line was booked at; ``has_entries`` tells whether the call has any entry yet (a call settled
+    with zero tokens has entries but no tokens). Source: CONTRACT "Reconciliation".
+    """
+    if not has_entries:
+        return [
+            NewEntry("settlement", settle_reason, line.key, line.tokens, line.price,
+                     _cost(line.tokens, line.price))
+            for line in sorted(target, key=lambda line: line.key.sort_key())
+        ]
+    live = {key: tokens for key, tokens in booked.items() if not tokens.is_zero()}
+    targets = {line.key: line for line in target}
+    booked_pairs = {(key.api_key_id, key.model) for key in live}
+    entries: list[NewEntry] = []
+    for key in sorted(set(live) | set(targets), key=LineKey.sort_key):
+        was = live.get(key, Tokens())
+        line = targets.get(key)
+        now = line.tokens if line else Tokens()
+        delta = now - was
+        if delta.is_zero():
+            continue
+        if key in live and line is not None:
+            reason = f"late events changed the usage: {_describe(delta)}"
+            entries.append(NewEntry("adjustment", reason, key, delta, line.price,
+                                    _cost(delta, line.price)))
+        elif line is None:
+            price = booked_prices.get(key)
+            reason = "reversal: the call's api key, model or price changed"
+            entries.append(NewEntry("adjustment", reason, key, delta, price, _cost(delta, price)))
+        elif (key.api_key_id, key.model) in booked_pairs:
+            reason = (
+                "re-priced: the model's price in force at the call's start changed"
+                if line.price is not None
+                else "re-booked without a price"
+            )
+            entries.append(NewEntry("adjustment", reason, key, delta, line.price,
+                                    _cost(delta, line.price)))
+        else:
+            reason = "settled again after the call's api key or model changed"
+            entries.append(NewEntry("settlement", reason, key, delta, line.price,
+                                    _cost(delta, line.price)))
+    # Reversals first, so the entries read in the order an accountant would book them.
+    entries.sort(key=lambda e: 0 if e.reason.startswith("reversal") else 1)
+    return entries

@@ -1,0 +1,248 @@
+"""The billing rule: one call's events in, billed figures out. Pure: no database, no clock.
+
+Source: CONTRACT "Reconciliation". Upstream usage is authoritative; usage and counters are
+snapshots (the largest or latest wins, never summed within an attempt); attempts are summed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from billing.ingest.schemas import (
+    Event,
+    StreamClientDisconnected,
+    StreamFailed,
+    StreamStarted,
+    StreamTokens,
+    StreamUsage,
+)
+
+#: Anomaly codes (CONTRACT "Reconciliation" and "Cost").
+DELIVERED_EXCEEDS_BILLED = "delivered_exceeds_billed"
+INPUT_UNKNOWN = "input_unknown"
+USAGE_MISSING = "usage_missing"
+STARTED_MISSING = "started_missing"
+UNPRICED = "unpriced"
+
+TOKEN_FIELDS = (
+    "input_tokens",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+    "output_tokens_billed",
+    "output_tokens_delivered",
+    "output_tokens_undelivered",
+    "reasoning_tokens",
+)
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """The billable token buckets (all integers, tokens). Adds and subtracts field by field."""
+
+    input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    output_tokens_billed: int = 0
+    output_tokens_delivered: int = 0
+    output_tokens_undelivered: int = 0
+    reasoning_tokens: int = 0
+
+    def __add__(self, other: Tokens) -> Tokens:
+        return Tokens(*(getattr(self, f) + getattr(other, f) for f in TOKEN_FIELDS))
+
+    def __sub__(self, other: Tokens) -> Tokens:
+        return Tokens(*(getattr(self, f) - getattr(other, f) for f in TOKEN_FIELDS))
+
+    def __neg__(self) -> Tokens:
+        return Tokens() - self
+
+    def is_zero(self) -> bool:
+        """True when every bucket is 0."""
+        return not any(getattr(self, f) for f in TOKEN_FIELDS)
+
+    def as_dict(self) -> dict[str, int]:
+        """``{field: tokens}`` in ``TOKEN_FIELDS`` order."""
+        return {f: getattr(self, f) for f in TOKEN_FIELDS}
+
+
+@dataclass(frozen=True)
+class AttemptFigures:
+    """One upstream attempt's billed figures (CONTRACT "Reconciliation", per attempt).
+
+    ``model`` is the attempt's ``stream.started.model`` (the call's when the attempt has none);
+    ``usage_source`` is ``upstream`` or ``estimate``; ``status`` is ``failed``,
+    ``client_disconnected`` or ``completed``.
+    """
+
+    attempt: int
+    model: str | None
+    tokens: Tokens
+    usage_source: str
+    status: str
+    has_started: bool
+    error_type: str | None
+    stop_reason: str | None
+    anomalies: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CallFigures:
+    """A call's figures: the sum of its attempts, plus identity from the first ``stream.started``.
+
+    ``complete`` is true when the call may settle now without waiting for ``settle_after``: its
+    ``stream.started`` arrived and every attempt has upstream usage.
+    """
+
+    request_id: str
+    api_key_id: str | None
+    model: str | None
+    protocol: str | None
+    metadata: dict[str, str] | None
+    started_at: datetime | None
+    ended_at: datetime | None
+    attempts: tuple[AttemptFigures, ...]
+    tokens: Tokens
+    usage_source: str
+    status: str
+    error_type: str | None
+    stop_reason: str | None
+    complete: bool
+    anomalies: tuple[str, ...] = field(default=())
+
+
+def _usage_key(usage: StreamUsage) -> tuple[datetime, int, str]:
+    # The latest occurred_at wins; ties go to the larger output_tokens, then the larger event_id.
+    return (usage.occurred_at, usage.output_tokens, usage.event_id)
+
+
+def _attempt_figures(number: int, events: list[Event], call_model: str | None) -> AttemptFigures:
+    started = [e for e in events if isinstance(e, StreamStarted)]
+    usages = [e for e in events if isinstance(e, StreamUsage)]
+    failures = [e for e in events if isinstance(e, StreamFailed)]
+    disconnects = [e for e in events if isinstance(e, StreamClientDisconnected)]
+    anomalies: set[str] = set()
+
+    delivered = 0
+    generated = 0
+    for e in events:
+        if isinstance(e, StreamTokens):
+            delivered = max(delivered, e.output_tokens_delivered)
+            generated = max(generated, e.output_tokens_generated)
+        elif isinstance(e, StreamClientDisconnected):
+            delivered = max(delivered, e.output_tokens_delivered)
+            generated = max(generated, e.output_tokens_generated or 0)
+        elif isinstance(e, StreamFailed):
+            generated = max(generated, e.output_tokens_generated or 0)
+
+    upstream = max((u for u in usages if u.source == "upstream"), key=_usage_key, default=None)
+    estimate = max((u for u in usages if u.source == "estimate"), key=_usage_key, default=None)
+    first_started = min(started, key=lambda e: (e.occurred_at, e.event_id), default=None)
+
+    if upstream is not None:
+        billed = upstream.output_tokens
+        if billed < delivered:
+            anomalies.add(DELIVERED_EXCEEDS_BILLED)
+    else:
+        billed = max(estimate.output_tokens if estimate else 0, generated, delivered)
+    usage = upstream or estimate
+    if usage is not None:
+        input_tokens = usage.input_tokens
+        cache_read = usage.cache_read_input_tokens
+        cache_creation = usage.cache_creation_input_tokens
+        reasoning = usage.reasoning_tokens
+    else:
+        cache_read = cache_creation = reasoning = 0
+        if first_started is not None and first_started.input_tokens is not None:
+            input_tokens = first_started.input_tokens
+        else:
+            input_tokens = 0
+            anomalies.add(INPUT_UNKNOWN)
+
+    last_failure = max(failures, key=lambda e: (e.occurred_at, e.event_id), default=None)
+    if last_failure is not None:
+        status = "failed"
+    elif disconnects:
+        status = "client_disconnected"
+    else:
+        status = "completed"
+    tokens = Tokens(
+        input_tokens=input_tokens,
+        cache_read_input_tokens=cache_read,
+        cache_creation_input_tokens=cache_creation,
+        output_tokens_billed=billed,
+        output_tokens_delivered=delivered,
+        output_tokens_undelivered=max(0, billed - delivered),
+        reasoning_tokens=reasoning,
+    )
+    return AttemptFigures(
+        attempt=number,
+        model=first_started.model if first_started else call_model,
+        tokens=tokens,
+        usage_source="upstream" if upstream is not None else "estimate",
+        status=status,
+        has_started=first_started is not None,
+        error_type=last_failure.error_type if last_failure else None,
+        stop_reason=usage.stop_reason if usage else None,
+        anomalies=tuple(sorted(anomalies)),
+    )
+
+
+def reconcile_call(request_id: str, events: Iterable[Event]) -> CallFigures:
+    """Compute a call's billed figures from its events, in any order and with duplicates.
+
+    ``events`` must all belong to ``request_id``; an event_id seen twice counts once. Returns the
+    per-attempt and per-call figures (tokens are integers). Raises ``ValueError`` when no event is
+    given. Source: CONTRACT "Reconciliation".
+    """
+    unique: dict[str, Event] = {}
+    for event in events:
+        unique.setdefault(event.event_id, event)
+    if not unique:
+        raise ValueError(f"call {request_id!r} has no events")
+    by_attempt: dict[int, list[Event]] = {}
+    for event in unique.values():
+        by_attempt.setdefault(event.attempt, []).append(event)
+
+    starts = [e for e in unique.values() if isinstance(e, StreamStarted)]
+    # The call is named by the lowest attempt's stream.started (its first one if repeated).
+    first = min(starts, key=lambda e: (e.attempt, e.occurred_at, e.event_id), default=None)
+    call_model = first.model if first else None
+    attempts = tuple(
+        _attempt_figures(n, by_attempt[n], call_model) for n in sorted(by_attempt)
+    )
+    total = Tokens()
+    for figures in attempts:
+        total = total + figures.tokens
+    anomalies = {code for a in attempts for code in a.anomalies}
+    all_upstream = all(a.usage_source == "upstream" for a in attempts)
+    if not all_upstream:
+        anomalies.add(USAGE_MISSING)
+    if first is None:
+        anomalies.add(STARTED_MISSING)
+    last = attempts[-1]
+    if last.status == "failed":
+        status = "failed"
+    elif any(a.status == "client_disconnected" for a in attempts):
+        status = "client_disconnected"
+    else:
+        status = "completed"
+    times = [e.occurred_at for e in unique.values()]
+    return CallFigures(
+        request_id=request_id,
+        api_key_id=first.api_key_id if first else None,
+        model=call_model,
+        protocol=first.protocol if first else None,
+        metadata=dict(first.metadata) if first and first.metadata else None,
+        started_at=first.occurred_at if first else min(times),
+        ended_at=max(times),
+        attempts=attempts,
+        tokens=total,
+        usage_source="upstream" if all_upstream else "estimate",
+        status=status,
+        error_type=last.error_type,
+        stop_reason=last.stop_reason,
+        complete=first is not None and all_upstream,
+        anomalies=tuple(sorted(anomalies)),
+    )
