@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from pydantic import TypeAdapter
 from sqlalchemy import delete, func, or_, select, update
@@ -245,7 +245,7 @@ def preview_call(session: Session, call: Call) -> None:
     fig = reconcile_call(call.request_id, events)
     models = {a.model for a in fig.attempts if a.model}
     lines = target_lines(fig, PriceBook.load(session, models))
-    _apply(call, fig, call_cost(lines), call.settled, call.settled_at or fig.ended_at)
+    _apply(call, fig, call_cost(lines), call.settled, call.settled_at or datetime.now(UTC))
 
 
 def _apply(call: Call, fig: CallFigures, cost: int | None, settle: bool, now: datetime) -> None:
