@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import sys
 from datetime import UTC, datetime
@@ -14,14 +15,16 @@ from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from billing.auth.tokens import active_token_count, create_token, list_tokens, revoke_token
 from billing.errors import BillingError
 from billing.pricing.prices import PriceIn
 from billing.pricing.service import record_price
 from billing.reconcile.runner import run_pass
 
 from billing.settings import Settings, SettingsError, get_settings
-from billing.storage.db import make_engine, make_sessionmaker, write_transaction
+from billing.storage.db import make_engine, make_sessionmaker, read_transaction, write_transaction
 from billing.storage.migrate import upgrade_to_head
+from billing.timefmt import rfc3339
 
 app = typer.Typer(
     help="Streaming usage and billing accounting for LLM API gateways.",
@@ -54,6 +57,16 @@ def migrate_or_fail(settings: Settings) -> None:
         fail(f"cannot migrate the database at {_safe(settings.database_url)}: {reason}")
 
 
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback name or address (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def _safe(url: str) -> str:
     """The URL without a password."""
     if "@" in url and "://" in url:
@@ -72,6 +85,19 @@ def serve(
     """Apply migrations, then serve the HTTP API with uvicorn (reconciling in the background)."""
     settings = load_settings()
     migrate_or_fail(settings)
+    with read_transaction(_open(settings)) as session:
+        tokens = active_token_count(session)
+    if tokens == 0:
+        if not _is_loopback(host):
+            fail(
+                f"refusing to listen on {host} without API tokens: create one with "
+                "`billing tokens create --role admin`, or listen on 127.0.0.1"
+            )
+        typer.echo(
+            "billing: no API tokens configured: serving UNAUTHENTICATED on loopback only "
+            "(create one with `billing tokens create --role admin`)",
+            err=True,
+        )
     typer.echo(
         f"billing: serving on http://{host}:{port} with database {_safe(settings.database_url)}",
         err=True,
@@ -94,6 +120,53 @@ def migrate() -> None:
     settings = load_settings()
     migrate_or_fail(settings)
     typer.echo(f"billing: database at migration head ({_safe(settings.database_url)})", err=True)
+
+
+tokens_app = typer.Typer(help="API tokens (roles: ingest, read, export, admin).", no_args_is_help=True)
+app.add_typer(tokens_app, name="tokens")
+
+
+@tokens_app.command("create")
+def tokens_create(
+    role: Annotated[str, typer.Option(help="ingest, read, export or admin.")],
+    name: Annotated[str | None, typer.Option(help="A label to recognise the token by.")] = None,
+) -> None:
+    """Create a token; prints the token (once) on stdout and its id on stderr."""
+    settings = load_settings()
+    migrate_or_fail(settings)
+    try:
+        with write_transaction(_open(settings)) as session:
+            secret, info = create_token(session, role, name, datetime.now(UTC))
+    except ValueError as error:
+        fail(str(error), 2)
+    typer.echo(secret)
+    typer.echo(f"billing: created token {info.id} (role {info.role}); it is shown only once", err=True)
+
+
+@tokens_app.command("list")
+def tokens_list() -> None:
+    """List tokens (id, role, name, created, revoked); secrets are never shown."""
+    settings = load_settings()
+    migrate_or_fail(settings)
+    with read_transaction(_open(settings)) as session:
+        for info in list_tokens(session):
+            revoked = rfc3339(info.revoked_at) or "active"
+            typer.echo(
+                f"{info.id}\t{info.role}\t{info.name or '-'}\t{rfc3339(info.created_at)}\t{revoked}"
+            )
+
+
+@tokens_app.command("revoke")
+def tokens_revoke(token_id: Annotated[str, typer.Argument(help="The token's id (tok_…).")]) -> None:
+    """Revoke a token by id; it stops working within a few seconds."""
+    settings = load_settings()
+    migrate_or_fail(settings)
+    try:
+        with write_transaction(_open(settings)) as session:
+            info = revoke_token(session, token_id, datetime.now(UTC))
+    except BillingError as error:
+        fail(str(error))
+    typer.echo(f"billing: token {info.id} revoked", err=True)
 
 
 prices_app = typer.Typer(help="Model prices.", no_args_is_help=True)

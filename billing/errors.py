@@ -27,6 +27,10 @@ class BillingError(Exception):
         """The JSON body of the error response."""
         return {"error": str(self)}
 
+    def headers(self) -> dict[str, str]:
+        """Extra response headers (``Retry-After``, ``WWW-Authenticate``…)."""
+        return {}
+
 
 class ValidationFailed(BillingError):
     """422: the request is malformed; ``errors`` lists every problem (CONTRACT "Ingest")."""
@@ -94,3 +98,6 @@ class Unavailable(BillingError):
     def __init__(self, retry_after: int) -> None:
         super().__init__("the database is unavailable; nothing was stored, retry later")
         self.retry_after = retry_after
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)}

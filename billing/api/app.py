@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from billing.api import calls, errors, events, health, prices, reconcile
 from billing.api.state import AppState
+from billing.auth.guard import TokenCache
 from billing.metrics import Metrics
 from billing.reconcile.runner import run_pass
 from billing.settings import Settings, get_settings
@@ -95,6 +96,7 @@ def create_app(settings: Settings | None = None, *, background: bool = False) ->
         lifespan=lifespan,
     )
     app.state.billing = state
+    app.state.tokens = TokenCache(sessions)
     errors.install(app, settings.db_retry_after_s)
     for module in _ROUTERS:
         app.include_router(module.router)

@@ -17,10 +17,7 @@ log = logging.getLogger("billing.api")
 
 
 def _render(error: BillingError) -> JSONResponse:
-    headers = {}
-    if isinstance(error, Unavailable):
-        headers["Retry-After"] = str(error.retry_after)
-    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers())
 
 
 def install(app: FastAPI, retry_after_s: int) -> None:

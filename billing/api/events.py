@@ -10,6 +10,7 @@ from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from billing.api.state import AppState, get_state
+from billing.auth.guard import allow
 from billing.errors import BillingError, EventConflict, TooLarge
 from billing.ingest.service import IngestResult, store_batch
 from billing.ingest.validation import MAX_BODY_BYTES, parse_batch
@@ -62,6 +63,7 @@ def ingest(state: AppState, body: bytes) -> IngestResult:
     "/v1/events",
     response_model=IngestReply,
     summary="Ingest a batch of 1–1000 lifecycle events",
+    dependencies=[Depends(allow("ingest"))],
     responses={409: {}, 413: {}, 422: {}, 503: {}},
 )
 async def post_events(

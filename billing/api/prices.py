@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from billing.api.state import AppState, get_state
+from billing.auth.guard import allow
 from billing.pricing.prices import PriceIn, PriceRow, list_prices
 from billing.pricing.service import record_price
 from billing.storage.db import read_transaction, write_transaction
@@ -25,6 +26,7 @@ def _post(state: AppState, price: PriceIn) -> tuple[PriceRow, bool]:
 @router.post(
     "/v1/prices",
     summary="Add a model price effective from a time",
+    dependencies=[Depends(allow())],
     responses={200: {}, 201: {}, 409: {}, 422: {}},
 )
 async def post_price(
@@ -41,7 +43,7 @@ def _list(state: AppState, model: str | None) -> list[PriceRow]:
         return list_prices(session, model)
 
 
-@router.get("/v1/prices", summary="List prices")
+@router.get("/v1/prices", summary="List prices", dependencies=[Depends(allow("read"))])
 async def get_prices(
     state: Annotated[AppState, Depends(get_state)],
     model: Annotated[str | None, Query(max_length=256)] = None,

@@ -9,6 +9,7 @@ from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from billing.api.state import AppState, get_state
+from billing.auth.guard import allow
 from billing.reconcile.runner import run_pass
 
 router = APIRouter()
@@ -22,7 +23,11 @@ class PassReply(BaseModel):
     adjusted: int
 
 
-@router.post("/v1/reconcile", summary="Run one reconciliation pass now")
+@router.post(
+    "/v1/reconcile",
+    summary="Run one reconciliation pass now",
+    dependencies=[Depends(allow())],
+)
 async def reconcile_now(state: Annotated[AppState, Depends(get_state)]) -> PassReply:
     """Settles what is due and books adjustments for late events; answers what it did."""
     result = await run_in_threadpool(run_pass, state.sessions, state.settings, state.metrics)

@@ -201,6 +201,19 @@ class LedgerEntry(Base):
     )
 
 
+class ApiToken(Base):
+    """An API token (CONTRACT "Who may do what"): one role, stored only as a SHA-256 hash."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str | None] = mapped_column(String(128))
+    role: Mapped[str] = mapped_column(String(16), nullable=False)
+    token_hash: Mapped[str] = mapped_column(String(64), nullable=False, unique=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
 def row_dict(obj: Any) -> dict[str, Any]:
     """A mapped object's column values by attribute name (for tests and serialisers)."""
     return {c.key: getattr(obj, c.key) for c in obj.__mapper__.column_attrs}

@@ -1,0 +1,1 @@
+"""Access control: API tokens with one role each (CONTRACT "Who may do what")."""

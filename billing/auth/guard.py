@@ -1,0 +1,102 @@
+"""The request guard: which roles may call an endpoint, checked against the bearer token.
+
+Source: CONTRACT "Who may do what". ``admin`` may call everything. Without any active token the
+service is open (and ``billing serve`` then listens on loopback only). Answers are cached for a
+couple of seconds so the ingest path does not query the token table on every request; a revoked
+token stops working within that time.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from fastapi import Request
+from sqlalchemy.orm import Session, sessionmaker
+
+from billing.auth.tokens import active_token_count, hash_token, role_of
+from billing.errors import BillingError
+
+CACHE_TTL_S = 2.0
+
+
+class Unauthorized(BillingError):
+    """401: no token, or a token that is unknown or revoked."""
+
+    status = 401
+
+    def headers(self) -> dict[str, str]:
+        return {"WWW-Authenticate": "Bearer"}
+
+
+class Forbidden(BillingError):
+    """403: a valid token whose role may not call this endpoint."""
+
+    status = 403
+
+
+class TokenCache:
+    """Short-lived cache of "how many active tokens" and "token hash → role"."""
+
+    def __init__(self, sessions: sessionmaker[Session], ttl_s: float = CACHE_TTL_S) -> None:
+        self._sessions = sessions
+        self._ttl = ttl_s
+        self._lock = threading.Lock()
+        self._count: tuple[float, int] | None = None
+        self._roles: dict[str, tuple[float, str | None]] = {}
+
+    def auth_enabled(self) -> bool:
+        """True when at least one token is active."""
+        now = time.monotonic()
+        with self._lock:
+            if self._count is not None and now - self._count[0] < self._ttl:
+                return self._count[1] > 0
+        with self._sessions() as session:
+            count = active_token_count(session)
+        with self._lock:
+            self._count = (now, count)
+        return count > 0
+
+    def role(self, presented: str) -> str | None:
+        """The role of a presented token (None: unknown or revoked)."""
+        key = hash_token(presented)
+        now = time.monotonic()
+        with self._lock:
+            hit = self._roles.get(key)
+            if hit is not None and now - hit[0] < self._ttl:
+                return hit[1]
+        with self._sessions() as session:
+            role = role_of(session, presented)
+        with self._lock:
+            if len(self._roles) > 10_000:
+                self._roles.clear()
+            self._roles[key] = (now, role)
+        return role
+
+
+def allow(*roles: str) -> Callable[..., None]:
+    """A dependency that lets ``roles`` (and ``admin``) through; 401/403 otherwise."""
+    allowed = frozenset(roles) | {"admin"}
+
+    def guard(request: Request) -> None:
+        cache: TokenCache = request.app.state.tokens
+        if not cache.auth_enabled():
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, presented = header.partition(" ")
+        if scheme.lower() != "bearer" or not presented.strip():
+            raise Unauthorized(
+                "this endpoint needs a bearer token: send 'Authorization: Bearer <token>' "
+                "(create one with `billing tokens create --role ROLE`)"
+            )
+        role = cache.role(presented.strip())
+        if role is None:
+            raise Unauthorized("the bearer token is unknown or revoked")
+        if role not in allowed:
+            raise Forbidden(
+                f"a token with role {role!r} may not call this endpoint; "
+                f"allowed roles: {', '.join(sorted(allowed))}"
+            )
+
+    guard.allowed_roles = allowed  # type: ignore[attr-defined]
+    return guard
