@@ -36,7 +36,8 @@ class Metrics:
             registry=self.registry,
         )
         self.events_rejected = Counter(
-            "billing_events_rejected", "Events in batches refused with 409, 413 or 422.",
+            "billing_events_rejected",
+            "Refusals by reason: 409 counts each conflicting event, 413/422 each refused batch.",
             ["reason"], registry=self.registry,
         )
         self.request_latency = Histogram(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -29,8 +30,14 @@ MAX_TOKENS = 1_000_000_000
 MAX_ATTEMPT = 1000
 
 
+#: RFC 3339 ``date-time``; the offset is optional here so that a missing one gets its own message.
+_RFC3339 = re.compile(
+    r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})?", re.ASCII
+)
+
+
 def _require_text(value: Any) -> Any:
-    if not isinstance(value, str):
+    if not isinstance(value, str) or not _RFC3339.fullmatch(value):
         raise ValueError("must be an RFC 3339 timestamp string such as 2026-10-15T08:00:00Z")
     return value
 
@@ -68,11 +75,24 @@ class _Event(BaseModel):
     attempt: Annotated[int, Field(ge=1, le=MAX_ATTEMPT, strict=True)] = 1
 
 
+def _not_a_secret(value: str) -> str:
+    if _SECRET.match(value):
+        raise ValueError(
+            "looks like a provider secret key; never send secrets: send the key's public id "
+            "(for example key_7f3a)"
+        )
+    return value
+
+
+#: Prefixes of provider secret keys (OpenAI ``sk-…``/``sk-proj-…``, Anthropic ``sk-ant-…``).
+_SECRET = re.compile(r"^(sk-|sk_live_|sk_test_|rk_live_)", re.IGNORECASE)
+
+
 class StreamStarted(_Event):
     """The gateway opened the upstream stream for this attempt."""
 
     type: Literal["stream.started"]
-    api_key_id: Id128
+    api_key_id: Annotated[Id128, AfterValidator(_not_a_secret)]
     model: ModelName
     protocol: Protocol
     input_tokens: Tokens | None = None

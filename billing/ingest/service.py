@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 import orjson
-from sqlalchemy import Insert, select, update
+from sqlalchemy import select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -37,7 +37,7 @@ def content_hash(parsed: ParsedEvent) -> str:
     return hashlib.sha256(orjson.dumps(canonical, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
-def _insert(session: Session, table: Any) -> Insert:
+def _insert(session: Session, table: Any) -> postgresql.Insert | sqlite.Insert:
     dialect = session.get_bind().dialect.name
     return (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table)
 
@@ -108,7 +108,7 @@ def store_batch(session: Session, batch: Sequence[ParsedEvent], now: datetime) -
 
 
 def _touch_calls(session: Session, new_events: Sequence[ParsedEvent], now: datetime) -> None:
-    """Create or mark pending the calls that received new events; record what stream.started says."""
+    """Create or mark pending the calls with new events; record what stream.started says."""
     calls: dict[str, dict[str, Any]] = {}
     for parsed in new_events:
         event = parsed.event

@@ -19,7 +19,7 @@ MAX_BODY_BYTES = 1024 * 1024
 #: Events more than this far ahead of the server's clock are refused (CONTRACT "Events").
 MAX_FUTURE = timedelta(minutes=5)
 
-_events_adapter: TypeAdapter[list[Event]] = TypeAdapter(list[Event])
+_event_adapter: TypeAdapter[Event] = TypeAdapter(Event)
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ def parse_batch(body: bytes, now: datetime) -> list[ParsedEvent]:
         document = orjson.loads(body)
     except orjson.JSONDecodeError as error:
         raise ValidationFailed(
-            [FieldError(None, "body", f"is not valid JSON ({error}); send {{\"events\": [...]}}")]
+            [FieldError(None, "body", f'is not valid JSON ({error}); send {{"events": [...]}}')]
         ) from None
     if not isinstance(document, dict) or not isinstance(document.get("events"), list):
         raise ValidationFailed(
@@ -52,44 +52,58 @@ def parse_batch(body: bytes, now: datetime) -> list[ParsedEvent]:
     raws: list[Any] = document["events"]
     if len(raws) > MAX_BATCH:
         raise TooLarge(f"batch holds {len(raws)} events; send at most {MAX_BATCH} per request")
-    errors = [FieldError(None, f"body.{k}", "is not a known field; send only \"events\"") for k in extra]
+    errors = [
+        FieldError(None, f"body.{k}", 'is not a known field; send only "events"') for k in extra
+    ]
     if not raws:
         errors.append(FieldError(None, "events", f"must hold 1 to {MAX_BATCH} events, not 0"))
     if errors:
         raise ValidationFailed(errors)
-    try:
-        events = _events_adapter.validate_python(raws)
-    except ValidationError as error:
-        raise ValidationFailed(
-            [_describe(item, raws) for item in error.errors(include_url=False)]
-        ) from None
-    future = [
-        FieldError(
-            i,
-            f"events[{i}].occurred_at",
-            f"is more than 5 minutes ahead of the service's clock ({now.isoformat()}); "
-            "check the gateway's clock",
-        )
-        for i, event in enumerate(events)
-        if event.occurred_at - now > MAX_FUTURE
-    ]
-    if future:
-        raise ValidationFailed(future)
+    # Each event on its own, so that one 422 lists every problem of the batch, the refused
+    # future timestamps of otherwise valid events included.
+    events: list[Event] = []
+    for i, raw in enumerate(raws):
+        try:
+            event = _event_adapter.validate_python(raw)
+        except ValidationError as error:
+            errors.extend(_describe(item, raws, i) for item in error.errors(include_url=False))
+            continue
+        if event.occurred_at - now > MAX_FUTURE:
+            errors.append(
+                FieldError(
+                    i,
+                    f"events[{i}].occurred_at",
+                    f"is more than 5 minutes ahead of the service's clock ({now.isoformat()}); "
+                    "check the gateway's clock",
+                )
+            )
+        events.append(event)
+    if errors:
+        raise ValidationFailed(errors)
     return [ParsedEvent(event, raw) for event, raw in zip(events, raws, strict=True)]
 
 
-def _describe(item: ErrorDetails, raws: Sequence[Any]) -> FieldError:
-    """One pydantic error as a FieldError with a sentence a gateway developer can act on."""
+def _describe(item: ErrorDetails, raws: Sequence[Any], index: int) -> FieldError:
+    """One pydantic error of event ``index`` as a FieldError with a sentence a developer can use."""
     loc = list(item["loc"])
-    index = loc.pop(0) if loc and isinstance(loc[0], int) else None
-    event_type = None
+    event_type: str | None = None
     if loc and isinstance(loc[0], str) and loc[0] in EVENT_TYPES:
-        event_type = loc.pop(0)
-    path = f"events[{index}]" if index is not None else "events"
+        event_type = str(loc.pop(0))
+    key_error = bool(loc) and loc[-1] == "[key]"
+    if key_error:
+        loc.pop()  # a metadata key itself is wrong: name the entry
+    if item["type"] in {"union_tag_invalid", "union_tag_not_found"} and isinstance(
+        raws[index], dict
+    ):
+        loc = ["type"]
+    path = f"events[{index}]"
     for part in loc:
         path += f"[{part}]" if isinstance(part, int) else f".{part}"
     field = str(loc[-1]) if loc else ""
-    return FieldError(index, path, _message(item, event_type, field, raws, index))
+    message = _message(item, event_type, field, raws, index)
+    if key_error:
+        message = "metadata key " + message
+    return FieldError(index, path, message)
 
 
 def _message(
@@ -98,10 +112,12 @@ def _message(
     kind = item["type"]
     ctx = item.get("ctx") or {}
     of_type = f"{event_type} events" if event_type else "events"
+    if kind == "model_attributes_type" or (
+        kind == "union_tag_not_found" and index is not None and not isinstance(raws[index], dict)
+    ):
+        return "must be a JSON object (an event)"
     if kind == "union_tag_not_found":
-        if index is not None and not isinstance(raws[index], dict):
-            return "must be a JSON object (an event)"
-        return "needs a \"type\": one of " + ", ".join(EVENT_TYPES)
+        return "is required: one of " + ", ".join(EVENT_TYPES)
     if kind == "union_tag_invalid":
         return f"unknown event type {ctx.get('tag')!r}; use one of " + ", ".join(EVENT_TYPES)
     if kind == "missing":
@@ -112,7 +128,9 @@ def _message(
     if field == "protocol" and kind == "literal_error":
         return "unknown protocol; use one of " + ", ".join(PROTOCOLS)
     if field == "source" and kind == "literal_error":
-        return "must be \"upstream\" (reported by the provider) or \"estimate\" (counted by the gateway)"
+        return (
+            'must be "upstream" (reported by the provider) or "estimate" (counted by the gateway)'
+        )
     if kind == "timezone_aware":
         return (
             "has no UTC offset; send an RFC 3339 timestamp with an offset, "
@@ -132,6 +150,11 @@ def _message(
         return f"must be at most {ctx.get('le')}"
     if kind == "string_too_short":
         return "must not be empty"
+    if kind == "string_too_long" and field == "api_key_id":
+        return (
+            "is longer than 128 characters, which looks like a secret key; never send secrets: "
+            "send the key's public id (for example key_7f3a)"
+        )
     if kind == "string_too_long":
         return f"is too long: at most {ctx.get('max_length')} characters"
     if kind == "too_long" and field == "metadata":
