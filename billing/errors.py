@@ -8,7 +8,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class FieldError:
-    """One validation problem: ``index`` of the event (None for query/body-level), ``path``, words."""
+    """One validation problem: event ``index`` (None for query/body), ``path``, a sentence."""
 
     index: int | None
     path: str
@@ -91,7 +91,7 @@ class PriceConflict(BillingError):
 
 
 class Unavailable(BillingError):
-    """503: the database cannot be reached now; nothing was stored. Retry after ``retry_after`` s."""
+    """503: the database is unreachable; nothing was stored. Retry after ``retry_after`` s."""
 
     status = 503
 

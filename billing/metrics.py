@@ -32,17 +32,21 @@ class Metrics:
             "billing_events_accepted", "Events newly stored.", registry=self.registry
         )
         self.events_duplicate = Counter(
-            "billing_events_duplicate", "Events already stored (idempotent retries).",
+            "billing_events_duplicate",
+            "Events already stored (idempotent retries).",
             registry=self.registry,
         )
         self.events_rejected = Counter(
             "billing_events_rejected",
             "Refusals by reason: 409 counts each conflicting event, 413/422 each refused batch.",
-            ["reason"], registry=self.registry,
+            ["reason"],
+            registry=self.registry,
         )
         self.request_latency = Histogram(
-            "billing_request_duration_seconds", "HTTP request latency in seconds.",
-            ["method", "route", "status"], registry=self.registry,
+            "billing_request_duration_seconds",
+            "HTTP request latency in seconds.",
+            ["method", "route", "status"],
+            registry=self.registry,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
         )
         self.settled = Counter(

@@ -31,7 +31,8 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def pytest_report_header() -> str:
-    return f"billing test database: {'PostgreSQL ' + PG_URL if PG_URL else 'SQLite (a file per test)'}"
+    where = f"PostgreSQL {PG_URL}" if PG_URL else "SQLite (a file per test)"
+    return f"billing test database: {where}"
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,7 @@ def _render(error: BillingError) -> JSONResponse:
 
 
 def install(app: FastAPI, retry_after_s: int) -> None:
-    """Register the handlers: domain errors, query validation (422 shape), database outages (503)."""
+    """Register the handlers: domain errors, query validation (422), database outages (503)."""
 
     @app.exception_handler(BillingError)
     async def _billing_error(_request: Request, error: BillingError) -> JSONResponse:

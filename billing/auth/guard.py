@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+
 from fastapi import Request
 from sqlalchemy.orm import Session, sessionmaker
 

@@ -51,9 +51,7 @@ def create_token(
         raise ValueError(f"unknown role {role!r}; use one of {', '.join(ROLES)}")
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     token_id = "tok_" + secrets.token_hex(6)
-    row = ApiToken(
-        id=token_id, name=name, role=role, token_hash=hash_token(secret), created_at=now
-    )
+    row = ApiToken(id=token_id, name=name, role=role, token_hash=hash_token(secret), created_at=now)
     session.add(row)
     session.flush()
     return secret, _info(row)

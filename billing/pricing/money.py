@@ -22,7 +22,7 @@ def parse_price(value: object) -> int:
     Raises ``ValueError`` with a sentence for floats, non-numbers, negatives, more than 6 decimal
     places, or more than ``MAX_PRICE_USD_PER_MTOK``.
     """
-    if isinstance(value, bool) or isinstance(value, float):
+    if isinstance(value, (bool, float)):
         raise ValueError('must be a decimal string such as "0.30" (binary floats are not exact)')
     if isinstance(value, int):
         value = str(value)

@@ -162,7 +162,7 @@ class PriceBook:
         return cls([_row(p) for p in found])
 
     def at(self, model: str | None, when: datetime | None) -> PriceRow | None:
-        """The price of ``model`` in force at ``when`` (latest ``effective_from`` ≤ when), or None."""
+        """The price of ``model`` in force at ``when`` (latest ``effective_from`` ≤ when)."""
         if model is None or when is None:
             return None
         found = None

@@ -13,9 +13,9 @@ from sqlalchemy.types import TypeDecorator
 class UTCDateTime(TypeDecorator[datetime]):
     """A timezone-aware UTC timestamp.
 
-    PostgreSQL stores ``timestamptz``; SQLite stores naive UTC text in one fixed format, so that text
-    order is time order. Values come back aware, in UTC. Raises ``ValueError`` for a naive value:
-    the service never guesses a zone.
+    PostgreSQL stores ``timestamptz``; SQLite stores naive UTC text in one fixed format, so that
+    text order is time order. Values come back aware, in UTC. Raises ``ValueError`` for a naive
+    value: the service never guesses a zone.
     """
 
     impl = DateTime(timezone=True)
