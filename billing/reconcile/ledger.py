@@ -62,6 +62,17 @@ def _describe(delta: Tokens) -> str:
     return ", ".join(changes)
 
 
+#: The longest reason the ledger stores (``ledger_entries.reason`` is a VARCHAR(200)).
+MAX_REASON = 200
+
+
+def _late(delta: Tokens) -> str:
+    # With every bucket changed by large amounts the text would not fit; the entry's own columns
+    # hold the exact deltas, so the reason may be cut.
+    reason = f"late events changed the usage: {_describe(delta)}"
+    return reason if len(reason) <= MAX_REASON else reason[: MAX_REASON - 1] + "…"
+
+
 def plan_entries(
     target: list[Line],
     booked: Mapping[LineKey, Tokens],
@@ -83,7 +94,10 @@ def plan_entries(
         ]
     live = {key: tokens for key, tokens in booked.items() if not tokens.is_zero()}
     targets = {line.key: line for line in target}
-    booked_pairs = {(key.api_key_id, key.model) for key in live}
+    booked_pairs = {(key.api_key_id, key.model) for key in booked}
+    # A new settlement follows only a reversal (the key or model changed); a line that is merely
+    # new (say a late attempt on another model) is a change of the same settled call.
+    reversing = any(key not in targets for key in live)
     entries: list[NewEntry] = []
     for key in sorted(set(live) | set(targets), key=LineKey.sort_key):
         was = live.get(key, Tokens())
@@ -92,8 +106,9 @@ def plan_entries(
         delta = now - was
         if delta.is_zero():
             continue
-        if key in live and line is not None:
-            reason = f"late events changed the usage: {_describe(delta)}"
+        # A line booked at zero tokens (settled before any usage of it) is still a booked line.
+        if key in booked and line is not None:
+            reason = _late(delta)
             entries.append(NewEntry("adjustment", reason, key, delta, line.price,
                                     _cost(delta, line.price)))
         elif line is None:
@@ -106,6 +121,10 @@ def plan_entries(
                 if line.price is not None
                 else "re-booked without a price"
             )
+            entries.append(NewEntry("adjustment", reason, key, delta, line.price,
+                                    _cost(delta, line.price)))
+        elif not reversing:
+            reason = _late(delta)
             entries.append(NewEntry("adjustment", reason, key, delta, line.price,
                                     _cost(delta, line.price)))
         else:
