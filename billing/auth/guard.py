@@ -1,9 +1,9 @@
 """The request guard: which roles may call an endpoint, checked against the bearer token.
 
-Source: CONTRACT "Who may do what". ``admin`` may call everything. Without any active token the
-service is open (and ``billing serve`` then listens on loopback only). Answers are cached for a
-couple of seconds so the ingest path does not query the token table on every request; a revoked
-token stops working within that time.
+Source: CONTRACT "Who may do what". ``admin`` may call everything. Until the first token is
+created the service is open (and ``billing serve`` then listens on loopback only). Answers are
+cached for a couple of seconds so the ingest path does not query the token table on every
+request; a revoked token stops working within that time.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from fastapi import Request
 from sqlalchemy.orm import Session, sessionmaker
 
-from billing.auth.tokens import active_token_count, hash_token, role_of
+from billing.auth.tokens import hash_token, role_of, token_count
 from billing.errors import BillingError
 
 CACHE_TTL_S = 2.0
@@ -47,13 +47,13 @@ class TokenCache:
         self._roles: dict[str, tuple[float, str | None]] = {}
 
     def auth_enabled(self) -> bool:
-        """True when at least one token is active."""
+        """True once any token has been created (see ``token_count``)."""
         now = time.monotonic()
         with self._lock:
             if self._count is not None and now - self._count[0] < self._ttl:
                 return self._count[1] > 0
         with self._sessions() as session:
-            count = active_token_count(session)
+            count = token_count(session)
         with self._lock:
             self._count = (now, count)
         return count > 0

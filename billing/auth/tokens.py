@@ -73,9 +73,14 @@ def revoke_token(session: Session, token_id: str, now: datetime) -> TokenInfo:
     return _info(row)
 
 
-def active_token_count(session: Session) -> int:
-    """How many tokens are not revoked (0 means the server runs unauthenticated on loopback)."""
-    return int(session.scalar(select(func.count()).where(ApiToken.revoked_at.is_(None))) or 0)
+def token_count(session: Session) -> int:
+    """How many tokens were ever created, revoked ones included.
+
+    0 means no access control is configured: the server then runs unauthenticated, on loopback
+    only. Once a token exists the service never falls back to open access, even when every token
+    is revoked (revoking the last token must lock the service, not open it).
+    """
+    return int(session.scalar(select(func.count()).select_from(ApiToken)) or 0)
 
 
 def role_of(session: Session, presented: str) -> str | None:
