@@ -1,0 +1,166 @@
+"""CSV cells and encoding for the exports: RFC 4180 via the stdlib ``csv`` module, UTF-8.
+
+- Every row ends with ``\\r\\n``; a cell is quoted only when it holds a comma, a double quote, CR
+  or LF (``csv.QUOTE_MINIMAL``), and a double quote inside is doubled.
+- Text cells that a spreadsheet would run as a formula (starting with ``=``, ``+``, ``-``, ``@``,
+  tab or CR) get a leading ``'`` (:func:`neutralise`). Numeric cells (token counts, prices, costs,
+  negative adjustments too) are written as they are and never altered.
+- Money is exact: prices and costs are stored as integers (micro-USD per million tokens,
+  picodollars) and written as plain decimals with trailing zeros removed, exactly as
+  :func:`billing.pricing.money.pusd_to_str` writes them, with integer and string operations only.
+- An empty cell means null (an unknown key, an unpriced entry).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterable, Sequence
+from typing import Any, Final
+
+#: First characters that make a spreadsheet treat a cell as a formula (OWASP "CSV injection").
+FORMULA_STARTS: Final[frozenset[str]] = frozenset("=+-@\t\r")
+
+
+def neutralise(value: str | None) -> str | None:
+    """A text cell made inert for spreadsheets: ``'`` before a leading ``= + - @`` tab or CR.
+
+    None (an empty cell) and every other text stay as they are.
+    """
+    if value and value[0] in FORMULA_STARTS:
+        return "'" + value
+    return value
+
+
+def _scaled(amount: int, digits: int) -> str:
+    """``amount / 10**digits`` as plain decimal text without trailing zeros."""
+    if amount < 0:
+        sign = "-"
+        text = str(-amount)
+    else:
+        sign = ""
+        text = str(amount)
+    if len(text) <= digits:
+        fraction = text.rjust(digits, "0").rstrip("0")
+        return f"{sign}0.{fraction}" if fraction else "0"
+    whole = text[:-digits]
+    fraction = text[-digits:].rstrip("0")
+    return f"{sign}{whole}.{fraction}" if fraction else f"{sign}{whole}"
+
+
+def pusd_cell(pusd: int | None) -> str | None:
+    """Picodollars → exact USD text (``"0.011316"``, ``"-0.0000075"``, ``"0"``); None stays None."""
+    return None if pusd is None else _scaled(pusd, 12)
+
+
+def price_cell(micro: int | None) -> str | None:
+    """Micro-USD per Mtok → USD per million tokens text (``"3"``, ``"0.3"``); None stays None."""
+    return None if micro is None else _scaled(micro, 6)
+
+
+class PriceCells(dict[int | None, str]):
+    """A memo of :func:`price_cell` (an export sees few distinct prices); None → ``""``."""
+
+    def __missing__(self, key: int | None) -> str:
+        value = price_cell(key) or ""
+        self[key] = value
+        return value
+
+
+_cell_buffer = io.StringIO()
+_cell_writer = csv.writer(_cell_buffer, lineterminator="\r\n", quoting=csv.QUOTE_MINIMAL)
+
+
+def csv_cell(value: str | None) -> str:
+    """A text cell as ``csv.writer`` writes it inside a row: neutralised, then quoted by ``csv``
+    when it holds a comma, a double quote, CR or LF; None → ``""``."""
+    text = neutralise(value)
+    if not text:
+        return ""
+    if "," in text or '"' in text or "\r" in text or "\n" in text:
+        _cell_writer.writerow((text, None))  # two cells: a lone "" cell is written quoted
+        quoted = _cell_buffer.getvalue()[:-3]  # less the empty second cell and CRLF
+        _cell_buffer.seek(0)
+        _cell_buffer.truncate()
+        return quoted
+    return text
+
+
+class TextCells(dict[str | None, str]):
+    """A bounded memo of :func:`csv_cell` for repeated texts (kinds, reasons, keys, models)."""
+
+    def __missing__(self, key: str | None) -> str:
+        if len(self) >= 100_000:
+            self.clear()
+        value = csv_cell(key)
+        self[key] = value
+        return value
+
+
+class ChunkWriter:
+    """Formats rows with ``csv.writer`` into text or UTF-8 byte chunks, one chunk per call."""
+
+    def __init__(self) -> None:
+        self._buffer = io.StringIO()
+        self._writer = csv.writer(self._buffer, lineterminator="\r\n", quoting=csv.QUOTE_MINIMAL)
+
+    def text(self, rows: Iterable[Sequence[Any]]) -> str:
+        """The CSV text of ``rows`` (None cells are written empty)."""
+        self._writer.writerows(rows)
+        data = self._buffer.getvalue()
+        self._buffer.seek(0)
+        self._buffer.truncate()
+        return data
+
+    def encode(self, rows: Iterable[Sequence[Any]]) -> bytes:
+        """The CSV bytes (UTF-8) of ``rows``."""
+        return self.text(rows).encode("utf-8")
+
+    def header(self, columns: Sequence[str]) -> bytes:
+        """The header row's bytes."""
+        return self.encode([columns])
+
+
+class CallsRenderer:
+    """Renders ``calls.csv`` rows as CSV text: the bytes ``csv.writer`` gives for the same cells,
+    at a fraction of its cost (the stdlib writer spends tens of nanoseconds on every character).
+
+    A row arrives as the ledger columns in ``CALLS_COLUMNS`` order, ``booked_at`` already as
+    RFC 3339 text. Every text cell goes through :func:`csv_cell` (neutralised, and quoted by
+    ``csv`` when it needs quoting; memoised for repeated texts); numeric cells and the timestamp
+    never need quoting. The cells are then joined by commas, one line per row, CRLF after each.
+    """
+
+    def __init__(self) -> None:
+        self._texts = TextCells()
+        self._prices = PriceCells()
+
+    @staticmethod
+    def cells(row: Sequence[Any]) -> tuple[Any, ...]:
+        """The cells of one row as ``csv.writer`` would receive them (the reference rendering)."""
+        (eid, kind, reason, booked, rid, key, model, proto, status, *tokens,
+         p_in, p_out, p_cr, p_cc, cost) = row  # fmt: skip
+        return (
+            eid, neutralise(kind), neutralise(reason), booked, neutralise(rid), neutralise(key),
+            neutralise(model), neutralise(proto), neutralise(status), *tokens,
+            price_cell(p_in), price_cell(p_out), price_cell(p_cr), price_cell(p_cc),
+            pusd_cell(cost),
+        )  # fmt: skip
+
+    def chunk(self, rows: Sequence[Sequence[Any]]) -> str:
+        """The CSV text of ``rows``, each line ending with CRLF."""
+        t = self._texts
+        p = self._prices
+        q = csv_cell
+        money = pusd_cell
+        lines = [
+            f"{eid},{t[kind]},{t[reason]},{booked},{q(rid)},{t[key]},{t[model]},"
+            f"{t[proto]},{t[status]},{a},{b},{c},{d},{e},{f},{g},"
+            f"{p[p_in]},{p[p_out]},{p[p_cr]},{p[p_cc]},{money(cost) or ''}"
+            for (
+                eid, kind, reason, booked, rid, key, model, proto, status, a, b, c, d, e, f, g,
+                p_in, p_out, p_cr, p_cc, cost,
+            ) in rows
+        ]  # fmt: skip
+        lines.append("")
+        return "\r\n".join(lines)
