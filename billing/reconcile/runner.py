@@ -8,9 +8,15 @@ from datetime import UTC, datetime
 from sqlalchemy.orm import Session, sessionmaker
 
 from billing.metrics import Metrics
-from billing.reconcile.service import StepResult, reconcile_step
+from billing.reconcile.service import (
+    StepResult,
+    due_calls,
+    lock_call,
+    reconcile_calls,
+    reconcile_step,
+)
 from billing.settings import Settings
-from billing.storage.db import write_transaction
+from billing.storage.db import is_unavailable, read_transaction, write_transaction
 
 log = logging.getLogger("billing.reconcile")
 
@@ -32,19 +38,54 @@ def run_pass(
     """
     total = StepResult()
     for _ in range(MAX_STEPS_PER_PASS):
-        with write_transaction(sessions) as session:
-            step = reconcile_step(
-                session,
-                now or datetime.now(UTC),
-                settings.settle_after_s,
-                settings.reconcile_batch_size,
-            )
+        clock = now or datetime.now(UTC)
+        try:
+            with write_transaction(sessions) as session:
+                step = reconcile_step(
+                    session, clock, settings.settle_after_s, settings.reconcile_batch_size
+                )
+        except Exception as error:
+            if is_unavailable(error):
+                raise
+            # One call that cannot be booked must not hold back the others: redo this step one
+            # call per transaction, leave the failing ones pending, and end the pass.
+            log.exception("reconciliation step failed; retrying its calls one by one")
+            step = _one_by_one(sessions, settings, clock)
+            _count(metrics, step)
+            total.add(step)
+            break
+        _count(metrics, step)
         total.add(step)
-        if metrics is not None:
-            metrics.settled.inc(step.settled)
-            metrics.adjustments.inc(step.adjusted)
         if step.examined < settings.reconcile_batch_size:
             break
     if total.settled or total.adjusted:
         log.info("reconciled: %d settled, %d adjusted", total.settled, total.adjusted)
+    return total
+
+
+def _count(metrics: Metrics | None, step: StepResult) -> None:
+    if metrics is not None:
+        metrics.settled.inc(step.settled)
+        metrics.adjustments.inc(step.adjusted)
+
+
+def _one_by_one(
+    sessions: sessionmaker[Session], settings: Settings, clock: datetime
+) -> StepResult:
+    """Reconcile the due calls each in its own transaction; a failing call is logged and skipped
+    (it stays pending, so the next pass tries it again)."""
+    with read_transaction(sessions) as session:
+        request_ids = due_calls(
+            session, clock, settings.settle_after_s, settings.reconcile_batch_size
+        )
+    total = StepResult()
+    for request_id in request_ids:
+        try:
+            with write_transaction(sessions) as session:
+                if lock_call(session, request_id):
+                    total.add(reconcile_calls(session, [request_id], clock, settings.settle_after_s))
+        except Exception as error:
+            if is_unavailable(error):
+                raise
+            log.exception("call %r could not be reconciled; it stays pending", request_id)
     return total

@@ -16,6 +16,7 @@ from pydantic import TypeAdapter
 from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
+from billing.calllog import rollups
 from billing.ingest.schemas import Event as EventModel
 from billing.pricing.prices import PriceBook, PriceRow, prices_by_id
 from billing.reconcile.ledger import Line, LineKey, NewEntry, plan_entries
@@ -171,6 +172,7 @@ def reconcile_calls(
     calls = {c.request_id: c for c in session.scalars(
         select(Call).where(Call.request_id.in_(request_ids))
     )}
+    rolled_up = rollups.before_step(session, calls.values())
     events = load_events(session, request_ids)
     figures = {rid: reconcile_call(rid, evs) for rid, evs in events.items() if evs}
     models = {a.model for f in figures.values() for a in f.attempts if a.model}
@@ -208,6 +210,7 @@ def reconcile_calls(
         _write_attempts(session, fig)
     session.add_all(entries)
     session.flush()
+    rollups.after_step(session, rolled_up, calls.values(), entries)
     return result
 
 
@@ -294,10 +297,25 @@ def _write_attempts(session: Session, fig: CallFigures) -> None:
 def mark_model_pending(session: Session, model: str, effective_from: datetime) -> int:
     """Mark the calls of ``model`` started at or after ``effective_from`` for re-reconciliation
     (a new price may now apply to them). Returns how many calls were marked."""
+    # An attempt is priced by its own model, which may differ from the call's (a fallback model).
+    with_attempt = select(CallAttempt.request_id).where(CallAttempt.model == model)
     marked = session.execute(
         update(Call)
-        .where(Call.model == model, Call.started_at >= effective_from)
+        .where(
+            or_(Call.model == model, Call.request_id.in_(with_attempt)),
+            Call.started_at >= effective_from,
+        )
         .values(pending=True, change_seq=Call.change_seq + 1)
     )
     return int(getattr(marked, "rowcount", 0) or 0)
 
+
+
+def lock_call(session: Session, request_id: str) -> bool:
+    """Lock one call's row for this transaction; False when another reconciler holds it."""
+    query = (
+        select(Call.request_id)
+        .where(Call.request_id == request_id)
+        .with_for_update(skip_locked=True)
+    )
+    return session.scalar(query) is not None

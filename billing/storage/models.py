@@ -13,6 +13,7 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    SmallInteger,
     String,
     Text,
     UniqueConstraint,
@@ -48,8 +49,9 @@ class Event(Base):
     """One accepted lifecycle event, append-only (CONTRACT "Events").
 
     ``body`` is the event's JSON as the gateway sent it (keys and values in its order);
-    ``content_hash`` is the SHA-256 of its canonical validated form, which decides whether a reused
-    ``event_id`` is a duplicate (same hash) or a conflict (different hash). ``seq`` is arrival order.
+    ``content_hash`` is the SHA-256 of its canonical validated form, which decides whether a
+    reused ``event_id`` is a duplicate (same hash) or a conflict (different hash). ``seq`` is
+    arrival order.
     """
 
     __tablename__ = "events"
@@ -70,7 +72,7 @@ class Event(Base):
 class Call(Base):
     """Per-call state: ingest bookkeeping plus the reconciler's current figures.
 
-    Ingest creates the row and bumps ``change_seq`` / sets ``pending`` for every call that received a
+    Ingest creates the row and bumps ``change_seq`` / sets ``pending`` for every call that got a
     new event; the reconciler recomputes the figures from the events, settles, and clears
     ``pending`` when nothing arrived meanwhile. Token fields are integers (tokens); ``cost_pusd`` is
     the exact cost in picodollars (1e-12 USD), null while the model has no price.
@@ -112,6 +114,9 @@ class Call(Base):
         Index(None, "started_at", "request_id"),
         Index(None, "pending", "last_received_at"),
         Index(None, "settled", "last_received_at"),
+        # The call log's status filter, alone and with a key (billing.calllog.queries).
+        Index(None, "status", "started_at", "request_id"),
+        Index(None, "api_key_id", "status", "started_at", "request_id"),
     )
 
 
@@ -212,6 +217,74 @@ class ApiToken(Base):
     token_hash: Mapped[str] = mapped_column(String(64), nullable=False, unique=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class _RollupTotals:
+    """The summed columns shared by both rollup tables (see ``UsageRollup``)."""
+
+    members: Mapped[int] = _tokens()
+    calls: Mapped[int] = _tokens()
+    input_tokens: Mapped[int] = _tokens()
+    cache_read_input_tokens: Mapped[int] = _tokens()
+    cache_creation_input_tokens: Mapped[int] = _tokens()
+    output_tokens_billed: Mapped[int] = _tokens()
+    output_tokens_delivered: Mapped[int] = _tokens()
+    output_tokens_undelivered: Mapped[int] = _tokens()
+    reasoning_tokens: Mapped[int] = _tokens()
+    cost_whole_usd: Mapped[int] = _tokens()
+    cost_frac_pusd: Mapped[int] = _tokens()
+    unpriced: Mapped[int] = _tokens()
+
+
+class UsageRollup(_RollupTotals, Base):
+    """Pre-aggregated usage per (basis, api key, level, UTC bucket, model).
+
+    See billing.calllog.rollups.
+
+    ``basis`` is ``call_start`` (settled calls with their current figures, in the bucket of the
+    call's start) or ``booked`` (ledger entries, in the bucket of ``booked_at``). ``level`` is the
+    bucket width: 0 = 15 minutes, 1 = hour, 2 = day, 3 = month, all aligned in UTC. A null key or
+    model is stored as ``''`` (real ones have at least one character). ``members`` counts the
+    contributing calls (call_start) or ledger entries (booked); ``calls`` counts calls, or
+    settlement entries; ``unpriced`` those without a cost. The cost is exact picodollars split as
+    ``cost_whole_usd * 10**12 + cost_frac_pusd`` (0 <= frac < 10**12) so that a bucket never
+    overflows a 64-bit integer.
+    """
+
+    __tablename__ = "usage_rollups"
+
+    basis: Mapped[str] = mapped_column(String(16), primary_key=True)
+    api_key_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    level: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
+    bucket_start: Mapped[datetime] = mapped_column(UTCDateTime, primary_key=True)
+    model: Mapped[str] = mapped_column(String(256), primary_key=True)
+
+    __table_args__ = (Index(None, "basis", "level", "bucket_start"),)
+
+
+class UsageRollupAllKeys(_RollupTotals, Base):
+    """``UsageRollup`` summed over every api key: what queries not about one key read."""
+
+    __tablename__ = "usage_rollups_all_keys"
+
+    basis: Mapped[str] = mapped_column(String(16), primary_key=True)
+    level: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
+    bucket_start: Mapped[datetime] = mapped_column(UTCDateTime, primary_key=True)
+    model: Mapped[str] = mapped_column(String(256), primary_key=True)
+
+
+class UsageRollupKeyless(Base):
+    """Where a settled call without ``stream.started`` sits in the call_start rollups.
+
+    Ingest fills in the key, model and start of a key-less call when its ``stream.started``
+    arrives late, before the reconciler runs; this remembers the start it was rolled up under, so
+    the reconciler can take that contribution back (its key and model were null).
+    """
+
+    __tablename__ = "usage_rollup_keyless"
+
+    request_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
 
 
 def row_dict(obj: Any) -> dict[str, Any]:

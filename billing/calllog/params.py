@@ -1,0 +1,133 @@
+"""Reading query strings into typed values, with every problem reported at once in words.
+
+The query endpoints answer the contract's 422 shape (``{"errors": [{"index": null, "path":
+"query.x", "message": …}]}``) for unknown parameters, repeated ones and bad values.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime
+from typing import TypeVar
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from billing.errors import FieldError, ValidationFailed
+
+T = TypeVar("T")
+
+_RFC3339 = re.compile(
+    r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})?", re.ASCII
+)
+#: A ``+hh:mm`` offset sent unencoded in a query string arrives as `` hh:mm``.
+_PLUS_AS_SPACE = re.compile(r"(.*:\d{2}(?:\.\d+)?) (\d{2}:\d{2})", re.ASCII)
+
+
+def parse_timestamp(text: str) -> datetime:
+    """An RFC 3339 timestamp with an offset → an aware UTC datetime; ``ValueError`` in words."""
+    fixed = _PLUS_AS_SPACE.fullmatch(text)
+    if fixed:
+        text = f"{fixed.group(1)}+{fixed.group(2)}"
+    match = _RFC3339.fullmatch(text)
+    if not match:
+        raise ValueError(
+            f"{text!r} is not an RFC 3339 timestamp; send one such as 2026-03-08T00:00:00Z"
+        )
+    if match.group(2) is None:
+        raise ValueError(
+            f"{text!r} has no UTC offset; add one, such as 2026-03-08T00:00:00Z or "
+            "2026-03-08T00:00:00%2B05:30 (a + in a query string is written %2B)"
+        )
+    fraction = match.group(1) or ""
+    if len(fraction) > 7:  # Python keeps microseconds: cut the digits beyond them
+        text = text.replace(fraction, fraction[:7], 1)
+    try:
+        return datetime.fromisoformat(text.upper().replace("Z", "+00:00")).astimezone(UTC)
+    except (ValueError, OverflowError):
+        raise ValueError(f"{text!r} is not a valid date and time (or out of range)") from None
+
+
+def parse_zone(text: str) -> ZoneInfo:
+    """An IANA zone name (``Asia/Kolkata``, ``UTC``) → ``ZoneInfo``; ``ValueError`` in words."""
+    try:
+        return ZoneInfo(text)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(
+            f"{text!r} is not a known IANA time zone; send a name such as UTC, Europe/Berlin or "
+            "Asia/Kolkata"
+        ) from None
+
+
+class QueryReader:
+    """Takes values out of a query string, collecting every error; ``done()`` raises them all.
+
+    Parameters not in ``known`` and parameters given more than once are errors too.
+    """
+
+    def __init__(self, items: Iterable[tuple[str, str]], known: Sequence[str]) -> None:
+        self.values: dict[str, list[str]] = {}
+        for name, value in items:
+            self.values.setdefault(name, []).append(value)
+        self.errors: list[FieldError] = []
+        for name in self.values:
+            if name not in known:
+                self.fail(
+                    name,
+                    f"is not a known query parameter; the known ones are {', '.join(known)}",
+                )
+
+    def fail(self, name: str, message: str) -> None:
+        self.errors.append(FieldError(None, f"query.{name}", message))
+
+    def text(self, name: str, max_length: int = 256) -> str | None:
+        """The parameter's text, or None when absent."""
+        values = self.values.get(name)
+        if not values:
+            return None
+        if len(values) > 1:
+            self.fail(name, f"is given {len(values)} times; give it once")
+            return None
+        value = values[0]
+        if not 1 <= len(value) <= max_length:
+            self.fail(name, f"must be 1 to {max_length} characters long")
+            return None
+        return value
+
+    def parsed(
+        self, name: str, parse: Callable[[str], T], required: str | None = None
+    ) -> T | None:
+        """``parse(text)``; its ``ValueError`` becomes this parameter's error message. When
+        ``required`` (what to send) is given, a missing parameter is an error too."""
+        value = self.text(name)
+        if value is None:
+            if required and name not in self.values:
+                self.fail(name, f"is required: send {required}")
+            return None
+        try:
+            return parse(value)
+        except ValueError as error:
+            self.fail(name, str(error))
+            return None
+
+    def choice(self, name: str, choices: Sequence[str]) -> str | None:
+        """One of ``choices``, or None when absent."""
+        value = self.text(name)
+        if value is not None and value not in choices:
+            self.fail(name, f"must be one of {', '.join(choices)}, not {value!r}")
+            return None
+        return value
+
+    def integer(self, name: str, low: int, high: int) -> int | None:
+        """An integer in ``[low, high]``, or None when absent."""
+        value = self.text(name)
+        if value is None:
+            return None
+        if not re.fullmatch(r"[0-9]{1,10}", value, re.ASCII) or not low <= int(value) <= high:
+            self.fail(name, f"must be a whole number from {low} to {high}, not {value!r}")
+            return None
+        return int(value)
+
+    def done(self) -> None:
+        """Raise ``ValidationFailed`` (422) with every error found, if any."""
+        if self.errors:
+            raise ValidationFailed(self.errors)

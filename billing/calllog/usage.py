@@ -1,0 +1,337 @@
+"""``GET /v1/usage``: usage totals over a period, grouped, in a time zone, on either basis.
+
+Source: CONTRACT "Call log and usage queries". Decisions where the contract is silent:
+
+- ``since`` and ``until`` are required (RFC 3339 with an offset); the period is half-open,
+  ``since <= t < until``, ``t`` being the call's start (``call_start``) or the entry's booking time
+  (``booked``). A period cut off by ``since``/``until`` in the middle of a local hour, day or month
+  is still labelled with that hour, day or month.
+- ``cost_usd`` is an exact decimal string. On ``call_start`` it is null when any call of the row
+  has no price (never silently free: an unpriced call's cost is unknown, not 0); once the model is
+  priced, the calls are re-priced and the row's cost appears. On ``booked`` it is the sum of the
+  priced entries' costs, null when no entry of the row has a price: what the ledger, and so the
+  CSV export, holds for the period (a later pricing is booked as adjustments in its own period).
+- On ``call_start`` a row's model is the call's model (its first ``stream.started``); on
+  ``booked`` it is the ledger line's model. A call without ``stream.started`` counts under a null
+  key and model.
+- Rows are ordered by the group-by keys in the order given: hours, days and months by time,
+  ``api_key_id`` and ``model`` by text with null first (as the CSV export). Empty groups (no call,
+  or no ledger entry) are left out.
+
+Reads only the rollups (``billing.calllog.rollups``): each local period is covered by the coarsest
+UTC buckets that fit in it (``billing.calllog.buckets.cover``); only a ``since``/``until`` off a
+15-minute edge leaves a remainder of under 15 minutes, read from ``calls``/``ledger_entries`` by
+their time index.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from sqlalchemy import Integer, and_, column, func, or_, select, text, true
+from sqlalchemy.orm import Session
+
+from billing.calllog import buckets
+from billing.calllog.buckets import Run, Segment, Window
+from billing.calllog.params import QueryReader, parse_timestamp, parse_zone
+from billing.calllog.rollups import (
+    BASES,
+    CALL_START,
+    COUNT_FIELDS,
+    PICO,
+    Placed,
+    Totals,
+    place_call,
+    place_entry,
+)
+from billing.errors import FieldError, ValidationFailed
+from billing.pricing.money import pusd_to_str
+from billing.reconcile.rule import TOKEN_FIELDS
+from billing.storage.models import Call, LedgerEntry, UsageRollup, UsageRollupAllKeys
+from billing.storage.types import UTCDateTime
+
+UTC_ZONE = ZoneInfo("UTC")
+GROUP_BY = ("api_key_id", "model", "hour", "day", "month")
+PARAMETERS = ("since", "until", "api_key_id", "model", "group_by", "tz", "basis")
+#: The totals of a row, in the contract's order (after the group-by keys).
+TOTAL_FIELDS = ("calls", *TOKEN_FIELDS, "cost_usd")
+#: The most local periods one query may return (an hour by hour year is 8,760).
+MAX_PERIODS = 20_000
+#: The range of instants a period may start or end at (zones and calendars stay defined).
+EARLIEST = datetime(1900, 1, 1, tzinfo=UTC)
+LATEST = datetime(9000, 1, 1, tzinfo=UTC)
+#: Rollup runs per statement.
+_RUNS_PER_QUERY = 2000
+#: How SQLite holds a UTC instant (``billing.storage.types.UTCDateTime``): text in time order.
+SQLITE_TIME = "%Y-%m-%d %H:%M:%S.%f"
+
+
+@dataclass(frozen=True)
+class UsageQuery:
+    """A validated usage query; ``group_by`` holds names from ``GROUP_BY`` without repeats."""
+
+    since: datetime
+    until: datetime
+    api_key_id: str | None = None
+    model: str | None = None
+    group_by: tuple[str, ...] = ()
+    tz: ZoneInfo = UTC_ZONE
+    basis: str = CALL_START
+
+    def __post_init__(self) -> None:
+        if self.since.tzinfo is None or self.until.tzinfo is None:
+            raise ValueError("since and until must be timezone-aware")
+        if self.until <= self.since:
+            raise ValueError("until must be after since")
+        if not set(self.group_by) <= set(GROUP_BY) or len(set(self.group_by)) < len(
+            self.group_by
+        ):
+            raise ValueError(f"group_by takes each of {', '.join(GROUP_BY)} at most once")
+        if self.basis not in BASES:
+            raise ValueError(f"basis is one of {', '.join(BASES)}")
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    """One group: its keys (``group``, in ``group_by`` order), call count, tokens and cost."""
+
+    group: tuple[tuple[str, str | None], ...]
+    calls: int
+    tokens: dict[str, int]
+    cost_pusd: int | None
+
+    def as_json(self) -> dict[str, Any]:
+        """The contract's row: group-by keys, then ``TOTAL_FIELDS``."""
+        return {
+            **dict(self.group),
+            "calls": self.calls,
+            **self.tokens,
+            "cost_usd": pusd_to_str(self.cost_pusd),
+        }
+
+
+def parse_group_by(text: str) -> tuple[str, ...]:
+    """``"day,api_key_id"`` → ``("day", "api_key_id")``; ``ValueError`` in words."""
+    names = tuple(part.strip() for part in text.split(","))
+    unknown = [name for name in names if name not in GROUP_BY]
+    if unknown:
+        raise ValueError(
+            f"{', '.join(map(repr, unknown))} cannot be grouped by; use a comma list of "
+            f"{', '.join(GROUP_BY)}"
+        )
+    if len(set(names)) != len(names):
+        raise ValueError("names a key more than once; name each once")
+    return names
+
+
+_SINCE = "the period's start (inclusive) with an offset, such as 2026-03-01T00:00:00Z"
+_UNTIL = "the period's end (exclusive) with an offset, such as 2026-04-01T00:00:00Z"
+
+
+def _period_edge(text: str) -> datetime:
+    at = parse_timestamp(text)
+    if not EARLIEST <= at <= LATEST:
+        raise ValueError(f"must be between {EARLIEST.year} and {LATEST.year}")
+    return at
+
+
+def parse_usage_query(items: Iterable[tuple[str, str]]) -> UsageQuery:
+    """The query string's (name, value) pairs → ``UsageQuery``; ``ValidationFailed`` (422) lists
+    every unknown, repeated, missing or malformed parameter."""
+    reader = QueryReader(items, PARAMETERS)
+    since = reader.parsed("since", _period_edge, required=_SINCE)
+    until = reader.parsed("until", _period_edge, required=_UNTIL)
+    api_key_id = reader.text("api_key_id", 128)
+    model = reader.text("model")
+    group_by = reader.parsed("group_by", parse_group_by) or ()
+    tz = reader.parsed("tz", parse_zone) or UTC_ZONE
+    basis = reader.choice("basis", BASES) or CALL_START
+    if since is not None and until is not None and until <= since:
+        reader.fail("until", "must be after since")
+    reader.done()
+    assert since is not None and until is not None
+    return UsageQuery(since, until, api_key_id, model, group_by, tz, basis)
+
+
+def usage_rows(session: Session, query: UsageQuery) -> list[UsageRow]:
+    """The usage totals of ``query``, one row per non-empty group, in order (see the module).
+
+    For the CSV export too (``basis="booked"``). Raises ``ValidationFailed`` when the grouping
+    would make more than ``MAX_PERIODS`` periods.
+    """
+    dims = [name for name in query.group_by if name in ("api_key_id", "model")]
+    times = [name for name in query.group_by if name in buckets.TIME_DIMS]
+    finest = min(times, key=buckets.TIME_DIMS.index) if times else None
+    _check_size(query, finest)
+    segments = buckets.segments(finest, query.since, query.until, query.tz)
+    runs, windows = buckets.cover([(s.start, s.end) for s in segments])
+    groups = _Groups(dims)
+    _read_rollups(session, query, runs, dims, groups)
+    starts = [s.start for s in segments]
+    for placed in _read_raw(session, query, windows):
+        named = {"api_key_id": placed.api_key_id, "model": placed.model}
+        groups.add(bisect_right(starts, placed.at) - 1, tuple(named[d] for d in dims),
+                   placed.totals)
+    return groups.rows(query, segments, times)
+
+
+def _check_size(query: UsageQuery, finest: str | None) -> None:
+    span = query.until - query.since
+    approx = {"hour": span / timedelta(hours=1), "day": span / timedelta(days=1)}
+    if finest in approx and approx[finest] > MAX_PERIODS:
+        raise ValidationFailed([FieldError(
+            None, "query.group_by",
+            f"grouping by {finest} over this period makes more than {MAX_PERIODS} periods; "
+            "shorten the period or group by a longer period",
+        )])
+
+
+class _Groups:
+    """Sums contributions per (segment, key, model), keeping the group-by dimensions only."""
+
+    def __init__(self, dims: Sequence[str]) -> None:
+        self.dims = dims
+        self.totals: dict[tuple[int, tuple[str | None, ...]], Totals] = {}
+
+    def add(self, seg: int, values: tuple[str | None, ...], totals: Totals) -> None:
+        """Add ``totals`` to the group of segment ``seg`` and the ``dims`` ``values``."""
+        group = (seg, values)
+        known = self.totals.get(group)
+        if known is None:
+            self.totals[group] = totals
+        else:
+            known.add(totals)
+
+    def rows(
+        self, query: UsageQuery, segments: Sequence[Segment], times: Sequence[str]
+    ) -> list[UsageRow]:
+        def order(group: tuple[int, tuple[str | None, ...]]) -> tuple[Any, ...]:
+            seg, values = group
+            by_name = dict(zip(self.dims, values, strict=True))
+            return tuple(
+                seg if name in times else (by_name[name] is not None, by_name[name] or "")
+                for name in query.group_by
+            )
+
+        labels: dict[int, dict[str, str]] = {}
+        result = []
+        for group in sorted(self.totals, key=order):
+            totals = self.totals[group]
+            count = dict(zip(COUNT_FIELDS, totals.values, strict=True))
+            if count["members"] == 0:
+                continue
+            seg, values = group
+            if seg not in labels:
+                at = segments[seg].label_at
+                labels[seg] = {dim: buckets.label(dim, at, query.tz) for dim in times}
+            named = {**dict(zip(self.dims, values, strict=True)), **labels[seg]}
+            unpriced = count["unpriced"]
+            unknown = unpriced > 0 if query.basis == CALL_START else unpriced == count["members"]
+            result.append(UsageRow(
+                group=tuple((name, named[name]) for name in query.group_by),
+                calls=count["calls"],
+                tokens={name: count[name] for name in TOKEN_FIELDS},
+                cost_pusd=None if unknown else totals.cost_pusd,
+            ))
+        return result
+
+
+def _read_rollups(
+    session: Session, query: UsageQuery, runs: Sequence[Run], dims: Sequence[str],
+    groups: _Groups,
+) -> None:
+    """Sum the rollup rows of every run per (segment, group-by keys), in SQL: the runs are a
+    ``VALUES`` list (seg, lvl, lo, hi) joined to the rollup table on (level, bucket range),
+    so that each run is one range of the table's primary key."""
+    by_key = query.api_key_id is not None or "api_key_id" in dims
+    table = UsageRollup.__table__ if by_key else UsageRollupAllKeys.__table__
+    c = table.c
+    fixed = [c.basis == query.basis]
+    if query.api_key_id is not None:
+        fixed.append(c.api_key_id == query.api_key_id)
+    if query.model is not None:
+        fixed.append(c.model == query.model)
+    summed = (*COUNT_FIELDS, "cost_whole_usd", "cost_frac_pusd")
+    dialect = session.get_bind().dialect.name
+    width = len(dims)
+    for i in range(0, len(runs), _RUNS_PER_QUERY):
+        pieces = _pieces(runs[i : i + _RUNS_PER_QUERY], dialect)
+        in_run = [c.level == pieces.c.lvl, c.bucket_start >= pieces.c.lo,
+                  c.bucket_start < pieces.c.hi]
+        if dialect == "postgresql":
+            # A plain join is hashed over every rollup row of the key; an aggregating LATERAL
+            # (one PostgreSQL cannot flatten) reads one index range per run, as SQLite does.
+            matched = (
+                select(*(c[d] for d in dims), *(func.sum(c[n]).label(n) for n in summed))
+                .where(*fixed, *in_run).group_by(*(c[d] for d in dims)).lateral()
+            )
+            source: Any = pieces.join(matched, true())
+            m = matched.c
+        else:
+            source = table.join(pieces, and_(*fixed, *in_run))
+            m = c
+        statement = (
+            select(pieces.c.seg, *(m[d] for d in dims), *(func.sum(m[n]) for n in summed))
+            .select_from(source)
+            .group_by(pieces.c.seg, *(m[d] for d in dims))
+        )
+        for seg, *row in session.execute(statement):
+            *counts, whole, frac = (int(value or 0) for value in row[width:])
+            # '' is how the rollups hold a null key or model
+            groups.add(seg, tuple(value or None for value in row[:width]),
+                       Totals(counts, whole * PICO + frac))
+
+
+def _pieces(runs: Sequence[Run], dialect: str) -> Any:
+    """The runs as a ``VALUES`` table (seg, lvl, lo, hi). Its values are integers and instants
+    this module made, written as SQL literals: a statement with hundreds of bound parameters
+    would cost more to compile than to run."""
+    def instant(t: datetime) -> str:
+        if dialect == "postgresql":
+            return f"TIMESTAMPTZ '{t.isoformat()}'"
+        return f"'{t.astimezone(UTC).strftime(SQLITE_TIME)}'"  # as billing.storage.types stores
+
+    rows = ", ".join(
+        f"({int(r.seg)}, {int(r.level)}, {instant(r.start)}, {instant(r.end)})" for r in runs
+    )
+    return (
+        text(f"SELECT column1 AS seg, column2 AS lvl, column3 AS lo, column4 AS hi "
+             f"FROM (VALUES {rows}) AS v")
+        .columns(column("seg", Integer), column("lvl", Integer), column("lo", UTCDateTime),
+                 column("hi", UTCDateTime))
+        .subquery("pieces")
+    )
+
+
+def _read_raw(session: Session, query: UsageQuery, windows: Sequence[Window]) -> list[Placed]:
+    """Contributions inside the short windows the rollup buckets cannot cover, from the source
+    rows, placed exactly as the rollups place them."""
+    if not windows:
+        return []
+    source: Any = Call if query.basis == CALL_START else LedgerEntry
+    column = Call.started_at if query.basis == CALL_START else LedgerEntry.booked_at
+    statement = select(source).where(
+        or_(*(and_(column >= w.start, column < w.end) for w in windows))
+    )
+    if query.basis == CALL_START:
+        statement = statement.where(Call.settled.is_(True))
+    if query.api_key_id is not None:
+        statement = statement.where(source.api_key_id == query.api_key_id)
+    if query.model is not None:
+        statement = statement.where(source.model == query.model)
+    placed = [
+        place_call(row) if query.basis == CALL_START else place_entry(row)
+        for row in session.scalars(statement)
+    ]
+    return [
+        p for p in placed
+        if p is not None
+        and (query.api_key_id is None or p.api_key_id == query.api_key_id)
+        and (query.model is None or p.model == query.model)
+    ]
+
