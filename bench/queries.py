@@ -61,19 +61,56 @@ CHUNK = 50_000
 PROTOCOLS = ("openai.chat_completions", "openai.responses", "anthropic.messages")
 
 _CALL_COLUMNS = (
-    "request_id", "api_key_id", "model", "protocol", "started_at", "ended_at",
-    "first_received_at", "last_received_at", "change_seq", "pending", "status", "settled",
-    "settled_at", "usage_source", "attempts", "input_tokens", "cache_read_input_tokens",
-    "cache_creation_input_tokens", "output_tokens_billed", "output_tokens_delivered",
-    "output_tokens_undelivered", "reasoning_tokens", "cost_pusd", "error_type", "stop_reason",
+    "request_id",
+    "api_key_id",
+    "model",
+    "protocol",
+    "started_at",
+    "ended_at",
+    "first_received_at",
+    "last_received_at",
+    "change_seq",
+    "pending",
+    "status",
+    "settled",
+    "settled_at",
+    "usage_source",
+    "attempts",
+    "input_tokens",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+    "output_tokens_billed",
+    "output_tokens_delivered",
+    "output_tokens_undelivered",
+    "reasoning_tokens",
+    "cost_pusd",
+    "error_type",
+    "stop_reason",
     "anomalies",
 )
 _ENTRY_COLUMNS = (
-    "request_id", "seq", "kind", "reason", "booked_at", "api_key_id", "model", "protocol",
-    "status", "call_started_at", "input_tokens", "cache_read_input_tokens",
-    "cache_creation_input_tokens", "output_tokens_billed", "output_tokens_delivered",
-    "output_tokens_undelivered", "reasoning_tokens", "price_id", "input_uusd_per_mtok",
-    "output_uusd_per_mtok", "cache_read_uusd_per_mtok", "cache_creation_uusd_per_mtok",
+    "request_id",
+    "seq",
+    "kind",
+    "reason",
+    "booked_at",
+    "api_key_id",
+    "model",
+    "protocol",
+    "status",
+    "call_started_at",
+    "input_tokens",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+    "output_tokens_billed",
+    "output_tokens_delivered",
+    "output_tokens_undelivered",
+    "reasoning_tokens",
+    "price_id",
+    "input_uusd_per_mtok",
+    "output_uusd_per_mtok",
+    "cache_read_uusd_per_mtok",
+    "cache_creation_uusd_per_mtok",
     "cost_pusd",
 )
 
@@ -84,8 +121,10 @@ _ENTRY_COLUMNS = (
 def _prices(models: int) -> list[tuple[int, int, int, int]]:
     """(input, output, cache read, cache write) micro-USD per Mtok, per model."""
     rng = random.Random(1)
-    return [(p, 5 * p, p // 10, p + p // 4) for p in (rng.randrange(100_000, 15_000_000)
-                                                      for _ in range(models))]
+    return [
+        (p, 5 * p, p // 10, p + p // 4)
+        for p in (rng.randrange(100_000, 15_000_000) for _ in range(models))
+    ]
 
 
 def _rows(
@@ -115,8 +154,9 @@ def _rows(
             inp, cr, cc = rng.randrange(10, 8000), rng.randrange(0, 4000), rng.randrange(0, 500)
             out = rng.randrange(1, 2000)
             roll = rng.random()
-            status = ("failed" if roll < 0.03 else "client_disconnected" if roll < 0.08
-                      else "completed")
+            status = (
+                "failed" if roll < 0.03 else "client_disconnected" if roll < 0.08 else "completed"
+            )
             delivered = out if status == "completed" else rng.randrange(0, out + 1)
             reasoning = out // 3 if m % 3 == 0 else 0
             tokens = [inp, cr, cc, out, delivered, out - delivered, reasoning]
@@ -128,27 +168,110 @@ def _rows(
             settled = started < open_after
             error = "api_error" if status == "failed" else None
             if not settled:
-                calls.append((rid, key, model, protocol, started, ended, received, received, 1,
-                              False, "open", False, None, "upstream", 1, *tokens, cost, error,
-                              None, "[]"))
+                calls.append(
+                    (
+                        rid,
+                        key,
+                        model,
+                        protocol,
+                        started,
+                        ended,
+                        received,
+                        received,
+                        1,
+                        False,
+                        "open",
+                        False,
+                        None,
+                        "upstream",
+                        1,
+                        *tokens,
+                        cost,
+                        error,
+                        None,
+                        "[]",
+                    )
+                )
                 continue
             booked = received + timedelta(seconds=2)
-            entries.append((rid, 1, "settlement", "settled: upstream usage for every attempt",
-                            booked, key, model, protocol, status, started, *tokens, m + 1,
-                            p_in, p_out, p_cr, p_cc, cost))
+            entries.append(
+                (
+                    rid,
+                    1,
+                    "settlement",
+                    "settled: upstream usage for every attempt",
+                    booked,
+                    key,
+                    model,
+                    protocol,
+                    status,
+                    started,
+                    *tokens,
+                    m + 1,
+                    p_in,
+                    p_out,
+                    p_cr,
+                    p_cc,
+                    cost,
+                )
+            )
             if rng.random() < 0.02:  # a late usage: more output, booked hours or days later
                 extra = rng.randrange(1, 500)
                 later = booked + timedelta(seconds=rng.randrange(60, 3 * 86_400))
-                entries.append((rid, 2, "adjustment",
-                                f"late events changed the usage: output_tokens_billed +{extra}",
-                                later, key, model, protocol, status, started, 0, 0, 0, extra, 0,
-                                extra, 0, m + 1, p_in, p_out, p_cr, p_cc, extra * p_out))
+                entries.append(
+                    (
+                        rid,
+                        2,
+                        "adjustment",
+                        f"late events changed the usage: output_tokens_billed +{extra}",
+                        later,
+                        key,
+                        model,
+                        protocol,
+                        status,
+                        started,
+                        0,
+                        0,
+                        0,
+                        extra,
+                        0,
+                        extra,
+                        0,
+                        m + 1,
+                        p_in,
+                        p_out,
+                        p_cr,
+                        p_cc,
+                        extra * p_out,
+                    )
+                )
                 tokens[3] += extra
                 tokens[5] += extra
                 cost += extra * p_out
-            calls.append((rid, key, model, protocol, started, ended, received, received, 1,
-                          False, status, True, booked, "upstream", 1, *tokens, cost, error,
-                          None, "[]"))
+            calls.append(
+                (
+                    rid,
+                    key,
+                    model,
+                    protocol,
+                    started,
+                    ended,
+                    received,
+                    received,
+                    1,
+                    False,
+                    status,
+                    True,
+                    booked,
+                    "upstream",
+                    1,
+                    *tokens,
+                    cost,
+                    error,
+                    None,
+                    "[]",
+                )
+            )
         yield calls, entries
 
 
@@ -173,40 +296,62 @@ def _copy_value(value: Any) -> str:
 def seed(engine: Engine, n: int, keys: int, models: int) -> None:
     """Empty the tables and load ``n`` calls with their ledger entries, then rebuild rollups."""
     dialect = engine.dialect.name
-    tables = ["usage_rollups", "usage_rollups_all_keys", "usage_rollup_keyless", "call_attempts",
-              "ledger_entries", "events", "calls", "prices"]
+    tables = [
+        "usage_rollups",
+        "usage_rollups_all_keys",
+        "usage_rollup_keyless",
+        "call_attempts",
+        "ledger_entries",
+        "events",
+        "calls",
+        "prices",
+    ]
     prices = _prices(models)
     with engine.begin() as conn:
         for table in tables:
             conn.execute(text(f"DELETE FROM {table}"))
         for m, (p_in, p_out, p_cr, p_cc) in enumerate(prices):
-            conn.execute(text(
-                "INSERT INTO prices (id, model, effective_from, input_uusd_per_mtok, "
-                "output_uusd_per_mtok, cache_read_uusd_per_mtok, cache_creation_uusd_per_mtok, "
-                "created_at) VALUES (:id, :model, :at, :i, :o, :r, :c, :at)"),
-                {"id": m + 1, "model": f"model-{m:02d}", "i": p_in, "o": p_out, "r": p_cr,
-                 "c": p_cc, "at": _sqlite_value(datetime(2025, 1, 1, tzinfo=UTC))
-                 if dialect == "sqlite" else datetime(2025, 1, 1, tzinfo=UTC)})
+            conn.execute(
+                text(
+                    "INSERT INTO prices (id, model, effective_from, input_uusd_per_mtok, "
+                    "output_uusd_per_mtok, cache_read_uusd_per_mtok, cache_creation_uusd_per_mtok, "
+                    "created_at) VALUES (:id, :model, :at, :i, :o, :r, :c, :at)"
+                ),
+                {
+                    "id": m + 1,
+                    "model": f"model-{m:02d}",
+                    "i": p_in,
+                    "o": p_out,
+                    "r": p_cr,
+                    "c": p_cc,
+                    "at": _sqlite_value(datetime(2025, 1, 1, tzinfo=UTC))
+                    if dialect == "sqlite"
+                    else datetime(2025, 1, 1, tzinfo=UTC),
+                },
+            )
         raw: Any = conn.connection.driver_connection
         loaded = 0
         for calls, entries in _rows(n, keys, models, seed=42):
             if dialect == "sqlite":
-                for table, columns, rows in (("calls", _CALL_COLUMNS, calls),
-                                             ("ledger_entries", _ENTRY_COLUMNS, entries)):
+                for table, columns, rows in (
+                    ("calls", _CALL_COLUMNS, calls),
+                    ("ledger_entries", _ENTRY_COLUMNS, entries),
+                ):
                     marks = ", ".join("?" for _ in columns)
                     raw.executemany(
                         f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})",
-                        [tuple(_sqlite_value(v) for v in row) for row in rows])
+                        [tuple(_sqlite_value(v) for v in row) for row in rows],
+                    )
             else:
                 with raw.cursor() as cursor:
-                    for table, columns, rows in (("calls", _CALL_COLUMNS, calls),
-                                                 ("ledger_entries", _ENTRY_COLUMNS, entries)):
+                    for table, columns, rows in (
+                        ("calls", _CALL_COLUMNS, calls),
+                        ("ledger_entries", _ENTRY_COLUMNS, entries),
+                    ):
                         buffer = io.StringIO()
                         for row in rows:
                             buffer.write("\t".join(_copy_value(v) for v in row) + "\n")
-                        with cursor.copy(
-                            f"COPY {table} ({', '.join(columns)}) FROM STDIN"
-                        ) as copy:
+                        with cursor.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
                             copy.write(buffer.getvalue())
             loaded += len(calls)
             print(f"  loaded {loaded:,} calls", end="\r", flush=True)
@@ -262,8 +407,9 @@ class _Server:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
-        config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=self.port,
-                                log_level="warning")
+        config = uvicorn.Config(
+            create_app(settings), host="127.0.0.1", port=self.port, log_level="warning"
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
@@ -284,8 +430,10 @@ def run(url: str, iterations: int, http_iterations: int) -> None:
     sessions = make_sessionmaker(engine)
     with sessions() as session:
         counts: list[tuple[str, int]] = [
-            (key, count) for key, count in session.execute(
-                select(Call.api_key_id, func.count()).group_by(Call.api_key_id)
+            (key, count)
+            for key, count in session.execute(
+                select(Call.api_key_id, func.count())
+                .group_by(Call.api_key_id)
                 .order_by(func.count().desc())
             )
             if key is not None
@@ -297,9 +445,11 @@ def run(url: str, iterations: int, http_iterations: int) -> None:
     busiest, busiest_calls = counts[0]
     keys = [k for k, _ in counts]
     rng = random.Random(7)
-    print(f"{engine.dialect.name}: {total:,} calls, {entries:,} ledger entries, "
-          f"{rollup_rows:,} + {all_key_rows:,} rollup rows; busiest key {busiest} "
-          f"({busiest_calls:,} calls), median key {counts[len(counts) // 2][1]:,} calls")
+    print(
+        f"{engine.dialect.name}: {total:,} calls, {entries:,} ledger entries, "
+        f"{rollup_rows:,} + {all_key_rows:,} rollup rows; busiest key {busiest} "
+        f"({busiest_calls:,} calls), median key {counts[len(counts) // 2][1]:,} calls"
+    )
     randoms = [rng.choice(keys) for _ in range(iterations)]
     last_30 = (END - timedelta(days=30), END)
 
@@ -307,12 +457,14 @@ def run(url: str, iterations: int, http_iterations: int) -> None:
         def go(i: int) -> Any:
             with read_transaction(sessions) as session:
                 return list_calls(session, CallsQuery(api_key_id=key_of(i))).as_json()
+
         return go
 
     def usage(make: Callable[[int], UsageQuery]) -> Callable[[int], Any]:
         def go(i: int) -> Any:
             with read_transaction(sessions) as session:
                 return [row.as_json() for row in usage_rows(session, make(i))]
+
         return go
 
     cursor_50 = _page_50_position(sessions, busiest)
@@ -325,50 +477,114 @@ def run(url: str, iterations: int, http_iterations: int) -> None:
     timed("calls: first page, busiest key", first_page(lambda i: busiest), iterations, 20)
     timed("calls: first page, random keys", first_page(lambda i: randoms[i]), iterations, 20)
     timed("calls: page 50 (limit 100), busiest key", page_50, iterations, 20)
-    timed("usage: busiest key, 30 days by day (UTC)", usage(lambda i: UsageQuery(
-        *last_30, api_key_id=busiest, group_by=("day",))), iterations, 20)
-    timed("usage: random keys, 30 days by day (UTC)", usage(lambda i: UsageQuery(
-        *last_30, api_key_id=randoms[i], group_by=("day",))), iterations, 20)
-    timed("usage: busiest key, 30 days by day (Asia/Kolkata)", usage(lambda i: UsageQuery(
-        last_30[0] - timedelta(hours=5, minutes=30), last_30[1] - timedelta(hours=5, minutes=30),
-        api_key_id=busiest, group_by=("day",), tz=KOLKATA)), iterations, 20)
-    timed("usage: all keys by model, October (UTC)", usage(lambda i: UsageQuery(
-        *MONTH, group_by=("model",))), iterations, 100)
-    timed("usage: all keys by model, October (Asia/Kolkata)", usage(lambda i: UsageQuery(
-        MONTH[0] - timedelta(hours=5, minutes=30), MONTH[1] - timedelta(hours=5, minutes=30),
-        group_by=("model",), tz=KOLKATA)), iterations, 100)
-    timed("usage: all keys by model and day, October, booked", usage(lambda i: UsageQuery(
-        *MONTH, group_by=("model", "day"), basis="booked")), iterations, 100)
+    timed(
+        "usage: busiest key, 30 days by day (UTC)",
+        usage(lambda i: UsageQuery(*last_30, api_key_id=busiest, group_by=("day",))),
+        iterations,
+        20,
+    )
+    timed(
+        "usage: random keys, 30 days by day (UTC)",
+        usage(lambda i: UsageQuery(*last_30, api_key_id=randoms[i], group_by=("day",))),
+        iterations,
+        20,
+    )
+    timed(
+        "usage: busiest key, 30 days by day (Asia/Kolkata)",
+        usage(
+            lambda i: UsageQuery(
+                last_30[0] - timedelta(hours=5, minutes=30),
+                last_30[1] - timedelta(hours=5, minutes=30),
+                api_key_id=busiest,
+                group_by=("day",),
+                tz=KOLKATA,
+            )
+        ),
+        iterations,
+        20,
+    )
+    timed(
+        "usage: all keys by model, October (UTC)",
+        usage(lambda i: UsageQuery(*MONTH, group_by=("model",))),
+        iterations,
+        100,
+    )
+    timed(
+        "usage: all keys by model, October (Asia/Kolkata)",
+        usage(
+            lambda i: UsageQuery(
+                MONTH[0] - timedelta(hours=5, minutes=30),
+                MONTH[1] - timedelta(hours=5, minutes=30),
+                group_by=("model",),
+                tz=KOLKATA,
+            )
+        ),
+        iterations,
+        100,
+    )
+    timed(
+        "usage: all keys by model and day, October, booked",
+        usage(lambda i: UsageQuery(*MONTH, group_by=("model", "day"), basis="booked")),
+        iterations,
+        100,
+    )
     engine.dispose()
 
     if http_iterations <= 0:
         return
     with _Server(settings) as base, httpx.Client(base_url=base, timeout=30) as client:
+
         def get(path: str, params: Callable[[int], dict[str, str]]) -> Callable[[int], Any]:
             def go(i: int) -> Any:
                 response = client.get(path, params=params(i))
                 response.raise_for_status()
                 return response.content
+
             return go
 
         def iso(t: datetime) -> str:
             return t.isoformat().replace("+00:00", "Z")
 
         cursor_text = encode(cursor_50)
-        print(f"through HTTP (uvicorn + httpx, same process), {http_iterations} runs each "
-              "after a warm-up pass:")
-        timed("GET /v1/calls first page, busiest key",
-              get("/v1/calls", lambda i: {"api_key_id": busiest}), http_iterations, 20)
-        timed("GET /v1/calls page 50, busiest key",
-              get("/v1/calls", lambda i: {"api_key_id": busiest, "cursor": cursor_text}),
-              http_iterations, 20)
-        timed("GET /v1/usage busiest key, 30 days by day",
-              get("/v1/usage", lambda i: {"api_key_id": busiest, "group_by": "day",
-                                          "since": iso(last_30[0]), "until": iso(last_30[1])}),
-              http_iterations, 20)
-        timed("GET /v1/usage all keys by model, October",
-              get("/v1/usage", lambda i: {"group_by": "model", "since": iso(MONTH[0]),
-                                          "until": iso(MONTH[1])}), http_iterations, 100)
+        print(
+            f"through HTTP (uvicorn + httpx, same process), {http_iterations} runs each "
+            "after a warm-up pass:"
+        )
+        timed(
+            "GET /v1/calls first page, busiest key",
+            get("/v1/calls", lambda i: {"api_key_id": busiest}),
+            http_iterations,
+            20,
+        )
+        timed(
+            "GET /v1/calls page 50, busiest key",
+            get("/v1/calls", lambda i: {"api_key_id": busiest, "cursor": cursor_text}),
+            http_iterations,
+            20,
+        )
+        timed(
+            "GET /v1/usage busiest key, 30 days by day",
+            get(
+                "/v1/usage",
+                lambda i: {
+                    "api_key_id": busiest,
+                    "group_by": "day",
+                    "since": iso(last_30[0]),
+                    "until": iso(last_30[1]),
+                },
+            ),
+            http_iterations,
+            20,
+        )
+        timed(
+            "GET /v1/usage all keys by model, October",
+            get(
+                "/v1/usage",
+                lambda i: {"group_by": "model", "since": iso(MONTH[0]), "until": iso(MONTH[1])},
+            ),
+            http_iterations,
+            100,
+        )
 
 
 def main() -> None:
@@ -378,8 +594,9 @@ def main() -> None:
     parser.add_argument("--models", type=int, default=10)
     parser.add_argument("--iterations", type=int, default=200)
     parser.add_argument("--http-iterations", type=int, default=100)
-    parser.add_argument("--reuse", action="store_true",
-                        help="keep the database if it already holds --calls calls")
+    parser.add_argument(
+        "--reuse", action="store_true", help="keep the database if it already holds --calls calls"
+    )
     args = parser.parse_args()
     default = Path(tempfile.gettempdir()) / "billing-bench-queries.db"
     url = os.environ.get("BILLING_DATABASE_URL", f"sqlite:///{default}")

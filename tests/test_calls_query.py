@@ -35,33 +35,73 @@ def iso(at: datetime) -> str:
 
 
 def call_events(
-    rid: str, at: datetime, *, key: str = "key_a", model: str = "m1", inp: int = 100,
-    out: int = 10, status: str = "completed", with_usage: bool = True,
+    rid: str,
+    at: datetime,
+    *,
+    key: str = "key_a",
+    model: str = "m1",
+    inp: int = 100,
+    out: int = 10,
+    status: str = "completed",
+    with_usage: bool = True,
 ) -> list[dict[str, Any]]:
     """One call's events: ``stream.started`` at ``at``, and its upstream usage 2 s later (it then
     settles at the next pass); a completed call delivered everything, a disconnected one half,
     a failed one nothing."""
-    events: list[dict[str, Any]] = [{
-        "event_id": f"{rid}-start", "request_id": rid, "type": "stream.started",
-        "occurred_at": iso(at), "api_key_id": key, "model": model,
-        "protocol": "openai.responses",
-    }]
+    events: list[dict[str, Any]] = [
+        {
+            "event_id": f"{rid}-start",
+            "request_id": rid,
+            "type": "stream.started",
+            "occurred_at": iso(at),
+            "api_key_id": key,
+            "model": model,
+            "protocol": "openai.responses",
+        }
+    ]
     if status == "completed" and with_usage:
-        events.append({"event_id": f"{rid}-tok", "request_id": rid, "type": "stream.tokens",
-                       "occurred_at": iso(at + timedelta(seconds=1)),
-                       "output_tokens_generated": out, "output_tokens_delivered": out})
+        events.append(
+            {
+                "event_id": f"{rid}-tok",
+                "request_id": rid,
+                "type": "stream.tokens",
+                "occurred_at": iso(at + timedelta(seconds=1)),
+                "output_tokens_generated": out,
+                "output_tokens_delivered": out,
+            }
+        )
     if status == "failed":
-        events.append({"event_id": f"{rid}-fail", "request_id": rid, "type": "stream.failed",
-                       "occurred_at": iso(at + timedelta(seconds=1)), "error_type": "api_error"})
+        events.append(
+            {
+                "event_id": f"{rid}-fail",
+                "request_id": rid,
+                "type": "stream.failed",
+                "occurred_at": iso(at + timedelta(seconds=1)),
+                "error_type": "api_error",
+            }
+        )
     if status == "client_disconnected":
-        events.append({"event_id": f"{rid}-gone", "request_id": rid,
-                       "type": "stream.client_disconnected",
-                       "occurred_at": iso(at + timedelta(seconds=1)),
-                       "output_tokens_delivered": out // 2})
+        events.append(
+            {
+                "event_id": f"{rid}-gone",
+                "request_id": rid,
+                "type": "stream.client_disconnected",
+                "occurred_at": iso(at + timedelta(seconds=1)),
+                "output_tokens_delivered": out // 2,
+            }
+        )
     if with_usage:
-        events.append({"event_id": f"{rid}-usage", "request_id": rid, "type": "stream.usage",
-                       "occurred_at": iso(at + timedelta(seconds=2)), "input_tokens": inp,
-                       "output_tokens": out, "source": "upstream"})
+        events.append(
+            {
+                "event_id": f"{rid}-usage",
+                "request_id": rid,
+                "type": "stream.usage",
+                "occurred_at": iso(at + timedelta(seconds=2)),
+                "input_tokens": inp,
+                "output_tokens": out,
+                "source": "upstream",
+            }
+        )
     return events
 
 
@@ -133,8 +173,15 @@ def log(priced: TestClient) -> TestClient:
     ]
     events = []
     for i, (rid, key, model, status) in enumerate(plan):
-        events += call_events(rid, T0 + timedelta(minutes=i), key=key, model=model,
-                              status=status, inp=100 + i, out=10 + i)
+        events += call_events(
+            rid,
+            T0 + timedelta(minutes=i),
+            key=key,
+            model=model,
+            status=status,
+            inp=100 + i,
+            out=10 + i,
+        )
     post(priced, events)
     reconcile_at(priced, T0 + timedelta(hours=1))
     return priced
@@ -146,15 +193,28 @@ def test_newest_first_with_the_call_object(log: TestClient) -> None:
     assert body["next_cursor"] is None
     c8 = body["data"][0]
     assert c8 == {
-        "request_id": "c8", "api_key_id": "key_a", "model": "m2",
-        "protocol": "openai.responses", "status": "completed", "settled": True,
-        "usage_source": "upstream", "started_at": "2026-03-10T12:07:00Z",
-        "ended_at": "2026-03-10T12:07:02Z", "attempts": 1, "input_tokens": 107,
-        "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0,
-        "output_tokens_billed": 17, "output_tokens_delivered": 17,
-        "output_tokens_undelivered": 0, "reasoning_tokens": 0,
+        "request_id": "c8",
+        "api_key_id": "key_a",
+        "model": "m2",
+        "protocol": "openai.responses",
+        "status": "completed",
+        "settled": True,
+        "usage_source": "upstream",
+        "started_at": "2026-03-10T12:07:00Z",
+        "ended_at": "2026-03-10T12:07:02Z",
+        "attempts": 1,
+        "input_tokens": 107,
+        "cache_read_input_tokens": 0,
+        "cache_creation_input_tokens": 0,
+        "output_tokens_billed": 17,
+        "output_tokens_delivered": 17,
+        "output_tokens_undelivered": 0,
+        "reasoning_tokens": 0,
         "cost_usd": "0.000141",  # 107 × 1 + 17 × 2 µ$
-        "error_type": None, "stop_reason": None, "metadata": {}, "anomalies": [],
+        "error_type": None,
+        "stop_reason": None,
+        "metadata": {},
+        "anomalies": [],
     }
 
 
@@ -175,7 +235,10 @@ def test_filters_combine(log: TestClient) -> None:
     assert ids(log, **window, api_key_id="key_a", model="m2", status="completed") == ["c3"]
     # The same instants written in another offset.
     assert ids(log, since="2026-03-10T17:32:00+05:30", until="2026-03-10T07:05:00-05:00") == [
-        "c5", "c4", "c3"]
+        "c5",
+        "c4",
+        "c3",
+    ]
     assert ids(log, since="2026-03-10T12:07:00Z") == ["c8"]
     assert ids(log, until="2026-03-10T12:01:00Z") == ["c1"]
 
@@ -234,15 +297,23 @@ def test_pagination_is_complete_and_stable_while_calls_arrive(priced: TestClient
         # one never reconciled (no start yet), and one for another key.
         n = arrivals
         arrivals += 1
-        post(priced, [
-            *call_events(f"new-{n}-newer", T0 + timedelta(hours=1, minutes=n)),
-            *call_events(f"new-{n}-older", T0 - timedelta(hours=1, minutes=n)),
-            *call_events(f"new-{n}-inside", T0 + timedelta(minutes=n % 13, seconds=30)),
-            *call_events(f"new-{n}-other", T0 + timedelta(minutes=5), key="key_b"),
-            {"event_id": f"new-{n}-undated-tok", "request_id": f"new-{n}-undated",
-             "type": "stream.tokens", "occurred_at": iso(T0), "output_tokens_generated": 1,
-             "output_tokens_delivered": 1},
-        ])
+        post(
+            priced,
+            [
+                *call_events(f"new-{n}-newer", T0 + timedelta(hours=1, minutes=n)),
+                *call_events(f"new-{n}-older", T0 - timedelta(hours=1, minutes=n)),
+                *call_events(f"new-{n}-inside", T0 + timedelta(minutes=n % 13, seconds=30)),
+                *call_events(f"new-{n}-other", T0 + timedelta(minutes=5), key="key_b"),
+                {
+                    "event_id": f"new-{n}-undated-tok",
+                    "request_id": f"new-{n}-undated",
+                    "type": "stream.tokens",
+                    "occurred_at": iso(T0),
+                    "output_tokens_generated": 1,
+                    "output_tokens_delivered": 1,
+                },
+            ],
+        )
         if n % 2:
             reconcile_at(priced, T0 + timedelta(hours=2))
         cursor = body["next_cursor"]
@@ -259,12 +330,20 @@ def test_calls_without_a_start_yet_come_first(priced: TestClient) -> None:
     post(priced, call_events("dated", T0))
     reconcile_at(priced, T0 + timedelta(hours=1))
     # Events without stream.started, not reconciled yet: the call has no start.
-    post(priced, [
-        {"event_id": f"{rid}-tok", "request_id": rid, "type": "stream.tokens",
-         "occurred_at": iso(T0 + timedelta(minutes=5)), "output_tokens_generated": 3,
-         "output_tokens_delivered": 3}
-        for rid in ("undated-1", "undated-2")
-    ])
+    post(
+        priced,
+        [
+            {
+                "event_id": f"{rid}-tok",
+                "request_id": rid,
+                "type": "stream.tokens",
+                "occurred_at": iso(T0 + timedelta(minutes=5)),
+                "output_tokens_generated": 3,
+                "output_tokens_delivered": 3,
+            }
+            for rid in ("undated-1", "undated-2")
+        ],
+    )
     body = page(priced)
     assert [c["request_id"] for c in body["data"]] == ["undated-2", "undated-1", "dated"]
     assert [c["started_at"] for c in body["data"]] == [None, None, "2026-03-10T12:00:00Z"]
@@ -278,7 +357,10 @@ def test_calls_without_a_start_yet_come_first(priced: TestClient) -> None:
     run_pass(state.sessions, state.settings, now=T0 + timedelta(hours=1))
     assert ids(priced) == ["undated-2", "undated-1", "dated"]
     assert [c["started_at"] for c in page(priced)["data"]] == [
-        "2026-03-10T12:05:00Z", "2026-03-10T12:05:00Z", "2026-03-10T12:00:00Z"]
+        "2026-03-10T12:05:00Z",
+        "2026-03-10T12:05:00Z",
+        "2026-03-10T12:00:00Z",
+    ]
 
 
 def test_limit_defaults_to_100_and_goes_to_1000(priced: TestClient) -> None:
@@ -289,8 +371,9 @@ def test_limit_defaults_to_100_and_goes_to_1000(priced: TestClient) -> None:
     assert len(page(priced)["data"]) == 100
     full = page(priced, limit=1000)
     assert len(full["data"]) == 1000 and full["next_cursor"] is not None
-    assert [c["request_id"] for c in page(priced, limit=1000, cursor=full["next_cursor"])[
-        "data"]] == ["n0000"]
+    assert [
+        c["request_id"] for c in page(priced, limit=1000, cursor=full["next_cursor"])["data"]
+    ] == ["n0000"]
 
 
 def test_unknown_and_malformed_parameters_get_422_in_words(log: TestClient) -> None:
@@ -330,8 +413,11 @@ def test_unknown_and_malformed_parameters_get_422_in_words(log: TestClient) -> N
     found = errors(log.get("/v1/calls?model=m1&model=m2"))
     assert [e["path"] for e in found] == ["query.model"]
     assert "once" in found[0]["message"]
-    found = errors(log.get("/v1/calls", params={"since": "2026-03-11T00:00:00Z",
-                                                "until": "2026-03-10T00:00:00Z"}))
+    found = errors(
+        log.get(
+            "/v1/calls", params={"since": "2026-03-11T00:00:00Z", "until": "2026-03-10T00:00:00Z"}
+        )
+    )
     assert [e["path"] for e in found] == ["query.until"]
     # Every problem at once.
     found = errors(log.get("/v1/calls", params={"limit": "0", "cursor": "x", "colour": "red"}))
@@ -345,7 +431,10 @@ def test_one_call_and_an_unknown_one(log: TestClient) -> None:
     assert body["request_id"] == "c3"
     assert [e["kind"] for e in body["ledger_entries"]] == ["settlement"]
     assert [e["type"] for e in body["events"]] == [
-        "stream.started", "stream.tokens", "stream.usage"]
+        "stream.started",
+        "stream.tokens",
+        "stream.usage",
+    ]
     response = log.get("/v1/calls/nope")
     assert response.status_code == 404
     assert "no call with request_id 'nope'" in response.json()["error"]

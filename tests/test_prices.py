@@ -58,8 +58,12 @@ def test_post_then_same_again_is_a_no_op(client: TestClient) -> None:
     again = client.post("/v1/prices", json=PRICE)
     assert (again.status_code, again.json()) == (200, STORED)
     # The same amounts and instant written differently are the same price.
-    same = dict(PRICE, input_usd_per_mtok="0.3", output_usd_per_mtok="1.2",
-                effective_from="2026-01-01T02:00:00+02:00")
+    same = dict(
+        PRICE,
+        input_usd_per_mtok="0.3",
+        output_usd_per_mtok="1.2",
+        effective_from="2026-01-01T02:00:00+02:00",
+    )
     assert client.post("/v1/prices", json=same).status_code == 200
     assert listed(client) == [STORED]
 
@@ -70,8 +74,12 @@ def test_different_amounts_for_the_same_model_and_time_is_409(client: TestClient
     assert response.status_code == 409
     assert "effective_from" in response.json()["error"]
     assert listed(client) == [STORED]
-    assert client.post("/v1/prices", json=dict(PRICE, cache_creation_usd_per_mtok="0.000001")
-                       ).status_code == 409
+    assert (
+        client.post(
+            "/v1/prices", json=dict(PRICE, cache_creation_usd_per_mtok="0.000001")
+        ).status_code
+        == 409
+    )
 
 
 @pytest.mark.parametrize(
@@ -111,8 +119,12 @@ def test_prices_are_listed_by_model_then_effective_from(client: TestClient) -> N
     posted = [
         dict(PRICE, model="zeta", effective_from="2026-03-01T00:00:00Z"),
         dict(PRICE, model="alpha", effective_from="2026-05-01T00:00:00Z", input_usd_per_mtok="3"),
-        dict(PRICE, model="alpha", effective_from="2026-02-01T00:00:00Z",
-             input_usd_per_mtok="2.500000"),
+        dict(
+            PRICE,
+            model="alpha",
+            effective_from="2026-02-01T00:00:00Z",
+            input_usd_per_mtok="2.500000",
+        ),
     ]
     for body in posted:
         assert client.post("/v1/prices", json=body).status_code == 201
@@ -130,13 +142,21 @@ def test_prices_are_listed_by_model_then_effective_from(client: TestClient) -> N
 def test_the_price_in_force_at_the_calls_start_applies(client: TestClient) -> None:
     # Calls start at 08:00:00 and 08:01:00; a new price takes effect at 08:00:30.
     old = dict(PRICE, input_usd_per_mtok="1", output_usd_per_mtok="2")
-    new = dict(old, effective_from="2026-10-15T08:00:30Z", input_usd_per_mtok="10",
-               output_usd_per_mtok="20")
+    new = dict(
+        old,
+        effective_from="2026-10-15T08:00:30Z",
+        input_usd_per_mtok="10",
+        output_usd_per_mtok="20",
+    )
     assert client.post("/v1/prices", json=old).status_code == 201
     assert client.post("/v1/prices", json=new).status_code == 201
-    post(client,
-         started("a1", "before", at=0), usage("a2", 1000, 1000, rid="before", at=45),
-         started("b1", "after", at=60), usage("b2", 1000, 1000, rid="after", at=61))
+    post(
+        client,
+        started("a1", "before", at=0),
+        usage("a2", 1000, 1000, rid="before", at=45),
+        started("b1", "after", at=60),
+        usage("b2", 1000, 1000, rid="after", at=61),
+    )
     assert reconcile(client)["settled"] == 2
     before, after = get(client, "before"), get(client, "after")
     assert before["cost_usd"] == "0.003"  # ended after the change; started before it
@@ -162,8 +182,10 @@ def test_a_price_posted_later_that_covers_the_start_reprices(client: TestClient)
     assert call["cost_usd"] == "0.002"
     entries = call["ledger_entries"]
     assert [(e["kind"], e["input_tokens"], e["cost_usd"]) for e in entries] == [
-        ("settlement", 1000, "0.001"), ("adjustment", -1000, "-0.001"),
-        ("adjustment", 1000, "0.002")]
+        ("settlement", 1000, "0.001"),
+        ("adjustment", -1000, "-0.001"),
+        ("adjustment", 1000, "0.002"),
+    ]
     assert_ledger_is_the_call(call)
 
 
@@ -171,10 +193,12 @@ def test_a_price_posted_later_that_covers_the_start_reprices(client: TestClient)
 
 
 def test_unpriced_call_is_never_free_and_is_settled_by_adjustment(client: TestClient) -> None:
-    post(client,
-         started("e1", "unpriced", model="m-new", input_tokens=1000),
-         tokens("e2", 2000, 1500, rid="unpriced", at=1),
-         usage("e3", 1000, 2000, rid="unpriced", at=2, cache_read_input_tokens=3000))
+    post(
+        client,
+        started("e1", "unpriced", model="m-new", input_tokens=1000),
+        tokens("e2", 2000, 1500, rid="unpriced", at=1),
+        usage("e3", 1000, 2000, rid="unpriced", at=2, cache_read_input_tokens=3000),
+    )
     assert reconcile(client)["settled"] == 1
     call = get(client, "unpriced")
     assert call["settled"] is True
@@ -206,11 +230,13 @@ def test_unpriced_call_is_never_free_and_is_settled_by_adjustment(client: TestCl
 
 def test_pricing_a_fallback_attempts_model_later_prices_the_call(client: TestClient) -> None:
     assert client.post("/v1/prices", json=PRICE).status_code == 201
-    post(client,
-         started("a1", "fallback", input_tokens=1000),
-         failed("a2", "overloaded_error", rid="fallback", at=1),
-         started("b1", "fallback", at=2, attempt=2, model="m-fallback", input_tokens=1000),
-         usage("b2", 1000, 0, rid="fallback", at=3, attempt=2))
+    post(
+        client,
+        started("a1", "fallback", input_tokens=1000),
+        failed("a2", "overloaded_error", rid="fallback", at=1),
+        started("b1", "fallback", at=2, attempt=2, model="m-fallback", input_tokens=1000),
+        usage("b2", 1000, 0, rid="fallback", at=3, attempt=2),
+    )
     settle_due(client)
     call = get(client, "fallback")
     assert (call["model"], call["cost_usd"], call["attempts"]) == ("m1", None, 2)
@@ -232,13 +258,16 @@ def run_cli(db_url: str, cwd: Path, *args: str) -> subprocess.CompletedProcess[s
     env["BILLING_DATABASE_URL"] = db_url
     return subprocess.run(
         [sys.executable, "-c", "from billing.cli import main; main()", *args],
-        env=env, cwd=cwd, capture_output=True, text=True, timeout=120, check=False,
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
 
 
-def test_prices_load_from_the_command_line(
-    client: TestClient, db_url: str, tmp_path: Path
-) -> None:
+def test_prices_load_from_the_command_line(client: TestClient, db_url: str, tmp_path: Path) -> None:
     good = tmp_path / "prices.json"
     second = dict(PRICE, model="m2", output_usd_per_mtok="15")
     good.write_text(json.dumps([PRICE, second]))

@@ -73,8 +73,9 @@ def assert_settled_once(db_url: str, n: int) -> None:
     try:
         with engine.connect() as conn:
             per_call = conn.execute(
-                select(LedgerEntry.request_id, LedgerEntry.kind, func.count())
-                .group_by(LedgerEntry.request_id, LedgerEntry.kind)
+                select(LedgerEntry.request_id, LedgerEntry.kind, func.count()).group_by(
+                    LedgerEntry.request_id, LedgerEntry.kind
+                )
             ).all()
             totals = conn.execute(
                 select(
@@ -177,11 +178,22 @@ def serve(db_url: str, workdir: Path, count: int) -> Iterator[list[str]]:
             log = workdir / f"serve-{n}.log"
             logs.append(log)
             with log.open("wb") as out:
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-c", "from billing.cli import main; main()", "serve",
-                     "--port", str(port)],
-                    env=env, cwd=workdir, stdout=out, stderr=subprocess.STDOUT,
-                ))
+                procs.append(
+                    subprocess.Popen(
+                        [
+                            sys.executable,
+                            "-c",
+                            "from billing.cli import main; main()",
+                            "serve",
+                            "--port",
+                            str(port),
+                        ],
+                        env=env,
+                        cwd=workdir,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
             urls.append(f"http://127.0.0.1:{port}")
         deadline = time.monotonic() + 60
         for proc, url, log in zip(procs, urls, logs, strict=True):

@@ -71,10 +71,12 @@ def priced(client: TestClient) -> TestClient:
 
 
 def test_report_1_disconnect_at_zero_delivered_bills_generated(priced: TestClient) -> None:
-    post(priced,
-         started("e1", "rep-1"),
-         disconnect("e2", 0, rid="rep-1", at=0.4),
-         usage("e3", 40, 300, rid="rep-1", at=8, stop_reason="end_turn"))
+    post(
+        priced,
+        started("e1", "rep-1"),
+        disconnect("e2", 0, rid="rep-1", at=0.4),
+        usage("e3", 40, 300, rid="rep-1", at=8, stop_reason="end_turn"),
+    )
     assert reconcile(priced)["settled"] == 1  # upstream usage for its only attempt
     call = get(priced, "rep-1")
     assert (call["input_tokens"], call["output_tokens_billed"]) == (40, 300)
@@ -106,7 +108,9 @@ def test_report_1_usage_after_settling_at_zero_is_one_adjustment(priced: TestCli
 def test_report_2_same_final_usage_under_two_event_ids_billed_once(priced: TestClient) -> None:
     final = usage("u1", 40, 300, rid="rep-2", at=5, stop_reason="end_turn")
     assert post(priced, started("e1", "rep-2", input_tokens=40), final) == {
-        "accepted": 2, "duplicates": 0}
+        "accepted": 2,
+        "duplicates": 0,
+    }
     assert post(priced, dict(final, event_id="u2")) == {"accepted": 1, "duplicates": 0}
     assert post(priced, final) == {"accepted": 0, "duplicates": 1}
     assert reconcile(priced)["settled"] == 1
@@ -122,10 +126,12 @@ def test_report_2_same_final_usage_under_two_event_ids_billed_once(priced: TestC
 
 
 def test_report_3_settled_on_estimates_then_upstream_usage_adjusts(priced: TestClient) -> None:
-    post(priced,
-         started("e1", "rep-3", input_tokens=50),
-         tokens("e2", 200, 120, rid="rep-3", at=2),
-         disconnect("e3", 120, rid="rep-3", at=2))
+    post(
+        priced,
+        started("e1", "rep-3", input_tokens=50),
+        tokens("e2", 200, 120, rid="rep-3", at=2),
+        disconnect("e3", 120, rid="rep-3", at=2),
+    )
     assert reconcile(priced)["settled"] == 0  # no upstream usage yet: waits for settle_after
     assert get(priced, "rep-3")["status"] == "open"
     assert settle_due(priced) == {"settled": 1, "adjusted": 0}
@@ -147,9 +153,13 @@ def test_report_3_settled_on_estimates_then_upstream_usage_adjusts(priced: TestC
     assert adjustment["kind"] == "adjustment"
     assert adjustment["reason"]
     assert figures(adjustment) == {
-        "input_tokens": 2, "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0,
-        "output_tokens_billed": 200, "output_tokens_delivered": 0,
-        "output_tokens_undelivered": 200, "reasoning_tokens": 0,
+        "input_tokens": 2,
+        "cache_read_input_tokens": 0,
+        "cache_creation_input_tokens": 0,
+        "output_tokens_billed": 200,
+        "output_tokens_delivered": 0,
+        "output_tokens_undelivered": 200,
+        "reasoning_tokens": 0,
     }
     assert adjustment["cost_usd"] == "0.003006"
     assert (adjustment["input_usd_per_mtok"], adjustment["output_usd_per_mtok"]) == ("3", "15")
@@ -169,10 +179,12 @@ def test_report_3_settled_on_estimates_then_upstream_usage_adjusts(priced: TestC
 def test_report_4_two_request_ids_are_two_calls_billed_twice(http: httpx.Client) -> None:
     assert http.post("/v1/prices", json=SONNET).status_code == 201
     for n in (1, 2):
-        post(http,
-             started(f"a{n}", f"rep-4-{n}", input_tokens=40),
-             tokens(f"b{n}", 300, 300, rid=f"rep-4-{n}", at=1),
-             usage(f"c{n}", 40, 300, rid=f"rep-4-{n}", at=2))
+        post(
+            http,
+            started(f"a{n}", f"rep-4-{n}", input_tokens=40),
+            tokens(f"b{n}", 300, 300, rid=f"rep-4-{n}", at=1),
+            usage(f"c{n}", 40, 300, rid=f"rep-4-{n}", at=2),
+        )
     assert reconcile(http)["settled"] == 2
     calls = [get(http, f"rep-4-{n}") for n in (1, 2)]
     for call in calls:
@@ -198,8 +210,11 @@ def test_report_5_a_tiny_call_costs_its_exact_amount(client: TestClient) -> None
 
 
 def test_late_stream_started_reverses_and_settles_under_the_key(priced: TestClient) -> None:
-    post(priced, usage("e2", 10, 20, rid="late-key", at=3), tokens("e3", 20, 20, rid="late-key",
-                                                                    at=2))
+    post(
+        priced,
+        usage("e2", 10, 20, rid="late-key", at=3),
+        tokens("e3", 20, 20, rid="late-key", at=2),
+    )
     assert reconcile(priced)["settled"] == 0  # no stream.started: waits for settle_after
     assert settle_due(priced)["settled"] == 1
     call = get(priced, "late-key")
@@ -213,7 +228,10 @@ def test_late_stream_started_reverses_and_settles_under_the_key(priced: TestClie
     assert "started_missing" not in call["anomalies"]
     entries = call["ledger_entries"]
     assert [(e["kind"], e["api_key_id"]) for e in entries] == [
-        ("settlement", None), ("adjustment", None), ("settlement", "key_late")]
+        ("settlement", None),
+        ("adjustment", None),
+        ("settlement", "key_late"),
+    ]
     assert entries[1]["output_tokens_billed"] == -20
     assert entries[1]["reason"].startswith("reversal")
     assert call["cost_usd"] == "0.00033"
@@ -221,13 +239,19 @@ def test_late_stream_started_reverses_and_settles_under_the_key(priced: TestClie
 
 
 def test_late_smaller_counters_change_nothing(priced: TestClient) -> None:
-    post(priced, started("e1", "late-small", input_tokens=5),
-         tokens("e2", 100, 90, rid="late-small", at=2),
-         failed("e3", "api_error", rid="late-small", at=3))
+    post(
+        priced,
+        started("e1", "late-small", input_tokens=5),
+        tokens("e2", 100, 90, rid="late-small", at=2),
+        failed("e3", "api_error", rid="late-small", at=3),
+    )
     settle_due(priced)
     before = get(priced, "late-small")
-    post(priced, tokens("e4", 50, 40, rid="late-small", at=9),
-         disconnect("e5", 60, 70, rid="late-small", at=9))
+    post(
+        priced,
+        tokens("e4", 50, 40, rid="late-small", at=9),
+        disconnect("e5", 60, 70, rid="late-small", at=9),
+    )
     assert reconcile(priced) == {"examined": 1, "settled": 0, "adjusted": 0}
     after = get(priced, "late-small")
     assert figures(after) == figures(before)
@@ -236,18 +260,27 @@ def test_late_smaller_counters_change_nothing(priced: TestClient) -> None:
 
 
 def test_late_retry_attempt_is_added_to_the_settled_call(priced: TestClient) -> None:
-    post(priced, started("a1", "late-att", input_tokens=100),
-         tokens("a2", 40, 30, rid="late-att", at=5),
-         failed("a3", "stalled", rid="late-att", at=30))
+    post(
+        priced,
+        started("a1", "late-att", input_tokens=100),
+        tokens("a2", 40, 30, rid="late-att", at=5),
+        failed("a3", "stalled", rid="late-att", at=30),
+    )
     settle_due(priced)
-    post(priced, started("b1", "late-att", at=31, attempt=2, input_tokens=100),
-         usage("b2", 98, 210, rid="late-att", at=40, attempt=2, stop_reason="end_turn"))
+    post(
+        priced,
+        started("b1", "late-att", at=31, attempt=2, input_tokens=100),
+        usage("b2", 98, 210, rid="late-att", at=40, attempt=2, stop_reason="end_turn"),
+    )
     assert reconcile(priced)["adjusted"] == 1
     call = get(priced, "late-att")
     assert call["attempts"] == 2
     assert (call["input_tokens"], call["output_tokens_billed"]) == (198, 250)
-    assert (call["status"], call["error_type"], call["stop_reason"]) == ("completed", None,
-                                                                         "end_turn")
+    assert (call["status"], call["error_type"], call["stop_reason"]) == (
+        "completed",
+        None,
+        "end_turn",
+    )
     assert call["usage_source"] == "estimate"
     assert [e["kind"] for e in call["ledger_entries"]] == ["settlement", "adjustment"]
     assert call["cost_usd"] == format((Decimal(198 * 3 + 250 * 15) / 10**6).normalize(), "f")

@@ -49,8 +49,11 @@ def needs_settle_after(events: list[dict[str, Any]], request_id: str) -> bool:
     without upstream usage (CONTRACT "Reconciliation")."""
     own = [e for e in events if e["request_id"] == request_id]
     attempts = {e.get("attempt", 1) for e in own}
-    upstream = {e.get("attempt", 1) for e in own
-                if e["type"] == "stream.usage" and e["source"] == "upstream"}
+    upstream = {
+        e.get("attempt", 1)
+        for e in own
+        if e["type"] == "stream.usage" and e["source"] == "upstream"
+    }
     return upstream != attempts or not any(e["type"] == "stream.started" for e in own)
 
 
@@ -130,7 +133,12 @@ def test_events_are_listed_by_occurred_at_then_arrival(client: TestClient) -> No
         assert client.post("/v1/events", json={"events": [event]}).status_code == 200
     call = client.get("/v1/calls/order-1").json()
     assert [e["event_id"] for e in call["events"]] == [
-        "k-early", "q-first", "z-late", "a-mid", "m-last"]
+        "k-early",
+        "q-first",
+        "z-late",
+        "a-mid",
+        "m-last",
+    ]
     assert call["events"][0]["occurred_at"] == "2026-10-15T07:59:59Z"
 
 

@@ -40,46 +40,114 @@ _adapter: TypeAdapter[Event] = TypeAdapter(Event)
 
 
 def raw(
-    type_: str, event_id: str, request_id: str = "r1", at: float = 0, attempt: int = 1,
+    type_: str,
+    event_id: str,
+    request_id: str = "r1",
+    at: float = 0,
+    attempt: int = 1,
     **fields: Any,
 ) -> dict[str, Any]:
     """An event as a gateway posts it (JSON-ready); ``at`` is seconds after ``T0``."""
     occurred = (T0 + timedelta(seconds=at)).isoformat().replace("+00:00", "Z")
-    body = {"event_id": event_id, "request_id": request_id, "type": type_,
-            "occurred_at": occurred, "attempt": attempt}
+    body = {
+        "event_id": event_id,
+        "request_id": request_id,
+        "type": type_,
+        "occurred_at": occurred,
+        "attempt": attempt,
+    }
     body.update({k: v for k, v in fields.items() if v is not None})
     return body
 
 
-def started(eid: str, rid: str = "r1", at: float = 0, attempt: int = 1, *, key: str = "key_a",
-            model: str = "m1", protocol: str = "anthropic.messages",
-            input_tokens: int | None = None, **extra: Any) -> dict[str, Any]:
-    return raw("stream.started", eid, rid, at, attempt, api_key_id=key, model=model,
-               protocol=protocol, input_tokens=input_tokens, **extra)
+def started(
+    eid: str,
+    rid: str = "r1",
+    at: float = 0,
+    attempt: int = 1,
+    *,
+    key: str = "key_a",
+    model: str = "m1",
+    protocol: str = "anthropic.messages",
+    input_tokens: int | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    return raw(
+        "stream.started",
+        eid,
+        rid,
+        at,
+        attempt,
+        api_key_id=key,
+        model=model,
+        protocol=protocol,
+        input_tokens=input_tokens,
+        **extra,
+    )
 
 
-def tokens(eid: str, gen: int, dlv: int, rid: str = "r1", at: float = 0,
-           attempt: int = 1) -> dict[str, Any]:
-    return raw("stream.tokens", eid, rid, at, attempt, output_tokens_generated=gen,
-               output_tokens_delivered=dlv)
+def tokens(
+    eid: str, gen: int, dlv: int, rid: str = "r1", at: float = 0, attempt: int = 1
+) -> dict[str, Any]:
+    return raw(
+        "stream.tokens",
+        eid,
+        rid,
+        at,
+        attempt,
+        output_tokens_generated=gen,
+        output_tokens_delivered=dlv,
+    )
 
 
-def disconnect(eid: str, dlv: int, gen: int | None = None, rid: str = "r1", at: float = 0,
-               attempt: int = 1) -> dict[str, Any]:
-    return raw("stream.client_disconnected", eid, rid, at, attempt, output_tokens_delivered=dlv,
-               output_tokens_generated=gen)
+def disconnect(
+    eid: str, dlv: int, gen: int | None = None, rid: str = "r1", at: float = 0, attempt: int = 1
+) -> dict[str, Any]:
+    return raw(
+        "stream.client_disconnected",
+        eid,
+        rid,
+        at,
+        attempt,
+        output_tokens_delivered=dlv,
+        output_tokens_generated=gen,
+    )
 
 
-def usage(eid: str, inp: int, out: int, source: str = "upstream", rid: str = "r1", at: float = 0,
-          attempt: int = 1, **extra: Any) -> dict[str, Any]:
-    return raw("stream.usage", eid, rid, at, attempt, input_tokens=inp, output_tokens=out,
-               source=source, **extra)
+def usage(
+    eid: str,
+    inp: int,
+    out: int,
+    source: str = "upstream",
+    rid: str = "r1",
+    at: float = 0,
+    attempt: int = 1,
+    **extra: Any,
+) -> dict[str, Any]:
+    return raw(
+        "stream.usage",
+        eid,
+        rid,
+        at,
+        attempt,
+        input_tokens=inp,
+        output_tokens=out,
+        source=source,
+        **extra,
+    )
 
 
-def failed(eid: str, error_type: str = "api_error", rid: str = "r1", at: float = 0,
-           attempt: int = 1, gen: int | None = None) -> dict[str, Any]:
-    return raw("stream.failed", eid, rid, at, attempt, error_type=error_type,
-               output_tokens_generated=gen)
+def failed(
+    eid: str,
+    error_type: str = "api_error",
+    rid: str = "r1",
+    at: float = 0,
+    attempt: int = 1,
+    gen: int | None = None,
+) -> dict[str, Any]:
+    return raw(
+        "stream.failed", eid, rid, at, attempt, error_type=error_type, output_tokens_generated=gen
+    )
 
 
 def parse(events: Iterable[Mapping[str, Any]]) -> list[Event]:
@@ -90,11 +158,25 @@ def rule(events: Iterable[Mapping[str, Any]], request_id: str = "r1") -> CallFig
     return reconcile_call(request_id, parse(events))
 
 
-def price(pid: int, model: str, input_: int, output: int, cache_read: int = 0,
-          cache_creation: int = 0, effective_from: datetime | None = None) -> PriceRow:
+def price(
+    pid: int,
+    model: str,
+    input_: int,
+    output: int,
+    cache_read: int = 0,
+    cache_creation: int = 0,
+    effective_from: datetime | None = None,
+) -> PriceRow:
     """A price row; rates in micro-USD per million tokens (= picodollars per token)."""
-    return PriceRow(pid, model, effective_from or datetime(2026, 1, 1, tzinfo=UTC), input_,
-                    output, cache_read, cache_creation)
+    return PriceRow(
+        pid,
+        model,
+        effective_from or datetime(2026, 1, 1, tzinfo=UTC),
+        input_,
+        output,
+        cache_read,
+        cache_creation,
+    )
 
 
 @dataclass
@@ -136,12 +218,14 @@ def attempt_tokens(fig: CallFigures, n: int) -> dict[str, int]:
 
 
 def test_upstream_usage_is_authoritative_above_counters() -> None:
-    fig = rule([
-        started("e1", input_tokens=10),
-        tokens("e2", 100, 90, at=1),
-        disconnect("e3", 90, 100, at=2),
-        usage("e4", 12, 300, at=5),
-    ])
+    fig = rule(
+        [
+            started("e1", input_tokens=10),
+            tokens("e2", 100, 90, at=1),
+            disconnect("e3", 90, 100, at=2),
+            usage("e4", 12, 300, at=5),
+        ]
+    )
     assert fig.tokens.output_tokens_billed == 300
     assert fig.tokens.output_tokens_delivered == 90
     assert fig.tokens.output_tokens_undelivered == 210
@@ -152,11 +236,13 @@ def test_upstream_usage_is_authoritative_above_counters() -> None:
 
 
 def test_upstream_usage_below_delivered_is_billed_with_an_anomaly() -> None:
-    fig = rule([
-        started("e1"),
-        tokens("e2", 130, 130, at=1),
-        usage("e3", 5, 100, at=2),
-    ])
+    fig = rule(
+        [
+            started("e1"),
+            tokens("e2", 130, 130, at=1),
+            usage("e3", 5, 100, at=2),
+        ]
+    )
     assert fig.tokens.output_tokens_billed == 100
     assert fig.tokens.output_tokens_delivered == 130
     assert fig.tokens.output_tokens_undelivered == 0
@@ -192,18 +278,25 @@ def test_without_upstream_billed_is_the_largest_of_estimate_generated_delivered(
 def test_generated_counts_from_disconnect_and_failure_are_billed() -> None:
     fig = rule([started("e1", input_tokens=1), disconnect("e2", 40, 90, at=1)])
     assert (fig.tokens.output_tokens_billed, fig.tokens.output_tokens_undelivered) == (90, 50)
-    fig = rule([started("e1", input_tokens=1), tokens("e2", 10, 10, at=1),
-                failed("e3", "stalled", at=2, gen=65)])
+    fig = rule(
+        [
+            started("e1", input_tokens=1),
+            tokens("e2", 10, 10, at=1),
+            failed("e3", "stalled", at=2, gen=65),
+        ]
+    )
     assert (fig.tokens.output_tokens_billed, fig.tokens.output_tokens_undelivered) == (65, 55)
 
 
 def test_counters_keep_the_largest_value_even_when_a_smaller_one_comes_later() -> None:
-    fig = rule([
-        started("e1", input_tokens=3),
-        tokens("e2", 300, 250, at=1),
-        tokens("e3", 120, 100, at=5),  # later, smaller: a reordered or stale progress report
-        disconnect("e4", 200, 210, at=6),
-    ])
+    fig = rule(
+        [
+            started("e1", input_tokens=3),
+            tokens("e2", 300, 250, at=1),
+            tokens("e3", 120, 100, at=5),  # later, smaller: a reordered or stale progress report
+            disconnect("e4", 200, 210, at=6),
+        ]
+    )
     assert fig.tokens.output_tokens_billed == 300
     assert fig.tokens.output_tokens_delivered == 250
     assert fig.tokens.output_tokens_undelivered == 50
@@ -213,27 +306,57 @@ def test_counters_keep_the_largest_value_even_when_a_smaller_one_comes_later() -
 
 
 def test_input_and_cache_from_upstream_usage_over_estimate_and_started() -> None:
-    fig = rule([
-        started("e1", input_tokens=1000),
-        usage("e2", 11, 20, source="estimate", at=1, cache_read_input_tokens=5,
-              cache_creation_input_tokens=6, reasoning_tokens=7),
-        usage("e3", 21, 30, source="upstream", at=0.5, cache_read_input_tokens=15,
-              cache_creation_input_tokens=16, reasoning_tokens=17),
-    ])
+    fig = rule(
+        [
+            started("e1", input_tokens=1000),
+            usage(
+                "e2",
+                11,
+                20,
+                source="estimate",
+                at=1,
+                cache_read_input_tokens=5,
+                cache_creation_input_tokens=6,
+                reasoning_tokens=7,
+            ),
+            usage(
+                "e3",
+                21,
+                30,
+                source="upstream",
+                at=0.5,
+                cache_read_input_tokens=15,
+                cache_creation_input_tokens=16,
+                reasoning_tokens=17,
+            ),
+        ]
+    )
     t = fig.tokens
     assert (t.input_tokens, t.cache_read_input_tokens, t.cache_creation_input_tokens) == (
-        21, 15, 16)
+        21,
+        15,
+        16,
+    )
     assert (t.output_tokens_billed, t.reasoning_tokens) == (30, 17)
     assert fig.usage_source == "upstream"
     assert fig.anomalies == ()
 
 
 def test_input_and_cache_from_estimate_over_started() -> None:
-    fig = rule([
-        started("e1", input_tokens=1000),
-        usage("e2", 11, 20, source="estimate", at=1, cache_read_input_tokens=5,
-              cache_creation_input_tokens=6),
-    ])
+    fig = rule(
+        [
+            started("e1", input_tokens=1000),
+            usage(
+                "e2",
+                11,
+                20,
+                source="estimate",
+                at=1,
+                cache_read_input_tokens=5,
+                cache_creation_input_tokens=6,
+            ),
+        ]
+    )
     t = fig.tokens
     assert (t.input_tokens, t.cache_read_input_tokens, t.cache_creation_input_tokens) == (11, 5, 6)
 
@@ -255,12 +378,14 @@ def test_input_from_started_then_zero_with_input_unknown() -> None:
 
 
 def test_latest_usage_wins_not_the_largest() -> None:
-    fig = rule([
-        started("e1"),
-        usage("e2", 10, 500, at=1),
-        usage("e3", 12, 480, at=3),  # the provider's final, corrected count
-        usage("e4", 11, 490, at=2),
-    ])
+    fig = rule(
+        [
+            started("e1"),
+            usage("e2", 10, 500, at=1),
+            usage("e3", 12, 480, at=3),  # the provider's final, corrected count
+            usage("e4", 11, 490, at=2),
+        ]
+    )
     assert (fig.tokens.input_tokens, fig.tokens.output_tokens_billed) == (12, 480)
 
 
@@ -274,12 +399,14 @@ def test_usage_tie_on_occurred_at_goes_to_larger_output_then_larger_event_id() -
 
 
 def test_estimate_usages_follow_the_same_order() -> None:
-    fig = rule([
-        started("e1"),
-        usage("e2", 10, 900, source="estimate", at=1),
-        usage("e3", 20, 100, source="estimate", at=4),
-        tokens("e4", 50, 50, at=2),
-    ])
+    fig = rule(
+        [
+            started("e1"),
+            usage("e2", 10, 900, source="estimate", at=1),
+            usage("e3", 20, 100, source="estimate", at=4),
+            tokens("e4", 50, 50, at=2),
+        ]
+    )
     assert fig.tokens.input_tokens == 20
     assert fig.tokens.output_tokens_billed == 100
 
@@ -313,20 +440,26 @@ def test_no_events_is_an_error() -> None:
 
 
 def test_attempts_are_summed_stalled_estimate_then_upstream() -> None:
-    fig = rule([
-        started("a1", input_tokens=100, attempt=1),
-        tokens("a2", 40, 30, at=5, attempt=1),
-        usage("a3", 100, 45, source="estimate", at=6, attempt=1),
-        failed("a4", "stalled", at=30, attempt=1),
-        started("b1", input_tokens=100, at=31, attempt=2),
-        tokens("b2", 200, 200, at=40, attempt=2),
-        usage("b3", 98, 210, source="upstream", at=41, attempt=2, stop_reason="end_turn"),
-    ])
+    fig = rule(
+        [
+            started("a1", input_tokens=100, attempt=1),
+            tokens("a2", 40, 30, at=5, attempt=1),
+            usage("a3", 100, 45, source="estimate", at=6, attempt=1),
+            failed("a4", "stalled", at=30, attempt=1),
+            started("b1", input_tokens=100, at=31, attempt=2),
+            tokens("b2", 200, 200, at=40, attempt=2),
+            usage("b3", 98, 210, source="upstream", at=41, attempt=2, stop_reason="end_turn"),
+        ]
+    )
     assert fig.attempts and len(fig.attempts) == 2
     assert attempt_tokens(fig, 1) == {
-        "input_tokens": 100, "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0,
-        "output_tokens_billed": 45, "output_tokens_delivered": 30,
-        "output_tokens_undelivered": 15, "reasoning_tokens": 0,
+        "input_tokens": 100,
+        "cache_read_input_tokens": 0,
+        "cache_creation_input_tokens": 0,
+        "output_tokens_billed": 45,
+        "output_tokens_delivered": 30,
+        "output_tokens_undelivered": 15,
+        "reasoning_tokens": 0,
     }
     assert attempt_tokens(fig, 2)["output_tokens_billed"] == 210
     assert fig.tokens.input_tokens == 198
@@ -344,13 +477,15 @@ def test_attempts_are_summed_stalled_estimate_then_upstream() -> None:
 
 
 def test_every_attempt_upstream_is_complete_and_upstream() -> None:
-    fig = rule([
-        started("a1", input_tokens=5, attempt=1),
-        usage("a2", 5, 7, at=1, attempt=1),
-        failed("a3", "overloaded_error", at=2, attempt=1),
-        started("b1", input_tokens=5, at=3, attempt=2),
-        usage("b2", 5, 9, at=4, attempt=2),
-    ])
+    fig = rule(
+        [
+            started("a1", input_tokens=5, attempt=1),
+            usage("a2", 5, 7, at=1, attempt=1),
+            failed("a3", "overloaded_error", at=2, attempt=1),
+            started("b1", input_tokens=5, at=3, attempt=2),
+            usage("b2", 5, 9, at=4, attempt=2),
+        ]
+    )
     assert len(fig.attempts) == 2
     assert fig.tokens.output_tokens_billed == 16
     assert fig.usage_source == "upstream"
@@ -359,66 +494,78 @@ def test_every_attempt_upstream_is_complete_and_upstream() -> None:
 
 
 def test_attempts_are_numbered_by_the_events_not_counted_from_starts() -> None:
-    fig = rule([
-        started("a1", attempt=1, input_tokens=1),
-        usage("a2", 1, 1, attempt=1, at=1),
-        usage("c1", 2, 2, attempt=3, at=5),
-    ])
+    fig = rule(
+        [
+            started("a1", attempt=1, input_tokens=1),
+            usage("a2", 1, 1, attempt=1, at=1),
+            usage("c1", 2, 2, attempt=3, at=5),
+        ]
+    )
     assert [a.attempt for a in fig.attempts] == [1, 3]
     assert fig.attempts[1].model == "m1"  # no stream.started of its own: the call's model
 
 
 def test_status_error_type_and_stop_reason_come_from_the_last_attempt() -> None:
-    fig = rule([
-        started("a1", input_tokens=5, attempt=1),
-        usage("a2", 5, 7, at=1, attempt=1, stop_reason="max_tokens"),
-        started("b1", input_tokens=5, at=3, attempt=2),
-        tokens("b2", 50, 20, at=4, attempt=2),
-        failed("b3", "overloaded_error", at=5, attempt=2),
-    ])
+    fig = rule(
+        [
+            started("a1", input_tokens=5, attempt=1),
+            usage("a2", 5, 7, at=1, attempt=1, stop_reason="max_tokens"),
+            started("b1", input_tokens=5, at=3, attempt=2),
+            tokens("b2", 50, 20, at=4, attempt=2),
+            failed("b3", "overloaded_error", at=5, attempt=2),
+        ]
+    )
     assert fig.status == "failed"
     assert fig.error_type == "overloaded_error"
     assert fig.stop_reason is None
 
-    fig = rule([
-        started("a1", input_tokens=5, attempt=1),
-        failed("a2", "stalled", at=1, attempt=1),
-        started("b1", input_tokens=5, at=3, attempt=2),
-        tokens("b2", 50, 20, at=4, attempt=2),
-        disconnect("b3", 20, 50, at=5, attempt=2),
-        usage("b4", 5, 60, at=6, attempt=2, stop_reason="end_turn"),
-    ])
+    fig = rule(
+        [
+            started("a1", input_tokens=5, attempt=1),
+            failed("a2", "stalled", at=1, attempt=1),
+            started("b1", input_tokens=5, at=3, attempt=2),
+            tokens("b2", 50, 20, at=4, attempt=2),
+            disconnect("b3", 20, 50, at=5, attempt=2),
+            usage("b4", 5, 60, at=6, attempt=2, stop_reason="end_turn"),
+        ]
+    )
     assert fig.status == "client_disconnected"
     assert fig.error_type is None
     assert fig.stop_reason == "end_turn"
 
-    fig = rule([
-        started("a1", input_tokens=5, attempt=1),
-        failed("a2", "stalled", at=1, attempt=1),
-        started("b1", input_tokens=5, at=3, attempt=2),
-        usage("b2", 5, 60, at=6, attempt=2, stop_reason="stop"),
-    ])
+    fig = rule(
+        [
+            started("a1", input_tokens=5, attempt=1),
+            failed("a2", "stalled", at=1, attempt=1),
+            started("b1", input_tokens=5, at=3, attempt=2),
+            usage("b2", 5, 60, at=6, attempt=2, stop_reason="stop"),
+        ]
+    )
     assert fig.status == "completed"
     assert fig.error_type is None
     assert fig.stop_reason == "stop"
 
 
 def test_failed_wins_over_client_disconnected_in_the_last_attempt() -> None:
-    fig = rule([
-        started("e1", input_tokens=5),
-        disconnect("e2", 10, 12, at=1),
-        failed("e3", "upstream_disconnect", at=2),
-    ])
+    fig = rule(
+        [
+            started("e1", input_tokens=5),
+            disconnect("e2", 10, 12, at=1),
+            failed("e3", "upstream_disconnect", at=2),
+        ]
+    )
     assert fig.status == "failed"
     assert fig.error_type == "upstream_disconnect"
 
 
 def test_last_of_several_failures_names_the_error() -> None:
-    fig = rule([
-        started("e1", input_tokens=5),
-        failed("e3", "api_error", at=4),
-        failed("e2", "overloaded_error", at=2),
-    ])
+    fig = rule(
+        [
+            started("e1", input_tokens=5),
+            failed("e3", "api_error", at=4),
+            failed("e2", "overloaded_error", at=2),
+        ]
+    )
     assert fig.error_type == "api_error"
 
 
@@ -426,12 +573,14 @@ def test_last_of_several_failures_names_the_error() -> None:
 
 
 def test_identity_from_the_lowest_attempts_stream_started() -> None:
-    fig = rule([
-        started("b1", at=10, attempt=2, key="key_b", model="m2", protocol="openai.responses"),
-        started("a1", at=0, attempt=1, key="key_a", model="m1", metadata={"team": "x"}),
-        usage("a2", 1, 1, at=1, attempt=1),
-        usage("b2", 1, 1, at=11, attempt=2),
-    ])
+    fig = rule(
+        [
+            started("b1", at=10, attempt=2, key="key_b", model="m2", protocol="openai.responses"),
+            started("a1", at=0, attempt=1, key="key_a", model="m1", metadata={"team": "x"}),
+            usage("a2", 1, 1, at=1, attempt=1),
+            usage("b2", 1, 1, at=11, attempt=2),
+        ]
+    )
     assert (fig.api_key_id, fig.model, fig.protocol) == ("key_a", "m1", "anthropic.messages")
     assert fig.metadata == {"team": "x"}
     assert fig.started_at == T0
@@ -460,10 +609,12 @@ def test_complete_needs_started_and_upstream_usage() -> None:
 
 
 def test_cost_is_exact_picodollars_per_bucket() -> None:
-    fig = rule([
-        started("e1"),
-        usage("e2", 1000, 2000, cache_read_input_tokens=3000, cache_creation_input_tokens=4000),
-    ])
+    fig = rule(
+        [
+            started("e1"),
+            usage("e2", 1000, 2000, cache_read_input_tokens=3000, cache_creation_input_tokens=4000),
+        ]
+    )
     book = PriceBook([price(1, "m1", 3_000_000, 15_000_000, 300_000, 3_750_000)])
     lines = target_lines(fig, book)
     # 1000×3 + 2000×15 + 3000×0.30 + 4000×3.75 = 3000 + 30000 + 900 + 15000 µ$ = 0.0489 USD
@@ -477,29 +628,37 @@ def test_unpriced_model_costs_none_never_zero() -> None:
 
 def test_price_in_force_at_the_calls_start() -> None:
     fig = rule([started("e1", at=0), usage("e2", 1_000_000, 0, at=600)])
-    book = PriceBook([
-        price(1, "m1", 1_000_000, 0, effective_from=T0 - timedelta(days=1)),
-        price(2, "m1", 2_000_000, 0, effective_from=T0 + timedelta(seconds=1)),
-    ])
+    book = PriceBook(
+        [
+            price(1, "m1", 1_000_000, 0, effective_from=T0 - timedelta(days=1)),
+            price(2, "m1", 2_000_000, 0, effective_from=T0 + timedelta(seconds=1)),
+        ]
+    )
     assert pusd_to_str(call_cost(target_lines(fig, book))) == "1"
-    book = PriceBook([
-        price(1, "m1", 1_000_000, 0, effective_from=T0 - timedelta(days=1)),
-        price(2, "m1", 2_000_000, 0, effective_from=T0),  # effective exactly at the start
-    ])
+    book = PriceBook(
+        [
+            price(1, "m1", 1_000_000, 0, effective_from=T0 - timedelta(days=1)),
+            price(2, "m1", 2_000_000, 0, effective_from=T0),  # effective exactly at the start
+        ]
+    )
     assert pusd_to_str(call_cost(target_lines(fig, book))) == "2"
 
 
 def test_attempts_of_different_models_are_priced_by_their_own_model() -> None:
-    fig = rule([
-        started("a1", attempt=1, model="m1"),
-        usage("a2", 1000, 0, attempt=1, at=1),
-        started("b1", attempt=2, model="m2", at=2),
-        usage("b2", 1000, 0, attempt=2, at=3),
-    ])
+    fig = rule(
+        [
+            started("a1", attempt=1, model="m1"),
+            usage("a2", 1000, 0, attempt=1, at=1),
+            started("b1", attempt=2, model="m2", at=2),
+            usage("b2", 1000, 0, attempt=2, at=3),
+        ]
+    )
     book = PriceBook([price(1, "m1", 1_000_000, 0), price(2, "m2", 5_000_000, 0)])
     lines = target_lines(fig, book)
     assert sorted((line.key.model, line.tokens.input_tokens) for line in lines) == [
-        ("m1", 1000), ("m2", 1000)]
+        ("m1", 1000),
+        ("m2", 1000),
+    ]
     assert pusd_to_str(call_cost(lines)) == "0.006"
 
 
@@ -509,11 +668,13 @@ SONNET = price(1, "m1", 3_000_000, 15_000_000, 300_000, 3_750_000)
 
 
 def test_report_1_disconnect_at_zero_delivered_bills_what_upstream_generated() -> None:
-    fig = rule([
-        started("e1"),
-        disconnect("e2", 0, at=0.5),
-        usage("e3", 40, 300, at=9),
-    ])
+    fig = rule(
+        [
+            started("e1"),
+            disconnect("e2", 0, at=0.5),
+            usage("e3", 40, 300, at=9),
+        ]
+    )
     assert fig.tokens.input_tokens == 40
     assert fig.tokens.output_tokens_billed == 300
     assert fig.tokens.output_tokens_delivered == 0
@@ -526,8 +687,9 @@ def test_report_2_same_final_usage_twice_billed_once_in_the_ledger() -> None:
     ledger = PureLedger()
     book = PriceBook([SONNET])
     ledger.book(rule([started("e1"), usage("u1", 40, 300, at=2)]), book)
-    late = ledger.book(rule([started("e1"), usage("u1", 40, 300, at=2),
-                             usage("u2", 40, 300, at=2)]), book)
+    late = ledger.book(
+        rule([started("e1"), usage("u1", 40, 300, at=2), usage("u2", 40, 300, at=2)]), book
+    )
     assert late == []
     assert ledger.tokens().output_tokens_billed == 300
     assert [e.kind for e in ledger.entries] == ["settlement"]
@@ -553,8 +715,9 @@ def test_report_3_settled_on_estimates_then_upstream_usage_adjusts() -> None:
     assert len(adjustment) == 1
     (entry,) = adjustment
     assert entry.kind == "adjustment"
-    assert entry.tokens == Tokens(input_tokens=2, output_tokens_billed=200,
-                                  output_tokens_undelivered=200)
+    assert entry.tokens == Tokens(
+        input_tokens=2, output_tokens_billed=200, output_tokens_undelivered=200
+    )
     assert pusd_to_str(entry.cost_pusd) == "0.003006"
     assert "input_tokens +2" in entry.reason and "output_tokens_billed +200" in entry.reason
     assert ledger.entries[0] is first[0]
@@ -591,14 +754,18 @@ def test_ledger_key_change_reverses_then_settles_again() -> None:
     # stream.started is late: the call settles with no key and no model (started_missing).
     ledger.book(rule([usage("e2", 10, 20, at=1)]), book)
     assert [(e.kind, e.key.api_key_id, e.cost_pusd) for e in ledger.entries] == [
-        ("settlement", None, None)]
+        ("settlement", None, None)
+    ]
     fig = rule([usage("e2", 10, 20, at=1), started("e1", model="m2")])
     planned = ledger.book(fig, book)
     assert [(e.kind, e.key.api_key_id, e.key.model) for e in planned] == [
-        ("adjustment", None, None), ("settlement", "key_a", "m2")]
+        ("adjustment", None, None),
+        ("settlement", "key_a", "m2"),
+    ]
     assert planned[0].reason.startswith("reversal")
-    assert planned[0].tokens == -Tokens(input_tokens=10, output_tokens_billed=20,
-                                        output_tokens_undelivered=20)
+    assert planned[0].tokens == -Tokens(
+        input_tokens=10, output_tokens_billed=20, output_tokens_undelivered=20
+    )
     assert ledger.tokens() == fig.tokens
     assert ledger.cost() == call_cost(target_lines(fig, book)) == 10 * 1_000_000 + 20 * 2_000_000
 
@@ -626,7 +793,9 @@ def test_ledger_unpriced_then_priced() -> None:
     book = PriceBook([price(7, "m-new", 1_000_000, 2_000_000)])
     planned = ledger.book(fig, book)
     assert [(e.kind, e.key.price_id, e.cost_pusd) for e in planned] == [
-        ("adjustment", None, None), ("adjustment", 7, 5_000_000_000)]
+        ("adjustment", None, None),
+        ("adjustment", 7, 5_000_000_000),
+    ]
     assert planned[0].reason.startswith("reversal")
     assert planned[1].reason.startswith("re-priced")
     assert ledger.tokens() == fig.tokens
@@ -636,9 +805,21 @@ def test_ledger_unpriced_then_priced() -> None:
 
 def test_ledger_token_fields_are_all_booked() -> None:
     ledger = PureLedger()
-    fig = rule([started("e1"), disconnect("e2", 3, at=1),
-                usage("e3", 1, 9, at=2, cache_read_input_tokens=4, cache_creation_input_tokens=5,
-                      reasoning_tokens=6)])
+    fig = rule(
+        [
+            started("e1"),
+            disconnect("e2", 3, at=1),
+            usage(
+                "e3",
+                1,
+                9,
+                at=2,
+                cache_read_input_tokens=4,
+                cache_creation_input_tokens=5,
+                reasoning_tokens=6,
+            ),
+        ]
+    )
     ledger.book(fig, PriceBook([SONNET]))
     assert ledger.tokens().as_dict() == dict(zip(TOKEN_FIELDS, [1, 4, 5, 9, 3, 6, 6], strict=True))
 
@@ -656,8 +837,11 @@ def test_ledger_late_attempt_on_another_model_is_an_adjustment_not_a_second_sett
     assert [(e.kind, e.key.model) for e in planned] == [("adjustment", "m2")]
     assert [e.kind for e in ledger.entries].count("settlement") == 1
     assert ledger.tokens() == fig.tokens
-    assert ledger.cost() == call_cost(target_lines(fig, book)) == (
-        10 * 3_000_000 + 10 * 1_000_000 + 30 * 2_000_000)
+    assert (
+        ledger.cost()
+        == call_cost(target_lines(fig, book))
+        == (10 * 3_000_000 + 10 * 1_000_000 + 30 * 2_000_000)
+    )
 
 
 def test_ledger_unpriced_call_settled_at_zero_then_priced_and_used() -> None:
@@ -676,12 +860,34 @@ def test_ledger_reason_fits_the_ledgers_column() -> None:
     ledger = PureLedger()
     early = [started("a1", input_tokens=0)]
     ledger.book(rule(early), PriceBook([SONNET]))
-    fig = rule([*early, disconnect("a2", big, at=1),
-                usage("a3", big, big, at=2, cache_read_input_tokens=big,
-                      cache_creation_input_tokens=big, reasoning_tokens=big),
-                *(usage(f"b{n}", big, big, attempt=n, at=n, cache_read_input_tokens=big,
-                        cache_creation_input_tokens=big, reasoning_tokens=big)
-                  for n in range(2, 40))])
+    fig = rule(
+        [
+            *early,
+            disconnect("a2", big, at=1),
+            usage(
+                "a3",
+                big,
+                big,
+                at=2,
+                cache_read_input_tokens=big,
+                cache_creation_input_tokens=big,
+                reasoning_tokens=big,
+            ),
+            *(
+                usage(
+                    f"b{n}",
+                    big,
+                    big,
+                    attempt=n,
+                    at=n,
+                    cache_read_input_tokens=big,
+                    cache_creation_input_tokens=big,
+                    reasoning_tokens=big,
+                )
+                for n in range(2, 40)
+            ),
+        ]
+    )
     (entry,) = ledger.book(fig, PriceBook([SONNET]))
     assert entry.kind == "adjustment"
     assert len(entry.reason) <= 200

@@ -65,35 +65,58 @@ def calls(draw: st.DrawFn, request_id: str = "r1", prefix: str = "e") -> list[di
             return base + draw(st.integers(0, 12))
 
         for _ in range(draw(st.sampled_from([0, 1, 1, 1, 1, 2]))):
-            events.append(started(
-                eid(), request_id, at(), attempt,
-                key=draw(st.sampled_from(["key_a", "key_b"])),
-                model=draw(st.sampled_from(["m1", "m2", "m3"])),
-                input_tokens=draw(st.none() | counts),
-            ))
+            events.append(
+                started(
+                    eid(),
+                    request_id,
+                    at(),
+                    attempt,
+                    key=draw(st.sampled_from(["key_a", "key_b"])),
+                    model=draw(st.sampled_from(["m1", "m2", "m3"])),
+                    input_tokens=draw(st.none() | counts),
+                )
+            )
         for _ in range(draw(st.integers(0, 3))):
             events.append(tokens(eid(), draw(counts), draw(counts), request_id, at(), attempt))
         if draw(st.booleans()):
-            events.append(disconnect(eid(), draw(counts), draw(st.none() | counts), request_id,
-                                     at(), attempt))
+            events.append(
+                disconnect(eid(), draw(counts), draw(st.none() | counts), request_id, at(), attempt)
+            )
         for _ in range(draw(st.integers(0, 3))):
-            events.append(usage(
-                eid(), draw(counts), draw(counts), draw(st.sampled_from(["upstream", "estimate"])),
-                request_id, at(), attempt,
-                cache_read_input_tokens=draw(counts), cache_creation_input_tokens=draw(counts),
-                reasoning_tokens=draw(st.integers(0, 50)),
-            ))
+            events.append(
+                usage(
+                    eid(),
+                    draw(counts),
+                    draw(counts),
+                    draw(st.sampled_from(["upstream", "estimate"])),
+                    request_id,
+                    at(),
+                    attempt,
+                    cache_read_input_tokens=draw(counts),
+                    cache_creation_input_tokens=draw(counts),
+                    reasoning_tokens=draw(st.integers(0, 50)),
+                )
+            )
         if draw(st.integers(0, 3)) == 0:
-            events.append(failed(eid(), draw(st.sampled_from(["api_error", "stalled"])),
-                                 request_id, at(), attempt, draw(st.none() | counts)))
+            events.append(
+                failed(
+                    eid(),
+                    draw(st.sampled_from(["api_error", "stalled"])),
+                    request_id,
+                    at(),
+                    attempt,
+                    draw(st.none() | counts),
+                )
+            )
         if len(events) == before:  # an attempt exists through its events: give it one
             events.append(tokens(eid(), draw(counts), draw(counts), request_id, at(), attempt))
     return events
 
 
 @st.composite
-def arrivals(draw: st.DrawFn, request_id: str = "r1",
-             prefix: str = "e") -> tuple[list[list[dict[str, Any]]], int | None]:
+def arrivals(
+    draw: st.DrawFn, request_id: str = "r1", prefix: str = "e"
+) -> tuple[list[list[dict[str, Any]]], int | None]:
     """A call's events split into an initial set (settled) and later arrivals, some repeated, and
     the arrival (index) after which m3's price is posted (None: never)."""
     events = draw(calls(request_id, prefix))
@@ -117,8 +140,10 @@ def expected_attempt(events: list[dict[str, Any]]) -> dict[str, int]:
         [e.get("output_tokens_generated") or 0 for e in events if e["type"] != "stream.started"],
         default=0,
     )
-    usages = {s: [e for e in events if e["type"] == "stream.usage" and e["source"] == s]
-              for s in ("upstream", "estimate")}
+    usages = {
+        s: [e for e in events if e["type"] == "stream.usage" and e["source"] == s]
+        for s in ("upstream", "estimate")
+    }
     upstream = max(usages["upstream"], key=_usage_key, default=None)
     estimate = max(usages["estimate"], key=_usage_key, default=None)
     if upstream is not None:
@@ -129,8 +154,10 @@ def expected_attempt(events: list[dict[str, Any]]) -> dict[str, int]:
     if chosen is not None:
         input_tokens = chosen["input_tokens"]
     else:
-        starts = sorted((e for e in events if e["type"] == "stream.started"),
-                        key=lambda e: (e["occurred_at"], e["event_id"]))
+        starts = sorted(
+            (e for e in events if e["type"] == "stream.started"),
+            key=lambda e: (e["occurred_at"], e["event_id"]),
+        )
         input_tokens = (starts[0].get("input_tokens") or 0) if starts else 0
     return {
         "input_tokens": input_tokens,
@@ -167,7 +194,8 @@ def test_per_attempt_figures(events: list[dict[str, Any]]) -> None:
         t = attempt.tokens
         assert t.output_tokens_billed >= 0
         assert t.output_tokens_undelivered == max(
-            0, t.output_tokens_billed - t.output_tokens_delivered)
+            0, t.output_tokens_billed - t.output_tokens_delivered
+        )
         own = [e for e in events if e["attempt"] == attempt.attempt]
         expected = expected_attempt(own)
         assert {k: getattr(t, k) for k in expected} == expected
@@ -179,9 +207,11 @@ def test_per_attempt_figures(events: list[dict[str, Any]]) -> None:
             total[name] += value
     assert figures.tokens.as_dict() == total
     assert figures.usage_source == (
-        "upstream" if all(a.usage_source == "upstream" for a in figures.attempts) else "estimate")
+        "upstream" if all(a.usage_source == "upstream" for a in figures.attempts) else "estimate"
+    )
     assert figures.complete == (
-        figures.usage_source == "upstream" and any(e["type"] == "stream.started" for e in events))
+        figures.usage_source == "upstream" and any(e["type"] == "stream.started" for e in events)
+    )
 
 
 def _check_ledger(ledger: PureLedger, events: list[dict[str, Any]], book: PriceBook) -> None:
@@ -190,7 +220,8 @@ def _check_ledger(ledger: PureLedger, events: list[dict[str, Any]], book: PriceB
     assert ledger.tokens() == figures.tokens
     booked, _ = ledger.booked()
     assert {k: v for k, v in booked.items() if not v.is_zero()} == {
-        line.key: line.tokens for line in lines if not line.tokens.is_zero()}
+        line.key: line.tokens for line in lines if not line.tokens.is_zero()
+    }
     # Every entry's cost is its own tokens at its own prices; its reason fits the ledger.
     for entry in ledger.entries:
         assert 0 < len(entry.reason) <= 200
@@ -256,17 +287,26 @@ def _post_prices(client: TestClient, models: dict[str, str]) -> None:
     """Post the prices of ``{generated model: model name in the database}``."""
     for model, name in models.items():
         i, o, cr, cc = PRICE_JSON[model]
-        response = client.post("/v1/prices", json={
-            "model": name, "effective_from": "2026-01-01T00:00:00Z",
-            "input_usd_per_mtok": i, "output_usd_per_mtok": o,
-            "cache_read_usd_per_mtok": cr, "cache_creation_usd_per_mtok": cc,
-        })
+        response = client.post(
+            "/v1/prices",
+            json={
+                "model": name,
+                "effective_from": "2026-01-01T00:00:00Z",
+                "input_usd_per_mtok": i,
+                "output_usd_per_mtok": o,
+                "cache_read_usd_per_mtok": cr,
+                "cache_creation_usd_per_mtok": cc,
+            },
+        )
         assert response.status_code in (200, 201), response.text
 
 
 @given(data=st.data())
-@settings(max_examples=15, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 def test_late_events_through_http_and_the_database(client: TestClient, data: st.DataObject) -> None:
     n = next(_example)
     rid = f"prop-{n}"
@@ -312,4 +352,3 @@ def test_late_events_through_http_and_the_database(client: TestClient, data: st.
             assert Decimal(call["cost_usd"]) == priced == Decimal(expected).scaleb(-12)
         assert [e["kind"] for e in entries].count("settlement") >= 1
         assert entries[0]["kind"] == "settlement"
-

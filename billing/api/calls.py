@@ -38,11 +38,18 @@ def _list(state: AppState, query: CallsQuery) -> bytes:
     summary="The call log, newest first, one page at a time",
     dependencies=[Depends(allow("read"))],
     responses={422: {"description": "an unknown, repeated or malformed parameter"}},
-    openapi_extra={"parameters": [
-        {"name": name, "in": "query", "required": False, "description": text,
-         "schema": {"type": "string"}}
-        for name, text in _PARAMETERS
-    ]},
+    openapi_extra={
+        "parameters": [
+            {
+                "name": name,
+                "in": "query",
+                "required": False,
+                "description": text,
+                "schema": {"type": "string"},
+            }
+            for name, text in _PARAMETERS
+        ]
+    },
 )
 async def calls(request: Request, state: Annotated[AppState, Depends(get_state)]) -> Response:
     """``{"data": [call, …], "next_cursor": …}``; pass ``next_cursor`` as ``cursor`` for the next

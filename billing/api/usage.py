@@ -37,11 +37,18 @@ def _read(state: AppState, query: UsageQuery) -> bytes:
     summary="Usage totals over a period, grouped",
     dependencies=[Depends(allow("read", "export"))],
     responses={422: {"description": "an unknown, repeated, missing or malformed parameter"}},
-    openapi_extra={"parameters": [
-        {"name": name, "in": "query", "required": required, "description": text,
-         "schema": {"type": "string"}}
-        for name, required, text in _PARAMETERS
-    ]},
+    openapi_extra={
+        "parameters": [
+            {
+                "name": name,
+                "in": "query",
+                "required": required,
+                "description": text,
+                "schema": {"type": "string"},
+            }
+            for name, required, text in _PARAMETERS
+        ]
+    },
 )
 async def usage(request: Request, state: Annotated[AppState, Depends(get_state)]) -> Response:
     """``{"data": [row, …]}``: one row per non-empty group, ordered by the group-by keys."""

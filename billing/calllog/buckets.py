@@ -172,9 +172,7 @@ class Segment:
     end: datetime
 
 
-def segments(
-    dim: str | None, since: datetime, until: datetime, zone: ZoneInfo
-) -> list[Segment]:
+def segments(dim: str | None, since: datetime, until: datetime, zone: ZoneInfo) -> list[Segment]:
     """Split ``[since, until)`` at the local period edges of ``dim`` (None: one segment)."""
     if dim is None:
         return [Segment(since, since, until)]

@@ -93,9 +93,7 @@ class QueryReader:
             return None
         return value
 
-    def parsed(
-        self, name: str, parse: Callable[[str], T], required: str | None = None
-    ) -> T | None:
+    def parsed(self, name: str, parse: Callable[[str], T], required: str | None = None) -> T | None:
         """``parse(text)``; its ``ValueError`` becomes this parameter's error message. When
         ``required`` (what to send) is given, a missing parameter is an error too."""
         value = self.text(name)

@@ -83,8 +83,11 @@ def list_calls(session: Session, query: CallsQuery) -> CallsPage:
     # A call gets its key and model with its start (stream.started), and is open until the
     # reconciler dates it: filters on those leave the undated calls out without asking.
     dated_only = (
-        query.since is not None or query.until is not None or query.api_key_id is not None
-        or query.model is not None or query.status not in (None, "open")
+        query.since is not None
+        or query.until is not None
+        or query.api_key_id is not None
+        or query.model is not None
+        or query.status not in (None, "open")
     )
     if not dated_only and (after is None or after.started_at is None):
         undated = _filtered(query).where(Call.started_at.is_(None))
@@ -102,8 +105,10 @@ def list_calls(session: Session, query: CallsQuery) -> CallsPage:
             at = after.started_at
             dated = dated.where(
                 Call.started_at <= at,
-                or_(Call.started_at < at, and_(Call.started_at == at,
-                                               Call.request_id < after.request_id)),
+                or_(
+                    Call.started_at < at,
+                    and_(Call.started_at == at, Call.request_id < after.request_id),
+                ),
             )
         order = (Call.started_at.desc(), Call.request_id.desc())
         rows += session.scalars(dated.order_by(*order).limit(want - len(rows)))

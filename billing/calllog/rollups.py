@@ -122,8 +122,9 @@ def place_call(call: Call, keyless_start: datetime | None = None) -> Placed | No
 def place_entry(entry: LedgerEntry) -> Placed:
     """A ledger entry's booked contribution; ``calls`` counts settlement entries."""
     settlement = 1 if entry.kind == "settlement" else 0
-    return Placed(entry.booked_at, entry.api_key_id, entry.model,
-                  _totals(entry, settlement, entry.cost_pusd))
+    return Placed(
+        entry.booked_at, entry.api_key_id, entry.model, _totals(entry, settlement, entry.cost_pusd)
+    )
 
 
 class Deltas:
@@ -144,8 +145,9 @@ class Deltas:
         all_keys: dict[tuple[str, int, datetime, str], Totals] = {}
         for (basis, _key, level, start, model), totals in self.rows.items():
             all_keys.setdefault((basis, level, start, model), Totals()).add(totals)
-        _upsert(session, _KEYED, ("basis", "api_key_id", "level", "bucket_start", "model"),
-                self.rows)
+        _upsert(
+            session, _KEYED, ("basis", "api_key_id", "level", "bucket_start", "model"), self.rows
+        )
         _upsert(session, _ALL_KEYS, ("basis", "level", "bucket_start", "model"), all_keys)
 
 
@@ -163,9 +165,14 @@ def _upsert(
         if totals.is_zero():  # e.g. a call that moved between keys of one bucket
             continue
         whole, frac = divmod(totals.cost_pusd, PICO)
-        params.append({**dict(zip(names, row, strict=True)),
-                       **dict(zip(COUNT_FIELDS, totals.values, strict=True)),
-                       "cost_whole_usd": whole, "cost_frac_pusd": frac})
+        params.append(
+            {
+                **dict(zip(names, row, strict=True)),
+                **dict(zip(COUNT_FIELDS, totals.values, strict=True)),
+                "cost_whole_usd": whole,
+                "cost_frac_pusd": frac,
+            }
+        )
     if not params:
         return
     statement = _insert(session, table)
@@ -174,8 +181,9 @@ def _upsert(
     updates: dict[str, Any] = {name: table.c[name] + new[name] for name in COUNT_FIELDS}
     updates["cost_frac_pusd"] = frac_sum % PICO
     updates["cost_whole_usd"] = table.c.cost_whole_usd + new.cost_whole_usd + frac_sum // PICO
-    session.execute(statement.on_conflict_do_update(index_elements=list(names), set_=updates),
-                    params)
+    session.execute(
+        statement.on_conflict_do_update(index_elements=list(names), set_=updates), params
+    )
 
 
 # --- the reconciler's hooks -----------------------------------------------------------------------
@@ -191,8 +199,9 @@ def before_step(session: Session, calls: Iterable[Call]) -> dict[str, Placed]:
     starts: dict[str, datetime] = {}
     if keyless_ids:
         rows = session.execute(
-            select(UsageRollupKeyless.request_id, UsageRollupKeyless.started_at)
-            .where(UsageRollupKeyless.request_id.in_(keyless_ids))
+            select(UsageRollupKeyless.request_id, UsageRollupKeyless.started_at).where(
+                UsageRollupKeyless.request_id.in_(keyless_ids)
+            )
         )
         starts = {request_id: started_at for request_id, started_at in rows}
     placed = {c.request_id: place_call(c, starts.get(c.request_id)) for c in calls}
@@ -200,7 +209,9 @@ def before_step(session: Session, calls: Iterable[Call]) -> dict[str, Placed]:
 
 
 def after_step(
-    session: Session, before: Mapping[str, Placed], calls: Iterable[Call],
+    session: Session,
+    before: Mapping[str, Placed],
+    calls: Iterable[Call],
     entries: Iterable[LedgerEntry],
 ) -> None:
     """Bring the rollups up to date with a step: the calls' new call_start contributions replace
@@ -248,7 +259,8 @@ def floor_sql(level: int, column: Any, dialect: str) -> ColumnElement[Any]:
     if dialect == "postgresql":
         if level == QUARTER:
             return func.date_bin(
-                literal_column("interval '15 minutes'"), column,
+                literal_column("interval '15 minutes'"),
+                column,
                 literal_column("timestamptz '2000-01-01 00:00:00+00'"),
             )
         unit = {HOUR: "'hour'", DAY: "'day'", MONTH: "'month'"}[level]
@@ -257,8 +269,9 @@ def floor_sql(level: int, column: Any, dialect: str) -> ColumnElement[Any]:
     text = cast(column, String)
     if level == QUARTER:
         minute = func.substr(text, 15, 2)
-        quarter = case((minute < "15", "00"), (minute < "30", "15"), (minute < "45", "30"),
-                       else_="45")
+        quarter = case(
+            (minute < "15", "00"), (minute < "30", "15"), (minute < "45", "30"), else_="45"
+        )
         return func.substr(text, 1, 14) + quarter + ":00.000000"
     if level == HOUR:
         return func.substr(text, 1, 13) + ":00:00.000000"
@@ -306,36 +319,71 @@ def rebuild(session: Session) -> None:
         *(getattr(LedgerEntry, name) for name in TOKEN_FIELDS),
         LedgerEntry.cost_pusd,
     ).subquery()
-    columns = ["basis", "api_key_id", "level", "bucket_start", "model", *COUNT_FIELDS,
-               "cost_whole_usd", "cost_frac_pusd"]
+    columns = [
+        "basis",
+        "api_key_id",
+        "level",
+        "bucket_start",
+        "model",
+        *COUNT_FIELDS,
+        "cost_whole_usd",
+        "cost_frac_pusd",
+    ]
     for source in (calls, entries):
         c = source.c
         bucket = floor_sql(QUARTER, c.at, dialect)
         whole, frac = _split_cost(func.sum(func.coalesce(c.cost_pusd, 0)))
-        session.execute(insert(_KEYED).from_select(columns, select(
-            c.basis, c.api_key_id, literal(QUARTER), bucket, c.model,
-            func.count(), func.sum(c.calls),
-            *(func.sum(c[name]) for name in TOKEN_FIELDS),
-            func.sum(case((c.cost_pusd.is_(None), 1), else_=0)), whole, frac,
-        ).group_by(c.basis, c.api_key_id, bucket, c.model)))
+        session.execute(
+            insert(_KEYED).from_select(
+                columns,
+                select(
+                    c.basis,
+                    c.api_key_id,
+                    literal(QUARTER),
+                    bucket,
+                    c.model,
+                    func.count(),
+                    func.sum(c.calls),
+                    *(func.sum(c[name]) for name in TOKEN_FIELDS),
+                    func.sum(case((c.cost_pusd.is_(None), 1), else_=0)),
+                    whole,
+                    frac,
+                ).group_by(c.basis, c.api_key_id, bucket, c.model),
+            )
+        )
     r = _KEYED.c
     for level in (HOUR, DAY, MONTH):
         bucket = floor_sql(level, r.bucket_start, dialect)
-        session.execute(insert(_KEYED).from_select(columns, _summed(
-            _KEYED, [r.basis, r.api_key_id, literal(level), bucket, r.model],
-            [r.basis, r.api_key_id, bucket, r.model], r.level == QUARTER,
-        )))
-    session.execute(insert(_ALL_KEYS).from_select(
-        [c for c in columns if c != "api_key_id"],
-        _summed(_KEYED, [r.basis, r.level, r.bucket_start, r.model],
-                [r.basis, r.level, r.bucket_start, r.model], literal(True)),
-    ))
-    session.execute(insert(UsageRollupKeyless).from_select(
-        ["request_id", "started_at"],
-        select(Call.request_id, Call.started_at).where(
-            Call.settled.is_(True), Call.started_at.is_not(None), keyless
-        ),
-    ))
+        session.execute(
+            insert(_KEYED).from_select(
+                columns,
+                _summed(
+                    _KEYED,
+                    [r.basis, r.api_key_id, literal(level), bucket, r.model],
+                    [r.basis, r.api_key_id, bucket, r.model],
+                    r.level == QUARTER,
+                ),
+            )
+        )
+    session.execute(
+        insert(_ALL_KEYS).from_select(
+            [c for c in columns if c != "api_key_id"],
+            _summed(
+                _KEYED,
+                [r.basis, r.level, r.bucket_start, r.model],
+                [r.basis, r.level, r.bucket_start, r.model],
+                literal(True),
+            ),
+        )
+    )
+    session.execute(
+        insert(UsageRollupKeyless).from_select(
+            ["request_id", "started_at"],
+            select(Call.request_id, Call.started_at).where(
+                Call.settled.is_(True), Call.started_at.is_not(None), keyless
+            ),
+        )
+    )
 
 
 def _summed(table: Table, head: list[Any], groups: list[Any], where: Any) -> Any:
@@ -360,4 +408,3 @@ def dump(session: Session) -> dict[str, set[tuple[Any, ...]]]:
     rows = session.execute(select(_KEYLESS))
     result[_KEYLESS.name] = {tuple(row) for row in rows}
     return result
-

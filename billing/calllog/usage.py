@@ -88,9 +88,7 @@ class UsageQuery:
             raise ValueError("since and until must be timezone-aware")
         if self.until <= self.since:
             raise ValueError("until must be after since")
-        if not set(self.group_by) <= set(GROUP_BY) or len(set(self.group_by)) < len(
-            self.group_by
-        ):
+        if not set(self.group_by) <= set(GROUP_BY) or len(set(self.group_by)) < len(self.group_by):
             raise ValueError(f"group_by takes each of {', '.join(GROUP_BY)} at most once")
         if self.basis not in BASES:
             raise ValueError(f"basis is one of {', '.join(BASES)}")
@@ -175,8 +173,9 @@ def usage_rows(session: Session, query: UsageQuery) -> list[UsageRow]:
     starts = [s.start for s in segments]
     for placed in _read_raw(session, query, windows):
         named = {"api_key_id": placed.api_key_id, "model": placed.model}
-        groups.add(bisect_right(starts, placed.at) - 1, tuple(named[d] for d in dims),
-                   placed.totals)
+        groups.add(
+            bisect_right(starts, placed.at) - 1, tuple(named[d] for d in dims), placed.totals
+        )
     return groups.rows(query, segments, times)
 
 
@@ -184,11 +183,16 @@ def _check_size(query: UsageQuery, finest: str | None) -> None:
     span = query.until - query.since
     approx = {"hour": span / timedelta(hours=1), "day": span / timedelta(days=1)}
     if finest in approx and approx[finest] > MAX_PERIODS:
-        raise ValidationFailed([FieldError(
-            None, "query.group_by",
-            f"grouping by {finest} over this period makes more than {MAX_PERIODS} periods; "
-            "shorten the period or group by a longer period",
-        )])
+        raise ValidationFailed(
+            [
+                FieldError(
+                    None,
+                    "query.group_by",
+                    f"grouping by {finest} over this period makes more than {MAX_PERIODS} periods; "
+                    "shorten the period or group by a longer period",
+                )
+            ]
+        )
 
 
 class _Groups:
@@ -232,17 +236,22 @@ class _Groups:
             named = {**dict(zip(self.dims, values, strict=True)), **labels[seg]}
             unpriced = count["unpriced"]
             unknown = unpriced > 0 if query.basis == CALL_START else unpriced == count["members"]
-            result.append(UsageRow(
-                group=tuple((name, named[name]) for name in query.group_by),
-                calls=count["calls"],
-                tokens={name: count[name] for name in TOKEN_FIELDS},
-                cost_pusd=None if unknown else totals.cost_pusd,
-            ))
+            result.append(
+                UsageRow(
+                    group=tuple((name, named[name]) for name in query.group_by),
+                    calls=count["calls"],
+                    tokens={name: count[name] for name in TOKEN_FIELDS},
+                    cost_pusd=None if unknown else totals.cost_pusd,
+                )
+            )
         return result
 
 
 def _read_rollups(
-    session: Session, query: UsageQuery, runs: Sequence[Run], dims: Sequence[str],
+    session: Session,
+    query: UsageQuery,
+    runs: Sequence[Run],
+    dims: Sequence[str],
     groups: _Groups,
 ) -> None:
     """Sum the rollup rows of every run per (segment, group-by keys), in SQL: the runs are a
@@ -261,14 +270,19 @@ def _read_rollups(
     width = len(dims)
     for i in range(0, len(runs), _RUNS_PER_QUERY):
         pieces = _pieces(runs[i : i + _RUNS_PER_QUERY], dialect)
-        in_run = [c.level == pieces.c.lvl, c.bucket_start >= pieces.c.lo,
-                  c.bucket_start < pieces.c.hi]
+        in_run = [
+            c.level == pieces.c.lvl,
+            c.bucket_start >= pieces.c.lo,
+            c.bucket_start < pieces.c.hi,
+        ]
         if dialect == "postgresql":
             # A plain join is hashed over every rollup row of the key; an aggregating LATERAL
             # (one PostgreSQL cannot flatten) reads one index range per run, as SQLite does.
             matched = (
                 select(*(c[d] for d in dims), *(func.sum(c[n]).label(n) for n in summed))
-                .where(*fixed, *in_run).group_by(*(c[d] for d in dims)).lateral()
+                .where(*fixed, *in_run)
+                .group_by(*(c[d] for d in dims))
+                .lateral()
             )
             source: Any = pieces.join(matched, true())
             m = matched.c
@@ -283,14 +297,18 @@ def _read_rollups(
         for seg, *row in session.execute(statement):
             *counts, whole, frac = (int(value or 0) for value in row[width:])
             # '' is how the rollups hold a null key or model
-            groups.add(seg, tuple(value or None for value in row[:width]),
-                       Totals(counts, whole * PICO + frac))
+            groups.add(
+                seg,
+                tuple(value or None for value in row[:width]),
+                Totals(counts, whole * PICO + frac),
+            )
 
 
 def _pieces(runs: Sequence[Run], dialect: str) -> Any:
     """The runs as a ``VALUES`` table (seg, lvl, lo, hi). Its values are integers and instants
     this module made, written as SQL literals: a statement with hundreds of bound parameters
     would cost more to compile than to run."""
+
     def instant(t: datetime) -> str:
         if dialect == "postgresql":
             return f"TIMESTAMPTZ '{t.isoformat()}'"
@@ -300,10 +318,16 @@ def _pieces(runs: Sequence[Run], dialect: str) -> Any:
         f"({int(r.seg)}, {int(r.level)}, {instant(r.start)}, {instant(r.end)})" for r in runs
     )
     return (
-        text(f"SELECT column1 AS seg, column2 AS lvl, column3 AS lo, column4 AS hi "
-             f"FROM (VALUES {rows}) AS v")
-        .columns(column("seg", Integer), column("lvl", Integer), column("lo", UTCDateTime),
-                 column("hi", UTCDateTime))
+        text(
+            f"SELECT column1 AS seg, column2 AS lvl, column3 AS lo, column4 AS hi "
+            f"FROM (VALUES {rows}) AS v"
+        )
+        .columns(
+            column("seg", Integer),
+            column("lvl", Integer),
+            column("lo", UTCDateTime),
+            column("hi", UTCDateTime),
+        )
         .subquery("pieces")
     )
 
@@ -329,9 +353,9 @@ def _read_raw(session: Session, query: UsageQuery, windows: Sequence[Window]) ->
         for row in session.scalars(statement)
     ]
     return [
-        p for p in placed
+        p
+        for p in placed
         if p is not None
         and (query.api_key_id is None or p.api_key_id == query.api_key_id)
         and (query.model is None or p.model == query.model)
     ]
-

@@ -88,8 +88,14 @@ def plan_entries(
     """
     if not has_entries:
         return [
-            NewEntry("settlement", settle_reason, line.key, line.tokens, line.price,
-                     _cost(line.tokens, line.price))
+            NewEntry(
+                "settlement",
+                settle_reason,
+                line.key,
+                line.tokens,
+                line.price,
+                _cost(line.tokens, line.price),
+            )
             for line in sorted(target, key=lambda line: line.key.sort_key())
         ]
     live = {key: tokens for key, tokens in booked.items() if not tokens.is_zero()}
@@ -109,8 +115,9 @@ def plan_entries(
         # A line booked at zero tokens (settled before any usage of it) is still a booked line.
         if key in booked and line is not None:
             reason = _late(delta)
-            entries.append(NewEntry("adjustment", reason, key, delta, line.price,
-                                    _cost(delta, line.price)))
+            entries.append(
+                NewEntry("adjustment", reason, key, delta, line.price, _cost(delta, line.price))
+            )
         elif line is None:
             price = booked_prices.get(key)
             reason = "reversal: the call's api key, model or price changed"
@@ -121,16 +128,19 @@ def plan_entries(
                 if line.price is not None
                 else "re-booked without a price"
             )
-            entries.append(NewEntry("adjustment", reason, key, delta, line.price,
-                                    _cost(delta, line.price)))
+            entries.append(
+                NewEntry("adjustment", reason, key, delta, line.price, _cost(delta, line.price))
+            )
         elif not reversing:
             reason = _late(delta)
-            entries.append(NewEntry("adjustment", reason, key, delta, line.price,
-                                    _cost(delta, line.price)))
+            entries.append(
+                NewEntry("adjustment", reason, key, delta, line.price, _cost(delta, line.price))
+            )
         else:
             reason = "settled again after the call's api key or model changed"
-            entries.append(NewEntry("settlement", reason, key, delta, line.price,
-                                    _cost(delta, line.price)))
+            entries.append(
+                NewEntry("settlement", reason, key, delta, line.price, _cost(delta, line.price))
+            )
     # Reversals first, so the entries read in the order an accountant would book them.
     entries.sort(key=lambda e: 0 if e.reason.startswith("reversal") else 1)
     return entries

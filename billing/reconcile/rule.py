@@ -209,9 +209,7 @@ def reconcile_call(request_id: str, events: Iterable[Event]) -> CallFigures:
     # The call is named by the lowest attempt's stream.started (its first one if repeated).
     first = min(starts, key=lambda e: (e.attempt, e.occurred_at, e.event_id), default=None)
     call_model = first.model if first else None
-    attempts = tuple(
-        _attempt_figures(n, by_attempt[n], call_model) for n in sorted(by_attempt)
-    )
+    attempts = tuple(_attempt_figures(n, by_attempt[n], call_model) for n in sorted(by_attempt))
     total = Tokens()
     for figures in attempts:
         total = total + figures.tokens

@@ -69,9 +69,7 @@ def _count(metrics: Metrics | None, step: StepResult) -> None:
         metrics.adjustments.inc(step.adjusted)
 
 
-def _one_by_one(
-    sessions: sessionmaker[Session], settings: Settings, clock: datetime
-) -> StepResult:
+def _one_by_one(sessions: sessionmaker[Session], settings: Settings, clock: datetime) -> StepResult:
     """Reconcile the due calls each in its own transaction; a failing call is logged and skipped
     (it stays pending, so the next pass tries it again)."""
     with read_transaction(sessions) as session:
@@ -83,7 +81,9 @@ def _one_by_one(
         try:
             with write_transaction(sessions) as session:
                 if lock_call(session, request_id):
-                    total.add(reconcile_calls(session, [request_id], clock, settings.settle_after_s))
+                    total.add(
+                        reconcile_calls(session, [request_id], clock, settings.settle_after_s)
+                    )
         except Exception as error:
             if is_unavailable(error):
                 raise

@@ -20,7 +20,7 @@ from billing.calllog import rollups
 from billing.ingest.schemas import Event as EventModel
 from billing.pricing.prices import PriceBook, PriceRow, prices_by_id
 from billing.reconcile.ledger import Line, LineKey, NewEntry, plan_entries
-from billing.reconcile.rule import UNPRICED, CallFigures, Tokens, reconcile_call
+from billing.reconcile.rule import TOKEN_FIELDS, UNPRICED, CallFigures, Tokens, reconcile_call
 from billing.storage.models import Call, CallAttempt, Event, LedgerEntry
 
 _event_adapter: TypeAdapter[EventModel] = TypeAdapter(EventModel)
@@ -82,18 +82,7 @@ class _Booked:
     max_seq: int = 0
 
 
-_SUMS = [
-    func.sum(getattr(LedgerEntry, name))
-    for name in (
-        "input_tokens",
-        "cache_read_input_tokens",
-        "cache_creation_input_tokens",
-        "output_tokens_billed",
-        "output_tokens_delivered",
-        "output_tokens_undelivered",
-        "reasoning_tokens",
-    )
-]
+_SUMS = [func.sum(getattr(LedgerEntry, name)) for name in TOKEN_FIELDS]
 
 
 def _load_booked(session: Session, request_ids: Sequence[str]) -> dict[str, _Booked]:
@@ -169,9 +158,10 @@ def reconcile_calls(
     result = StepResult(examined=len(request_ids))
     if not request_ids:
         return result
-    calls = {c.request_id: c for c in session.scalars(
-        select(Call).where(Call.request_id.in_(request_ids))
-    )}
+    calls = {
+        c.request_id: c
+        for c in session.scalars(select(Call).where(Call.request_id.in_(request_ids)))
+    }
     rolled_up = rollups.before_step(session, calls.values())
     events = load_events(session, request_ids)
     figures = {rid: reconcile_call(rid, evs) for rid, evs in events.items() if evs}
@@ -196,7 +186,9 @@ def reconcile_calls(
                 if fig.complete
                 else f"settled: no event for {settle_after_s:g} s"
             )
-            planned = plan_entries(lines, record.tokens, record.prices, request_id in booked, reason)
+            planned = plan_entries(
+                lines, record.tokens, record.prices, request_id in booked, reason
+            )
             seq = record.max_seq
             for new in planned:
                 seq += 1
@@ -214,7 +206,9 @@ def reconcile_calls(
     return result
 
 
-def _entry(request_id: str, seq: int, new: NewEntry, fig: CallFigures, now: datetime) -> LedgerEntry:
+def _entry(
+    request_id: str, seq: int, new: NewEntry, fig: CallFigures, now: datetime
+) -> LedgerEntry:
     price = new.price
     return LedgerEntry(
         request_id=request_id,
@@ -308,7 +302,6 @@ def mark_model_pending(session: Session, model: str, effective_from: datetime) -
         .values(pending=True, change_seq=Call.change_seq + 1)
     )
     return int(getattr(marked, "rowcount", 0) or 0)
-
 
 
 def lock_call(session: Session, request_id: str) -> bool:
