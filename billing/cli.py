@@ -2,25 +2,39 @@
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
+import os
 import sys
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 import uvicorn
 from pydantic import ValidationError
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+)
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from billing.auth.tokens import active_token_count, create_token, list_tokens, revoke_token
-from billing.errors import BillingError
+from billing.auth.tokens import create_token, list_tokens, revoke_token, token_count
+from billing.errors import BillingError, ValidationFailed
+from billing.export.params import KINDS, parse_params
+from billing.export.service import ExportStats, count_entries, export_chunks, period_label
 from billing.pricing.prices import PriceIn
 from billing.pricing.service import record_price
 from billing.reconcile.runner import run_pass
-
+from billing.replay import DEFAULT_URL, ReplayError, fetch_call
+from billing.replay import replay as replay_stream
 from billing.settings import Settings, SettingsError, get_settings
 from billing.storage.db import make_engine, make_sessionmaker, read_transaction, write_transaction
 from billing.storage.migrate import upgrade_to_head
@@ -86,7 +100,7 @@ def serve(
     settings = load_settings()
     migrate_or_fail(settings)
     with read_transaction(_open(settings)) as session:
-        tokens = active_token_count(session)
+        tokens = token_count(session)
     if tokens == 0:
         if not _is_loopback(host):
             fail(
@@ -103,15 +117,58 @@ def serve(
         err=True,
     )
     uvicorn.run(
-        "billing.api.server:app",
+        "billing.cli:server_app",
+        factory=True,
         host=host,
         port=port,
         workers=workers,
-        log_level=settings.log_level,
-        access_log=False,
-        proxy_headers=False,
-        server_header=False,
+        **uvicorn_options(settings.log_level),
     )
+
+
+def server_app() -> object:
+    """The ASGI app of ``billing serve`` (``billing.api.server:app``), loaded in each worker.
+
+    The heap built at start (modules, the app, validators: hundreds of thousands of objects that
+    live as long as the process) is moved out of the cyclic garbage collector's reach with
+    ``gc.freeze()``: otherwise every full collection walks it again, an ~80 ms pause that lands
+    in the acknowledgement latency of ingest several times a second under load.
+    """
+    import gc
+
+    from billing.api.server import app as server
+
+    gc.collect()
+    gc.freeze()
+    return server
+
+
+def uvicorn_options(log_level: str) -> dict[str, Any]:
+    """The uvicorn settings of ``billing serve`` (also used by bench/ingest.py's HTTP ceiling).
+
+    uvloop and httptools when installed (``uvicorn[standard]`` brings both), no access log, no
+    proxy headers, no ``Server`` header.
+    """
+    try:
+        import uvloop  # noqa: F401
+
+        loop = "uvloop"
+    except ImportError:  # pragma: no cover - uvicorn[standard] ships it
+        loop = "asyncio"
+    try:
+        import httptools  # noqa: F401
+
+        http = "httptools"
+    except ImportError:  # pragma: no cover
+        http = "h11"
+    return {
+        "log_level": log_level,
+        "access_log": False,
+        "proxy_headers": False,
+        "server_header": False,
+        "loop": loop,
+        "http": http,
+    }
 
 
 @app.command()
@@ -122,7 +179,9 @@ def migrate() -> None:
     typer.echo(f"billing: database at migration head ({_safe(settings.database_url)})", err=True)
 
 
-tokens_app = typer.Typer(help="API tokens (roles: ingest, read, export, admin).", no_args_is_help=True)
+tokens_app = typer.Typer(
+    help="API tokens (roles: ingest, read, export, admin).", no_args_is_help=True
+)
 app.add_typer(tokens_app, name="tokens")
 
 
@@ -140,7 +199,9 @@ def tokens_create(
     except ValueError as error:
         fail(str(error), 2)
     typer.echo(secret)
-    typer.echo(f"billing: created token {info.id} (role {info.role}); it is shown only once", err=True)
+    typer.echo(
+        f"billing: created token {info.id} (role {info.role}); it is shown only once", err=True
+    )
 
 
 @tokens_app.command("list")
@@ -179,9 +240,9 @@ def _open(settings: Settings) -> sessionmaker[Session]:
 
 @prices_app.command("load")
 def prices_load(
-    file: Annotated[Path, typer.Argument(help="A JSON list of price objects (as POST /v1/prices).")],
+    file: Annotated[Path, typer.Argument(help="A JSON list of prices (as POST /v1/prices).")],
 ) -> None:
-    """Load prices from FILE; an identical price already stored is skipped, a different one fails."""
+    """Load prices from FILE; an identical stored price is skipped, a different one fails."""
     settings = load_settings()
     try:
         document = json.loads(file.read_text())
@@ -204,7 +265,8 @@ def prices_load(
                 created += record_price(session, price, now)[1]
     except BillingError as error:
         fail(str(error))
-    typer.echo(f"billing: {created} price(s) added, {len(prices) - created} already present", err=True)
+    present = len(prices) - created
+    typer.echo(f"billing: {created} price(s) added, {present} already present", err=True)
 
 
 @app.command()
@@ -221,6 +283,179 @@ def reconcile() -> None:
             {"examined": result.examined, "settled": result.settled, "adjusted": result.adjusted}
         )
     )
+
+
+_EXPORT_FLAGS = {
+    "query.since": "--since",
+    "query.until": "--until",
+    "query.group_by": "--group-by",
+    "query.tz": "--tz",
+}
+
+
+def _write_export(chunks: Iterator[bytes], output: Path | None) -> tuple[int, str]:
+    """Write the CSV chunks to ``output`` (atomically) or to standard output; (bytes, sha256)."""
+    digest = hashlib.sha256()
+    size = 0
+    if output is None:
+        stream = typer.get_binary_stream("stdout")
+        for chunk in chunks:
+            stream.write(chunk)
+            digest.update(chunk)
+            size += len(chunk)
+        stream.flush()
+        return size, digest.hexdigest()
+    partial = output.with_name(output.name + ".partial")
+    try:
+        with partial.open("wb") as file:
+            for chunk in chunks:
+                file.write(chunk)
+                digest.update(chunk)
+                size += len(chunk)
+        os.replace(partial, output)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    return size, digest.hexdigest()
+
+
+@app.command("export")
+def export(
+    kind: Annotated[
+        str, typer.Argument(help="usage (rows per group) or calls (one row per ledger entry).")
+    ] = "usage",
+    since: Annotated[
+        str | None, typer.Option(help="Period start (inclusive), RFC 3339 with offset.")
+    ] = None,
+    until: Annotated[
+        str | None, typer.Option(help="Period end (exclusive), RFC 3339 with offset.")
+    ] = None,
+    group_by: Annotated[
+        str | None,
+        typer.Option(
+            help="usage: comma list of api_key_id, model, hour, day, month "
+            "(default day,api_key_id,model)."
+        ),
+    ] = None,
+    tz: Annotated[
+        str | None, typer.Option(help="usage: IANA zone where buckets begin (default UTC).")
+    ] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option(help="Write the CSV to FILE and a manifest to FILE.manifest.json."),
+    ] = None,
+) -> None:
+    """Export the ledger booked in [since, until) as CSV: the bytes of GET /v1/exports/KIND.csv.
+
+    The CSV goes to standard output, or with --output to FILE plus a manifest FILE.manifest.json.
+
+    The manifest holds the parameters, closed or provisional, rows, token and cost totals, SHA-256.
+    """
+    settings = load_settings()
+    if kind not in KINDS:
+        fail(f"unknown export {kind!r}: use usage or calls")
+    if kind == "calls" and (group_by is not None or tz is not None):
+        fail("--group-by and --tz apply to usage exports only")
+    try:
+        params = parse_params("calls" if kind == "calls" else "usage", since, until, group_by, tz)
+    except ValidationFailed as error:
+        fail("; ".join(f"{_EXPORT_FLAGS.get(e.path, e.path)} {e.message}" for e in error.errors))
+    migrate_or_fail(settings)
+    sessions = _open(settings)
+    now = datetime.now(UTC)
+    period = period_label(params, now, settings.close_lag_s)
+    stats = ExportStats()
+    try:
+        if sys.stderr.isatty():
+            total = count_entries(sessions, params)
+            columns = (
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeRemainingColumn(),
+            )
+            with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+                task = bar.add_task(f"exporting {kind}", total=total)
+                chunks = export_chunks(sessions, params, stats, lambda n: bar.advance(task, n))
+                size, sha256 = _write_export(chunks, output)
+        else:
+            size, sha256 = _write_export(export_chunks(sessions, params, stats), output)
+    except SQLAlchemyError as error:
+        fail(f"export failed: {str(getattr(error, 'orig', error)).strip().splitlines()[0]}")
+    except OSError as error:
+        fail(f"cannot write {output}: {error.strerror or error}")
+    if output is None:
+        typer.echo(f"billing: {stats.rows} row(s), {period} period", err=True)
+        return
+    manifest_path = output.with_name(output.name + ".manifest.json")
+    manifest = {
+        "file": output.name,
+        **params.as_json(),
+        "period": period,
+        "exported_at": now.isoformat().replace("+00:00", "Z"),
+        "close_lag_s": settings.close_lag_s,
+        **stats.as_json(),
+        "bytes": size,
+        "sha256": sha256,
+    }
+    try:
+        manifest_path.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    except OSError as error:
+        fail(f"cannot write {manifest_path}: {error.strerror or error}")
+    typer.echo(
+        f"billing: {stats.rows} row(s), {period} period, written to {output} "
+        f"(manifest {manifest_path.name}, sha256 {sha256})",
+        err=True,
+    )
+
+
+@app.command()
+def replay(
+    file: Annotated[Path, typer.Argument(help="A recorded SSE response body (e.g. x.sse).")],
+    protocol: Annotated[
+        str, typer.Option(help="openai.chat_completions, openai.responses or anthropic.messages.")
+    ],
+    api_key_id: Annotated[str, typer.Option("--api-key-id", help="The customer's key id.")],
+    model: Annotated[
+        str | None, typer.Option(help="Model for stream.started (default: from the stream).")
+    ] = None,
+    request_id: Annotated[
+        str | None, typer.Option("--request-id", help="Call id (default: replay-<uuid4 hex>).")
+    ] = None,
+    disconnect_after: Annotated[
+        int | None,
+        typer.Option(
+            "--disconnect-after",
+            help="The client leaves once N output tokens were delivered (by the tap's count).",
+        ),
+    ] = None,
+    url: Annotated[str, typer.Option(help="The billing service.")] = DEFAULT_URL,
+    token: Annotated[
+        str | None,
+        typer.Option(envvar="BILLING_TOKEN", help="Bearer token (admin to settle and read)."),
+    ] = None,
+) -> None:
+    """Play a recorded stream to a running service as a gateway would; print the request id,
+    then the call (JSON) after one reconciliation pass."""
+    try:
+        result = replay_stream(
+            file,
+            protocol=protocol,
+            api_key_id=api_key_id,
+            url=url,
+            token=token,
+            model=model,
+            request_id=request_id,
+            disconnect_after=disconnect_after,
+        )
+    except ReplayError as error:
+        fail(str(error))
+    typer.echo(result.request_id)
+    try:
+        call = fetch_call(result.request_id, url=url, token=token)
+    except ReplayError as error:
+        fail(str(error))
+    typer.echo(json.dumps(call, indent=2))
 
 
 def main() -> None:

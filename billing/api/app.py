@@ -10,12 +10,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from billing.api import calls, errors, events, health, prices, reconcile
+from billing.api import calls, errors, events, exports, health, prices, reconcile, usage
 from billing.api.state import AppState
 from billing.auth.guard import TokenCache
 from billing.metrics import Metrics
@@ -28,11 +28,18 @@ log = logging.getLogger("billing")
 
 
 class _LatencyMiddleware:
-    """Observes every HTTP request's latency, labelled by route template and status."""
+    """Observes every HTTP request's latency, labelled by route template and status.
+
+    ``POST /v1/events`` — the one route gateways call thousands of times a second — is answered
+    here by ``events.serve_ingest`` (the same guard, handler and error rendering as the routed
+    endpoint, which stays registered for the OpenAPI schema): routing, dependency solving and
+    the exception middleware cost more than the rest of a single-event post.
+    """
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
         self.metrics = metrics
+        self._observers: dict[tuple[str, str, int], Any] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -47,14 +54,28 @@ class _LatencyMiddleware:
                 status = message["status"]
             await send(message)
 
+        ingest = (
+            scope["path"] == events.PATH
+            and scope["method"] == "POST"
+            and not scope.get("root_path")
+            and "app" in scope
+        )
         try:
-            await self.app(scope, receive, send_wrapper)
+            if ingest:
+                state = scope["app"].state.billing
+                response = await events.serve_ingest(Request(scope, receive), state)
+                await response(scope, receive, send_wrapper)
+            else:
+                await self.app(scope, receive, send_wrapper)
         finally:
-            route = scope.get("route")
-            path = getattr(route, "path", "unmatched")
-            self.metrics.request_latency.labels(scope["method"], path, str(status)).observe(
-                time.perf_counter() - started
-            )
+            path = events.PATH if ingest else getattr(scope.get("route"), "path", "unmatched")
+            key = (scope["method"], path, status)
+            observer = self._observers.get(key)
+            if observer is None:
+                observer = self.metrics.request_latency.labels(scope["method"], path, str(status))
+                if len(self._observers) < 1000:
+                    self._observers[key] = observer
+            observer.observe(time.perf_counter() - started)
 
 
 def create_app(settings: Settings | None = None, *, background: bool = False) -> FastAPI:
@@ -104,7 +125,7 @@ def create_app(settings: Settings | None = None, *, background: bool = False) ->
     return app
 
 
-_ROUTERS: list[Any] = [events, calls, prices, reconcile, health]
+_ROUTERS: list[Any] = [events, calls, usage, prices, reconcile, health, exports]
 
 
 async def _reconcile_loop(state: AppState) -> None:

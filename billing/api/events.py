@@ -2,21 +2,37 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import threading
 from datetime import UTC, datetime
-from typing import Annotated
 
+import orjson
 from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 
-from billing.api.state import AppState, get_state
+from billing.api.state import AppState
 from billing.auth.guard import allow
-from billing.errors import BillingError, EventConflict, TooLarge
-from billing.ingest.service import IngestResult, store_batch
+from billing.errors import BillingError, EventConflict, TooLarge, Unavailable
+from billing.ingest.service import IngestResult, PreparedBatch, prepare_batch
 from billing.ingest.validation import MAX_BODY_BYTES, parse_batch
-from billing.storage.db import write_transaction
+from billing.ingest.writer import GroupWriter, new_writer
+from billing.storage.db import is_unavailable
 
 router = APIRouter()
+log = logging.getLogger("billing.api")
+
+#: The route answered by ``serve_ingest`` (see ``billing.api.app``'s middleware).
+PATH = "/v1/events"
+
+#: Bodies up to this size are validated on the event loop (a thread hop costs more than the
+#: work); larger ones in the thread pool, so that a 1000-event batch does not stall the loop.
+INLINE_PARSE_BYTES = 16 * 1024
+
+_writer_lock = threading.Lock()
 
 
 class IngestReply(BaseModel):
@@ -41,21 +57,57 @@ async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
     return b"".join(chunks)
 
 
-def ingest(state: AppState, body: bytes) -> IngestResult:
-    """Validate and store one batch in one transaction; committed before this returns."""
-    now = datetime.now(UTC)
-    try:
-        batch = parse_batch(body, now)
-        with write_transaction(state.sessions) as session:
-            result = store_batch(session, batch, now)
-    except BillingError as error:
-        reason = {409: "conflict", 413: "too_large", 422: "invalid"}.get(error.status)
-        if reason is not None:
-            count = len(error.conflicts) if isinstance(error, EventConflict) else 1
-            state.metrics.events_rejected.labels(reason).inc(count)
-        raise
+_allow_ingest = allow("ingest")
+
+
+async def ingest_guard(request: Request) -> None:
+    """``allow("ingest")`` as an async dependency: FastAPI runs a plain ``def`` dependency in the
+    thread pool, two thread hops per post; the check is a cache lookup (it reads the token table
+    at most once per cache period), so it runs on the event loop."""
+    _allow_ingest(request)
+
+
+ingest_guard.allowed_roles = _allow_ingest.allowed_roles  # type: ignore[attr-defined]
+
+
+def writer_of(state: AppState) -> GroupWriter:
+    """The app's group-commit writer (created on first use)."""
+    writer: GroupWriter | None = getattr(state, "ingest_writer", None)
+    if writer is None:
+        with _writer_lock:
+            writer = getattr(state, "ingest_writer", None)
+            if writer is None:
+                writer = new_writer(state.sessions, state.engine.dialect.name)
+                state.ingest_writer = writer  # type: ignore[attr-defined]
+    return writer
+
+
+def prepare(body: bytes, now: datetime) -> PreparedBatch:
+    """Validate and hash a body (CPU only): 413/422/409-in-batch are raised here."""
+    return prepare_batch(parse_batch(body, now), now)
+
+
+def _count_rejected(state: AppState, error: BillingError) -> None:
+    reason = {409: "conflict", 413: "too_large", 422: "invalid"}.get(error.status)
+    if reason is not None:
+        count = len(error.conflicts) if isinstance(error, EventConflict) else 1
+        state.metrics.events_rejected.labels(reason).inc(count)
+
+
+def _count_stored(state: AppState, result: IngestResult) -> None:
     state.metrics.events_accepted.inc(result.accepted)
     state.metrics.events_duplicate.inc(result.duplicates)
+
+
+def ingest(state: AppState, body: bytes) -> IngestResult:
+    """Validate and store one batch; committed before this returns (blocking form)."""
+    try:
+        batch = prepare(body, datetime.now(UTC))
+        result = writer_of(state).submit(batch).result()
+    except BillingError as error:
+        _count_rejected(state, error)
+        raise
+    _count_stored(state, result)
     return result
 
 
@@ -63,13 +115,53 @@ def ingest(state: AppState, body: bytes) -> IngestResult:
     "/v1/events",
     response_model=IngestReply,
     summary="Ingest a batch of 1–1000 lifecycle events",
-    dependencies=[Depends(allow("ingest"))],
+    dependencies=[Depends(ingest_guard)],
     responses={409: {}, 413: {}, 422: {}, 503: {}},
 )
-async def post_events(
-    request: Request, state: Annotated[AppState, Depends(get_state)]
-) -> IngestReply:
-    """Store a batch atomically and idempotently; see CONTRACT "Ingest"."""
+async def post_events(request: Request) -> Response:
+    """Store a batch atomically and idempotently; see CONTRACT "Ingest".
+
+    Answered once the batch is committed: it shares the transaction (and the disk flush) with the
+    batches posted at the same time (``billing.ingest.writer``).
+    """
+    state: AppState = request.app.state.billing
     body = await read_body(request)
-    result = await run_in_threadpool(ingest, state, body)
-    return IngestReply(accepted=result.accepted, duplicates=result.duplicates)
+    now = datetime.now(UTC)
+    try:
+        if len(body) <= INLINE_PARSE_BYTES:
+            batch = prepare(body, now)
+        else:
+            batch = await run_in_threadpool(prepare, body, now)
+        result = await asyncio.wrap_future(writer_of(state).submit(batch))
+    except BillingError as error:
+        _count_rejected(state, error)
+        raise
+    _count_stored(state, result)
+    return Response(
+        orjson.dumps({"accepted": result.accepted, "duplicates": result.duplicates}),
+        media_type="application/json",
+    )
+
+
+def _render(error: BillingError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers())
+
+
+async def serve_ingest(request: Request, state: AppState) -> Response:
+    """``POST /v1/events`` in full, without the framework's routing and dependency machinery.
+
+    The app's middleware sends this one hot route here: the same guard, the same handler, and
+    the same error rendering as the exception handlers of ``billing.api.errors`` (a domain error
+    as its JSON body and status, an unavailable database as 503 with ``Retry-After``); any other
+    exception propagates as it would from the route (a 500).
+    """
+    try:
+        _allow_ingest(request)
+        return await post_events(request)
+    except BillingError as error:
+        return _render(error)
+    except SQLAlchemyError as error:
+        if is_unavailable(error):
+            log.warning("database unavailable: %s", type(error).__name__)
+            return _render(Unavailable(state.settings.db_retry_after_s))
+        raise

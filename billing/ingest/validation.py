@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 from pydantic import TypeAdapter, ValidationError
@@ -22,8 +21,7 @@ MAX_FUTURE = timedelta(minutes=5)
 _event_adapter: TypeAdapter[Event] = TypeAdapter(Event)
 
 
-@dataclass(frozen=True)
-class ParsedEvent:
+class ParsedEvent(NamedTuple):
     """A validated event with the JSON object the gateway sent (``raw``, key order kept)."""
 
     event: Event

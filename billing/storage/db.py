@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import sqlite3
+import threading
+import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -27,12 +30,20 @@ def make_engine(settings: Settings) -> Engine:
     if url.startswith("sqlite"):
         engine = create_engine(
             url,
-            connect_args={"timeout": settings.sqlite_busy_timeout_ms / 1000, "check_same_thread": False},
+            connect_args={
+                "timeout": settings.sqlite_busy_timeout_ms / 1000,
+                "check_same_thread": False,
+            },
             pool_size=settings.db_pool_size,
             max_overflow=20,
             pool_pre_ping=False,
         )
         _configure_sqlite(engine, settings.sqlite_busy_timeout_ms)
+        lock = threading.RLock()
+        _WRITE_LOCKS[engine] = lock
+        path = engine.url.database
+        if path and path != ":memory:" and not path.startswith("file:"):
+            _CHECKPOINTERS[engine] = _Checkpointer(path, lock, settings.sqlite_busy_timeout_ms)
         return engine
     return create_engine(
         url,
@@ -54,6 +65,9 @@ def _configure_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
         cursor.execute("PRAGMA synchronous=FULL")
         cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
         cursor.execute("PRAGMA foreign_keys=ON")
+        # Checkpoints run in the background (``_Checkpointer``), off the committing request's
+        # path; this is only the fallback for writes that do not go through write_transaction.
+        cursor.execute(f"PRAGMA wal_autocheckpoint={_FALLBACK_AUTOCHECKPOINT_PAGES}")
         cursor.close()
 
     @event.listens_for(engine, "begin")
@@ -67,13 +81,115 @@ def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False, autoflush=False)
 
 
+#: WAL size (pages) at which a writer connection checkpoints by itself (SQLite's default is 1000):
+#: only reached when the background checkpointer is not running.
+_FALLBACK_AUTOCHECKPOINT_PAGES = 16384
+#: The background checkpointer's cadence, the WAL size (frames) above which it restarts the WAL
+#: (so that writers reuse the file from its start instead of growing it), and its idle exit.
+_CHECKPOINT_EVERY_S = 1.0
+_RESTART_AT_FRAMES = 4096
+_CHECKPOINT_IDLE_S = 2.0
+_RESTART_WAIT_MS = 50
+
+
+class _Checkpointer:
+    """Background WAL checkpoints for one SQLite file, so commits only append to the WAL.
+
+    A commit with ``synchronous=FULL`` writes its pages to the WAL and flushes it: that is what
+    makes an acknowledged event durable, and it is unchanged. Copying the WAL back into the
+    database file (a checkpoint) is separate work that SQLite would otherwise do inside a commit
+    every 1000 pages; here a thread does it every ``_CHECKPOINT_EVERY_S`` while writes happen
+    (``PASSIVE``: writers carry on meanwhile), then restarts the WAL under the in-process write lock
+    once it is large. The thread ends after ``_CHECKPOINT_IDLE_S`` without a write.
+    """
+
+    def __init__(self, path: str, lock: threading.RLock, busy_timeout_ms: int) -> None:
+        self._path = path
+        self._lock = lock
+        self._busy_timeout_ms = busy_timeout_ms
+        self._guard = threading.Lock()
+        self._running = False
+        self._last_write = 0.0
+
+    def poke(self) -> None:
+        """A write was committed: make sure the checkpointer runs."""
+        self._last_write = time.monotonic()
+        if self._running:
+            return
+        with self._guard:
+            if self._running:
+                return
+            self._running = True
+        threading.Thread(target=self._run, name="billing-sqlite-checkpoint", daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            # A short busy timeout: RESTART waits for readers still on the old WAL (an export
+            # can read for minutes) while this thread holds the in-process write lock, so it
+            # gives up quickly and tries again at the next round instead.
+            conn = sqlite3.connect(
+                self._path,
+                isolation_level=None,
+                check_same_thread=False,
+                timeout=min(self._busy_timeout_ms, _RESTART_WAIT_MS) / 1000,
+            )
+        except sqlite3.Error:
+            with self._guard:
+                self._running = False
+            return
+        try:
+            conn.execute("PRAGMA synchronous=FULL")
+            while True:
+                time.sleep(_CHECKPOINT_EVERY_S)
+                idle = time.monotonic() - self._last_write > _CHECKPOINT_IDLE_S
+                try:
+                    _, frames, _ = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                    if frames >= _RESTART_AT_FRAMES:
+                        with self._lock:
+                            conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+                except sqlite3.Error:
+                    pass  # busy or locked: the next round tries again
+                if idle:
+                    with self._guard:
+                        if time.monotonic() - self._last_write > _CHECKPOINT_IDLE_S:
+                            self._running = False
+                            return
+        finally:
+            conn.close()
+
+
+_CHECKPOINTERS: weakref.WeakKeyDictionary[Engine, _Checkpointer] = weakref.WeakKeyDictionary()
+
+
+#: One lock per SQLite engine: the threads of a process take turns at the write lock here, instead
+#: of polling it through SQLite's busy handler (which sleeps up to 100 ms between tries). Other
+#: processes on the same file still queue through the busy timeout.
+_WRITE_LOCKS: weakref.WeakKeyDictionary[Engine, threading.RLock] = weakref.WeakKeyDictionary()
+
+
 @contextmanager
 def write_transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
     """One write transaction: commits on success, rolls back on any exception.
 
     On SQLite it begins with ``BEGIN IMMEDIATE`` (the write lock is taken up front, so concurrent
-    writers wait up to the busy timeout instead of deadlocking on a lock upgrade).
+    writers wait up to the busy timeout instead of deadlocking on a lock upgrade), and the writers
+    of one process queue on an in-process lock first.
     """
+    bind = factory.kw.get("bind")
+    lock = _WRITE_LOCKS.get(bind) if isinstance(bind, Engine) else None
+    if lock is None:
+        with _write(factory) as session:
+            yield session
+        return
+    with lock, _write(factory) as session:
+        yield session
+    checkpointer = _CHECKPOINTERS.get(bind) if isinstance(bind, Engine) else None
+    if checkpointer is not None:
+        checkpointer.poke()
+
+
+@contextmanager
+def _write(factory: sessionmaker[Session]) -> Iterator[Session]:
     with factory() as session:
         session.connection(execution_options={"sqlite_immediate": True})
         try:

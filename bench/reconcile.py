@@ -1,0 +1,235 @@
+"""Reconcile benchmark: settle N open calls (default 200,000) with ``run_pass`` and report calls/s.
+
+Seeding goes through the ingest path itself (``parse_batch`` → ``prepare_batch`` → ``write_group``,
+5,000 events per transaction), so the events and calls are exactly what ``POST /v1/events``
+stores: per call a ``stream.started`` (500 keys, 8 priced models), 2-8 cumulative
+``stream.tokens``, a client disconnect on 5 %, a failed first attempt and a retry on 2 %, and
+the final ``stream.usage`` (``upstream``; ``estimate`` on 5 %, which leaves those calls open until
+``settle_after`` — the pass's clock is set past it, so every seeded call settles). Then one
+``run_pass`` settles them all, timed; a second, smaller seeded database is settled under cProfile
+(and pyinstrument, if installed) and the top of the profile is printed.
+
+    python bench/reconcile.py                       # SQLite and PostgreSQL, 200,000 calls
+    python bench/reconcile.py --db sqlite --calls 50000 --batch-size 2000
+    python bench/reconcile.py --profile-calls 0     # no profile
+
+The reconciler is only measured here (billing/reconcile/ is not changed by this benchmark).
+The machine has 2 cores; the benchmark and the database share them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from ingest import MODELS, Databases, Lifecycles, machine  # noqa: E402
+
+TARGET_CALLS_S = 20_000
+PG_DEFAULT = "postgresql+psycopg://postgres@127.0.0.1:5432"
+
+
+def seed(url: str, calls: int) -> tuple[int, float]:
+    """Store ``calls`` complete lifecycles through the ingest path; returns (events, seconds)."""
+    from billing.ingest.service import prepare_batch, write_group
+    from billing.ingest.validation import parse_batch
+    from billing.pricing.prices import PriceIn
+    from billing.pricing.service import record_price
+    from billing.settings import Settings
+    from billing.storage.db import make_engine, make_sessionmaker, write_transaction
+
+    engine = make_engine(Settings(database_url=url))
+    sessions = make_sessionmaker(engine)
+    now = datetime.now(UTC)
+    with write_transaction(sessions) as session:
+        for model in sorted({m for m, _ in MODELS}):
+            price = PriceIn(
+                model=model,
+                effective_from="2020-01-01T00:00:00Z",
+                input_usd_per_mtok="3",
+                output_usd_per_mtok="15",
+                cache_read_usd_per_mtok="0.30",
+                cache_creation_usd_per_mtok="3.75",
+            )
+            record_price(session, price, now)
+    # One call in flight at a time per generator, so each call's events are complete and counted.
+    gen = Lifecycles(11, inflight=1)
+    started = time.perf_counter()
+    events = 0
+    done_calls = 0
+    pending: list[Any] = []
+    group_events = 0
+    while done_calls < calls:
+        body_events = []
+        while len(body_events) < 1000 and done_calls < calls:
+            body_events.append(gen.next())
+            # Every call has one stream.usage, its last event (a failed attempt has none).
+            if b'"type":"stream.usage"' in body_events[-1]:
+                done_calls += 1
+        body = b'{"events":[' + b",".join(body_events) + b"]}"
+        batch = prepare_batch(parse_batch(body, datetime.now(UTC)), datetime.now(UTC))
+        pending.append(batch)
+        group_events += len(body_events)
+        events += len(body_events)
+        if group_events >= 5000:
+            write_group(sessions, pending)
+            pending, group_events = [], 0
+    if pending:
+        write_group(sessions, pending)
+    engine.dispose()
+    return events, time.perf_counter() - started
+
+
+def settle(url: str, batch_size: int, profile: bool = False) -> dict[str, Any]:
+    from sqlalchemy import func, select
+
+    from billing.reconcile.runner import run_pass
+    from billing.settings import Settings
+    from billing.storage.db import make_engine, make_sessionmaker
+    from billing.storage.models import Call, LedgerEntry
+
+    settings = Settings(database_url=url, reconcile_batch_size=batch_size)
+    engine = make_engine(settings)
+    sessions = make_sessionmaker(engine)
+    # Past settle_after, so calls without upstream usage settle too (every seeded call settles).
+    clock = datetime.now(UTC) + timedelta(seconds=settings.settle_after_s + 1)
+    profiler = cProfile.Profile() if profile else None
+    started = time.perf_counter()
+    if profiler:
+        profiler.enable()
+    result = run_pass(sessions, settings, None, clock)
+    if profiler:
+        profiler.disable()
+    elapsed = time.perf_counter() - started
+    with sessions() as session:
+        open_left = session.scalar(select(func.count()).where(Call.settled.is_(False)))
+        entries = session.scalar(select(func.count()).select_from(LedgerEntry))
+    engine.dispose()
+    out = {
+        "settled": result.settled,
+        "examined": result.examined,
+        "seconds": elapsed,
+        "calls_per_s": result.settled / elapsed if elapsed else 0.0,
+        "open_left": open_left,
+        "ledger_entries": entries,
+    }
+    if profiler:
+        text = io.StringIO()
+        stats = pstats.Stats(profiler, stream=text)
+        stats.sort_stats("tottime").print_stats(25)
+        out["profile_tottime"] = text.getvalue()
+        text = io.StringIO()
+        stats = pstats.Stats(profiler, stream=text)
+        stats.sort_stats("cumulative").print_stats(30)
+        out["profile_cumulative"] = text.getvalue()
+    return out
+
+
+def pyinstrument_profile(url: str, batch_size: int) -> str | None:
+    try:
+        from pyinstrument import Profiler
+    except ImportError:
+        return None
+    from billing.reconcile.runner import run_pass
+    from billing.settings import Settings
+    from billing.storage.db import make_engine, make_sessionmaker
+
+    settings = Settings(database_url=url, reconcile_batch_size=batch_size)
+    engine = make_engine(settings)
+    sessions = make_sessionmaker(engine)
+    clock = datetime.now(UTC) + timedelta(seconds=settings.settle_after_s + 1)
+    profiler = Profiler(interval=0.001)
+    profiler.start()
+    run_pass(sessions, settings, None, clock)
+    profiler.stop()
+    engine.dispose()
+    return profiler.output_text(unicode=True, color=False, show_all=False)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--db", default="sqlite,postgres")
+    parser.add_argument("--calls", type=int, default=200_000)
+    parser.add_argument("--batch-size", type=int, default=None, help="reconcile_batch_size")
+    parser.add_argument("--profile-calls", type=int, default=20_000)
+    parser.add_argument("--pg-url", default=os.environ.get("BENCH_PG_URL", PG_DEFAULT))
+    parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--profile-out", help="write the profiles to this file")
+    args = parser.parse_args()
+    from billing.settings import Settings
+
+    batch_size = args.batch_size or Settings().reconcile_batch_size
+    dbs = Databases(args.pg_url, args.keep)
+    rows = []
+    profiles = []
+    try:
+        for kind in [d.strip() for d in args.db.split(",") if d.strip()]:
+            url = dbs.fresh(kind)
+            events, seconds = seed(url, args.calls)
+            print(
+                f"[{kind}] seeded {args.calls:,} calls ({events:,} events) through the ingest "
+                f"path in {seconds:.1f} s ({events / seconds:,.0f} events/s)",
+                file=sys.stderr,
+                flush=True,
+            )
+            result = settle(url, batch_size)
+            print(
+                f"[{kind}] settled {result['settled']:,} calls in {result['seconds']:.1f} s = "
+                f"{result['calls_per_s']:,.0f} calls/s; open left {result['open_left']}, "
+                f"ledger entries {result['ledger_entries']:,}",
+                file=sys.stderr,
+                flush=True,
+            )
+            rows.append((kind, events, result))
+            if args.profile_calls:
+                purl = dbs.fresh(kind)
+                seed(purl, args.profile_calls)
+                prof = settle(purl, batch_size, profile=True)
+                profiles.append((kind, prof))
+                purl2 = dbs.fresh(kind)
+                seed(purl2, args.profile_calls)
+                profiles.append((kind, {"pyinstrument": pyinstrument_profile(purl2, batch_size)}))
+    finally:
+        dbs.cleanup()
+    print(f"reconcile benchmark on {machine()}; benchmark and database share the cores")
+    print(f"reconcile_batch_size {batch_size}; one run_pass over every open call")
+    print("| database | calls | events | seconds | calls/s | target | ")
+    print("|---|---|---|---|---|---|")
+    for kind, events, r in rows:
+        ok = "OK" if r["calls_per_s"] >= TARGET_CALLS_S else "BELOW TARGET"
+        print(
+            f"| {'SQLite' if kind == 'sqlite' else 'PostgreSQL'} | {r['settled']:,} | {events:,} "
+            f"| {r['seconds']:.1f} | {r['calls_per_s']:,.0f} | ≥ {TARGET_CALLS_S:,}: {ok} |"
+        )
+    text = []
+    for kind, prof in profiles:
+        if "profile_tottime" in prof:
+            text.append(
+                f"== {kind}: cProfile of run_pass over {args.profile_calls:,} calls "
+                f"({prof['calls_per_s']:,.0f} calls/s under the profiler), by tottime"
+            )
+            text.append(prof["profile_tottime"])
+            text.append(f"== {kind}: by cumulative time")
+            text.append(prof["profile_cumulative"])
+        elif prof.get("pyinstrument"):
+            text.append(f"== {kind}: pyinstrument")
+            text.append(prof["pyinstrument"])
+    if args.profile_out:
+        Path(args.profile_out).write_text("\n".join(text))
+        print(f"profiles written to {args.profile_out}")
+    else:
+        print("\n".join(text))
+
+
+if __name__ == "__main__":
+    main()

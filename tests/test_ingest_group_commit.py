@@ -1,0 +1,130 @@
+"""Group commit (``billing.ingest.writer``): batches that share one transaction each keep the
+outcome they would have had alone, in arrival order."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from billing.errors import EventConflict
+from billing.ingest.service import IngestResult, PreparedBatch, prepare_batch, write_group
+from billing.ingest.validation import parse_batch
+from billing.ingest.writer import GroupWriter
+from billing.settings import Settings
+from billing.storage.db import make_engine, make_sessionmaker
+from billing.storage.models import Call, Event
+from tests.test_ingest import T0, started, tokens, usage
+
+
+@pytest.fixture
+def sessions(settings: Settings) -> Iterator[sessionmaker[Session]]:
+    engine = make_engine(settings)
+    yield make_sessionmaker(engine)
+    engine.dispose()
+
+
+def batch(*events: dict[str, Any]) -> PreparedBatch:
+    now = datetime.now(UTC)
+    return prepare_batch(parse_batch(orjson.dumps({"events": list(events)}), now), now)
+
+
+def stored_ids(sessions: sessionmaker[Session]) -> set[str]:
+    with sessions() as session:
+        return set(session.scalars(select(Event.event_id)))
+
+
+def test_a_repeat_in_a_later_batch_of_the_group_is_a_duplicate(
+    sessions: sessionmaker[Session],
+) -> None:
+    results = write_group(
+        sessions, [batch(started("s"), tokens("t")), batch(tokens("t"), usage("u"))]
+    )
+    assert results == [IngestResult(2, 0), IngestResult(1, 1)]
+    assert stored_ids(sessions) == {"s", "t", "u"}
+
+
+def test_a_conflict_with_an_earlier_batch_of_the_group_refuses_only_the_later_one(
+    sessions: sessionmaker[Session],
+) -> None:
+    results = write_group(
+        sessions,
+        [
+            batch(started("s"), tokens("t", generated=10)),
+            batch(usage("u"), tokens("t", generated=99)),
+            batch(tokens("t", generated=10), tokens("t2", generated=20)),
+        ],
+    )
+    assert results[0] == IngestResult(2, 0)
+    assert isinstance(results[1], EventConflict)
+    assert [(c.index, c.event_id) for c in results[1].conflicts] == [(1, "t")]
+    assert results[2] == IngestResult(1, 1)
+    assert stored_ids(sessions) == {"s", "t", "t2"}  # nothing of the refused batch
+
+
+def test_a_conflict_with_a_stored_event_refuses_its_batch_and_not_the_others(
+    sessions: sessionmaker[Session],
+) -> None:
+    assert write_group(sessions, [batch(usage("x", output_tokens=1))]) == [IngestResult(1, 0)]
+    results = write_group(
+        sessions,
+        [
+            batch(started("a")),
+            batch(tokens("y"), usage("x", output_tokens=2)),  # x differs from the stored one
+            batch(tokens("y")),  # new: the batch before it stored nothing
+        ],
+    )
+    assert results[0] == IngestResult(1, 0)
+    assert isinstance(results[1], EventConflict)
+    assert [(c.index, c.event_id) for c in results[1].conflicts] == [(1, "x")]
+    assert results[2] == IngestResult(1, 0)
+    assert stored_ids(sessions) == {"x", "a", "y"}
+
+
+def test_the_first_batch_with_a_stream_started_names_the_call(
+    sessions: sessionmaker[Session],
+) -> None:
+    write_group(
+        sessions,
+        [
+            batch(tokens("t", request_id="r")),
+            batch(started("s2", request_id="r", api_key_id="key_first", attempt=2)),
+            batch(started("s1", request_id="r", api_key_id="key_second")),
+        ],
+    )
+    with sessions() as session:
+        call = session.get_one(Call, "r")
+        assert (call.api_key_id, call.started_at, call.pending) == ("key_first", T0, True)
+        assert session.scalar(select(func.count()).select_from(Call)) == 1
+
+
+def test_a_call_stored_without_a_key_gets_it_from_a_later_group(
+    sessions: sessionmaker[Session],
+) -> None:
+    write_group(sessions, [batch(tokens("t", request_id="r"))])
+    write_group(sessions, [batch(started("s", request_id="r", metadata={"team": "x"}))])
+    write_group(sessions, [batch(started("s9", request_id="r", api_key_id="key_late"))])
+    with sessions() as session:
+        call = session.get_one(Call, "r")
+        assert (call.api_key_id, call.metadata_, call.change_seq) == ("key_7f3a", {"team": "x"}, 3)
+
+
+def test_the_writer_answers_every_batch_after_its_commit(sessions: sessionmaker[Session]) -> None:
+    writer = GroupWriter(sessions, max_threads=2)
+
+    async def post_all() -> list[IngestResult]:
+        futures = [
+            asyncio.wrap_future(writer.submit(batch(tokens(f"t{i}", request_id=f"r{i % 7}"))))
+            for i in range(200)
+        ]
+        return await asyncio.gather(*futures)
+
+    results = asyncio.run(post_all())
+    assert results == [IngestResult(1, 0)] * 200
+    assert len(stored_ids(sessions)) == 200
