@@ -713,6 +713,10 @@ def test_serve_killed_under_load_loses_no_acknowledged_event_and_bills_like_a_cl
     assert figures.kills >= 20
     assert stats.sent == len(events) and stats.rejected == 0 and stats.dropped == 0, stats
     assert not transport.mismatched, transport.mismatched[:5]
+    # Never a 500, crash or not: only answers, 503s (retried), or no answer at all.
+    assert set(transport.statuses) <= {200, 503}, (
+        f"{transport.statuses}; server log: {_tracebacks(server.log)}"
+    )
 
     engine = engine_for(db_url)
     try:
@@ -747,6 +751,12 @@ def test_serve_killed_under_load_loses_no_acknowledged_event_and_bills_like_a_cl
     assert not mismatches, "\n".join(mismatches[:20])
     assert report.settled == report.calls == CRASH_CALLS
     assert all(row["settlements"] >= 1 for row in got.values())
+
+
+def _tracebacks(log: Path) -> str:
+    text = log.read_text(errors="replace") if log.exists() else ""
+    start = text.find("Traceback")
+    return text[start : start + 4000] if start >= 0 else "(no traceback)"
 
 
 def _log_tail(log: Path) -> str:
