@@ -270,6 +270,38 @@ class Tap(ABC):
             self._deltas_total += n
             self._deltas_since_exact += n
 
+    def _set_openai_usage(
+        self,
+        input_total: int | None,
+        cached: int,
+        cache_write: int,
+        output: int | None,
+        reasoning: int,
+    ) -> None:
+        """Record an OpenAI-style usage, whose input total includes cache reads and writes.
+
+        Converts to the contract's semantics (CONTRACT "Token semantics"): ``input_tokens =
+        total − cached − cache_write``. A usage without input only updates the output count; one
+        without output only records the input.
+        """
+        if input_total is None:
+            if output is not None:
+                self._set_exact_output(output)
+            return
+        input_tokens = max(0, input_total - cached - cache_write)
+        if output is None:
+            self._set_input(InputUsage(input_tokens, cached, cache_write))
+            return
+        self._set_usage(
+            Usage(
+                input_tokens=input_tokens,
+                output_tokens=output,
+                cache_read_input_tokens=cached,
+                cache_creation_input_tokens=cache_write,
+                reasoning_tokens=reasoning,
+            )
+        )
+
     def _set_exact_output(self, output_tokens: int) -> None:
         """Record a running or final output count reported by the stream (a snapshot)."""
         self._exact_output = output_tokens

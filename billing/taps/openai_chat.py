@@ -24,10 +24,8 @@ from __future__ import annotations
 from typing import Any
 
 from billing.taps.base import (
-    InputUsage,
     MalformedEventError,
     Tap,
-    Usage,
     as_dict,
     error_from_event,
     opt_str,
@@ -142,20 +140,4 @@ class ChatCompletionsTap(Tap):
         cached = raw.get("cached", 0)
         cache_write = raw.get("cache_write", 0)
         completion = raw.get("completion")
-        if prompt is None:
-            if completion is not None:
-                self._set_exact_output(completion)
-            return
-        input_tokens = max(0, prompt - cached - cache_write)
-        if completion is None:
-            self._set_input(InputUsage(input_tokens, cached, cache_write))
-            return
-        self._set_usage(
-            Usage(
-                input_tokens=input_tokens,
-                output_tokens=completion,
-                cache_read_input_tokens=cached,
-                cache_creation_input_tokens=cache_write,
-                reasoning_tokens=raw.get("reasoning", 0),
-            )
-        )
+        self._set_openai_usage(prompt, cached, cache_write, completion, raw.get("reasoning", 0))

@@ -24,9 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from billing.taps.base import (
-    InputUsage,
     Tap,
-    Usage,
     as_dict,
     error_from_event,
     opt_str,
@@ -105,20 +103,4 @@ class ResponsesTap(Tap):
             reasoning = (
                 opt_tokens(as_dict(details, "output_tokens_details"), "reasoning_tokens") or 0
             )
-        if input_total is None:
-            if output is not None:
-                self._set_exact_output(output)
-            return
-        input_tokens = max(0, input_total - cached - cache_write)
-        if output is None:
-            self._set_input(InputUsage(input_tokens, cached, cache_write))
-            return
-        self._set_usage(
-            Usage(
-                input_tokens=input_tokens,
-                output_tokens=output,
-                cache_read_input_tokens=cached,
-                cache_creation_input_tokens=cache_write,
-                reasoning_tokens=reasoning,
-            )
-        )
+        self._set_openai_usage(input_total, cached, cache_write, output, reasoning)
