@@ -33,7 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, func, inspect, select, text
+from sqlalchemy import Connection, Engine, create_engine, func, inspect, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
@@ -110,12 +110,24 @@ def _entry_cost(entry: Any) -> int | None:
     )
 
 
+@contextmanager
+def _snapshot(engine: Engine) -> Iterator[Connection]:
+    """A connection whose statements all read one snapshot. On PostgreSQL READ COMMITTED (the
+    default) each statement sees what was committed when it began, so a step committing between
+    reading ``calls`` and reading ``call_attempts`` would look like a half-settled call; REPEATABLE
+    READ reads every table as of the first statement. SQLite's read transaction is one snapshot."""
+    with engine.connect() as conn:
+        if conn.dialect.name == "postgresql":
+            conn = conn.execution_options(isolation_level="REPEATABLE READ")
+        yield conn
+
+
 def check_invariants(engine: Engine, *, rollups: bool = True) -> Report:
     """Check every invariant on the committed state of ``engine``'s database; raise
     ``AssertionError`` listing the broken ones (at most ``MAX_SHOWN`` shown). Returns counts."""
     report = Report()
     problems: list[str] = []
-    with engine.connect() as conn:
+    with _snapshot(engine) as conn:
         events, distinct = conn.execute(
             select(func.count(), func.count(func.distinct(Event.event_id)))
         ).one()
@@ -239,7 +251,9 @@ def _check_call(
                 problems.append(f"{rid}/seq {e.seq}: a new settlement not preceded by a reversal")
             settled_lines.add(line)
             reversed_since_settlement = False
-        elif before != ZERO and after == ZERO:  # a reversal (or a re-pricing) empties a line
+        elif e.reason.startswith("reversal") or (before != ZERO and after == ZERO):
+            # A reversal (or a re-pricing) empties a line; a line at zero tokens is reversed by
+            # an entry of zero tokens, told by its reason.
             settled_lines.discard(line)
             reversed_since_settlement = True
     if call.settled:

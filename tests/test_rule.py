@@ -17,7 +17,7 @@ from pydantic import TypeAdapter
 from billing.ingest.schemas import Event
 from billing.pricing.money import pusd_to_str
 from billing.pricing.prices import PriceBook, PriceRow
-from billing.reconcile.ledger import LineKey, NewEntry, plan_entries
+from billing.reconcile.ledger import REVERSAL_PREFIX, LineKey, NewEntry, plan_entries
 from billing.reconcile.rule import (
     DELIVERED_EXCEEDS_BILLED,
     INPUT_UNKNOWN,
@@ -185,17 +185,27 @@ class PureLedger:
 
     entries: list[NewEntry] = field(default_factory=list)
 
-    def booked(self) -> tuple[dict[LineKey, Tokens], dict[LineKey, PriceRow | None]]:
+    def booked(
+        self,
+    ) -> tuple[dict[LineKey, Tokens], dict[LineKey, PriceRow | None], set[LineKey]]:
+        """Sums per line, each line's price, and the lines whose latest entry reversed them."""
         sums: dict[LineKey, Tokens] = {}
         prices: dict[LineKey, PriceRow | None] = {}
+        closed: set[LineKey] = set()
         for entry in self.entries:
             sums[entry.key] = sums.get(entry.key, Tokens()) + entry.tokens
             prices[entry.key] = entry.price
-        return sums, prices
+            if entry.reason.startswith(REVERSAL_PREFIX):
+                closed.add(entry.key)
+            else:
+                closed.discard(entry.key)
+        return sums, prices, closed
 
     def book(self, fig: CallFigures, book: PriceBook, reason: str = "settled") -> list[NewEntry]:
-        sums, prices = self.booked()
-        planned = plan_entries(target_lines(fig, book), sums, prices, bool(self.entries), reason)
+        sums, prices, closed = self.booked()
+        planned = plan_entries(
+            target_lines(fig, book), sums, prices, bool(self.entries), reason, closed
+        )
         self.entries.extend(planned)
         return planned
 
@@ -850,9 +860,15 @@ def test_ledger_unpriced_call_settled_at_zero_then_priced_and_used() -> None:
     ledger.book(rule(early), PriceBook([]))
     fig = rule([*early, usage("e2", 1000, 0, at=1)])
     planned = ledger.book(fig, PriceBook([price(7, "m-new", 1_000_000, 0)]))
-    assert [(e.kind, e.key.price_id) for e in planned] == [("adjustment", 7)]
-    assert planned[0].reason.startswith("re-priced")
+    # The unpriced line booked at zero is closed by a reversal of zero tokens, then re-posted.
+    assert [(e.kind, e.key.price_id, e.tokens.is_zero()) for e in planned] == [
+        ("adjustment", None, True),
+        ("adjustment", 7, False),
+    ]
+    assert planned[0].reason.startswith("reversal")
+    assert planned[1].reason.startswith("re-priced")
     assert ledger.cost() == 1_000_000_000
+    assert ledger.book(fig, PriceBook([price(7, "m-new", 1_000_000, 0)])) == []
 
 
 def test_ledger_reason_fits_the_ledgers_column() -> None:

@@ -218,7 +218,7 @@ def _check_ledger(ledger: PureLedger, events: list[dict[str, Any]], book: PriceB
     figures = reconcile_call("r1", parse(events))
     lines = target_lines(figures, book)
     assert ledger.tokens() == figures.tokens
-    booked, _ = ledger.booked()
+    booked, _, _ = ledger.booked()
     assert {k: v for k, v in booked.items() if not v.is_zero()} == {
         line.key: line.tokens for line in lines if not line.tokens.is_zero()
     }

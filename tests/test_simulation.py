@@ -480,7 +480,6 @@ class Stats:
     comparisons: int = 0
     ledger_entries: int = 0
     adjustments: int = 0
-    zero_token_lines_left_stale: int = 0
 
 
 class _Crash(BaseException):
@@ -799,14 +798,10 @@ class Simulation:
         if set(calls) != set(auditor.by_call):
             raise self.fail(f"calls {sorted(set(calls) ^ set(auditor.by_call))[:5]} differ")
         problems: list[str] = []
-        known: list[str] = []
         for rid, call in sorted(calls.items()):
             want = auditor.expected(rid)
             settled = rid in auditor.settled
-            _diff_call(
-                rid, call, want, settled, attempts.get(rid, {}), sums.get(rid), problems, known
-            )
-        self.stats.zero_token_lines_left_stale = len(known)
+            _diff_call(rid, call, want, settled, attempts.get(rid, {}), sums.get(rid), problems)
         if problems:
             raise self.fail(f"{len(problems)} disagreement(s):\n  " + "\n  ".join(problems[:15]))
 
@@ -819,7 +814,6 @@ def _diff_call(
     attempts: dict[int, Any],
     sums: dict[str, Any] | None,
     problems: list[str],
-    known: list[str],
 ) -> None:
     def check(what: str, got: Any, expected: Any) -> None:
         if got != expected:
@@ -855,13 +849,7 @@ def _diff_call(
         # The lines that hold tokens: booked under the call's key, each attempt's model, at the
         # price in force at the call's start.
         check("ledger lines", sums["lines"], want.lines)
-        if sums["unpriced"] != (want.cost_pusd is None):
-            if want.cost_pusd is not None and not any(
-                rates is None for _, _, rates in sums["lines"]
-            ):
-                known.append(rid)  # a zero-token line left unpriced: see the xfail test below
-            else:
-                check("ledger unpriced", sums["unpriced"], want.cost_pusd is None)
+        check("ledger unpriced", sums["unpriced"], want.cost_pusd is None)
     elif sums is not None:
         problems.append(f"{rid}: open but has ledger entries {sums}")
 
@@ -971,15 +959,6 @@ def _entries(db_url: str, rid: str) -> list[Any]:
         engine.dispose()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "bug: billing/reconcile/ledger.py plan_entries drops lines with zero tokens (`live` keeps "
-        "only non-zero booked lines, and a zero delta is skipped), so a zero-token line is never "
-        "re-booked when its price appears: the call shows cost 0 without `unpriced`, but its only "
-        "ledger entry stays unpriced (null cost, price_id null) forever"
-    ),
-)
 def test_a_zero_token_call_is_re_booked_when_its_model_gets_a_price(db_url: str) -> None:
     settings = Settings(database_url=db_url)
     with TestClient(create_app(settings)) as client:
@@ -1005,16 +984,6 @@ def test_a_zero_token_call_is_re_booked_when_its_model_gets_a_price(db_url: str)
     assert entries[-1].price_id is not None and entries[-1].cost_pusd == 0, entries
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "bug: billing/reconcile/ledger.py plan_entries ignores zero-token lines, so a call settled "
-        "without stream.started and with no tokens is never re-booked when its stream.started "
-        "arrives: no reversal and no new settlement under the key (CONTRACT: 'If the key or model "
-        "changed, the adjustment reverses the old entry in full and a new settlement follows'); "
-        "the ledger, exports and booked usage keep the call's settlement under no key and no model"
-    ),
-)
 def test_a_zero_token_call_settled_without_its_key_is_re_booked_under_it(db_url: str) -> None:
     settings = Settings(database_url=db_url)
     with TestClient(create_app(settings)) as client:

@@ -273,9 +273,6 @@ def _calls_chunks(
     pending = writer.header(CALLS_COLUMNS)
     with read_transaction(sessions) as session:
         dialect = session.get_bind().dialect.name
-        if dialect == "postgresql":
-            # One snapshot for the totals and the rows.
-            session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
         if stats is not None:
             _calls_totals(session, params, stats)
         render = CallsRenderer()

@@ -10,6 +10,7 @@ rates when the price changed (for example a model that was priced after it was s
 from __future__ import annotations
 
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from billing.pricing.prices import PriceRow
@@ -69,8 +70,17 @@ MAX_REASON = 200
 def _late(delta: Tokens) -> str:
     # With every bucket changed by large amounts the text would not fit; the entry's own columns
     # hold the exact deltas, so the reason may be cut.
-    reason = f"late events changed the usage: {_describe(delta)}"
+    changes = _describe(delta)
+    if not changes:
+        return "late events added a line with no tokens yet"
+    reason = f"late events changed the usage: {changes}"
     return reason if len(reason) <= MAX_REASON else reason[: MAX_REASON - 1] + "…"
+
+
+#: The reason of an entry that reverses a line in full; a line whose latest entry has it is closed.
+REVERSAL_REASON = "reversal: the call's api key, model or price changed"
+#: What every reversal's reason starts with (``LIKE 'reversal:%'`` finds them in the ledger).
+REVERSAL_PREFIX = "reversal:"
 
 
 def plan_entries(
@@ -79,12 +89,17 @@ def plan_entries(
     booked_prices: Mapping[LineKey, PriceRow | None],
     has_entries: bool,
     settle_reason: str,
+    closed: AbstractSet[LineKey],
 ) -> list[NewEntry]:
     """The entries that bring the booked lines to the target lines (empty when they agree).
 
-    ``booked`` holds the summed token deltas per line so far and ``booked_prices`` the price each
-    line was booked at; ``has_entries`` tells whether the call has any entry yet (a call settled
-    with zero tokens has entries but no tokens). Source: CONTRACT "Reconciliation".
+    ``booked`` holds the summed token deltas per line so far, ``booked_prices`` the price each
+    line was booked at and ``closed`` the lines whose latest entry reversed them; every other
+    booked line is open, even at zero tokens (a call settled before any usage still has its
+    line). ``has_entries`` tells whether the call has any entry yet. An open line that is no
+    longer a target is reversed in full, and a target line that is not open gets an entry, both
+    even at zero tokens, so the ledger always names the call's key, model and price.
+    Source: CONTRACT "Reconciliation".
     """
     if not has_entries:
         return [
@@ -98,31 +113,33 @@ def plan_entries(
             )
             for line in sorted(target, key=lambda line: line.key.sort_key())
         ]
-    live = {key: tokens for key, tokens in booked.items() if not tokens.is_zero()}
+    live = {key: tokens for key, tokens in booked.items() if key not in closed}
     targets = {line.key: line for line in target}
-    booked_pairs = {(key.api_key_id, key.model) for key in booked}
-    # A new settlement follows only a reversal (the key or model changed); a line that is merely
-    # new (say a late attempt on another model) is a change of the same settled call.
-    reversing = any(key not in targets for key in live)
+    # A new line whose key and model stay, but at another price, is a re-pricing of the line that
+    # is reversed; a new settlement follows only a reversal of another key or model; a line that
+    # is merely new (say a late attempt on another model) is a change of the same settled call.
+    reversed_pairs = {(key.api_key_id, key.model) for key in live if key not in targets}
+    reversing = bool(reversed_pairs)
     entries: list[NewEntry] = []
     for key in sorted(set(live) | set(targets), key=LineKey.sort_key):
         was = live.get(key, Tokens())
         line = targets.get(key)
         now = line.tokens if line else Tokens()
         delta = now - was
-        if delta.is_zero():
-            continue
-        # A line booked at zero tokens (settled before any usage of it) is still a booked line.
-        if key in booked and line is not None:
-            reason = _late(delta)
+        if key in live and line is not None:
+            if delta.is_zero():
+                continue
             entries.append(
-                NewEntry("adjustment", reason, key, delta, line.price, _cost(delta, line.price))
+                NewEntry(
+                    "adjustment", _late(delta), key, delta, line.price, _cost(delta, line.price)
+                )
             )
         elif line is None:
             price = booked_prices.get(key)
-            reason = "reversal: the call's api key, model or price changed"
-            entries.append(NewEntry("adjustment", reason, key, delta, price, _cost(delta, price)))
-        elif (key.api_key_id, key.model) in booked_pairs:
+            entries.append(
+                NewEntry("adjustment", REVERSAL_REASON, key, delta, price, _cost(delta, price))
+            )
+        elif (key.api_key_id, key.model) in reversed_pairs:
             reason = (
                 "re-priced: the model's price in force at the call's start changed"
                 if line.price is not None
@@ -132,9 +149,10 @@ def plan_entries(
                 NewEntry("adjustment", reason, key, delta, line.price, _cost(delta, line.price))
             )
         elif not reversing:
-            reason = _late(delta)
             entries.append(
-                NewEntry("adjustment", reason, key, delta, line.price, _cost(delta, line.price))
+                NewEntry(
+                    "adjustment", _late(delta), key, delta, line.price, _cost(delta, line.price)
+                )
             )
         else:
             reason = "settled again after the call's api key or model changed"
@@ -142,5 +160,5 @@ def plan_entries(
                 NewEntry("settlement", reason, key, delta, line.price, _cost(delta, line.price))
             )
     # Reversals first, so the entries read in the order an accountant would book them.
-    entries.sort(key=lambda e: 0 if e.reason.startswith("reversal") else 1)
+    entries.sort(key=lambda e: 0 if e.reason.startswith(REVERSAL_PREFIX) else 1)
     return entries

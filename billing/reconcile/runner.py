@@ -74,7 +74,7 @@ def _one_by_one(sessions: sessionmaker[Session], settings: Settings, clock: date
     (it stays pending, so the next pass tries it again)."""
     with read_transaction(sessions) as session:
         request_ids = due_calls(
-            session, clock, settings.settle_after_s, settings.reconcile_batch_size
+            session, clock, settings.settle_after_s, settings.reconcile_batch_size, lock=False
         )
     total = StepResult()
     for request_id in request_ids:

@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from pydantic import TypeAdapter
-from sqlalchemy import delete, func, or_, select, update
+from sqlalchemy import case, delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from billing.calllog import rollups
 from billing.ingest.schemas import Event as EventModel
 from billing.pricing.prices import PriceBook, PriceRow, prices_by_id
-from billing.reconcile.ledger import Line, LineKey, NewEntry, plan_entries
+from billing.reconcile.ledger import REVERSAL_PREFIX, Line, LineKey, NewEntry, plan_entries
 from billing.reconcile.rule import TOKEN_FIELDS, UNPRICED, CallFigures, Tokens, reconcile_call
 from billing.storage.models import Call, CallAttempt, Event, LedgerEntry
 
@@ -42,10 +42,12 @@ class StepResult:
         self.settled_ids.extend(other.settled_ids)
 
 
-def due_calls(session: Session, now: datetime, settle_after_s: float, limit: int) -> list[str]:
+def due_calls(
+    session: Session, now: datetime, settle_after_s: float, limit: int, *, lock: bool = True
+) -> list[str]:
     """Lock and return up to ``limit`` calls that need work: pending ones, and open ones whose
     last event arrived ``settle_after_s`` seconds ago or earlier. Rows locked by another
-    reconciler are skipped."""
+    reconciler are skipped. With ``lock=False`` the rows are only listed (a read transaction)."""
     cutoff = now - timedelta(seconds=settle_after_s)
     query = (
         select(Call.request_id)
@@ -57,8 +59,9 @@ def due_calls(session: Session, now: datetime, settle_after_s: float, limit: int
         )
         .order_by(Call.last_received_at, Call.request_id)
         .limit(limit)
-        .with_for_update(skip_locked=True)
     )
+    if lock:
+        query = query.with_for_update(skip_locked=True)
     return list(session.scalars(query))
 
 
@@ -79,10 +82,14 @@ def load_events(session: Session, request_ids: Sequence[str]) -> dict[str, list[
 class _Booked:
     tokens: dict[LineKey, Tokens] = field(default_factory=dict)
     prices: dict[LineKey, PriceRow | None] = field(default_factory=dict)
+    closed: set[LineKey] = field(default_factory=set)
     max_seq: int = 0
 
 
 _SUMS = [func.sum(getattr(LedgerEntry, name)) for name in TOKEN_FIELDS]
+_LAST_REVERSAL = func.max(
+    case((LedgerEntry.reason.like(f"{REVERSAL_PREFIX}%"), LedgerEntry.seq), else_=None)
+)
 
 
 def _load_booked(session: Session, request_ids: Sequence[str]) -> dict[str, _Booked]:
@@ -94,6 +101,7 @@ def _load_booked(session: Session, request_ids: Sequence[str]) -> dict[str, _Boo
             LedgerEntry.model,
             LedgerEntry.price_id,
             func.max(LedgerEntry.seq),
+            _LAST_REVERSAL,
             *_SUMS,
         )
         .where(LedgerEntry.request_id.in_(request_ids))
@@ -102,10 +110,12 @@ def _load_booked(session: Session, request_ids: Sequence[str]) -> dict[str, _Boo
         )
     )
     price_ids: set[int] = set()
-    for request_id, key_id, model, price_id, max_seq, *sums in rows:
+    for request_id, key_id, model, price_id, max_seq, last_reversal, *sums in rows:
         entry = booked.setdefault(request_id, _Booked())
         key = LineKey(key_id, model, price_id)
         entry.tokens[key] = Tokens(*(int(s) for s in sums))
+        if last_reversal is not None and int(last_reversal) == int(max_seq):
+            entry.closed.add(key)
         entry.max_seq = max(entry.max_seq, int(max_seq))
         if price_id is not None:
             price_ids.add(price_id)
@@ -187,7 +197,7 @@ def reconcile_calls(
                 else f"settled: no event for {settle_after_s:g} s"
             )
             planned = plan_entries(
-                lines, record.tokens, record.prices, request_id in booked, reason
+                lines, record.tokens, record.prices, request_id in booked, reason, record.closed
             )
             seq = record.max_seq
             for new in planned:

@@ -202,8 +202,16 @@ def _write(factory: sessionmaker[Session]) -> Iterator[Session]:
 
 @contextmanager
 def read_transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
-    """One read-only transaction (a consistent snapshot); always rolled back at the end."""
+    """One read-only transaction (a consistent snapshot); always rolled back at the end.
+
+    On PostgreSQL it runs at REPEATABLE READ, so every statement reads the snapshot of the first
+    (READ COMMITTED would let a step that commits between two statements show a call's row
+    before the step and its attempts or ledger after it). SQLite's read transaction is one
+    snapshot already.
+    """
     with factory() as session:
+        if session.get_bind().dialect.name == "postgresql":
+            session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
         try:
             yield session
         finally:
