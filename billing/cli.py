@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import ipaddress
 import json
+import logging.config
 import os
 import sys
 from collections.abc import Iterator
@@ -25,6 +27,7 @@ from rich.progress import (
 )
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
+from uvicorn.config import LOGGING_CONFIG
 
 from billing.auth.tokens import create_token, list_tokens, revoke_token, token_count
 from billing.errors import BillingError, ValidationFailed
@@ -143,6 +146,31 @@ def server_app() -> object:
     return server
 
 
+def log_config(log_level: str) -> dict[str, Any]:
+    """uvicorn's logging configuration plus the ``billing`` loggers at ``log_level``, on stderr
+    with time, level and logger name (without it, Python shows only their warnings)."""
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config["formatters"]["billing"] = {
+        "format": "%(asctime)s %(levelname)s %(name)s: %(message)s",
+    }
+    config["handlers"]["billing"] = {
+        "class": "logging.StreamHandler",
+        "formatter": "billing",
+        "stream": "ext://sys.stderr",
+    }
+    config["loggers"]["billing"] = {
+        "handlers": ["billing"],
+        "level": log_level.upper(),
+        "propagate": False,
+    }
+    return config
+
+
+def configure_logging(log_level: str) -> None:
+    """Send the ``billing`` loggers to stderr at ``log_level`` (commands run without uvicorn)."""
+    logging.config.dictConfig(log_config(log_level))
+
+
 def uvicorn_options(log_level: str) -> dict[str, Any]:
     """The uvicorn settings of ``billing serve`` (also used by bench/ingest.py's HTTP ceiling).
 
@@ -163,6 +191,7 @@ def uvicorn_options(log_level: str) -> dict[str, Any]:
         http = "h11"
     return {
         "log_level": log_level,
+        "log_config": log_config(log_level),
         "access_log": False,
         "proxy_headers": False,
         "server_header": False,
@@ -273,6 +302,7 @@ def prices_load(
 def reconcile() -> None:
     """Run one reconciliation pass now and print what it settled and adjusted (JSON)."""
     settings = load_settings()
+    configure_logging(settings.log_level)
     migrate_or_fail(settings)
     try:
         result = run_pass(_open(settings), settings)
