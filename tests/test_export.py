@@ -35,8 +35,8 @@ from sqlalchemy import select
 from typer.testing import CliRunner
 
 from billing import cli
+from billing.calllog.buckets import Buckets
 from billing.export import service
-from billing.export.buckets import Buckets
 from billing.export.columns import CALLS_COLUMNS, PRICE_COLUMNS, TOKEN_COLUMNS, usage_columns
 from billing.export.csvwriter import (
     CallsRenderer,

@@ -1,15 +1,26 @@
-"""Time buckets: the UTC rollup levels, local (zone) periods, and splitting a range into buckets.
+"""Time buckets, for ``GET /v1/usage`` and the ``usage.csv`` export alike: the UTC rollup levels,
+local (zone) periods, splitting a range into buckets, and the labels of local hours, days and
+months.
 
 Pure: no database. The rollups hold UTC buckets of four widths (``LEVELS``). Every zone in use
 today is offset from UTC by a multiple of 15 minutes, so each local hour, day and month starts on
 a 15-minute UTC edge; a range is then covered exactly by whole rollup buckets, the coarsest that
 fit (``cover``). Instants off a 15-minute edge (a ``since`` of 10:07, or a historic offset) leave
 a short remainder that is read from the raw rows (at most 15 minutes at each such edge).
+
+Labels (the contract's names of local periods, one function per dimension for both callers): an
+instant is shown in the zone, then cut to the start of its hour, day or month. ``hour`` is that
+local hour's start in RFC 3339 with the zone's offset at that moment
+(``2026-10-25T02:00:00+02:00`` and ``2026-10-25T02:00:00+01:00`` are the two 02:00 hours of a
+daylight-saving fall-back day), ``day`` is ``YYYY-MM-DD`` and ``month`` is ``YYYY-MM`` of the local
+date. ``label`` names the period starting at an instant (``/v1/usage``); ``Buckets`` labels a
+stream of stored booking instants (the export), memoised per UTC quarter hour.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from zoneinfo import ZoneInfo
@@ -21,6 +32,7 @@ LEVELS = (QUARTER, HOUR, DAY, MONTH)
 TIME_DIMS = ("hour", "day", "month")
 
 _Q = timedelta(minutes=15)
+_TICK = timedelta(microseconds=1)
 
 
 def floor(level: int, t: datetime) -> datetime:
@@ -184,12 +196,93 @@ def segments(dim: str | None, since: datetime, until: datetime, zone: ZoneInfo) 
     return result
 
 
-def label(dim: str, at: datetime, zone: ZoneInfo) -> str:
-    """The contract's name of the local period starting at ``at``: ``hour`` as RFC 3339 with the
-    zone's offset, ``day`` as ``YYYY-MM-DD``, ``month`` as ``YYYY-MM``."""
-    local = at.astimezone(zone)
-    if dim == "hour":
-        return local.isoformat(timespec="seconds")
-    if dim == "day":
-        return local.date().isoformat()
+# --- labels -------------------------------------------------------------------------------------
+
+
+def _hour(local: datetime) -> str:
+    return local.replace(minute=0, second=0, microsecond=0).isoformat()
+
+
+def _day(local: datetime) -> str:
+    return f"{local.year:04d}-{local.month:02d}-{local.day:02d}"
+
+
+def _month(local: datetime) -> str:
     return f"{local.year:04d}-{local.month:02d}"
+
+
+_LABELS: dict[str, Callable[[datetime], str]] = {"hour": _hour, "day": _day, "month": _month}
+
+
+def label(dim: str, at: datetime, zone: ZoneInfo) -> str:
+    """The contract's name of the local ``dim`` period (``hour``, ``day``, ``month``) holding the
+    aware instant ``at``: ``hour`` as RFC 3339 with the zone's offset
+    (``2026-10-25T02:00:00+01:00``), ``day`` as ``YYYY-MM-DD``, ``month`` as ``YYYY-MM``.
+    ``KeyError`` for another ``dim``."""
+    return _LABELS[dim](at.astimezone(zone))
+
+
+def parse_utc_text(text: str) -> datetime:
+    """Stored UTC text (``YYYY-MM-DD HH:MM:SS.ffffff``, as SQLite holds ``UTCDateTime``) → an aware
+    UTC datetime; ``ValueError`` if it is not such text."""
+    return datetime.fromisoformat(text).replace(tzinfo=UTC)
+
+
+def hour_sort_key(hour: str) -> datetime:
+    """The instant an ``hour`` label starts at (aware): hour labels sort by instant, not by text."""
+    return datetime.fromisoformat(hour)
+
+
+class Buckets:
+    """Labels of the time dimensions ``keys`` (in that order, names from ``TIME_DIMS``) for
+    instants in ``zone``; ``KeyError`` for another name.
+
+    For a long stream of instants in booking order (the ``usage.csv`` export): converting each one
+    to the zone would cost more than the rest of a row, so labels are worked out once per UTC
+    quarter hour. When the zone's offset is the same at both ends of the quarter and a whole
+    number of quarter hours (every zone since the 1970s), no period starts inside it, so the
+    labels hold for the whole quarter; anything else is labelled instant by instant.
+    """
+
+    def __init__(self, zone: ZoneInfo, keys: tuple[str, ...]) -> None:
+        self.zone = zone
+        self.keys = keys
+        self._label_fns = tuple(_LABELS[k] for k in keys)
+        self._minute: str | None = None
+        self._minute_labels: tuple[str, ...] = ()
+        self._quarter: str | None = None
+        self._quarter_labels: tuple[str, ...] | None = None
+
+    def at(self, instant: datetime) -> tuple[str, ...]:
+        """The labels (one per key) of one aware instant."""
+        local = instant.astimezone(self.zone)
+        return tuple(fn(local) for fn in self._label_fns)
+
+    def labels(self, text: str) -> tuple[str, ...]:
+        """The labels (one per key) of the instant written as stored UTC text
+        ``YYYY-MM-DD HH:MM:SS.ffffff``; consecutive instants in the same minute are answered from
+        the previous result, a new minute from the quarter-hour memo."""
+        if not self.keys:
+            return ()
+        minute = text[:16]
+        if minute == self._minute:
+            return self._minute_labels
+        quarter = f"{text[:14]}{int(text[14:16]) // 15 * 15:02d}"
+        if quarter != self._quarter:
+            self._quarter = quarter
+            self._quarter_labels = self._uniform(parse_utc_text(quarter))
+        if self._quarter_labels is None:
+            # The zone's offset changes inside this quarter hour: label this instant alone.
+            self._minute = None
+            return self.at(parse_utc_text(text))
+        self._minute = minute
+        self._minute_labels = self._quarter_labels
+        return self._quarter_labels
+
+    def _uniform(self, start: datetime) -> tuple[str, ...] | None:
+        first = start.astimezone(self.zone)
+        last = (start + _Q - _TICK).astimezone(self.zone)
+        offset = first.utcoffset()
+        if offset is None or offset != last.utcoffset() or offset % _Q:
+            return None
+        return tuple(fn(first) for fn in self._label_fns)

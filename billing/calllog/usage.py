@@ -56,7 +56,7 @@ from billing.storage.models import Call, LedgerEntry, UsageRollup, UsageRollupAl
 from billing.storage.types import UTCDateTime
 
 UTC_ZONE = ZoneInfo("UTC")
-GROUP_BY = ("api_key_id", "model", "hour", "day", "month")
+GROUP_BY = ("api_key_id", "model", *buckets.TIME_DIMS)
 PARAMETERS = ("since", "until", "api_key_id", "model", "group_by", "tz", "basis")
 #: The totals of a row, in the contract's order (after the group-by keys).
 TOTAL_FIELDS = ("calls", *TOKEN_FIELDS, "cost_usd")
@@ -159,8 +159,13 @@ def parse_usage_query(items: Iterable[tuple[str, str]]) -> UsageQuery:
 def usage_rows(session: Session, query: UsageQuery) -> list[UsageRow]:
     """The usage totals of ``query``, one row per non-empty group, in order (see the module).
 
-    For the CSV export too (``basis="booked"``). Raises ``ValidationFailed`` when the grouping
-    would make more than ``MAX_PERIODS`` periods.
+    Each ``UsageRow`` holds its group-by keys (labels from ``billing.calllog.buckets.label``),
+    the call count, token totals and cost in picodollars. ``basis="booked"`` is what the
+    ``usage.csv`` export holds for the same period (the export sums the ledger itself; tests
+    compare the two), but for ``hour`` groups across an offset change that is not a whole hour
+    (Australia/Lord_Howe, Pacific/Chatham, Antarctica/Casey), where the two still cut hours
+    differently. Raises ``ValidationFailed`` (422) when the grouping would make more than
+    ``MAX_PERIODS`` periods; database errors come as SQLAlchemy's.
     """
     dims = [name for name in query.group_by if name in ("api_key_id", "model")]
     times = [name for name in query.group_by if name in buckets.TIME_DIMS]

@@ -30,15 +30,16 @@ from __future__ import annotations
 
 from typing import Final
 
+from billing.calllog.buckets import TIME_DIMS
 from billing.reconcile.rule import TOKEN_FIELDS
 
 #: The token buckets, in the contract's usage-totals order.
 TOKEN_COLUMNS: Final[tuple[str, ...]] = tuple(TOKEN_FIELDS)
 
-#: The names ``group_by`` accepts; time buckets and text keys.
-TIME_KEYS: Final[tuple[str, ...]] = ("hour", "day", "month")
+#: The names ``group_by`` accepts; time buckets (as ``GET /v1/usage``) and text keys.
+TIME_KEYS: Final[tuple[str, ...]] = TIME_DIMS
 TEXT_KEYS: Final[tuple[str, ...]] = ("api_key_id", "model")
-GROUP_KEYS: Final[tuple[str, ...]] = ("api_key_id", "model", "hour", "day", "month")
+GROUP_KEYS: Final[tuple[str, ...]] = (*TEXT_KEYS, *TIME_KEYS)
 DEFAULT_GROUP_BY: Final[tuple[str, ...]] = ("day", "api_key_id", "model")
 
 #: The columns after the group columns in ``usage.csv``.

@@ -11,6 +11,12 @@ PostgreSQL, SQLite's lazy cursor) fetching ``CHUNK_ROWS`` plain tuples at a time
   order: ``api_key_id`` and ``model`` by text (an empty key, null, first), ``day`` and ``month`` by
   date, ``hour`` by the instant it starts.
 
+``usage.csv`` holds what ``GET /v1/usage?basis=booked`` (:func:`billing.calllog.usage.usage_rows`)
+answers, its buckets named by the same functions (:mod:`billing.calllog.buckets`), but summed here
+from the ledger itself rather than from the usage rollups: the finance record does not rest on
+derived tables (a test compares the two paths), and each entry is labelled by its own instant,
+with no limit on the number of periods.
+
 Costs are summed as integer picodollars (exact, no overflow) and written as exact decimals. A
 group's ``cost_usd`` is the sum of its priced entries; it is empty when every entry of the group is
 unpriced (as ``SUM`` over nulls is null). An unpriced entry leaves its own price and cost cells
@@ -35,8 +41,8 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.sql.elements import TextClause
 
+from billing.calllog.buckets import Buckets, hour_sort_key
 from billing.export import sql
-from billing.export.buckets import Buckets, hour_sort_key
 from billing.export.columns import CALLS_COLUMNS, TEXT_KEYS, TOKEN_COLUMNS, usage_columns
 from billing.export.csvwriter import CallsRenderer, ChunkWriter, neutralise, pusd_cell
 from billing.export.params import ExportParams
