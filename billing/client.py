@@ -43,6 +43,11 @@ Counters (:meth:`BillingClient.stats`): ``sent`` (events given to ``send``), ``a
 (``accepted`` + ``duplicates`` as the service answered), ``spooled`` (events written to the
 spool), ``replayed`` (events read back from the spool and acknowledged), ``rejected`` (dropped
 on a ``4xx``), ``dropped`` (lost on the client side), ``requests`` and ``retries`` (HTTP posts).
+
+How it is built: every decision (batching, retries and backoff, the spool, reading the answers)
+is made once, in :class:`_Engine`, as generators that yield "post this body" / "sleep this long"
+actions; the two clients are thin drivers that perform them with ``httpx.Client`` on a thread
+or ``httpx.AsyncClient`` on the event loop.
 """
 
 from __future__ import annotations
@@ -62,7 +67,7 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Generic, Literal, Self, TypeVar
 
 import httpx
 import orjson
@@ -306,7 +311,7 @@ def _spooled_event_id(data: bytes) -> str | None:
     return None
 
 
-# -- the delivery engine, free of I/O scheduling --------------------------------------------------
+# -- the delivery engine, free of I/O ------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,19 +323,15 @@ class _Post:
 
 @dataclass(frozen=True, slots=True)
 class _Sleep:
-    """Action: sleep ``seconds`` (cut short when the client is aborted); send back ``None``."""
-
-    seconds: float
-
-
-@dataclass(frozen=True, slots=True)
-class _Wait:
-    """Action: wait until woken (new work, flush, close) or ``seconds`` (``None``: no limit)."""
+    """Action: wait ``seconds`` (``None``: no limit), cut short once ``until()`` is true; send
+    back ``None``. The driver calls ``until`` with the engine's ``lock`` held, at the start and
+    after every ``notify``."""
 
     seconds: float | None
+    until: Callable[[], bool]
 
 
-_Action = _Post | _Sleep | _Wait
+_Action = _Post | _Sleep
 _Outcome = Literal["ok", "unreachable", "refused"]
 
 
@@ -346,19 +347,14 @@ class _Verdict:
     duplicates: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class _FlushTicket:
-    target: int
-    unreachable_mark: int
-
-
 class _Engine:
-    """State and delivery logic shared by both clients.
+    """State and delivery logic shared by both clients, with no I/O of its own but the spool.
 
-    :meth:`run` is a generator that yields actions (:class:`_Post`, :class:`_Sleep`,
-    :class:`_Wait`) for a driver to perform, thread or asyncio. Shared state is guarded by
-    ``lock``; ``notify`` is called (with ``lock`` held) after every change a waiter may care
-    about.
+    The decisions live in generators that yield actions (:class:`_Post`, :class:`_Sleep`) and
+    receive their results: :meth:`run`, the background worker, and :meth:`flush`. A driver
+    (:meth:`BillingClient._drive` on threads, :meth:`AsyncBillingClient._drive` on asyncio)
+    performs the actions. Shared state is guarded by ``lock``; ``notify`` (set by the driver) is
+    called with ``lock`` held after every change a waiter may care about.
     """
 
     def __init__(
@@ -489,43 +485,51 @@ class _Engine:
         )
         return event_id
 
-    def flush_begin(self) -> _FlushTicket:
-        """Register a flush: deliver everything now, replay the spool now."""
+    def flush(self, timeout: float | None) -> Generator[_Action, Any, bool]:
+        """The body of ``flush()``: ask the worker to deliver everything and replay the spool
+        now, then wait (``timeout`` seconds at most) until it is done; returns the result
+        described in :meth:`BillingClient.flush`."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self.lock:
             self._flush_gen += 1
             self._flushing += 1
             self.wake = True
             self.notify()
-            return _FlushTicket(self._seq, self._unreachable)
+            target, unreachable_mark = self._seq, self._unreachable
 
-    def flush_state(self, ticket: _FlushTicket) -> bool | None:
-        """With ``lock`` held: ``None`` while the flush must wait, else its result."""
-        in_memory = self._min_unresolved() <= ticket.target
-        spool_pending = self.spool is not None and self.spool.pending()
-        if in_memory or spool_pending:
-            if self.worker_done:
-                return False
-            if self._unreachable > ticket.unreachable_mark and not self._inflight:
-                return False  # the service did not answer; what is left waits (spool/memory)
-            return None
-        return self._rejected + self._dropped == self._loss_mark
+        def result() -> bool | None:
+            """With ``lock`` held: ``None`` while the flush must wait, else its result."""
+            in_memory = self._min_unresolved() <= target
+            if in_memory or (self.spool is not None and self.spool.pending()):
+                if self.worker_done:
+                    return False
+                if self._unreachable > unreachable_mark and not self._inflight:
+                    return False  # the service did not answer; what is left waits (spool/memory)
+                return None
+            return self._rejected + self._dropped == self._loss_mark
 
-    def flush_end(self) -> None:
-        with self.lock:
-            self._flushing -= 1
-            self._loss_mark = self._rejected + self._dropped
+        try:
+            while True:
+                with self.lock:
+                    state = result()
+                if state is not None:
+                    return state
+                wait = 1.0
+                if deadline is not None:
+                    wait = min(wait, deadline - time.monotonic())
+                    if wait <= 0:
+                        return False
+                yield _Sleep(wait, lambda: result() is not None)
+        finally:
+            with self.lock:
+                self._flushing -= 1
+                self._loss_mark = self._rejected + self._dropped
 
     def begin_close(self, abort: bool) -> None:
         with self.lock:
             self.closing = True
             self.abort = self.abort or abort
             self._flush_gen += 1
-            self.wake = True
-            self.notify()
-
-    def set_abort(self) -> None:
-        with self.lock:
-            self.abort = True
             self.wake = True
             self.notify()
 
@@ -545,11 +549,6 @@ class _Engine:
                 pending=len(self._buffer) + len(self._inflight),
             )
 
-    def mark_done(self) -> None:
-        with self.lock:
-            self.worker_done = True
-            self.notify()
-
     # -- the worker ------------------------------------------------------------------------
 
     def _min_unresolved(self) -> int:
@@ -558,8 +557,24 @@ class _Engine:
             seqs.append(self._buffer[0].seq)
         return min(seqs, default=self._seq + 1)
 
+    def _aborted(self) -> bool:
+        return self.abort
+
+    def _woken(self) -> bool:
+        return self.abort or self.wake
+
     def run(self) -> Generator[_Action, Any, None]:
-        """The worker loop: yields actions until the client is closed (and drained) or aborted."""
+        """The worker: yields actions until the client is closed (and drained) or aborted."""
+        try:
+            yield from self._work()
+        except Exception:  # pragma: no cover - a bug; make flush() return instead of hanging
+            log.exception("billing client: the delivery worker failed")
+        finally:
+            with self.lock:
+                self.worker_done = True
+                self.notify()
+
+    def _work(self) -> Generator[_Action, Any, None]:
         down_until = 0.0  # the service did not answer: no attempt before this (monotonic)
         down_delay = 0.0
         forced_gen = 0
@@ -591,7 +606,7 @@ class _Engine:
                 wait = down_until - now
                 if due is not None and not ready:
                     wait = min(wait, due - now)
-                yield _Wait(max(wait, 0.0))
+                yield _Sleep(max(wait, 0.0), self._woken)
                 continue
             spool_pending = self.spool is not None and self.spool.pending()
             outcome: _Outcome
@@ -604,7 +619,7 @@ class _Engine:
             else:
                 if closing:
                     return
-                yield _Wait(None if due is None else max(due - now, 0.0))
+                yield _Sleep(None if due is None else max(due - now, 0.0), self._woken)
                 continue
             if outcome == "ok":
                 down_delay = 0.0
@@ -764,7 +779,7 @@ class _Engine:
                         attempt,
                         self.max_retries,
                     )
-                    yield _Sleep(delay)
+                    yield _Sleep(delay, self._aborted)
                     if self.abort:
                         rest = batch + [item for part in queue for item in part]
                         self._give_up("unreachable", verdict, rest, attempt)
@@ -921,10 +936,81 @@ def _retry_after(value: str | None) -> float | None:
     return max(0.0, (when - datetime.now(UTC)).total_seconds())
 
 
-# -- the synchronous client ----------------------------------------------------------------------
+# -- the two clients: thin drivers around the engine ---------------------------------------------
+
+_TransportT = TypeVar("_TransportT", httpx.BaseTransport, httpx.AsyncBaseTransport)
+_R = TypeVar("_R")
 
 
-class BillingClient:
+class _ClientBase(Generic[_TransportT]):
+    """What both clients share: the arguments (documented on :class:`BillingClient`;
+    ``transport`` is an ``httpx.BaseTransport`` there, an ``httpx.AsyncBaseTransport`` for
+    :class:`AsyncBillingClient`), the engine and the counters. A subclass opens its transport in
+    :meth:`_open` and performs the engine's actions in ``_drive``."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        batch_size: int = 100,
+        flush_interval_s: float = 1.0,
+        max_buffer: int = 100_000,
+        spool_path: str | os.PathLike[str] | None = None,
+        max_retries: int = 5,
+        timeout_s: float = 10.0,
+        backoff_base_s: float = 0.2,
+        backoff_max_s: float = 5.0,
+        max_retry_after_s: float = 60.0,
+        on_error: OnError | None = None,
+        transport: _TransportT | None = None,
+    ) -> None:
+        self._engine = _Engine(
+            url,
+            token=token,
+            batch_size=batch_size,
+            flush_interval_s=flush_interval_s,
+            max_buffer=max_buffer,
+            spool_path=spool_path,
+            max_retries=max_retries,
+            timeout_s=timeout_s,
+            backoff_base_s=backoff_base_s,
+            backoff_max_s=backoff_max_s,
+            max_retry_after_s=max_retry_after_s,
+            on_error=on_error,
+        )
+        self._closed: bool | None = None
+        self._open(transport)
+
+    def _open(self, transport: _TransportT | None) -> None:
+        raise NotImplementedError
+
+    def stats(self) -> ClientStats:
+        """A snapshot of the counters."""
+        return self._engine.stats()
+
+    @property
+    def sent(self) -> int:
+        """Events given to :meth:`send`."""
+        return self.stats().sent
+
+    @property
+    def acknowledged(self) -> int:
+        """Events the service answered for (accepted + duplicates)."""
+        return self.stats().acknowledged
+
+    @property
+    def spooled(self) -> int:
+        """Events written to the spool file."""
+        return self.stats().spooled
+
+    @property
+    def rejected(self) -> int:
+        """Events the service rejected (``4xx``), dropped."""
+        return self.stats().rejected
+
+
+class BillingClient(_ClientBase[httpx.BaseTransport]):
     """Posts lifecycle events to the billing service from a background thread.
 
     Args:
@@ -951,45 +1037,14 @@ class BillingClient:
         ValueError: a parameter out of range or a URL that is not http(s).
     """
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        token: str | None = None,
-        batch_size: int = 100,
-        flush_interval_s: float = 1.0,
-        max_buffer: int = 100_000,
-        spool_path: str | os.PathLike[str] | None = None,
-        max_retries: int = 5,
-        timeout_s: float = 10.0,
-        backoff_base_s: float = 0.2,
-        backoff_max_s: float = 5.0,
-        max_retry_after_s: float = 60.0,
-        on_error: OnError | None = None,
-        transport: httpx.BaseTransport | None = None,
-    ) -> None:
-        self._engine = _Engine(
-            url,
-            token=token,
-            batch_size=batch_size,
-            flush_interval_s=flush_interval_s,
-            max_buffer=max_buffer,
-            spool_path=spool_path,
-            max_retries=max_retries,
-            timeout_s=timeout_s,
-            backoff_base_s=backoff_base_s,
-            backoff_max_s=backoff_max_s,
-            max_retry_after_s=max_retry_after_s,
-            on_error=on_error,
-        )
+    def _open(self, transport: httpx.BaseTransport | None) -> None:
         self._cond = threading.Condition(self._engine.lock)
         self._engine.notify = self._cond.notify_all
-        self._http = httpx.Client(timeout=timeout_s, transport=transport)
-        self._closed: bool | None = None
-        self._thread = threading.Thread(target=self._run, name="billing-client", daemon=True)
+        self._http = httpx.Client(timeout=self._engine.timeout_s, transport=transport)
+        self._thread = threading.Thread(
+            target=self._drive, args=(self._engine.run(),), name="billing-client", daemon=True
+        )
         self._thread.start()
-
-    # -- public API ------------------------------------------------------------------------
 
     def send(self, event: Mapping[str, Any]) -> str:
         """Queue one contract event for delivery; returns its ``event_id``. Never blocks on I/O
@@ -1015,27 +1070,7 @@ class BillingClient:
         flush; ``False`` when the service is unreachable (events then wait in the spool or in
         memory), when events were rejected or dropped, or on ``timeout`` (seconds).
         """
-        engine = self._engine
-        ticket = engine.flush_begin()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        result = False
-        try:
-            with self._cond:
-                while True:
-                    state = engine.flush_state(ticket)
-                    if state is not None:
-                        result = state
-                        break
-                    if deadline is None:
-                        self._cond.wait(1.0)
-                        continue
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    self._cond.wait(min(remaining, 1.0))
-        finally:
-            engine.flush_end()
-        return result
+        return self._drive(self._engine.flush(timeout))
 
     def close(self, timeout: float | None = None) -> bool:
         """Flush (up to ``timeout`` seconds), then stop the worker and release the connection.
@@ -1054,30 +1089,6 @@ class BillingClient:
         self._closed = ok
         return ok
 
-    def stats(self) -> ClientStats:
-        """A snapshot of the counters."""
-        return self._engine.stats()
-
-    @property
-    def sent(self) -> int:
-        """Events given to :meth:`send`."""
-        return self.stats().sent
-
-    @property
-    def acknowledged(self) -> int:
-        """Events the service answered for (accepted + duplicates)."""
-        return self.stats().acknowledged
-
-    @property
-    def spooled(self) -> int:
-        """Events written to the spool file."""
-        return self.stats().spooled
-
-    @property
-    def rejected(self) -> int:
-        """Events the service rejected (``4xx``), dropped."""
-        return self.stats().rejected
-
     def __enter__(self) -> Self:
         return self
 
@@ -1089,48 +1100,31 @@ class BillingClient:
     ) -> None:
         self.close()
 
-    # -- the worker thread -----------------------------------------------------------------
-
-    def _run(self) -> None:
-        engine = self._engine
-        steps = engine.run()
+    def _drive(self, steps: Generator[_Action, object, _R]) -> _R:
+        """Run an engine generator to its end on this thread; returns what it returns."""
+        answer: object = None
         try:
-            action = next(steps)
             while True:
-                action = steps.send(self._perform(action))
-        except StopIteration:
-            pass
-        except Exception:  # pragma: no cover - a bug; make flush() return instead of hanging
-            log.exception("billing client: the delivery worker failed")
+                answer = self._perform(steps.send(answer))
+        except StopIteration as stop:
+            value: _R = stop.value
+            return value
         finally:
-            engine.mark_done()
+            steps.close()
 
     def _perform(self, action: _Action) -> object:
-        engine = self._engine
         if isinstance(action, _Post):
+            engine = self._engine
             try:
                 return self._http.post(engine.endpoint, content=action.body, headers=engine.headers)
             except Exception as error:  # network errors, timeouts, protocol errors
                 return error
-        deadline = None if action.seconds is None else time.monotonic() + action.seconds
         with self._cond:
-            while not engine.abort:
-                if isinstance(action, _Wait) and engine.wake:
-                    break
-                if deadline is None:
-                    self._cond.wait()
-                    continue
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._cond.wait(remaining)
+            self._cond.wait_for(action.until, action.seconds)
         return None
 
 
-# -- the asyncio client --------------------------------------------------------------------------
-
-
-class AsyncBillingClient:
+class AsyncBillingClient(_ClientBase[httpx.AsyncBaseTransport]):
     """The asyncio twin of :class:`BillingClient`: same arguments, same behaviour, delivery in
     a background task of the running event loop (started by the first ``send``, ``flush`` or
     ``async with``). ``send`` is a plain method (it never waits); ``flush`` and ``close`` (alias
@@ -1140,47 +1134,13 @@ class AsyncBillingClient:
     unreachable or the buffer is full).
     """
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        token: str | None = None,
-        batch_size: int = 100,
-        flush_interval_s: float = 1.0,
-        max_buffer: int = 100_000,
-        spool_path: str | os.PathLike[str] | None = None,
-        max_retries: int = 5,
-        timeout_s: float = 10.0,
-        backoff_base_s: float = 0.2,
-        backoff_max_s: float = 5.0,
-        max_retry_after_s: float = 60.0,
-        on_error: OnError | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
-        self._engine = _Engine(
-            url,
-            token=token,
-            batch_size=batch_size,
-            flush_interval_s=flush_interval_s,
-            max_buffer=max_buffer,
-            spool_path=spool_path,
-            max_retries=max_retries,
-            timeout_s=timeout_s,
-            backoff_base_s=backoff_base_s,
-            backoff_max_s=backoff_max_s,
-            max_retry_after_s=max_retry_after_s,
-            on_error=on_error,
-        )
-        self._engine.notify = self._notify
-        self._timeout_s = timeout_s
+    def _open(self, transport: httpx.AsyncBaseTransport | None) -> None:
         self._transport = transport
+        self._engine.notify = self._notify
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._changed: asyncio.Event | None = None
+        self._changed = asyncio.Event()  # set, and replaced, on every notify
         self._task: asyncio.Task[None] | None = None
         self._http: httpx.AsyncClient | None = None
-        self._closed: bool | None = None
-
-    # -- public API ------------------------------------------------------------------------
 
     def send(self, event: Mapping[str, Any]) -> str:
         """Queue one event; see :meth:`BillingClient.send`. Call it from the event loop."""
@@ -1190,29 +1150,7 @@ class AsyncBillingClient:
     async def flush(self, timeout: float | None = None) -> bool:
         """See :meth:`BillingClient.flush`."""
         self._start()
-        engine = self._engine
-        ticket = engine.flush_begin()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        result = False
-        try:
-            while True:
-                changed = self._current_event()
-                with engine.lock:
-                    state = engine.flush_state(ticket)
-                if state is not None:
-                    result = state
-                    break
-                wait = 1.0
-                if deadline is not None:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    wait = min(wait, remaining)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(changed.wait(), wait)
-        finally:
-            engine.flush_end()
-        return result
+        return await self._drive(self._engine.flush(timeout))
 
     async def close(self, timeout: float | None = None) -> bool:
         """See :meth:`BillingClient.close`."""
@@ -1223,7 +1161,7 @@ class AsyncBillingClient:
         if self._task is not None:
             try:
                 await asyncio.wait_for(
-                    asyncio.shield(self._task), None if ok else self._timeout_s + 5.0
+                    asyncio.shield(self._task), None if ok else self._engine.timeout_s + 5.0
                 )
             except TimeoutError:  # pragma: no cover - a post hangs past its timeout
                 log.warning("billing client: the delivery task did not stop in time")
@@ -1234,30 +1172,6 @@ class AsyncBillingClient:
         return ok
 
     aclose = close
-
-    def stats(self) -> ClientStats:
-        """A snapshot of the counters."""
-        return self._engine.stats()
-
-    @property
-    def sent(self) -> int:
-        """Events given to :meth:`send`."""
-        return self.stats().sent
-
-    @property
-    def acknowledged(self) -> int:
-        """Events the service answered for (accepted + duplicates)."""
-        return self.stats().acknowledged
-
-    @property
-    def spooled(self) -> int:
-        """Events written to the spool file."""
-        return self.stats().spooled
-
-    @property
-    def rejected(self) -> int:
-        """Events the service rejected (``4xx``), dropped."""
-        return self.stats().rejected
 
     async def __aenter__(self) -> Self:
         self._start()
@@ -1271,22 +1185,15 @@ class AsyncBillingClient:
     ) -> None:
         await self.close()
 
-    # -- the worker task -------------------------------------------------------------------
-
     def _start(self) -> None:
         if self._task is not None:
             return
-        loop = asyncio.get_running_loop()  # RuntimeError outside a running loop
-        self._loop = loop
-        self._changed = asyncio.Event()
-        self._http = httpx.AsyncClient(timeout=self._timeout_s, transport=self._transport)
-        self._task = loop.create_task(self._run(), name="billing-client")
-
-    def _current_event(self) -> asyncio.Event:
-        assert self._changed is not None
-        return self._changed
+        self._loop = asyncio.get_running_loop()  # RuntimeError outside a running loop
+        self._http = httpx.AsyncClient(timeout=self._engine.timeout_s, transport=self._transport)
+        self._task = self._loop.create_task(self._drive(self._engine.run()), name="billing-client")
 
     def _notify(self) -> None:
+        """Wake every waiter; the engine calls it after each change, maybe from another thread."""
         loop = self._loop
         if loop is None:
             return
@@ -1300,25 +1207,20 @@ class AsyncBillingClient:
             loop.call_soon_threadsafe(self._signal)
 
     def _signal(self) -> None:
-        """Wake every waiter: set the current event and start a new one."""
-        changed = self._changed
-        self._changed = asyncio.Event()
-        if changed is not None:
-            changed.set()
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
 
-    async def _run(self) -> None:
-        engine = self._engine
-        steps = engine.run()
+    async def _drive(self, steps: Generator[_Action, object, _R]) -> _R:
+        """Run an engine generator to its end on the loop; returns what it returns."""
+        answer: object = None
         try:
-            action = next(steps)
             while True:
-                action = steps.send(await self._perform(action))
-        except StopIteration:
-            pass
-        except Exception:  # pragma: no cover - a bug; make flush() return instead of hanging
-            log.exception("billing client: the delivery task failed")
+                answer = await self._perform(steps.send(answer))
+        except StopIteration as stop:
+            value: _R = stop.value
+            return value
         finally:
-            engine.mark_done()
+            steps.close()
 
     async def _perform(self, action: _Action) -> object:
         engine = self._engine
@@ -1331,16 +1233,13 @@ class AsyncBillingClient:
             except Exception as error:  # network errors, timeouts, protocol errors
                 return error
         deadline = None if action.seconds is None else time.monotonic() + action.seconds
-        while not engine.abort:
-            if isinstance(action, _Wait) and engine.wake:
-                break
-            changed = self._current_event()
-            if deadline is None:
-                await changed.wait()
-                continue
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
+        while True:
+            changed = self._changed  # taken first: a notify from here on sets it
+            with engine.lock:
+                if action.until():
+                    return None
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return None
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), remaining)
-        return None
