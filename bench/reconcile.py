@@ -14,7 +14,8 @@ the final ``stream.usage`` (``upstream``; ``estimate`` on 5 %, which leaves thos
     python bench/reconcile.py --profile-calls 0     # no profile
 
 The reconciler is only measured here (billing/reconcile/ is not changed by this benchmark).
-The machine has 2 cores; the benchmark and the database share them.
+The machine has 2 cores; the benchmark and the database share them, and the load average at the
+start and the end is printed (other work on the machine skews the figures).
 """
 
 from __future__ import annotations
@@ -169,6 +170,7 @@ def main() -> None:
     from billing.settings import Settings
 
     batch_size = args.batch_size or Settings().reconcile_batch_size
+    load_start = os.getloadavg()
     dbs = Databases(args.pg_url, args.keep)
     rows = []
     profiles = []
@@ -203,6 +205,14 @@ def main() -> None:
         dbs.cleanup()
     print(f"reconcile benchmark on {machine()}; benchmark and database share the cores")
     print(f"reconcile_batch_size {batch_size}; one run_pass over every open call")
+    # Other work on the machine takes cores from the benchmark: a load above 2 skews the figures.
+    load_end = os.getloadavg()
+    print(
+        "load average (1, 5, 15 min) at start "
+        + ", ".join(f"{x:.2f}" for x in load_start)
+        + "; at end "
+        + ", ".join(f"{x:.2f}" for x in load_end)
+    )
     print("| database | calls | events | seconds | calls/s | target | ")
     print("|---|---|---|---|---|---|")
     for kind, events, r in rows:

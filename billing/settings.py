@@ -28,7 +28,7 @@ class Settings(BaseSettings):
     settle_after_s: float = Field(default=300.0, gt=0)
     close_lag_s: float = Field(default=60.0, ge=0)
     reconcile_interval_s: float = Field(default=2.0, gt=0)
-    reconcile_batch_size: int = Field(default=500, ge=1, le=100_000)
+    reconcile_batch_size: int = Field(default=2000, ge=1, le=100_000)
     sqlite_busy_timeout_ms: int = Field(default=10_000, ge=0)
     db_pool_size: int = Field(default=10, ge=1)
     db_retry_after_s: int = Field(default=2, ge=1)

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, Protocol
 
 from sqlalchemy import (
     BigInteger,
@@ -100,11 +100,60 @@ class Placed:
 
 
 def _totals(row: Any, calls: int, cost: int | None) -> Totals:
-    tokens = [getattr(row, name) for name in TOKEN_FIELDS]
-    return Totals([1, calls, *tokens, 1 if cost is None else 0], cost or 0)
+    return Totals(
+        [
+            1,
+            calls,
+            row.input_tokens,
+            row.cache_read_input_tokens,
+            row.cache_creation_input_tokens,
+            row.output_tokens_billed,
+            row.output_tokens_delivered,
+            row.output_tokens_undelivered,
+            row.reasoning_tokens,
+            1 if cost is None else 0,
+        ],
+        cost or 0,
+    )
 
 
-def place_call(call: Call, keyless_start: datetime | None = None) -> Placed | None:
+class CallLike(Protocol):
+    """What ``place_call`` reads of a call: a ``Call`` row, or the reconciler's own record."""
+
+    request_id: str
+    settled: bool
+    started_at: datetime | None
+    api_key_id: str | None
+    model: str | None
+    anomalies: list[str]
+    cost_pusd: int | None
+    input_tokens: int
+    cache_read_input_tokens: int
+    cache_creation_input_tokens: int
+    output_tokens_billed: int
+    output_tokens_delivered: int
+    output_tokens_undelivered: int
+    reasoning_tokens: int
+
+
+class EntryLike(Protocol):
+    """What ``place_entry`` reads of a ledger entry: a ``LedgerEntry`` row, or a new entry."""
+
+    kind: str
+    booked_at: datetime
+    api_key_id: str | None
+    model: str | None
+    cost_pusd: int | None
+    input_tokens: int
+    cache_read_input_tokens: int
+    cache_creation_input_tokens: int
+    output_tokens_billed: int
+    output_tokens_delivered: int
+    output_tokens_undelivered: int
+    reasoning_tokens: int
+
+
+def place_call(call: CallLike, keyless_start: datetime | None = None) -> Placed | None:
     """A call's call_start contribution as the reconciler last wrote it (None: not settled).
 
     A settled call without ``stream.started`` counts under no key and no model; ingest may have
@@ -119,7 +168,7 @@ def place_call(call: Call, keyless_start: datetime | None = None) -> Placed | No
     return Placed(call.started_at, call.api_key_id, call.model, totals)
 
 
-def place_entry(entry: LedgerEntry) -> Placed:
+def place_entry(entry: EntryLike) -> Placed:
     """A ledger entry's booked contribution; ``calls`` counts settlement entries."""
     settlement = 1 if entry.kind == "settlement" else 0
     return Placed(
@@ -128,27 +177,56 @@ def place_entry(entry: LedgerEntry) -> Placed:
 
 
 class Deltas:
-    """Changes to the rollups, summed per row (basis, key, level, bucket, model) in memory."""
+    """Changes to the rollups, summed per row (basis, key, level, bucket, model) in memory.
+
+    Contributions are summed per 15-minute bucket first (every coarser UTC bucket is a union of
+    whole quarters), and spread over the coarser levels once, when written.
+    """
 
     def __init__(self) -> None:
-        self.rows: dict[tuple[str, str, int, datetime, str], Totals] = {}
+        self.quarters: dict[tuple[str, str, datetime, str], list[int]] = {}
+        self._floors: dict[datetime, datetime] = {}
 
     def add(self, basis: str, placed: Placed, sign: int = 1) -> None:
-        key = placed.api_key_id or ""
-        model = placed.model or ""
-        for level in LEVELS:
-            row = (basis, key, level, floor(level, placed.at), model)
-            self.rows.setdefault(row, Totals()).add(placed.totals, sign)
+        quarter = self._floors.get(placed.at)
+        if quarter is None:
+            quarter = self._floors[placed.at] = floor(QUARTER, placed.at)
+        row = (basis, placed.api_key_id or "", quarter, placed.model or "")
+        totals = placed.totals
+        values = [*totals.values, totals.cost_pusd]
+        summed = self.quarters.get(row)
+        if summed is None:
+            self.quarters[row] = values if sign == 1 else [-v for v in values]
+        else:
+            for i, value in enumerate(values):
+                summed[i] += sign * value
 
     def write(self, session: Session) -> None:
         """Apply the deltas: one upsert into each rollup table."""
-        all_keys: dict[tuple[str, int, datetime, str], Totals] = {}
-        for (basis, _key, level, start, model), totals in self.rows.items():
-            all_keys.setdefault((basis, level, start, model), Totals()).add(totals)
-        _upsert(
-            session, _KEYED, ("basis", "api_key_id", "level", "bucket_start", "model"), self.rows
-        )
+        keyed: dict[tuple[Any, ...], list[int]] = {}
+        starts: dict[datetime, list[datetime]] = {}
+        for (basis, key, quarter, model), values in self.quarters.items():
+            levels = starts.get(quarter)
+            if levels is None:
+                levels = starts[quarter] = [quarter, *(floor(lv, quarter) for lv in LEVELS[1:])]
+            for level, start in zip(LEVELS, levels, strict=True):
+                _sum_into(keyed, (basis, key, level, start, model), values)
+        all_keys: dict[tuple[Any, ...], list[int]] = {}
+        for (basis, _key, level, start, model), values in keyed.items():
+            _sum_into(all_keys, (basis, level, start, model), values)
+        _upsert(session, _KEYED, ("basis", "api_key_id", "level", "bucket_start", "model"), keyed)
         _upsert(session, _ALL_KEYS, ("basis", "level", "bucket_start", "model"), all_keys)
+
+
+def _sum_into(
+    rows: dict[tuple[Any, ...], list[int]], row: tuple[Any, ...], values: list[int]
+) -> None:
+    summed = rows.get(row)
+    if summed is None:
+        rows[row] = list(values)
+    else:
+        for i, value in enumerate(values):
+            summed[i] += value
 
 
 def _insert(session: Session, table: Any) -> postgresql.Insert | sqlite.Insert:
@@ -156,40 +234,65 @@ def _insert(session: Session, table: Any) -> postgresql.Insert | sqlite.Insert:
     return (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table)
 
 
+_SUMMED = (*COUNT_FIELDS, "cost_whole_usd", "cost_frac_pusd")
+
+
+def _sqlite_time(value: datetime) -> str:
+    """The text ``UTCDateTime`` stores on SQLite for a UTC instant."""
+    return value.astimezone(UTC).replace(tzinfo=None).isoformat(" ", "microseconds")
+
+
 def _upsert(
-    session: Session, table: Table, names: Sequence[str], rows: Mapping[tuple[Any, ...], Totals]
+    session: Session,
+    table: Table,
+    names: Sequence[str],
+    rows: Mapping[tuple[Any, ...], list[int]],
 ) -> None:
+    """Add ``rows`` (``COUNT_FIELDS`` then the cost in picodollars, per key ``names``) into
+    ``table``: one statement on the raw driver, rows in key order."""
+    conn = session.connection()
+    postgres = conn.dialect.name == "postgresql"
+    time_at = names.index("bucket_start")
     params = []
     for row in sorted(rows):  # one lock order for every reconciler: no deadlocks
-        totals = rows[row]
-        if totals.is_zero():  # e.g. a call that moved between keys of one bucket
+        values = rows[row]
+        if not any(values):  # e.g. a call that moved between keys of one bucket
             continue
-        whole, frac = divmod(totals.cost_pusd, PICO)
-        params.append(
-            {
-                **dict(zip(names, row, strict=True)),
-                **dict(zip(COUNT_FIELDS, totals.values, strict=True)),
-                "cost_whole_usd": whole,
-                "cost_frac_pusd": frac,
-            }
-        )
+        whole, frac = divmod(values[-1], PICO)
+        key = list(row)
+        if not postgres:
+            key[time_at] = _sqlite_time(key[time_at])
+        params.append((*key, *values[:-1], whole, frac))
     if not params:
         return
-    statement = _insert(session, table)
-    new = statement.excluded
-    frac_sum = table.c.cost_frac_pusd + new.cost_frac_pusd
-    updates: dict[str, Any] = {name: table.c[name] + new[name] for name in COUNT_FIELDS}
-    updates["cost_frac_pusd"] = frac_sum % PICO
-    updates["cost_whole_usd"] = table.c.cost_whole_usd + new.cost_whole_usd + frac_sum // PICO
-    session.execute(
-        statement.on_conflict_do_update(index_elements=list(names), set_=updates), params
+    name = table.name
+    frac_sum = f"({name}.cost_frac_pusd + excluded.cost_frac_pusd)"
+    mod = "%%" if postgres else "%"
+    updates = [f"{c} = {name}.{c} + excluded.{c}" for c in COUNT_FIELDS]
+    updates.append(f"cost_frac_pusd = {frac_sum} {mod} {PICO}")
+    updates.append(
+        f"cost_whole_usd = {name}.cost_whole_usd + excluded.cost_whole_usd + {frac_sum} / {PICO}"
     )
+    columns = ", ".join((*names, *_SUMMED))
+    conflict = f" ON CONFLICT ({', '.join(names)}) DO UPDATE SET {', '.join(updates)}"
+    if postgres:
+        types = {"level": "int2", "bucket_start": "timestamptz"}
+        arrays = ", ".join(
+            f"%s::{types.get(n, 'varchar' if n in names else 'int8')}[]" for n in (*names, *_SUMMED)
+        )
+        conn.exec_driver_sql(
+            f"INSERT INTO {name} ({columns}) SELECT * FROM unnest({arrays}){conflict}",
+            tuple(list(column) for column in zip(*params, strict=True)),
+        )
+    else:
+        marks = ", ".join("?" * (len(names) + len(_SUMMED)))
+        conn.exec_driver_sql(f"INSERT INTO {name} ({columns}) VALUES ({marks}){conflict}", params)
 
 
 # --- the reconciler's hooks -----------------------------------------------------------------------
 
 
-def before_step(session: Session, calls: Iterable[Call]) -> dict[str, Placed]:
+def before_step(session: Session, calls: Iterable[CallLike]) -> dict[str, Placed]:
     """What the call_start rollups hold for each of a step's calls, read before the step
     changes them (``after_step`` takes it back out where the call changed)."""
     calls = list(calls)
@@ -211,8 +314,8 @@ def before_step(session: Session, calls: Iterable[Call]) -> dict[str, Placed]:
 def after_step(
     session: Session,
     before: Mapping[str, Placed],
-    calls: Iterable[Call],
-    entries: Iterable[LedgerEntry],
+    calls: Iterable[CallLike],
+    entries: Iterable[EntryLike],
 ) -> None:
     """Bring the rollups up to date with a step: the calls' new call_start contributions replace
     their old ones, and every new ledger entry is booked. Runs in the step's transaction."""

@@ -10,14 +10,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from billing.ingest.schemas import (
-    Event,
-    StreamClientDisconnected,
-    StreamFailed,
-    StreamStarted,
-    StreamTokens,
-    StreamUsage,
-)
+from billing.ingest.schemas import StreamFailed, StreamStarted, StreamUsage
+from billing.reconcile.stored import AnyEvent, StoredFailed, StoredStarted, StoredUsage
 
 #: Anomaly codes (CONTRACT "Reconciliation" and "Cost").
 DELIVERED_EXCEEDS_BILLED = "delivered_exceeds_billed"
@@ -112,33 +106,52 @@ class CallFigures:
     anomalies: tuple[str, ...] = field(default=())
 
 
-def _usage_key(usage: StreamUsage) -> tuple[datetime, int, str]:
+def _usage_key(usage: StreamUsage | StoredUsage) -> tuple[datetime, int, str]:
     # The latest occurred_at wins; ties go to the larger output_tokens, then the larger event_id.
     return (usage.occurred_at, usage.output_tokens, usage.event_id)
 
 
-def _attempt_figures(number: int, events: list[Event], call_model: str | None) -> AttemptFigures:
-    started = [e for e in events if isinstance(e, StreamStarted)]
-    usages = [e for e in events if isinstance(e, StreamUsage)]
-    failures = [e for e in events if isinstance(e, StreamFailed)]
-    disconnects = [e for e in events if isinstance(e, StreamClientDisconnected)]
+def _attempt_figures(number: int, events: list[AnyEvent], call_model: str | None) -> AttemptFigures:
+    # One pass over the attempt's events (this runs for every call of every reconciliation step).
+    # Event ids are unique here, so no two events tie on any of the keys below.
+    first_started: StreamStarted | StoredStarted | None = None
+    upstream: StreamUsage | StoredUsage | None = None
+    estimate: StreamUsage | StoredUsage | None = None
+    last_failure: StreamFailed | StoredFailed | None = None
+    disconnected = False
     anomalies: set[str] = set()
 
     delivered = 0
     generated = 0
     for e in events:
-        if isinstance(e, StreamTokens):
-            delivered = max(delivered, e.output_tokens_delivered)
-            generated = max(generated, e.output_tokens_generated)
-        elif isinstance(e, StreamClientDisconnected):
+        if e.type == "stream.tokens":
+            if e.output_tokens_delivered > delivered:
+                delivered = e.output_tokens_delivered
+            if e.output_tokens_generated > generated:
+                generated = e.output_tokens_generated
+        elif e.type == "stream.usage":
+            if e.source == "upstream":
+                if upstream is None or _usage_key(e) > _usage_key(upstream):
+                    upstream = e
+            elif estimate is None or _usage_key(e) > _usage_key(estimate):
+                estimate = e
+        elif e.type == "stream.started":
+            if first_started is None or (e.occurred_at, e.event_id) < (
+                first_started.occurred_at,
+                first_started.event_id,
+            ):
+                first_started = e
+        elif e.type == "stream.client_disconnected":
+            disconnected = True
             delivered = max(delivered, e.output_tokens_delivered)
             generated = max(generated, e.output_tokens_generated or 0)
-        elif isinstance(e, StreamFailed):
+        else:
             generated = max(generated, e.output_tokens_generated or 0)
-
-    upstream = max((u for u in usages if u.source == "upstream"), key=_usage_key, default=None)
-    estimate = max((u for u in usages if u.source == "estimate"), key=_usage_key, default=None)
-    first_started = min(started, key=lambda e: (e.occurred_at, e.event_id), default=None)
+            if last_failure is None or (e.occurred_at, e.event_id) > (
+                last_failure.occurred_at,
+                last_failure.event_id,
+            ):
+                last_failure = e
 
     if upstream is not None:
         billed = upstream.output_tokens
@@ -160,21 +173,20 @@ def _attempt_figures(number: int, events: list[Event], call_model: str | None) -
             input_tokens = 0
             anomalies.add(INPUT_UNKNOWN)
 
-    last_failure = max(failures, key=lambda e: (e.occurred_at, e.event_id), default=None)
     if last_failure is not None:
         status = "failed"
-    elif disconnects:
+    elif disconnected:
         status = "client_disconnected"
     else:
         status = "completed"
     tokens = Tokens(
-        input_tokens=input_tokens,
-        cache_read_input_tokens=cache_read,
-        cache_creation_input_tokens=cache_creation,
-        output_tokens_billed=billed,
-        output_tokens_delivered=delivered,
-        output_tokens_undelivered=max(0, billed - delivered),
-        reasoning_tokens=reasoning,
+        input_tokens,
+        cache_read,
+        cache_creation,
+        billed,
+        delivered,
+        max(0, billed - delivered),
+        reasoning,
     )
     return AttemptFigures(
         attempt=number,
@@ -189,30 +201,49 @@ def _attempt_figures(number: int, events: list[Event], call_model: str | None) -
     )
 
 
-def reconcile_call(request_id: str, events: Iterable[Event]) -> CallFigures:
+def reconcile_call(request_id: str, events: Iterable[AnyEvent]) -> CallFigures:
     """Compute a call's billed figures from its events, in any order and with duplicates.
 
-    ``events`` must all belong to ``request_id``; an event_id seen twice counts once. Returns the
+    ``events`` must all belong to ``request_id`` (validated event models, or events read back
+    from storage by ``billing.reconcile.stored``); an event_id seen twice counts once. Returns the
     per-attempt and per-call figures (tokens are integers). Raises ``ValueError`` when no event is
     given. Source: CONTRACT "Reconciliation".
     """
-    unique: dict[str, Event] = {}
+    unique: dict[str, AnyEvent] = {}
     for event in events:
         unique.setdefault(event.event_id, event)
     if not unique:
         raise ValueError(f"call {request_id!r} has no events")
-    by_attempt: dict[int, list[Event]] = {}
-    for event in unique.values():
-        by_attempt.setdefault(event.attempt, []).append(event)
-
-    starts = [e for e in unique.values() if isinstance(e, StreamStarted)]
+    by_attempt: dict[int, list[AnyEvent]] = {}
     # The call is named by the lowest attempt's stream.started (its first one if repeated).
-    first = min(starts, key=lambda e: (e.attempt, e.occurred_at, e.event_id), default=None)
+    first: StreamStarted | StoredStarted | None = None
+    earliest: datetime | None = None
+    latest: datetime | None = None
+    for event in unique.values():
+        group = by_attempt.get(event.attempt)
+        if group is None:
+            by_attempt[event.attempt] = [event]
+        else:
+            group.append(event)
+        when = event.occurred_at
+        if earliest is None or when < earliest:
+            earliest = when
+        if latest is None or when > latest:
+            latest = when
+        if event.type == "stream.started" and (
+            first is None
+            or (event.attempt, event.occurred_at, event.event_id)
+            < (first.attempt, first.occurred_at, first.event_id)
+        ):
+            first = event
     call_model = first.model if first else None
     attempts = tuple(_attempt_figures(n, by_attempt[n], call_model) for n in sorted(by_attempt))
-    total = Tokens()
-    for figures in attempts:
-        total = total + figures.tokens
+    if len(attempts) == 1:
+        total = attempts[0].tokens
+    else:
+        total = Tokens()
+        for figures in attempts:
+            total = total + figures.tokens
     anomalies = {code for a in attempts for code in a.anomalies}
     all_upstream = all(a.usage_source == "upstream" for a in attempts)
     if not all_upstream:
@@ -226,15 +257,15 @@ def reconcile_call(request_id: str, events: Iterable[Event]) -> CallFigures:
         status = "client_disconnected"
     else:
         status = "completed"
-    times = [e.occurred_at for e in unique.values()]
+    assert earliest is not None and latest is not None
     return CallFigures(
         request_id=request_id,
         api_key_id=first.api_key_id if first else None,
         model=call_model,
         protocol=first.protocol if first else None,
         metadata=dict(first.metadata) if first and first.metadata else None,
-        started_at=first.occurred_at if first else min(times),
-        ended_at=max(times),
+        started_at=first.occurred_at if first else earliest,
+        ended_at=latest,
         attempts=attempts,
         tokens=total,
         usage_source="upstream" if all_upstream else "estimate",

@@ -8,22 +8,22 @@ ledger, and clears ``pending``. Source: CONTRACT "Reconciliation" and "Cost".
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from pydantic import TypeAdapter
-from sqlalchemy import case, delete, func, or_, select, update
+from sqlalchemy import case, false, func, or_, select, true, update
 from sqlalchemy.orm import Session
 
 from billing.calllog import rollups
-from billing.ingest.schemas import Event as EventModel
 from billing.pricing.prices import PriceBook, PriceRow, prices_by_id
 from billing.reconcile.ledger import REVERSAL_PREFIX, Line, LineKey, NewEntry, plan_entries
 from billing.reconcile.rule import TOKEN_FIELDS, UNPRICED, CallFigures, Tokens, reconcile_call
-from billing.storage.models import Call, CallAttempt, Event, LedgerEntry
-
-_event_adapter: TypeAdapter[EventModel] = TypeAdapter(EventModel)
+from billing.reconcile.stored import AnyEvent, check_figures, decode
+from billing.storage.models import Call, CallAttempt, LedgerEntry
 
 
 @dataclass
@@ -45,36 +45,69 @@ class StepResult:
 def due_calls(
     session: Session, now: datetime, settle_after_s: float, limit: int, *, lock: bool = True
 ) -> list[str]:
-    """Lock and return up to ``limit`` calls that need work: pending ones, and open ones whose
-    last event arrived ``settle_after_s`` seconds ago or earlier. Rows locked by another
-    reconciler are skipped. With ``lock=False`` the rows are only listed (a read transaction)."""
+    """Lock and return up to ``limit`` calls that need work: open ones whose last event arrived
+    ``settle_after_s`` seconds ago or earlier (oldest first), then pending ones (oldest first).
+    Rows locked by another reconciler are skipped. With ``lock=False`` the rows are only listed
+    (a read transaction).
+
+    Two queries, each a range of one index read in order (``calls(settled, pending,
+    last_received_at, request_id)`` and ``calls(pending, last_received_at, request_id)``), so a
+    step costs the same however many calls are waiting; one ``OR`` of both conditions can use
+    neither index and sorts every waiting call at every step.
+    """
     cutoff = now - timedelta(seconds=settle_after_s)
-    query = (
-        select(Call.request_id)
-        .where(
-            or_(
-                Call.pending.is_(True),
-                (Call.settled.is_(False)) & (Call.last_received_at <= cutoff),
+    order = (Call.last_received_at, Call.request_id)
+    queries = [
+        # Open, not pending (reconciled since its last event), and quiet for settle_after.
+        select(Call.request_id).where(
+            Call.settled == false(), Call.pending == false(), Call.last_received_at <= cutoff
+        ),
+        select(Call.request_id).where(Call.pending == true()),
+    ]
+    found: list[str] = []
+    for query in queries:
+        if len(found) >= limit:
+            break
+        query = query.order_by(*order).limit(limit - len(found))
+        if lock:
+            query = query.with_for_update(skip_locked=True)
+        found.extend(session.scalars(query))
+    return found
+
+
+def load_events(session: Session, request_ids: Sequence[str]) -> dict[str, list[AnyEvent]]:
+    """Every stored event of the given calls, read back for the rule, in arrival order."""
+    events: dict[str, list[AnyEvent]] = {rid: [] for rid in request_ids}
+    conn = session.connection()
+    postgres = conn.dialect.name == "postgresql"
+    for start in range(0, len(request_ids), _CHUNK):
+        chunk = list(request_ids[start : start + _CHUNK])
+        if postgres:
+            sql = (
+                "SELECT request_id, body FROM events WHERE request_id = ANY(%s) "
+                "ORDER BY request_id, seq"
             )
-        )
-        .order_by(Call.last_received_at, Call.request_id)
-        .limit(limit)
-    )
-    if lock:
-        query = query.with_for_update(skip_locked=True)
-    return list(session.scalars(query))
-
-
-def load_events(session: Session, request_ids: Sequence[str]) -> dict[str, list[EventModel]]:
-    """Every stored event of the given calls, parsed back into event models, in arrival order."""
-    events: dict[str, list[EventModel]] = {rid: [] for rid in request_ids}
-    rows = session.execute(
-        select(Event.request_id, Event.body)
-        .where(Event.request_id.in_(request_ids))
-        .order_by(Event.seq)
-    )
-    for request_id, body in rows:
-        events[request_id].append(_event_adapter.validate_json(body))
+            params: Any = (chunk,)
+        else:
+            marks = ", ".join("?" * len(chunk))
+            sql = (
+                f"SELECT request_id, body FROM events WHERE request_id IN ({marks}) "
+                "ORDER BY request_id, seq"
+            )
+            params = tuple(chunk)
+        current = ""
+        group: list[AnyEvent] = []
+        # The driver's own cursor: tens of thousands of rows per step, no result processing.
+        cursor = conn.connection.cursor()
+        try:
+            cursor.execute(sql, params)
+            for request_id, body in cursor.fetchall():
+                if request_id != current:
+                    current = request_id
+                    group = events[request_id]
+                group.append(decode(body))
+        finally:
+            cursor.close()
     return events
 
 
@@ -131,7 +164,8 @@ def target_lines(figures: CallFigures, book: PriceBook) -> list[Line]:
     """The call's billable lines: its attempts grouped by model, each priced at the call's start."""
     by_model: dict[str | None, Tokens] = {}
     for attempt in figures.attempts:
-        by_model[attempt.model] = by_model.get(attempt.model, Tokens()) + attempt.tokens
+        summed = by_model.get(attempt.model)
+        by_model[attempt.model] = attempt.tokens if summed is None else summed + attempt.tokens
     lines = []
     for model, tokens in by_model.items():
         price = book.at(model, figures.started_at)
@@ -161,36 +195,159 @@ def reconcile_step(
     return reconcile_calls(session, request_ids, now, settle_after_s)
 
 
+#: Calls per ``IN (…)`` list or array parameter.
+_CHUNK = 2000
+
+#: The columns of ``calls`` a step reads: what the rollups placed the call under, and the rest
+#: of its state that decides the step's writes.
+_STATE_COLUMNS = (
+    "request_id",
+    "settled",
+    "last_received_at",
+    "started_at",
+    "api_key_id",
+    "model",
+    "anomalies",
+    "cost_pusd",
+    "attempts",
+    *TOKEN_FIELDS,
+)
+
+
+class _CallState:
+    """A call's row as a step reads it (before) or writes it (after); see ``rollups.CallLike``.
+
+    Read back, an open call only carries what the step needs (``rollups.place_call`` reads no
+    more of a call that is not settled); ``stored`` holds the raw ``last_received_at`` and the
+    identity columns (api key, model, start) as the driver returned them.
+    """
+
+    __slots__ = (*_STATE_COLUMNS, "settling", "stored")
+
+    request_id: str
+    settled: bool
+    last_received_at: datetime
+    started_at: datetime | None
+    api_key_id: str | None
+    model: str | None
+    anomalies: list[str]
+    cost_pusd: int | None
+    attempts: int
+    input_tokens: int
+    cache_read_input_tokens: int
+    cache_creation_input_tokens: int
+    output_tokens_billed: int
+    output_tokens_delivered: int
+    output_tokens_undelivered: int
+    reasoning_tokens: int
+    settling: bool
+    stored: tuple[Any, ...]
+
+
+def _load_states(session: Session, request_ids: Sequence[str]) -> dict[str, _CallState]:
+    conn = session.connection()
+    postgres = conn.dialect.name == "postgresql"
+    states: dict[str, _CallState] = {}
+    for start in range(0, len(request_ids), _CHUNK):
+        chunk = list(request_ids[start : start + _CHUNK])
+        head = (
+            "SELECT request_id, settled, attempts, last_received_at, api_key_id, model, "
+            "started_at FROM calls WHERE request_id "
+        )
+        if postgres:
+            rows = conn.exec_driver_sql(head + "= ANY(%s)", (chunk,))
+        else:
+            rows = conn.exec_driver_sql(head + f"IN ({', '.join('?' * len(chunk))})", tuple(chunk))
+        for request_id, settled, attempts, *stored in rows:
+            state = _CallState()
+            state.request_id = request_id
+            state.settled = bool(settled)
+            state.attempts = attempts
+            state.stored = tuple(stored)
+            state.settling = False
+            states[request_id] = state
+    # A settled call's current figures: what the rollups hold for it (read the typed way).
+    settled = [rid for rid, state in states.items() if state.settled]
+    columns = [getattr(Call, name) for name in _STATE_COLUMNS]
+    for start in range(0, len(settled), _CHUNK):
+        chunk = settled[start : start + _CHUNK]
+        for row in session.execute(select(*columns).where(Call.request_id.in_(chunk))):
+            state = states[row.request_id]
+            for name, value in zip(_STATE_COLUMNS, row, strict=True):
+                setattr(state, name, value)
+    return states
+
+
+def _new_state(
+    old: _CallState, fig: CallFigures, cost: int | None, settle: bool, anomalies: list[str]
+) -> _CallState:
+    new = _CallState()
+    new.request_id = old.request_id
+    new.settled = old.settled or settle
+    new.settling = settle and not old.settled
+    new.stored = old.stored
+    new.started_at = fig.started_at
+    new.api_key_id = fig.api_key_id
+    new.model = fig.model
+    new.anomalies = anomalies
+    new.cost_pusd = cost
+    new.attempts = len(fig.attempts)
+    tokens = fig.tokens
+    new.input_tokens = tokens.input_tokens
+    new.cache_read_input_tokens = tokens.cache_read_input_tokens
+    new.cache_creation_input_tokens = tokens.cache_creation_input_tokens
+    new.output_tokens_billed = tokens.output_tokens_billed
+    new.output_tokens_delivered = tokens.output_tokens_delivered
+    new.output_tokens_undelivered = tokens.output_tokens_undelivered
+    new.reasoning_tokens = tokens.reasoning_tokens
+    return new
+
+
+def _anomalies(fig: CallFigures, cost: int | None) -> list[str]:
+    if cost is None and UNPRICED not in fig.anomalies:
+        return sorted({*fig.anomalies, UNPRICED})
+    return list(fig.anomalies)
+
+
 def reconcile_calls(
     session: Session, request_ids: Sequence[str], now: datetime, settle_after_s: float
 ) -> StepResult:
-    """Recompute, settle and book the given (already locked) calls."""
+    """Recompute, settle and book the given (already locked) calls.
+
+    Set-based: a few reads for the whole batch, then one statement (or one ``executemany``) per
+    table written: the calls, their attempts, the ledger entries, the rollups.
+    """
     result = StepResult(examined=len(request_ids))
     if not request_ids:
         return result
-    calls = {
-        c.request_id: c
-        for c in session.scalars(select(Call).where(Call.request_id.in_(request_ids)))
-    }
-    rolled_up = rollups.before_step(session, calls.values())
+    states = _load_states(session, request_ids)
+    rolled_up = rollups.before_step(session, states.values())
     events = load_events(session, request_ids)
     figures = {rid: reconcile_call(rid, evs) for rid, evs in events.items() if evs}
+    for figured in figures.values():
+        check_figures(figured)
     models = {a.model for f in figures.values() for a in f.attempts if a.model}
     book = PriceBook.load(session, models)
-    booked = _load_booked(session, request_ids)
-    cutoff = now - timedelta(seconds=settle_after_s)
-    entries: list[LedgerEntry] = []
+    booked = _load_booked(session, [rid for rid, state in states.items() if state.settled])
+    postgres = session.get_bind().dialect.name == "postgresql"
+    cutoff_at = now - timedelta(seconds=settle_after_s)
+    # Compared with the stored value as the driver returns it (text on SQLite, in one format).
+    cutoff: Any = cutoff_at if postgres else _sqlite_time(cutoff_at)
+    entries: list[_Entry] = []
+    updates: list[tuple[_CallState, _CallState, CallFigures]] = []
+    after: list[_CallState] = []
     for request_id in request_ids:
-        call = calls[request_id]
+        call = states[request_id]
         fig = figures.get(request_id)
         if fig is None:
+            after.append(call)
             continue
         lines = target_lines(fig, book)
         cost = call_cost(lines)
-        timed_out = call.last_received_at <= cutoff
+        timed_out = call.stored[0] <= cutoff
         settle = call.settled or fig.complete or timed_out
         if settle:
-            record = booked.get(request_id, _Booked())
+            record = booked.get(request_id) or _NOTHING_BOOKED
             reason = (
                 "settled: upstream usage for every attempt"
                 if fig.complete
@@ -202,43 +359,419 @@ def reconcile_calls(
             seq = record.max_seq
             for new in planned:
                 seq += 1
-                entries.append(_entry(request_id, seq, new, fig, now))
+                entries.append(_Entry(request_id, seq, new, fig, now))
                 if new.kind == "adjustment":
                     result.adjusted += 1
             if not call.settled:
                 result.settled += 1
                 result.settled_ids.append(request_id)
-        _apply(call, fig, cost, settle, now)
-        _write_attempts(session, fig)
-    session.add_all(entries)
-    session.flush()
-    rollups.after_step(session, rolled_up, calls.values(), entries)
+        state = _new_state(call, fig, cost, settle, _anomalies(fig, cost))
+        updates.append((call, state, fig))
+        after.append(state)
+    writer = _PgWriter(session) if postgres else None
+    if writer is not None:
+        writer.calls(updates, now)
+        writer.attempts(updates)
+        writer.entries(entries)
+    else:
+        sqlite = _SqliteWriter(session)
+        sqlite.calls(updates, now)
+        sqlite.attempts(updates)
+        sqlite.entries(entries)
+    rollups.after_step(session, rolled_up, after, entries)
     return result
 
 
-def _entry(
-    request_id: str, seq: int, new: NewEntry, fig: CallFigures, now: datetime
-) -> LedgerEntry:
-    price = new.price
-    return LedgerEntry(
-        request_id=request_id,
-        seq=seq,
-        kind=new.kind,
-        reason=new.reason,
-        booked_at=now,
-        api_key_id=new.key.api_key_id,
-        model=new.key.model,
-        protocol=fig.protocol,
-        status=fig.status,
-        call_started_at=fig.started_at,
-        **new.tokens.as_dict(),
-        price_id=price.id if price else None,
-        input_uusd_per_mtok=price.input if price else None,
-        output_uusd_per_mtok=price.output if price else None,
-        cache_read_uusd_per_mtok=price.cache_read if price else None,
-        cache_creation_uusd_per_mtok=price.cache_creation if price else None,
-        cost_pusd=new.cost_pusd,
+_NOTHING_BOOKED = _Booked()
+
+
+class _Entry:
+    """A new ledger entry (see ``LedgerEntry``; ``rollups.EntryLike``)."""
+
+    __slots__ = (
+        "api_key_id",
+        "booked_at",
+        "call_started_at",
+        "cost_pusd",
+        "kind",
+        "model",
+        "price",
+        "protocol",
+        "reason",
+        "request_id",
+        "seq",
+        "status",
+        "tokens",
+        *TOKEN_FIELDS,
     )
+
+    def __init__(
+        self, request_id: str, seq: int, new: NewEntry, fig: CallFigures, now: datetime
+    ) -> None:
+        self.request_id = request_id
+        self.seq = seq
+        self.kind = new.kind
+        self.reason = new.reason
+        self.booked_at = now
+        self.api_key_id = new.key.api_key_id
+        self.model = new.key.model
+        self.protocol = fig.protocol
+        self.status = fig.status
+        self.call_started_at = fig.started_at
+        self.price = new.price
+        self.cost_pusd = new.cost_pusd
+        self.tokens = new.tokens
+        tokens = new.tokens
+        self.input_tokens = tokens.input_tokens
+        self.cache_read_input_tokens = tokens.cache_read_input_tokens
+        self.cache_creation_input_tokens = tokens.cache_creation_input_tokens
+        self.output_tokens_billed = tokens.output_tokens_billed
+        self.output_tokens_delivered = tokens.output_tokens_delivered
+        self.output_tokens_undelivered = tokens.output_tokens_undelivered
+        self.reasoning_tokens = tokens.reasoning_tokens
+
+    def row(self, booked_at: Any, time: Callable[[datetime | None], Any]) -> tuple[Any, ...]:
+        """The values of ``_ENTRY_COLUMNS`` (``booked_at`` and times as the driver takes them)."""
+        price = self.price
+        return (
+            self.request_id,
+            self.seq,
+            self.kind,
+            self.reason,
+            booked_at,
+            self.api_key_id,
+            self.model,
+            self.protocol,
+            self.status,
+            time(self.call_started_at),
+            self.input_tokens,
+            self.cache_read_input_tokens,
+            self.cache_creation_input_tokens,
+            self.output_tokens_billed,
+            self.output_tokens_delivered,
+            self.output_tokens_undelivered,
+            self.reasoning_tokens,
+            price.id if price else None,
+            price.input if price else None,
+            price.output if price else None,
+            price.cache_read if price else None,
+            price.cache_creation if price else None,
+            self.cost_pusd,
+        )
+
+
+_ENTRY_COLUMNS = (
+    "request_id",
+    "seq",
+    "kind",
+    "reason",
+    "booked_at",
+    "api_key_id",
+    "model",
+    "protocol",
+    "status",
+    "call_started_at",
+    *TOKEN_FIELDS,
+    "price_id",
+    "input_uusd_per_mtok",
+    "output_uusd_per_mtok",
+    "cache_read_uusd_per_mtok",
+    "cache_creation_uusd_per_mtok",
+    "cost_pusd",
+)
+_ENTRY_PG_TYPES = (
+    "varchar",
+    "int4",
+    "varchar",
+    "varchar",
+    "timestamptz",
+    "varchar",
+    "varchar",
+    "varchar",
+    "varchar",
+    "timestamptz",
+    *("int8" for _ in TOKEN_FIELDS),
+    "int8",
+    "int8",
+    "int8",
+    "int8",
+    "int8",
+    "int8",
+)
+_ATTEMPT_COLUMNS = (
+    "request_id",
+    "attempt",
+    "model",
+    "status",
+    "usage_source",
+    "error_type",
+    "stop_reason",
+    *TOKEN_FIELDS,
+)
+_ATTEMPT_PG_TYPES = (
+    "varchar",
+    "int4",
+    "varchar",
+    "varchar",
+    "varchar",
+    "varchar",
+    "varchar",
+    *("int8" for _ in TOKEN_FIELDS),
+)
+
+
+def _attempt_rows(updates: Sequence[tuple[_CallState, _CallState, CallFigures]]) -> list[Any]:
+    return [
+        (
+            fig.request_id,
+            a.attempt,
+            a.model,
+            a.status,
+            a.usage_source,
+            a.error_type,
+            a.stop_reason,
+            *_token_values(a.tokens),
+        )
+        for _old, _new, fig in updates
+        for a in fig.attempts
+    ]
+
+
+def _token_values(tokens: Tokens) -> tuple[int, ...]:
+    return (
+        tokens.input_tokens,
+        tokens.cache_read_input_tokens,
+        tokens.cache_creation_input_tokens,
+        tokens.output_tokens_billed,
+        tokens.output_tokens_delivered,
+        tokens.output_tokens_undelivered,
+        tokens.reasoning_tokens,
+    )
+
+
+def _had_attempts(updates: Sequence[tuple[_CallState, _CallState, CallFigures]]) -> list[str]:
+    """The calls whose attempts were written by an earlier step (to be replaced)."""
+    return [old.request_id for old, _new, _fig in updates if old.attempts]
+
+
+@functools.lru_cache(maxsize=256)
+def _json_list(codes: tuple[str, ...]) -> str:
+    return json.dumps(list(codes))
+
+
+def _json_metadata(metadata: dict[str, str] | None) -> str | None:
+    return None if metadata is None else json.dumps(metadata)
+
+
+def _call_values(
+    new: _CallState, fig: CallFigures, now: Any, time: Callable[[datetime | None], Any]
+) -> tuple[Any, ...]:
+    """The values of ``_CALL_SET`` for one call; ``now`` as the driver takes it."""
+    return (
+        fig.protocol,
+        _json_metadata(fig.metadata),
+        time(fig.ended_at),
+        fig.status if new.settled else "open",
+        new.settled,
+        now if new.settling else None,
+        fig.usage_source,
+        new.attempts,
+        new.input_tokens,
+        new.cache_read_input_tokens,
+        new.cache_creation_input_tokens,
+        new.output_tokens_billed,
+        new.output_tokens_delivered,
+        new.output_tokens_undelivered,
+        new.reasoning_tokens,
+        new.cost_pusd,
+        _json_list(tuple(new.anomalies)),
+        fig.error_type,
+        fig.stop_reason,
+    )
+
+
+#: The columns of ``calls`` every step writes, in the order of ``_call_values``; ``pending`` is
+#: cleared too: the row is locked by the step, so nothing arrived for it since its events were
+#: read. ``settled_at`` is only set when the call settles now (``COALESCE`` keeps an earlier one).
+_CALL_SET = (
+    "protocol",
+    "metadata",
+    "ended_at",
+    "status",
+    "settled",
+    "settled_at",
+    "usage_source",
+    "attempts",
+    *TOKEN_FIELDS,
+    "cost_pusd",
+    "anomalies",
+    "error_type",
+    "stop_reason",
+)
+_CALL_PG_TYPES = (
+    "varchar",
+    "text",
+    "timestamptz",
+    "varchar",
+    "bool",
+    "timestamptz",
+    "varchar",
+    "int4",
+    *("int8" for _ in TOKEN_FIELDS),
+    "int8",
+    "text",
+    "varchar",
+    "varchar",
+)
+#: The identity columns, written as well where they changed (ingest fills them in from the
+#: call's first ``stream.started`` already, so that is rare).
+_CALL_IDENTITY = ("api_key_id", "model", "started_at")
+
+
+def _sqlite_time(value: datetime | None) -> str | None:
+    """The text ``UTCDateTime`` stores on SQLite: naive UTC ``YYYY-MM-DD HH:MM:SS.ffffff``."""
+    if value is None:
+        return None
+    if value.tzinfo is not UTC:
+        value = value.astimezone(UTC)
+    return value.replace(tzinfo=None).isoformat(" ", "microseconds")
+
+
+def _same(value: datetime | None) -> datetime | None:
+    return value
+
+
+def _set_clause(name: str, value: str) -> str:
+    if name == "settled_at":
+        return f"settled_at = COALESCE(calls.settled_at, {value})"
+    if name in ("metadata", "anomalies") and value.startswith("u."):
+        return f"{name} = {value}::json"
+    return f"{name} = {value}"
+
+
+class _SqliteWriter:
+    """The step's writes on SQLite: ``executemany`` of prepared statements (one C loop each)."""
+
+    def __init__(self, session: Session) -> None:
+        self.conn = session.connection()
+
+    def calls(
+        self, updates: Sequence[tuple[_CallState, _CallState, CallFigures]], now: datetime
+    ) -> None:
+        # SQLite rewrites the index entries of every column a SET names, even to the same value:
+        # the indexed identity columns are only named for the calls where they changed.
+        plain: list[tuple[Any, ...]] = []
+        changed: list[tuple[Any, ...]] = []
+        now_text = _sqlite_time(now)
+        for old, new, fig in updates:
+            values = _call_values(new, fig, now_text, _sqlite_time)
+            identity = (new.api_key_id, new.model, _sqlite_time(new.started_at))
+            if old.stored[1:] == identity:
+                plain.append((*values, new.request_id))
+            else:
+                changed.append((*values, *identity, new.request_id))
+        sets = ", ".join(_set_clause(name, "?") for name in _CALL_SET)
+        if plain:
+            self.conn.exec_driver_sql(
+                f"UPDATE calls SET {sets}, pending = 0 WHERE request_id = ?", plain
+            )
+        if changed:
+            more = ", ".join(f"{name} = ?" for name in _CALL_IDENTITY)
+            self.conn.exec_driver_sql(
+                f"UPDATE calls SET {sets}, {more}, pending = 0 WHERE request_id = ?", changed
+            )
+
+    def attempts(self, updates: Sequence[tuple[_CallState, _CallState, CallFigures]]) -> None:
+        stale = _had_attempts(updates)
+        for start in range(0, len(stale), _CHUNK):
+            chunk = stale[start : start + _CHUNK]
+            marks = ", ".join("?" * len(chunk))
+            self.conn.exec_driver_sql(
+                f"DELETE FROM call_attempts WHERE request_id IN ({marks})", tuple(chunk)
+            )
+        rows = _attempt_rows(updates)
+        if rows:
+            marks = ", ".join("?" * len(_ATTEMPT_COLUMNS))
+            self.conn.exec_driver_sql(
+                f"INSERT INTO call_attempts ({', '.join(_ATTEMPT_COLUMNS)}) VALUES ({marks})",
+                rows,
+            )
+
+    def entries(self, entries: Sequence[_Entry]) -> None:
+        if not entries:
+            return
+        marks = ", ".join("?" * len(_ENTRY_COLUMNS))
+        # Every entry of a step is booked at the step's clock.
+        booked = {at: _sqlite_time(at) for at in {entry.booked_at for entry in entries}}
+        self.conn.exec_driver_sql(
+            f"INSERT INTO ledger_entries ({', '.join(_ENTRY_COLUMNS)}) VALUES ({marks})",
+            [entry.row(booked.get(entry.booked_at), _sqlite_time) for entry in entries],
+        )
+
+
+def _unnest(types: Sequence[str], names: Sequence[str]) -> str:
+    arrays = ", ".join(f"%s::{t}[]" for t in types)
+    return f"unnest({arrays}) AS u({', '.join(names)})"
+
+
+def _columns(rows: Sequence[tuple[Any, ...]], width: int) -> tuple[list[Any], ...]:
+    return tuple(list(column) for column in zip(*rows, strict=True)) if rows else ([],) * width
+
+
+class _PgWriter:
+    """The step's writes on PostgreSQL: one statement per table, rows passed as arrays
+    (``unnest``), so a step of thousands of calls is a handful of round trips."""
+
+    def __init__(self, session: Session) -> None:
+        self.conn = session.connection()
+
+    def calls(
+        self, updates: Sequence[tuple[_CallState, _CallState, CallFigures]], now: datetime
+    ) -> None:
+        if not updates:
+            return
+        rows = [
+            (
+                *_call_values(new, fig, now, _same),
+                new.api_key_id,
+                new.model,
+                new.started_at,
+                new.request_id,
+            )
+            for _old, new, fig in updates
+        ]
+        names = (*_CALL_SET, *_CALL_IDENTITY, "request_id")
+        types = (*_CALL_PG_TYPES, "varchar", "varchar", "timestamptz", "varchar")
+        sets = ", ".join(_set_clause(name, f"u.{name}") for name in names[:-1])
+        self.conn.exec_driver_sql(
+            f"UPDATE calls SET {sets}, pending = false FROM {_unnest(types, names)} "
+            "WHERE calls.request_id = u.request_id",
+            _columns(rows, len(names)),
+        )
+
+    def attempts(self, updates: Sequence[tuple[_CallState, _CallState, CallFigures]]) -> None:
+        stale = _had_attempts(updates)
+        if stale:
+            self.conn.exec_driver_sql(
+                "DELETE FROM call_attempts WHERE request_id = ANY(%s::varchar[])", (stale,)
+            )
+        rows = _attempt_rows(updates)
+        if rows:
+            self.conn.exec_driver_sql(
+                f"INSERT INTO call_attempts ({', '.join(_ATTEMPT_COLUMNS)}) "
+                f"SELECT * FROM {_unnest(_ATTEMPT_PG_TYPES, _ATTEMPT_COLUMNS)}",
+                _columns(rows, len(_ATTEMPT_COLUMNS)),
+            )
+
+    def entries(self, entries: Sequence[_Entry]) -> None:
+        if not entries:
+            return
+        rows = [entry.row(entry.booked_at, _same) for entry in entries]
+        self.conn.exec_driver_sql(
+            f"INSERT INTO ledger_entries ({', '.join(_ENTRY_COLUMNS)}) "
+            f"SELECT * FROM {_unnest(_ENTRY_PG_TYPES, _ENTRY_COLUMNS)} ORDER BY request_id, seq",
+            _columns(rows, len(_ENTRY_COLUMNS)),
+        )
 
 
 def preview_call(session: Session, call: Call) -> None:
@@ -250,6 +783,7 @@ def preview_call(session: Session, call: Call) -> None:
     if not events:
         return
     fig = reconcile_call(call.request_id, events)
+    check_figures(fig)
     models = {a.model for a in fig.attempts if a.model}
     lines = target_lines(fig, PriceBook.load(session, models))
     _apply(call, fig, call_cost(lines), call.settled, call.settled_at or datetime.now(UTC))
@@ -271,31 +805,10 @@ def _apply(call: Call, fig: CallFigures, cost: int | None, settle: bool, now: da
     for name, value in fig.tokens.as_dict().items():
         setattr(call, name, value)
     call.cost_pusd = cost
-    anomalies = set(fig.anomalies)
-    if cost is None:
-        anomalies.add(UNPRICED)
-    call.anomalies = sorted(anomalies)
+    call.anomalies = _anomalies(fig, cost)
     call.error_type = fig.error_type
     call.stop_reason = fig.stop_reason
-    # The row is locked by this step, so nothing arrived for it since we read its events.
     call.pending = False
-
-
-def _write_attempts(session: Session, fig: CallFigures) -> None:
-    session.execute(delete(CallAttempt).where(CallAttempt.request_id == fig.request_id))
-    session.add_all(
-        CallAttempt(
-            request_id=fig.request_id,
-            attempt=a.attempt,
-            model=a.model,
-            status=a.status,
-            usage_source=a.usage_source,
-            error_type=a.error_type,
-            stop_reason=a.stop_reason,
-            **a.tokens.as_dict(),
-        )
-        for a in fig.attempts
-    )
 
 
 def mark_model_pending(session: Session, model: str, effective_from: datetime) -> int:

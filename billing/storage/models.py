@@ -112,8 +112,10 @@ class Call(Base):
         Index(None, "api_key_id", "started_at", "request_id"),
         Index(None, "model", "started_at", "request_id"),
         Index(None, "started_at", "request_id"),
-        Index(None, "pending", "last_received_at"),
-        Index(None, "settled", "last_received_at"),
+        # The reconciler's two due queries, each read in order as one range
+        # (billing.reconcile.service.due_calls).
+        Index(None, "pending", "last_received_at", "request_id"),
+        Index(None, "settled", "pending", "last_received_at", "request_id"),
         # The call log's status filter, alone and with a key (billing.calllog.queries).
         Index(None, "status", "started_at", "request_id"),
         Index(None, "api_key_id", "status", "started_at", "request_id"),

@@ -1,0 +1,161 @@
+"""Stored events read back cheaply for reconciliation.
+
+Every stored event was validated by ingest against ``billing.ingest.schemas`` before it was
+committed, so the reconciler does not need pydantic to read it again (that cost ~9 µs an event,
+more than all the rest of a call's reconciliation). ``decode`` parses the body with orjson and
+wraps the dict in a light object of the event's type that the rule reads like the pydantic model
+(same attribute names, same defaults). Bodies that no longer look like what ingest accepted (a
+manual repair, say) still fail their call: a body that is not JSON, has an unknown type or a
+timestamp Python does not read the way pydantic does goes through the full pydantic validation
+(which returns the model or raises); a missing field raises in the rule; and ``check_figures``
+refuses figures built from a value of the wrong type (a float token count: money is never
+float).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Literal
+
+import orjson
+from pydantic import TypeAdapter
+
+from billing.ingest.schemas import Event as EventModel
+
+if TYPE_CHECKING:
+    from billing.reconcile.rule import CallFigures, Tokens
+
+
+class _Stored:
+    """Envelope fields; subclasses add their type's fields and defaults (as class attributes)."""
+
+    event_id: str
+    request_id: str
+    occurred_at: datetime
+    attempt: int = 1
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.__dict__!r})"
+
+
+class StoredStarted(_Stored):
+    type: Literal["stream.started"]
+    api_key_id: str
+    model: str
+    protocol: str
+    input_tokens: int | None = None
+    metadata: dict[str, str] | None = None
+
+
+class StoredTokens(_Stored):
+    type: Literal["stream.tokens"]
+    output_tokens_generated: int
+    output_tokens_delivered: int
+
+
+class StoredClientDisconnected(_Stored):
+    type: Literal["stream.client_disconnected"]
+    output_tokens_delivered: int
+    output_tokens_generated: int | None = None
+
+
+class StoredUsage(_Stored):
+    type: Literal["stream.usage"]
+    input_tokens: int
+    output_tokens: int
+    cache_read_input_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    reasoning_tokens: int = 0
+    source: Literal["upstream", "estimate"]
+    model: str | None = None
+    stop_reason: str | None = None
+
+
+class StoredFailed(_Stored):
+    type: Literal["stream.failed"]
+    error_type: str
+    message: str | None = None
+    output_tokens_generated: int | None = None
+
+
+StoredEvent = StoredStarted | StoredTokens | StoredClientDisconnected | StoredUsage | StoredFailed
+#: What the rule reads: an event as validated by ingest, or one read back from storage.
+AnyEvent = EventModel | StoredEvent
+
+_CLASSES: dict[str, type[_Stored]] = {
+    "stream.started": StoredStarted,
+    "stream.tokens": StoredTokens,
+    "stream.client_disconnected": StoredClientDisconnected,
+    "stream.usage": StoredUsage,
+    "stream.failed": StoredFailed,
+}
+
+_model_adapter: TypeAdapter[EventModel] = TypeAdapter(EventModel)
+
+
+def _fast(fields: Any) -> StoredEvent:
+    # A non-dict body, an unknown type or a timestamp Python reads otherwise raise KeyError,
+    # TypeError or ValueError here: the caller then validates the body in full.
+    cls = _CLASSES[fields["type"]]
+    when = datetime.fromisoformat(fields["occurred_at"])
+    if when.tzinfo is not UTC:
+        if when.tzinfo is None:
+            raise ValueError("no offset")
+        when = when.astimezone(UTC)
+    fields["occurred_at"] = when
+    event: Any = cls.__new__(cls)
+    event.__dict__ = fields
+    return event  # type: ignore[no-any-return]
+
+
+def decode(body: str | bytes) -> AnyEvent:
+    """One stored event body as the rule reads it; raises (``ValueError``, pydantic's
+    ``ValidationError``) when the body is not JSON or an unusual body is not a valid event.
+
+    The fast path checks no field: ``check_figures`` checks every value that reached the figures
+    of a call computed from such events."""
+    try:
+        fields = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return _model_adapter.validate_json(body)
+    try:
+        return _fast(fields)
+    except (KeyError, TypeError, ValueError):
+        return _model_adapter.validate_json(body)
+
+
+def _text_ok(value: object) -> bool:
+    return value is None or type(value) is str
+
+
+def check_figures(fig: CallFigures) -> None:
+    """Raise ``ValueError`` unless every value of ``fig`` has the type ingest guarantees: token
+    counts and attempts non-negative integers, names text. Events read back by ``decode`` are
+    not validated field by field; any stored value that decides a figure ends up here (a value
+    that decides nothing, say a smaller counter, cannot change what is billed). The call's
+    totals are sums of its attempts' figures, so checking those covers them."""
+    ok = _text_ok(fig.api_key_id) and _text_ok(fig.protocol) and _text_ok(fig.model)
+    ok = ok and (fig.metadata is None or type(fig.metadata) is dict)
+    for attempt in fig.attempts:
+        values = (attempt.attempt, *_token_values(attempt.tokens))
+        try:
+            # sum() of ints is an int; a float makes it a float, text raises TypeError.
+            ok = ok and type(sum(values)) is int and min(values) >= 0
+        except TypeError:
+            ok = False
+        ok = ok and _text_ok(attempt.model) and _text_ok(attempt.error_type)
+        ok = ok and _text_ok(attempt.stop_reason)
+    if not ok:
+        raise ValueError(f"the stored events of call {fig.request_id!r} are not valid events")
+
+
+def _token_values(tokens: Tokens) -> tuple[int, ...]:
+    return (
+        tokens.input_tokens,
+        tokens.cache_read_input_tokens,
+        tokens.cache_creation_input_tokens,
+        tokens.output_tokens_billed,
+        tokens.output_tokens_delivered,
+        tokens.output_tokens_undelivered,
+        tokens.reasoning_tokens,
+    )
