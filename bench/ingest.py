@@ -487,6 +487,34 @@ def tree_rss_kb(pid: int) -> int:
     return total
 
 
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by ``pid`` and its descendants."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    ticks, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            pass
+        todo.extend(children.get(p, []))
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def load_average() -> float:
+    return os.getloadavg()[0]
+
+
 @dataclass
 class Server:
     proc: subprocess.Popen[bytes]
@@ -880,10 +908,19 @@ def bench_db(args: argparse.Namespace, dbs: Databases, kind: str) -> list[Row]:
         with billing_server(url, workers, args.reconciler, dbs.tmp) as server:
             for size in args.sizes:
                 seed += 1
+                load = load_average()
+                cpu = tree_cpu_s(server.proc.pid)
                 result = run_client(_load_config(args, server.port, size, server.token, seed))
+                cpu = tree_cpu_s(server.proc.pid) - cpu
+                # CPU over warm-up and measurement, per event of the measurement scaled to both.
+                seen = result["events_per_s"] * (args.warmup + result["seconds"])
+                result["server_cpu_us_per_event"] = cpu / seen * 1e6 if seen else float("nan")
+                result["load_before"] = load
                 _say(
                     f"[{kind}] billing serve, {workers} worker(s), posts of {size:>4}: "
                     + _fmt(result)
+                    + f"  server CPU {result['server_cpu_us_per_event']:.0f} µs/event"
+                    + f"  (load {load:.2f} before)"
                     + (
                         f"  ERRORS {result['errors']} {result['error_samples']}"
                         if result["errors"]
@@ -913,7 +950,8 @@ def _ratio(a: dict[str, Any], b: dict[str, Any] | None) -> str:
 def table(rows: list[Row]) -> str:
     head = (
         "| database | workers | events/post | conns | events/s | p50 ms | p99 ms "
-        "| HTTP ceiling ev/s | ÷ HTTP | storage ceiling ev/s | ÷ storage | errors |"
+        "| HTTP ceiling ev/s | ÷ HTTP | storage ceiling ev/s | ÷ storage | server CPU µs/ev "
+        "| load | errors |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
@@ -923,7 +961,9 @@ def table(rows: list[Row]) -> str:
         lines.append(
             f"| {'SQLite' if r.db == 'sqlite' else 'PostgreSQL'} | {r.workers} | {r.size} "
             f"| {r.concurrency} | {s['events_per_s']:,.0f} | {s['p50_ms']:.1f} | {s['p99_ms']:.1f} "
-            f"| {http} | {_ratio(s, r.http)} | {stor} | {_ratio(s, r.storage)} | {s['errors']} |"
+            f"| {http} | {_ratio(s, r.http)} | {stor} | {_ratio(s, r.storage)} "
+            f"| {s.get('server_cpu_us_per_event', float('nan')):.0f} "
+            f"| {s.get('load_before', float('nan')):.2f} | {s['errors']} |"
         )
     return "\n".join(lines)
 
@@ -1061,6 +1101,7 @@ def main() -> None:
         int(k): int(v) for k, v in (p.split("=") for p in args.concurrency.split(",") if p)
     }
     dbs = Databases(args.pg_url, args.keep)
+    load_at_start = load_average()
     try:
         if args.soak is not None:
             sys.exit(soak(args, dbs))
@@ -1072,7 +1113,9 @@ def main() -> None:
     print(f"ingest benchmark on {machine()}; load generator, server and database share the cores")
     print(
         f"{args.duration:g} s measured per run after {args.warmup:g} s of warm-up; "
-        f"client {args.client}; background reconciler {'on' if args.reconciler else 'off'}"
+        f"client {args.client}; background reconciler {'on' if args.reconciler else 'off'}; "
+        f"1-minute load average {load_at_start:.2f} at the start, {load_average():.2f} at the end"
+        + (" (other jobs shared the machine: rerun when quiet)" if load_at_start > 1.5 else "")
     )
     print(table(rows))
     for line in verdicts(rows):

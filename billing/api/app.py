@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -27,19 +27,29 @@ from billing.storage.models import Call
 log = logging.getLogger("billing")
 
 
-class _LatencyMiddleware:
-    """Observes every HTTP request's latency, labelled by route template and status.
+class _Latency:
+    """The request latency histogram's children, by (method, route template, status)."""
 
-    ``POST /v1/events`` — the one route gateways call thousands of times a second — is answered
-    here by ``events.serve_ingest`` (the same guard, handler and error rendering as the routed
-    endpoint, which stays registered for the OpenAPI schema): routing, dependency solving and
-    the exception middleware cost more than the rest of a single-event post.
-    """
-
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
-        self.app = app
+    def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
         self._observers: dict[tuple[str, str, int], Any] = {}
+
+    def observe(self, method: str, path: str, status: int, seconds: float) -> None:
+        key = (method, path, status)
+        observer = self._observers.get(key)
+        if observer is None:
+            observer = self.metrics.request_latency.labels(method, path, str(status))
+            if len(self._observers) < 1000:
+                self._observers[key] = observer
+        observer.observe(seconds)
+
+
+class _LatencyMiddleware:
+    """Observes every HTTP request's latency, labelled by route template and status."""
+
+    def __init__(self, app: ASGIApp, latency: _Latency) -> None:
+        self.app = app
+        self.latency = latency
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -54,28 +64,43 @@ class _LatencyMiddleware:
                 status = message["status"]
             await send(message)
 
-        ingest = (
-            scope["path"] == events.PATH
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            path = getattr(scope.get("route"), "path", "unmatched")
+            self.latency.observe(scope["method"], path, status, time.perf_counter() - started)
+
+
+class _App(FastAPI):
+    """The FastAPI app, with ``POST /v1/events`` answered ahead of the middleware stack.
+
+    The one route gateways call thousands of times a second goes straight to
+    ``events.serve_ingest`` (the same guard, handler and error rendering as the routed endpoint,
+    which stays registered for the OpenAPI schema), with its latency observed as for any route:
+    the middleware stack, routing, dependency solving and the exception middleware cost more than
+    the rest of a single-event post. Any other exception propagates to the server, which answers
+    500 (as the error middleware would).
+    """
+
+    latency: _Latency
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "http"
+            and scope["path"] == events.PATH
             and scope["method"] == "POST"
             and not scope.get("root_path")
-            and "app" in scope
-        )
-        try:
-            if ingest:
-                state = scope["app"].state.billing
-                response = await events.serve_ingest(Request(scope, receive), state)
-                await response(scope, receive, send_wrapper)
-            else:
-                await self.app(scope, receive, send_wrapper)
-        finally:
-            path = events.PATH if ingest else getattr(scope.get("route"), "path", "unmatched")
-            key = (scope["method"], path, status)
-            observer = self._observers.get(key)
-            if observer is None:
-                observer = self.metrics.request_latency.labels(scope["method"], path, str(status))
-                if len(self._observers) < 1000:
-                    self._observers[key] = observer
-            observer.observe(time.perf_counter() - started)
+            and not self.root_path
+        ):
+            scope["app"] = self
+            started = time.perf_counter()
+            status = 500
+            try:
+                status = await events.serve_ingest(scope, receive, send, self.state.billing)
+            finally:
+                self.latency.observe("POST", events.PATH, status, time.perf_counter() - started)
+            return
+        await super().__call__(scope, receive, send)
 
 
 def create_app(settings: Settings | None = None, *, background: bool = False) -> FastAPI:
@@ -110,7 +135,7 @@ def create_app(settings: Settings | None = None, *, background: bool = False) ->
                     await task
             engine.dispose()
 
-    app = FastAPI(
+    app = _App(
         title="billing",
         version="1",
         summary="Streaming usage and billing accounting for LLM API gateways",
@@ -121,7 +146,8 @@ def create_app(settings: Settings | None = None, *, background: bool = False) ->
     errors.install(app, settings.db_retry_after_s)
     for module in _ROUTERS:
         app.include_router(module.router)
-    app.add_middleware(_LatencyMiddleware, metrics=state.metrics)
+    app.latency = _Latency(state.metrics)
+    app.add_middleware(_LatencyMiddleware, latency=app.latency)
     return app
 
 

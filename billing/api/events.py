@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
+from starlette.types import Receive, Scope, Send
 
 from billing.api.state import AppState
 from billing.auth.guard import allow
@@ -28,9 +29,10 @@ log = logging.getLogger("billing.api")
 #: The route answered by ``serve_ingest`` (see ``billing.api.app``'s middleware).
 PATH = "/v1/events"
 
-#: Bodies up to this size are validated on the event loop (a thread hop costs more than the
-#: work); larger ones in the thread pool, so that a 1000-event batch does not stall the loop.
-INLINE_PARSE_BYTES = 16 * 1024
+#: Bodies up to this size (some 300 events) are validated on the event loop: a thread hop costs
+#: more than the work, and the work holds the GIL wherever it runs; larger ones in the thread
+#: pool, so that a 1000-event batch does not stall the loop for the length of its validation.
+INLINE_PARSE_BYTES = 64 * 1024
 
 _writer_lock = threading.Lock()
 
@@ -124,7 +126,11 @@ async def post_events(request: Request) -> Response:
     Answered once the batch is committed: it shares the transaction (and the disk flush) with the
     batches posted at the same time (``billing.ingest.writer``).
     """
-    state: AppState = request.app.state.billing
+    result = await _ingest(request, request.app.state.billing)
+    return Response(_reply(result), media_type="application/json")
+
+
+async def _ingest(request: Request, state: AppState) -> IngestResult:
     body = await read_body(request)
     now = datetime.now(UTC)
     try:
@@ -137,31 +143,50 @@ async def post_events(request: Request) -> Response:
         _count_rejected(state, error)
         raise
     _count_stored(state, result)
-    return Response(
-        orjson.dumps({"accepted": result.accepted, "duplicates": result.duplicates}),
-        media_type="application/json",
-    )
+    return result
+
+
+def _reply(result: IngestResult) -> bytes:
+    return orjson.dumps({"accepted": result.accepted, "duplicates": result.duplicates})
 
 
 def _render(error: BillingError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status, headers=error.headers())
 
 
-async def serve_ingest(request: Request, state: AppState) -> Response:
-    """``POST /v1/events`` in full, without the framework's routing and dependency machinery.
+async def serve_ingest(scope: Scope, receive: Receive, send: Send, state: AppState) -> int:
+    """``POST /v1/events`` in full, as an ASGI call without the framework's middleware, routing
+    and dependency machinery; returns the status answered.
 
-    The app's middleware sends this one hot route here: the same guard, the same handler, and
-    the same error rendering as the exception handlers of ``billing.api.errors`` (a domain error
-    as its JSON body and status, an unavailable database as 503 with ``Retry-After``); any other
-    exception propagates as it would from the route (a 500).
+    The app sends this one hot route here (``billing.api.app``): the same guard, the same
+    handler, and the same error rendering as the exception handlers of ``billing.api.errors`` (a
+    domain error as its JSON body and status, an unavailable database as 503 with
+    ``Retry-After``); any other exception propagates as it would from the route (a 500).
     """
+    request = Request(scope, receive)
     try:
         _allow_ingest(request)
-        return await post_events(request)
+        result = await _ingest(request, state)
     except BillingError as error:
-        return _render(error)
+        response = _render(error)
     except SQLAlchemyError as error:
-        if is_unavailable(error):
-            log.warning("database unavailable: %s", type(error).__name__)
-            return _render(Unavailable(state.settings.db_retry_after_s))
-        raise
+        if not is_unavailable(error):
+            raise
+        log.warning("database unavailable: %s", type(error).__name__)
+        response = _render(Unavailable(state.settings.db_retry_after_s))
+    else:
+        body = _reply(result)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-length", b"%d" % len(body)),
+                    (b"content-type", b"application/json"),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+        return 200
+    await response(scope, receive, send)
+    return response.status_code

@@ -43,7 +43,10 @@ def _require_text(value: Any) -> Any:
 
 
 def _to_utc(value: datetime) -> datetime:
-    return value.astimezone(UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:  # such as 0001-01-01T00:30:00+01:00: before year 1 in UTC
+        raise ValueError("is out of range: send an instant between years 1 and 9999 UTC") from None
 
 
 def _printable(value: str) -> str:

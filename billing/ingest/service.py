@@ -14,6 +14,7 @@ import functools
 import hashlib
 import itertools
 import json
+import operator
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session, sessionmaker
 
 from billing.errors import Conflict, EventConflict
-from billing.ingest.schemas import StreamStarted
+from billing.ingest.schemas import Event, StreamStarted
 from billing.ingest.validation import ParsedEvent
 from billing.storage.db import write_transaction
 
@@ -50,33 +51,57 @@ def content_hash(parsed: ParsedEvent) -> str:
 
 class _Row:
     """One event to store: the first occurrence of its ``event_id`` in its batch, with the
-    column values computed up front (off the writer thread)."""
+    column values computed up front, on the request's side (the writer thread is the serial
+    part of ingest: it only runs the statements)."""
 
     __slots__ = (
         "attempt",
-        "body",
         "digest",
         "event_id",
         "index",
         "occurred_at",
         "occurred_text",
-        "parsed",
+        "received",
         "request_id",
-        "type",
+        "sqlite",
+        "started",
     )
 
-    def __init__(self, digest: str, index: int, parsed: ParsedEvent) -> None:
-        event = parsed.event
+    def __init__(
+        self,
+        digest: str,
+        index: int,
+        event: Event,
+        raw: dict[str, Any],
+        received: datetime,
+        received_text: str,
+    ) -> None:
         self.event_id = event.event_id
         self.request_id = event.request_id
         self.attempt = event.attempt
-        self.type = event.type
         self.occurred_at = event.occurred_at
         self.occurred_text = _sqlite_time(event.occurred_at)  # SQLite's form of the column
-        self.body = orjson.dumps(parsed.raw).decode()
+        self.received = received
         self.digest = digest
         self.index = index
-        self.parsed = parsed
+        #: The ``events`` row as SQLite's parameters (see ``_SQLITE_INSERT_EVENTS``).
+        self.sqlite = (
+            event.event_id,
+            event.request_id,
+            event.attempt,
+            event.type,
+            self.occurred_text,
+            received_text,
+            digest,
+            orjson.dumps(raw).decode(),
+        )
+        #: For a ``stream.started``: api_key_id, model, protocol, metadata (as the JSON text the
+        #: ``calls`` row stores).
+        self.started: tuple[str, str, str, str] | None = (
+            (event.api_key_id, event.model, event.protocol, json.dumps(event.metadata))
+            if isinstance(event, StreamStarted)
+            else None
+        )
 
 
 @dataclass(frozen=True)
@@ -97,15 +122,17 @@ def prepare_batch(batch: Sequence[ParsedEvent], now: datetime) -> PreparedBatch:
     first: dict[str, _Row] = {}
     rows: list[_Row] = []
     conflicts: list[Conflict] = []
+    received_text = _sqlite_time(now)
     for index, parsed in enumerate(batch):
-        event_id = parsed.event.event_id
+        event = parsed.event
+        event_id = event.event_id
         digest = content_hash(parsed)
         seen = first.get(event_id)
         if seen is not None:
             if seen.digest != digest:
                 conflicts.append(Conflict(index, event_id))
             continue
-        row = _Row(digest, index, parsed)
+        row = _Row(digest, index, event, parsed.raw, now, received_text)
         first[event_id] = row
         rows.append(row)
     if conflicts:
@@ -165,46 +192,58 @@ def _write_one_by_one(
     return results
 
 
+_by_event_id = operator.attrgetter("event_id")
+
+
 def _store(session: Session, items: Sequence[PreparedBatch]) -> list[int]:
     """Insert the events of ``items`` and touch their calls; returns the accepted count per item.
 
     Raises ``EventConflict`` on any conflict (for a single item: its conflicts, first occurrences
     in batch order; for several: the caller falls back to one by one).
     """
-    owner: dict[str, tuple[int, str]] = {}
-    rows: list[tuple[_Row, datetime]] = []
-    for i, item in enumerate(items):
-        for row in item.rows:
-            seen = owner.get(row.event_id)
-            if seen is None:
-                owner[row.event_id] = (i, row.digest)
-                rows.append((row, item.now))
-            elif seen[1] != row.digest:
-                raise EventConflict([Conflict(row.index, row.event_id)])
+    single = len(items) == 1
+    # For several items: the item that brings each event_id first (an event_id repeated in a
+    # later item of the group is a duplicate there, or a conflict).
+    owner: dict[str, int] = {}
+    if single:
+        rows = list(items[0].rows)
+    else:
+        digests: dict[str, str] = {}
+        rows = []
+        for i, item in enumerate(items):
+            for row in item.rows:
+                seen = digests.get(row.event_id)
+                if seen is None:
+                    digests[row.event_id] = row.digest
+                    owner[row.event_id] = i
+                    rows.append(row)
+                elif seen != row.digest:
+                    raise EventConflict([Conflict(row.index, row.event_id)])
     if not rows:
         return [0] * len(items)
     # A fixed order makes concurrent transactions take index locks in the same order (no deadlocks).
-    rows.sort(key=lambda pair: pair[0].event_id)
+    rows.sort(key=_by_event_id)
     conn = session.connection()
-    inserted = _insert_events(conn, rows)
-    if len(inserted) < len(rows):
-        skipped = [row.event_id for row, _ in rows if row.event_id not in inserted]
-        stored = _stored_hashes(conn, skipped)
-        bad = [eid for eid in skipped if stored.get(eid) != owner[eid][1]]
+    inserted = _insert_events(conn, rows)  # None: every row
+    if inserted is not None:
+        skipped = [row for row in rows if row.event_id not in inserted]
+        stored = _stored_hashes(conn, [row.event_id for row in skipped])
+        bad = [row for row in skipped if stored.get(row.event_id) != row.digest]
         if bad:
-            if len(items) > 1:
+            if not single:
                 raise EventConflict([])
-            by_id = {row.event_id: row for row in items[0].rows}
             raise EventConflict(
-                sorted((Conflict(by_id[eid].index, eid) for eid in bad), key=lambda c: c.index)
+                sorted((Conflict(row.index, row.event_id) for row in bad), key=lambda c: c.index)
             )
     counts = [0] * len(items)
-    new_events: list[tuple[ParsedEvent, datetime, int]] = []
+    new_events: list[tuple[_Row, int]] = []
     for i, item in enumerate(items):
         for row in item.rows:
-            if row.event_id in inserted and owner[row.event_id][0] == i:
+            if (inserted is None or row.event_id in inserted) and (
+                single or owner[row.event_id] == i
+            ):
                 counts[i] += 1
-                new_events.append((row.parsed, item.now, i))
+                new_events.append((row, i))
     if new_events:
         _touch_calls(session, new_events, max(item.now for item in items))
     return counts
@@ -216,18 +255,21 @@ def _store(session: Session, items: Sequence[PreparedBatch]) -> list[int]:
 def _sqlite_time(value: datetime) -> str:
     """The text SQLAlchemy's SQLite DATETIME stores for a UTC instant (``UTCDateTime``):
     ``YYYY-MM-DD HH:MM:SS.ffffff``, always with microseconds."""
-    return value.astimezone(UTC).replace(tzinfo=None).isoformat(" ", "microseconds")
+    if value.tzinfo is not UTC:
+        value = value.astimezone(UTC)
+    return value.isoformat(" ", "microseconds")[:26]
 
 
 #: Rows per multi-row statement on SQLite, largest first: a group of any size runs as a few
-#: statements of these sizes (each prepared once and cached by the driver). One multi-row
+#: statements of these sizes, then one statement for the rest (fewer than the smallest size: a
+#: statement per row count, each prepared once and cached by the driver). One multi-row
 #: statement instead of one step per row also means one release of the GIL instead of hundreds.
 _SQLITE_CHUNKS = (
-    (256, 64, 16, 4, 1) if sqlite3.sqlite_version_info >= (3, 32) else (120, 30, 8, 2, 1)
+    (256, 128, 64, 32) if sqlite3.sqlite_version_info >= (3, 32) else (120, 60, 30)
 )  # at most 8 parameters a row: within 32766 (SQLite ≥ 3.32), or 999 before
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=128)
 def _multi_row(head: str, marks: str, tail: str, rows: int) -> str:
     return f"{head} VALUES {', '.join([marks] * rows)}{tail}"
 
@@ -239,8 +281,8 @@ def _sqlite_many(
     number of rows changed."""
     changed = 0
     i = 0
-    for size in _SQLITE_CHUNKS:
-        while len(params) - i >= size:
+    for size in (*_SQLITE_CHUNKS, len(params) % _SQLITE_CHUNKS[-1]):
+        while size and len(params) - i >= size:
             flat = tuple(itertools.chain.from_iterable(params[i : i + size]))
             changed += conn.exec_driver_sql(_multi_row(head, marks, tail, size), flat).rowcount
             i += size
@@ -262,45 +304,27 @@ _PG_INSERT_EVENTS = (
 )
 
 
-def _insert_events(conn: Connection, rows: Sequence[tuple[_Row, datetime]]) -> set[str]:
-    """Insert the rows, skipping stored ``event_id``s; returns the ids actually inserted."""
+def _insert_events(conn: Connection, rows: Sequence[_Row]) -> set[str] | None:
+    """Insert the rows, skipping stored ``event_id``s; returns the ids actually inserted, or None
+    when every row was."""
     if conn.dialect.name == "postgresql":
-        columns = (
-            [row.event_id for row, _ in rows],
-            [row.request_id for row, _ in rows],
-            [row.attempt for row, _ in rows],
-            [row.type for row, _ in rows],
-            [row.occurred_at for row, _ in rows],
-            [now for _, now in rows],
-            [row.digest for row, _ in rows],
-            [row.body for row, _ in rows],
-        )
-        return set(conn.exec_driver_sql(_PG_INSERT_EVENTS, columns).scalars())
-    # SQLite: one writer at a time (BEGIN IMMEDIATE), so the rows this statement inserted are
-    # exactly those with a seq above the largest before it.
-    before = conn.exec_driver_sql("SELECT coalesce(max(seq), 0) FROM events").scalar_one()
-    params = []
-    received: dict[datetime, str] = {}
-    for row, now in rows:
-        at = received.get(now)
-        if at is None:
-            at = received[now] = _sqlite_time(now)
-        params.append(
-            (
-                row.event_id,
-                row.request_id,
-                row.attempt,
-                row.type,
-                row.occurred_text,
-                at,
-                row.digest,
-                row.body,
-            )
-        )
-    if _sqlite_many(conn, *_SQLITE_INSERT_EVENTS, params) == len(params):
-        return {row.event_id for row, _ in rows}
+        columns = [list(column) for column in zip(*(row.sqlite for row in rows), strict=True)]
+        columns[4] = [row.occurred_at for row in rows]
+        columns[5] = [row.received for row in rows]
+        inserted = set(conn.exec_driver_sql(_PG_INSERT_EVENTS, tuple(columns)).scalars())
+        return None if len(inserted) == len(rows) else inserted
+    changed = _sqlite_many(conn, *_SQLITE_INSERT_EVENTS, [row.sqlite for row in rows])
+    if changed == len(rows):
+        return None
+    if changed == 0:
+        return set()
+    # SQLite: one writer at a time (BEGIN IMMEDIATE), so the rows these statements inserted got
+    # the consecutive seqs that end at the last one inserted.
+    last = conn.exec_driver_sql("SELECT last_insert_rowid()").scalar_one()
     return set(
-        conn.exec_driver_sql("SELECT event_id FROM events WHERE seq > ?", (before,)).scalars()
+        conn.exec_driver_sql(
+            "SELECT event_id FROM events WHERE seq > ?", (last - changed,)
+        ).scalars()
     )
 
 
@@ -363,64 +387,68 @@ _PG_UPSERT_CALLS = (
 )
 
 
-def _touch_calls(
-    session: Session, new_events: Sequence[tuple[ParsedEvent, datetime, int]], now: datetime
-) -> None:
+def _touch_calls(session: Session, new_events: Sequence[tuple[_Row, int]], now: datetime) -> None:
     """Create or mark pending the calls with new events (one statement); record what the
     ``stream.started`` of the lowest attempt says, for a call whose key is not known yet.
 
-    ``new_events`` are (event, time received, batch number), batch by batch in arrival order; a
-    call's ``last_received_at`` is the latest of its events' arrival times (``now`` at most).
+    ``new_events`` are (event row, batch number), batch by batch in arrival order; a call's
+    ``last_received_at`` is the latest of its events' arrival times (``now`` at most).
     """
+    # request_id -> [first received, last received, row of the stream.started that sets the
+    # fields, its batch number]
     calls: dict[str, list[Any]] = {}
-    started_by: dict[str, tuple[int, int]] = {}
-    for parsed, received, batch_no in new_events:
-        event = parsed.event
-        row = calls.get(event.request_id)
-        if row is None:
-            # request_id, first, last, api_key_id, model, protocol, started_at, metadata
-            row = [event.request_id, received, received, None, None, None, None, None]
-            calls[event.request_id] = row
-        elif received > row[2]:
-            row[2] = received
-        if isinstance(event, StreamStarted):
+    for row, batch_no in new_events:
+        call = calls.get(row.request_id)
+        received = row.received
+        if call is None:
+            call = calls[row.request_id] = [received, received, None, 0]
+        elif received > call[1]:
+            call[1] = received
+        if row.started is not None:
             # The first batch that brings a stream.started sets the fields (its lowest attempt).
-            seen = started_by.get(event.request_id)
-            if seen is None or (seen[0] == batch_no and event.attempt < seen[1]):
-                started_by[event.request_id] = (batch_no, event.attempt)
-                row[3:8] = [
-                    event.api_key_id,
-                    event.model,
-                    event.protocol,
-                    event.occurred_at,
-                    json.dumps(event.metadata),
-                ]
-    ordered = [calls[key] for key in sorted(calls)]
+            seen = call[2]
+            if seen is None or (call[3] == batch_no and row.attempt < seen.attempt):
+                call[2] = row
+                call[3] = batch_no
     conn = session.connection()
     if conn.dialect.name == "postgresql":
-        columns = [list(column) for column in zip(*ordered, strict=True)]
-        conn.exec_driver_sql(_PG_UPSERT_CALLS, tuple(columns))
+        ordered: list[tuple[Any, ...]] = []
+        for rid in sorted(calls):
+            first, last, started, _ = calls[rid]
+            if started is None:
+                ordered.append((rid, first, last, None, None, None, None, None))
+            else:
+                key, model, protocol, metadata = started.started
+                ordered.append(
+                    (rid, first, last, key, model, protocol, started.occurred_at, metadata)
+                )
+        columns = tuple(list(column) for column in zip(*ordered, strict=True))
+        conn.exec_driver_sql(_PG_UPSERT_CALLS, columns)
         return
-    params = [
-        (
-            rid,
-            _sqlite_time(first),
-            _sqlite_time(last),
-            key,
-            model,
-            protocol,
-            _sqlite_time(started) if started is not None else None,
-            metadata,
-        )
-        for rid, first, last, key, model, protocol, started, metadata in ordered
-    ]
+    texts: dict[datetime, str] = {}
+    params = []
+    started_params: dict[str, tuple[Any, ...]] = {}
+    for rid in sorted(calls):
+        first, last, started, _ = calls[rid]
+        first_text = texts.get(first)
+        if first_text is None:
+            first_text = texts[first] = _sqlite_time(first)
+        last_text = texts.get(last)
+        if last_text is None:
+            last_text = texts[last] = _sqlite_time(last)
+        if started is None:
+            params.append((rid, first_text, last_text, None, None, None, None, None))
+        else:
+            key, model, protocol, metadata = started.started
+            fields = (key, model, protocol, started.occurred_text, metadata)
+            params.append((rid, first_text, last_text, *fields))
+            started_params[rid] = fields
     _sqlite_many(conn, *_SQLITE_UPSERT_CALLS, params)
-    started = {p[0]: p for p in params if p[3] is not None}
-    if not started:
+    if not started_params:
         return
     # Calls that existed before without a key (their stream.started arrived late): usually none.
     keyless: list[str] = []
-    ids = list(started)
+    ids = list(started_params)
     for at in range(0, len(ids), 500):
         chunk = ids[at : at + 500]
         keyless += conn.exec_driver_sql(
@@ -429,4 +457,4 @@ def _touch_calls(
             tuple(chunk),
         ).scalars()
     if keyless:
-        conn.exec_driver_sql(_SQLITE_FILL_STARTED, [(*started[rid][3:8], rid) for rid in keyless])
+        conn.exec_driver_sql(_SQLITE_FILL_STARTED, [(*started_params[rid], rid) for rid in keyless])

@@ -19,6 +19,7 @@ MAX_BODY_BYTES = 1024 * 1024
 MAX_FUTURE = timedelta(minutes=5)
 
 _event_adapter: TypeAdapter[Event] = TypeAdapter(Event)
+_batch_adapter: TypeAdapter[list[Event]] = TypeAdapter(list[Event])
 
 
 class ParsedEvent(NamedTuple):
@@ -57,16 +58,17 @@ def parse_batch(body: bytes, now: datetime) -> list[ParsedEvent]:
         errors.append(FieldError(None, "events", f"must hold 1 to {MAX_BATCH} events, not 0"))
     if errors:
         raise ValidationFailed(errors)
-    # Each event on its own, so that one 422 lists every problem of the batch, the refused
-    # future timestamps of otherwise valid events included.
-    events: list[Event] = []
-    for i, raw in enumerate(raws):
-        try:
-            event = _event_adapter.validate_python(raw)
-        except ValidationError as error:
-            errors.extend(_describe(item, raws, i) for item in error.errors(include_url=False))
-            continue
-        if event.occurred_at - now > MAX_FUTURE:
+    # One validation call for the whole batch; only a batch with errors is validated again event
+    # by event, so that one 422 lists every problem of the batch by index.
+    valid: list[Event | None]
+    try:
+        valid = _batch_adapter.validate_python(raws)  # type: ignore[assignment]
+    except ValidationError:
+        valid = [_validate_one(raw, i, raws, errors) for i, raw in enumerate(raws)]
+    # The refused future timestamps of otherwise valid events are listed too.
+    latest = now + MAX_FUTURE
+    for i, event in enumerate(valid):
+        if event is not None and event.occurred_at > latest:
             errors.append(
                 FieldError(
                     i,
@@ -75,10 +77,25 @@ def parse_batch(body: bytes, now: datetime) -> list[ParsedEvent]:
                     "check the gateway's clock",
                 )
             )
-        events.append(event)
     if errors:
+        errors.sort(key=_by_index)
         raise ValidationFailed(errors)
-    return [ParsedEvent(event, raw) for event, raw in zip(events, raws, strict=True)]
+    return [
+        ParsedEvent(event, raw) for event, raw in zip(valid, raws, strict=True) if event is not None
+    ]
+
+
+def _validate_one(raw: Any, index: int, raws: list[Any], errors: list[FieldError]) -> Event | None:
+    """Event ``index`` on its own: the event, or None with its problems added to ``errors``."""
+    try:
+        return _event_adapter.validate_python(raw)
+    except ValidationError as error:
+        errors.extend(_describe(item, raws, index) for item in error.errors(include_url=False))
+        return None
+
+
+def _by_index(error: FieldError) -> int:
+    return error.index if error.index is not None else -1
 
 
 def _describe(item: ErrorDetails, raws: Sequence[Any], index: int) -> FieldError:

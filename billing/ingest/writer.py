@@ -28,7 +28,7 @@ from billing.ingest.service import IngestResult, PreparedBatch, write_group
 #: A group stops taking waiting batches once it holds this many events.
 MAX_GROUP_EVENTS = 5000
 #: Writer threads per PostgreSQL engine.
-PG_WRITERS = int(__import__("os").environ.get("XPGW", "3"))  # XTEMP
+PG_WRITERS = 3
 #: A writer thread with nothing to do for this long ends (a new one starts with the next batch).
 IDLE_S = 2.0
 
