@@ -95,9 +95,27 @@ class Unavailable(BillingError):
 
     status = 503
 
-    def __init__(self, retry_after: int) -> None:
-        super().__init__("the database is unavailable; nothing was stored, retry later")
+    def __init__(
+        self,
+        retry_after: int,
+        message: str = "the database is unavailable; nothing was stored, retry later",
+    ) -> None:
+        super().__init__(message)
         self.retry_after = retry_after
 
     def headers(self) -> dict[str, str]:
         return {"Retry-After": str(self.retry_after)}
+
+
+class CommitOutcomeUnknown(Exception):
+    """Raised by the ingest writer when the connection broke during COMMIT and the database could
+    not be asked since whether the transaction committed (``billing.ingest.outcome``). The API
+    answers it as a 503 with ``OUTCOME_UNKNOWN`` instead of "nothing was stored"."""
+
+
+#: The 503 sentence for ``CommitOutcomeUnknown``.
+OUTCOME_UNKNOWN = (
+    "the database connection broke while committing and the database could not be reached "
+    "since: some or all of these events may be stored; retry the same batch (stored events are "
+    "answered as duplicates)"
+)

@@ -10,7 +10,14 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException
 
-from billing.errors import BillingError, FieldError, Unavailable, ValidationFailed
+from billing.errors import (
+    OUTCOME_UNKNOWN,
+    BillingError,
+    CommitOutcomeUnknown,
+    FieldError,
+    Unavailable,
+    ValidationFailed,
+)
 from billing.storage.db import is_unavailable
 
 log = logging.getLogger("billing.api")
@@ -41,6 +48,11 @@ def install(app: FastAPI, retry_after_s: int) -> None:
         return JSONResponse(
             {"error": str(error.detail)}, status_code=error.status_code, headers=error.headers
         )
+
+    @app.exception_handler(CommitOutcomeUnknown)
+    async def _outcome_unknown(_request: Request, _error: CommitOutcomeUnknown) -> JSONResponse:
+        log.warning("database unavailable during COMMIT; outcome unknown")
+        return _render(Unavailable(retry_after_s, OUTCOME_UNKNOWN))
 
     @app.exception_handler(SQLAlchemyError)
     async def _database_error(_request: Request, error: SQLAlchemyError) -> JSONResponse:

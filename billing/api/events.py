@@ -17,7 +17,14 @@ from starlette.types import Receive, Scope, Send
 
 from billing.api.state import AppState
 from billing.auth.guard import allow
-from billing.errors import BillingError, EventConflict, TooLarge, Unavailable
+from billing.errors import (
+    OUTCOME_UNKNOWN,
+    BillingError,
+    CommitOutcomeUnknown,
+    EventConflict,
+    TooLarge,
+    Unavailable,
+)
 from billing.ingest.service import IngestResult, PreparedBatch, prepare_batch
 from billing.ingest.validation import MAX_BODY_BYTES, parse_batch
 from billing.ingest.writer import GroupWriter, new_writer
@@ -169,6 +176,9 @@ async def serve_ingest(scope: Scope, receive: Receive, send: Send, state: AppSta
         result = await _ingest(request, state)
     except BillingError as error:
         response = _render(error)
+    except CommitOutcomeUnknown:
+        log.warning("database unavailable during COMMIT; outcome unknown")
+        response = _render(Unavailable(state.settings.db_retry_after_s, OUTCOME_UNKNOWN))
     except SQLAlchemyError as error:
         if not is_unavailable(error):
             raise

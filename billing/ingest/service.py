@@ -23,12 +23,14 @@ from typing import Any
 
 import orjson
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from billing.errors import Conflict, EventConflict
+from billing.errors import CommitOutcomeUnknown, Conflict, EventConflict
+from billing.ingest.outcome import committed
 from billing.ingest.schemas import Event, StreamStarted
 from billing.ingest.validation import ParsedEvent
-from billing.storage.db import write_transaction
+from billing.storage.db import is_unavailable, write_transaction
 
 
 @dataclass(frozen=True)
@@ -149,7 +151,7 @@ def store_batch(session: Session, batch: Sequence[ParsedEvent], now: datetime) -
     new event is marked pending for the reconciler, with ``last_received_at = now``.
     """
     prepared = prepare_batch(batch, now)
-    accepted = _store(session, [prepared])[0]
+    accepted = _store(session, [prepared])[0][0]
     return IngestResult(accepted=accepted, duplicates=len(batch) - accepted)
 
 
@@ -163,13 +165,24 @@ def write_group(
     transaction is rolled back and the batches are stored again one by one, each in a savepoint.
     A database error fails every batch of the group (nothing of any of them is stored).
     """
+    new: dict[str, str] = {}
     try:
         with write_transaction(sessions) as session:
-            counts = _store(session, items)
+            counts, new = _store(session, items)
     except EventConflict as conflict:
         if len(items) == 1:
             return [conflict]
         return _write_one_by_one(sessions, items)
+    except SQLAlchemyError as error:
+        # ``new`` is filled once every statement has run: the error came from the COMMIT.
+        if not new or not is_unavailable(error):
+            raise
+        outcome = committed(sessions, new)
+        if outcome is None:
+            raise CommitOutcomeUnknown() from error
+        if not outcome:
+            raise
+        counts = _counts(items, new)
     return [
         IngestResult(accepted=n, duplicates=len(item.events) - n)
         for n, item in zip(counts, items, strict=True)
@@ -184,7 +197,7 @@ def _write_one_by_one(
         for item in items:
             try:
                 with session.begin_nested():
-                    n = _store(session, [item])[0]
+                    n = _store(session, [item])[0][0]
             except EventConflict as conflict:
                 results.append(conflict)
                 continue
@@ -195,8 +208,21 @@ def _write_one_by_one(
 _by_event_id = operator.attrgetter("event_id")
 
 
-def _store(session: Session, items: Sequence[PreparedBatch]) -> list[int]:
-    """Insert the events of ``items`` and touch their calls; returns the accepted count per item.
+def _counts(items: Sequence[PreparedBatch], new: dict[str, str]) -> list[int]:
+    """The accepted count per item, given the events the transaction inserted (``new``)."""
+    counts = [0] * len(items)
+    taken: set[str] = set()
+    for i, item in enumerate(items):
+        for row in item.rows:
+            if row.event_id in new and row.event_id not in taken:
+                taken.add(row.event_id)
+                counts[i] += 1
+    return counts
+
+
+def _store(session: Session, items: Sequence[PreparedBatch]) -> tuple[list[int], dict[str, str]]:
+    """Insert the events of ``items`` and touch their calls; returns the accepted count per item
+    and the events inserted (event_id -> content hash).
 
     Raises ``EventConflict`` on any conflict (for a single item: its conflicts, first occurrences
     in batch order; for several: the caller falls back to one by one).
@@ -220,7 +246,7 @@ def _store(session: Session, items: Sequence[PreparedBatch]) -> list[int]:
                 elif seen != row.digest:
                     raise EventConflict([Conflict(row.index, row.event_id)])
     if not rows:
-        return [0] * len(items)
+        return [0] * len(items), {}
     # A fixed order makes concurrent transactions take index locks in the same order (no deadlocks).
     rows.sort(key=_by_event_id)
     conn = session.connection()
@@ -246,7 +272,7 @@ def _store(session: Session, items: Sequence[PreparedBatch]) -> list[int]:
                 new_events.append((row, i))
     if new_events:
         _touch_calls(session, new_events, max(item.now for item in items))
-    return counts
+    return counts, {row.event_id: row.digest for row, _ in new_events}
 
 
 # --- statements per dialect ------------------------------------------------------------------
