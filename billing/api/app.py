@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.responses import JSONResponse
 from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -18,6 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from billing.api import calls, errors, events, exports, health, prices, reconcile, usage
 from billing.api.state import AppState
 from billing.auth.guard import TokenCache
+from billing.errors import FieldError, ValidationFailed
 from billing.metrics import Metrics
 from billing.reconcile.runner import run_pass
 from billing.settings import Settings, get_settings
@@ -100,7 +102,28 @@ class _App(FastAPI):
             finally:
                 self.latency.observe("POST", events.PATH, status, time.perf_counter() - started)
             return
+        if scope["type"] == "http":
+            nul = _nul_in(scope)
+            if nul is not None:
+                # PostgreSQL text cannot hold NUL: refuse it here, for every route, as a 422.
+                error = ValidationFailed(
+                    [FieldError(None, nul, "must not contain NUL characters (%00)")]
+                )
+                response = JSONResponse(error.body(), status_code=error.status)
+                await response(scope, receive, send)
+                return
         await super().__call__(scope, receive, send)
+
+
+def _nul_in(scope: Scope) -> str | None:
+    """``"query"`` or ``"path"`` when the request's query string or path holds a NUL character
+    (percent-encoded or not), else None."""
+    query: bytes = scope.get("query_string", b"")
+    if b"%00" in query or b"\x00" in query:
+        return "query"
+    if "\x00" in scope["path"]:
+        return "path"
+    return None
 
 
 def create_app(settings: Settings | None = None, *, background: bool = False) -> FastAPI:
