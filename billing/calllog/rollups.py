@@ -239,7 +239,10 @@ _SUMMED = (*COUNT_FIELDS, "cost_whole_usd", "cost_frac_pusd")
 
 def _sqlite_time(value: datetime) -> str:
     """The text ``UTCDateTime`` stores on SQLite for a UTC instant."""
-    return value.astimezone(UTC).replace(tzinfo=None).isoformat(" ", "microseconds")
+    if value.tzinfo is not UTC:
+        value = value.astimezone(UTC)
+    # "YYYY-MM-DD HH:MM:SS.ffffff+00:00" without its offset.
+    return value.isoformat(" ", "microseconds")[:26]
 
 
 def _upsert(
@@ -278,7 +281,7 @@ def _upsert(
     if postgres:
         types = {"level": "int2", "bucket_start": "timestamptz"}
         arrays = ", ".join(
-            f"%s::{types.get(n, 'varchar' if n in names else 'int8')}[]" for n in (*names, *_SUMMED)
+            f"%b::{types.get(n, 'varchar' if n in names else 'int8')}[]" for n in (*names, *_SUMMED)
         )
         conn.exec_driver_sql(
             f"INSERT INTO {name} ({columns}) SELECT * FROM unnest({arrays}){conflict}",

@@ -102,6 +102,18 @@ def plan_entries(
     Source: CONTRACT "Reconciliation".
     """
     if not has_entries:
+        if len(target) == 1:  # most calls: one line, nothing to order
+            (only,) = target
+            return [
+                NewEntry(
+                    "settlement",
+                    settle_reason,
+                    only.key,
+                    only.tokens,
+                    only.price,
+                    _cost(only.tokens, only.price),
+                )
+            ]
         return [
             NewEntry(
                 "settlement",

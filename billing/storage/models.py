@@ -113,9 +113,27 @@ class Call(Base):
         Index(None, "model", "started_at", "request_id"),
         Index(None, "started_at", "request_id"),
         # The reconciler's two due queries, each read in order as one range
-        # (billing.reconcile.service.due_calls).
-        Index(None, "pending", "last_received_at", "request_id"),
-        Index(None, "settled", "pending", "last_received_at", "request_id"),
+        # (billing.reconcile.service.due_calls). Partial: only the calls each query can return,
+        # so settling a call (pending and settled change on every step) adds no entry to them
+        # (PostgreSQL cannot update calls in place: the changed columns are indexed). The
+        # predicates are written as the queries state them (SQLite matches them term by term).
+        Index(
+            None,
+            "pending",
+            "last_received_at",
+            "request_id",
+            postgresql_where=text("pending"),
+            sqlite_where=text("pending = 1"),
+        ),
+        Index(
+            None,
+            "settled",
+            "pending",
+            "last_received_at",
+            "request_id",
+            postgresql_where=text("NOT settled AND NOT pending"),
+            sqlite_where=text("settled = 0 AND pending = 0"),
+        ),
         # The call log's status filter, alone and with a key (billing.calllog.queries).
         Index(None, "status", "started_at", "request_id"),
         Index(None, "api_key_id", "status", "started_at", "request_id"),
