@@ -1094,6 +1094,11 @@ def main() -> None:
         ceiling_server_main(args._ceiling_server, int(args.workers.split(",")[0]))
         return
     args.db = [d.strip() for d in args.db.split(",") if d.strip()]
+    if args.db == ["both"]:
+        args.db = ["sqlite", "postgres"]
+    unknown = sorted(set(args.db) - {"sqlite", "postgres"})
+    if unknown:
+        parser.error(f"--db: unknown database {', '.join(unknown)} (sqlite, postgres or both)")
     args.sizes_given = args.sizes is not None
     args.sizes = _sizes(args.sizes or "1,100,1000")
     args.workers = [int(w) for w in args.workers.split(",")]
