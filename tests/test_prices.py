@@ -89,6 +89,12 @@ def test_different_amounts_for_the_same_model_and_time_is_409(client: TestClient
         ("input_usd_per_mtok", "0.0000001"),  # 7 decimal places
         ("output_usd_per_mtok", "-1"),
         ("cache_read_usd_per_mtok", "abc"),
+        ("input_usd_per_mtok", "1_000"),  # Python's Decimal reads it as 1000
+        ("input_usd_per_mtok", "1e3"),
+        ("input_usd_per_mtok", " 1"),
+        ("input_usd_per_mtok", "+1"),
+        ("input_usd_per_mtok", "1."),
+        ("input_usd_per_mtok", "NaN"),
         ("cache_creation_usd_per_mtok", None),  # missing
         ("effective_from", "2026-01-01T00:00:00"),  # naive: no offset
         ("effective_from", "yesterday"),

@@ -8,12 +8,17 @@ rounding anywhere, and sums in SQL stay exact on SQLite too.
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal, InvalidOperation
 
 PICO = Decimal(10) ** 12
 MICRO = Decimal(10) ** 6
 #: The highest price accepted, USD per million tokens.
 MAX_PRICE_USD_PER_MTOK = Decimal(100_000)
+
+
+#: A plain decimal: digits with an optional fraction ("0.30", "15", "0.000001").
+_DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 
 
 def parse_price(value: object) -> int:
@@ -28,14 +33,19 @@ def parse_price(value: object) -> int:
         value = str(value)
     if not isinstance(value, str):
         raise ValueError('must be a decimal string such as "0.30"')
-    try:
-        amount = Decimal(value.strip())
-    except InvalidOperation:
-        raise ValueError(f'{value!r} is not a decimal number; send one such as "0.30"') from None
-    if not amount.is_finite():
-        raise ValueError("must be a finite decimal number")
-    if amount < 0:
+    if value.startswith("-") and _DECIMAL.fullmatch(value[1:]):
         raise ValueError("must not be negative")
+    # Only plain digits with an optional fraction: Python's Decimal would also read " 1", "1_000",
+    # "1e3" and "+1", which a price list must not contain by accident.
+    if not _DECIMAL.fullmatch(value):
+        raise ValueError(
+            f"{value!r} is not a plain decimal number; send digits with an optional fraction "
+            'such as "0.30"'
+        )
+    try:
+        amount = Decimal(value)
+    except InvalidOperation:  # pragma: no cover - the pattern admits only valid decimals
+        raise ValueError(f'{value!r} is not a decimal number; send one such as "0.30"') from None
     if amount > MAX_PRICE_USD_PER_MTOK:
         raise ValueError(f"must be at most {MAX_PRICE_USD_PER_MTOK} USD per million tokens")
     micro = amount * MICRO
