@@ -604,6 +604,28 @@ def test_invalid_parameters_answer_422(
         assert words in errors[0]["message"]
 
 
+@pytest.mark.parametrize(
+    ("kind", "query", "path", "words"),
+    [
+        ("usage", "&foo=1", "query.foo", "not a query parameter of usage.csv"),
+        ("calls", "&group_by=hour", "query.group_by", "not a query parameter of calls.csv"),
+        ("calls", "&tz=Mars/X", "query.tz", "not a query parameter of calls.csv"),
+        ("calls", "&since=2026-02-01T00:00:00Z", "query.since", "given 2 times"),
+        ("usage", "&tz=UTC&tz=Europe/Paris", "query.tz", "given 2 times"),
+    ],
+)
+def test_unknown_or_repeated_parameters_answer_422(
+    client: TestClient, kind: str, query: str, path: str, words: str
+) -> None:
+    """Finance gets the period and grouping it asked for, or a 422: never a silently ignored
+    parameter or a silently chosen one of two values."""
+    url = f"/v1/exports/{kind}.csv?since={DAY1['since']}&until={DAY1['until']}{query}"
+    response = client.get(url)
+    assert response.status_code == 422, response.text
+    [error] = response.json()["errors"]
+    assert error["path"] == path and words in error["message"]
+
+
 def test_both_missing_bounds_are_reported(client: TestClient) -> None:
     response = client.get("/v1/exports/calls.csv")
     assert response.status_code == 422

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -48,14 +48,16 @@ async def _respond(state: AppState, params: ExportParams) -> StreamingResponse:
 
 
 async def _export(
-    state: AppState,
+    request: Request,
     kind: Kind,
     since: str | None,
     until: str | None,
     group_by: str | None = None,
     tz: str | None = None,
 ) -> StreamingResponse:
-    return await _respond(state, parse_params(kind, since, until, group_by, tz))
+    query = request.query_params.multi_items()
+    params = parse_params(kind, since, until, group_by, tz, query)
+    return await _respond(get_state(request), params)
 
 
 @router.get(
@@ -66,7 +68,7 @@ async def _export(
     dependencies=[Depends(allow("export"))],
 )
 async def usage_csv(
-    state: Annotated[AppState, Depends(get_state)],
+    request: Request,
     since: Annotated[str | None, _SINCE] = None,
     until: Annotated[str | None, _UNTIL] = None,
     group_by: Annotated[
@@ -76,7 +78,7 @@ async def usage_csv(
 ) -> StreamingResponse:
     """One row per group (default ``day,api_key_id,model``): group columns, ``calls`` and the token
     totals, ``cost_usd``; ``X-Billing-Period: closed|provisional``. See ``billing.export``."""
-    return await _export(state, "usage", since, until, group_by, tz)
+    return await _export(request, "usage", since, until, group_by, tz)
 
 
 @router.get(
@@ -87,10 +89,10 @@ async def usage_csv(
     dependencies=[Depends(allow("export"))],
 )
 async def calls_csv(
-    state: Annotated[AppState, Depends(get_state)],
+    request: Request,
     since: Annotated[str | None, _SINCE] = None,
     until: Annotated[str | None, _UNTIL] = None,
 ) -> StreamingResponse:
     """One row per ledger entry, by ``booked_at`` then ``entry_id``, with its prices and cost;
     ``X-Billing-Period: closed|provisional``. See ``billing.export``."""
-    return await _export(state, "calls", since, until)
+    return await _export(request, "calls", since, until)

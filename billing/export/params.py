@@ -10,6 +10,8 @@ IANA zone (usage exports only; default ``UTC``). Problems raise
 from __future__ import annotations
 
 import re
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
@@ -104,15 +106,49 @@ def parse_zone(value: str) -> str:
     return value
 
 
+#: The query parameters of each export.
+KNOWN: dict[str, tuple[str, ...]] = {
+    "usage": ("since", "until", "group_by", "tz"),
+    "calls": ("since", "until"),
+}
+
+
+def _query_problems(kind: Kind, query: Iterable[tuple[str, str]]) -> list[FieldError]:
+    known = KNOWN[kind]
+    counts = Counter(name for name, _ in query)
+    errors: list[FieldError] = []
+    for name, count in counts.items():
+        if name not in known:
+            errors.append(
+                FieldError(
+                    None,
+                    f"query.{name}",
+                    f"is not a query parameter of {kind}.csv; the known ones are "
+                    f"{', '.join(known)}",
+                )
+            )
+        elif count > 1:
+            errors.append(
+                FieldError(None, f"query.{name}", f"is given {count} times; give it once")
+            )
+    return errors
+
+
 def parse_params(
     kind: Kind,
     since: str | None,
     until: str | None,
     group_by: str | None = None,
     tz: str | None = None,
+    query: Iterable[tuple[str, str]] = (),
 ) -> ExportParams:
-    """Check every parameter; raise ``ValidationFailed`` listing all the problems (index null)."""
-    errors: list[FieldError] = []
+    """Check every parameter; raise ``ValidationFailed`` listing all the problems (index null).
+
+    ``query`` is the request's whole query string as (name, value) pairs: a parameter the export
+    does not know, or one given twice, is a problem too (finance must get the period and grouping
+    it asked for, not a silently different one).
+    """
+    errors = _query_problems(kind, query)
     bounds: dict[str, datetime] = {}
     for name, raw in (("since", since), ("until", until)):
         if raw is None:
