@@ -407,7 +407,7 @@ def ceiling_app() -> Any:
 
     @app.post("/v1/events")
     async def post_events(request: Request) -> Response:
-        body = await read_body(request)
+        body = await read_body(request, 30.0)
         batch = parse_batch(body, datetime.now(UTC))
         return Response(
             orjson.dumps({"accepted": len(batch), "duplicates": 0}),

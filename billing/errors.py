@@ -59,6 +59,12 @@ class Conflict:
     event_id: str
 
 
+class BodyTimeout(BillingError):
+    """408: the request body did not arrive in full within the server's body timeout."""
+
+    status = 408
+
+
 class EventConflict(BillingError):
     """409: an event_id already stored (or repeated in the batch) with different content."""
 

@@ -32,6 +32,7 @@ class Settings(BaseSettings):
     sqlite_busy_timeout_ms: int = Field(default=10_000, ge=0)
     db_pool_size: int = Field(default=10, ge=1)
     db_retry_after_s: int = Field(default=2, ge=1)
+    body_timeout_s: float = Field(default=30.0, gt=0)
     log_level: str = "info"
 
     @field_validator("database_url")

@@ -41,7 +41,7 @@ EXAMPLES: dict[tuple[str, str], tuple[dict[str, Any], set[str]]] = {
     ("GET", "/v1/prices"): ({}, {"read"}),
     ("POST", "/v1/reconcile"): ({}, set()),
     ("GET", "/v1/calls"): ({}, {"read"}),
-    ("GET", "/v1/calls/{request_id}"): ({"path": "/v1/calls/auth-r1"}, {"read"}),
+    ("GET", "/v1/calls/{request_id:path}"): ({"path": "/v1/calls/auth-r1"}, {"read"}),
     ("GET", "/v1/usage"): ({"params": PERIOD}, {"read", "export"}),
     ("GET", "/v1/exports/usage.csv"): ({"params": PERIOD}, {"export"}),
     ("GET", "/v1/exports/calls.csv"): ({"params": PERIOD}, {"export"}),

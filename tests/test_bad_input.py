@@ -4,10 +4,19 @@ an event's strings."""
 
 from __future__ import annotations
 
+import logging
+import socket
+import time
 from typing import Any
+from urllib.parse import quote
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
+
+from billing.api.app import create_app
+from billing.settings import Settings
+from tests.conftest import LiveServer
 
 STARTED: dict[str, Any] = {
     "event_id": "nul-1",
@@ -65,3 +74,72 @@ def test_nul_in_an_event_is_never_a_500(client: TestClient, event: dict[str, Any
     # Reading it back and reconciling work too.
     assert client.post("/v1/reconcile").status_code == 200
     assert client.get("/v1/calls").status_code == 200
+
+
+@pytest.mark.parametrize(
+    "request_id",
+    ["req/with/slashes", "req?with#odd%2Fchars", "/leading", "trailing/", "ünï-çødé/ß", "a b"],
+)
+def test_any_stored_request_id_can_be_fetched(http: httpx.Client, request_id: str) -> None:
+    """Ids are free text (CONTRACT "Ingest": 1–128 characters): a call is fetched back by its id
+    percent-encoded as one path segment, slashes included (through a real server: the test
+    client decodes a path twice)."""
+    event = {**STARTED, "event_id": f"e-{request_id}", "request_id": request_id}
+    assert http.post("/v1/events", json={"events": [event]}).status_code == 200
+    reply = http.get(f"/v1/calls/{quote(request_id, safe='')}")
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["request_id"] == request_id
+    missing = http.get(f"/v1/calls/{quote(request_id + '/x', safe='')}")
+    assert missing.status_code == 404 and "request_id" in missing.json()["error"]
+
+
+@pytest.mark.parametrize("field", ["event_id", "request_id", "api_key_id", "model"])
+def test_a_blank_id_is_a_422_naming_it(client: TestClient, field: str) -> None:
+    reply = client.post("/v1/events", json={"events": [{**STARTED, field: "   "}]})
+    assert reply.status_code == 422, reply.text
+    [error] = reply.json()["errors"]
+    assert error["path"] == f"events[0].{field}" and "blank" in error["message"]
+
+
+def _raw_post(port: int, head: bytes, body: bytes) -> socket.socket:
+    conn = socket.create_connection(("127.0.0.1", port), timeout=10)
+    conn.sendall(head + body)
+    return conn
+
+
+def test_a_body_that_never_arrives_in_full_is_a_408_and_a_hang_up_is_quiet(db_url: str) -> None:
+    """A client that declares 100 bytes and sends 4 gets a 408 after ``body_timeout_s``, not a
+    connection held for ever; one that hangs up mid-body leaves no error in the log; nothing is
+    stored by either."""
+    app = create_app(Settings(database_url=db_url, body_timeout_s=1.0))
+    head = (
+        b"POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 100\r\n\r\n"
+    )
+    errors: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = errors.append  # type: ignore[method-assign]
+    with LiveServer(app) as server:
+        # uvicorn's loggers do not propagate to the root logger: listen to them directly.
+        logging.getLogger("uvicorn.error").addHandler(handler)
+        started = time.monotonic()
+        conn = _raw_post(server.port, head, b'{"ev')
+        answer = b""
+        while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+        conn.close()
+        waited = time.monotonic() - started
+        assert answer.startswith(b"HTTP/1.1 408 "), answer
+        assert b"did not arrive in full within 1 s (4 bytes received of the 100 declared)" in answer
+        assert 0.9 <= waited < 5
+        hung_up = _raw_post(server.port, head, b'{"ev')
+        time.sleep(0.2)
+        hung_up.close()
+        time.sleep(0.5)
+        with httpx.Client(base_url=server.url) as http:
+            assert http.get("/v1/calls").json()["data"] == []
+    logging.getLogger("uvicorn.error").removeHandler(handler)
+    assert not errors, [r.getMessage() for r in errors]

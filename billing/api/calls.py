@@ -65,7 +65,7 @@ def _read_call(state: AppState, request_id: str) -> dict[str, Any]:
 
 
 @router.get(
-    "/v1/calls/{request_id}",
+    "/v1/calls/{request_id:path}",
     summary="One call with its events and ledger entries",
     dependencies=[Depends(allow("read"))],
 )

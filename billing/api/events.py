@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
 from billing.api.state import AppState
@@ -20,6 +21,7 @@ from billing.auth.guard import allow
 from billing.errors import (
     OUTCOME_UNKNOWN,
     BillingError,
+    BodyTimeout,
     CommitOutcomeUnknown,
     EventConflict,
     TooLarge,
@@ -51,18 +53,28 @@ class IngestReply(BaseModel):
     duplicates: int
 
 
-async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
-    """The request body, refusing with 413 as soon as it passes ``limit`` bytes."""
+async def read_body(request: Request, timeout_s: float, limit: int = MAX_BODY_BYTES) -> bytes:
+    """The request body, refusing with 413 as soon as it passes ``limit`` bytes, and with 408
+    (``BodyTimeout``) when it has not arrived in full within ``timeout_s`` seconds (a client that
+    declares more than it sends must not hold a connection and its memory for ever)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise TooLarge(f"request body is {declared} bytes; the limit is {limit} (1 MiB)")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise TooLarge(f"request body is over the limit of {limit} bytes (1 MiB)")
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise TooLarge(f"request body is over the limit of {limit} bytes (1 MiB)")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise BodyTimeout(
+            f"the request body did not arrive in full within {timeout_s:g} s ({size} bytes "
+            f"received{'' if declared is None else f' of the {declared} declared'}); "
+            "send the whole body at once"
+        ) from None
     return b"".join(chunks)
 
 
@@ -138,7 +150,7 @@ async def post_events(request: Request) -> Response:
 
 
 async def _ingest(request: Request, state: AppState) -> IngestResult:
-    body = await read_body(request)
+    body = await read_body(request, state.settings.body_timeout_s)
     now = datetime.now(UTC)
     try:
         if len(body) <= INLINE_PARSE_BYTES:
@@ -176,6 +188,9 @@ async def serve_ingest(scope: Scope, receive: Receive, send: Send, state: AppSta
         result = await _ingest(request, state)
     except BillingError as error:
         response = _render(error)
+    except ClientDisconnect:
+        # The client hung up before its body arrived: nothing was stored, nobody to answer.
+        return 499
     except CommitOutcomeUnknown:
         log.warning("database unavailable during COMMIT; outcome unknown")
         response = _render(Unavailable(state.settings.db_retry_after_s, OUTCOME_UNKNOWN))

@@ -52,6 +52,8 @@ def _to_utc(value: datetime) -> datetime:
 def _printable(value: str) -> str:
     if not value.isprintable():
         raise ValueError("must be printable text (no control characters)")
+    if value.isspace():
+        raise ValueError("must not be blank (spaces only)")
     return value
 
 
