@@ -39,6 +39,8 @@ class _Stored:
 
 
 class StoredStarted(_Stored):
+    """A stored ``stream.started`` (CONTRACT "Events"): the call's key, model, protocol."""
+
     type: Literal["stream.started"]
     api_key_id: str
     model: str
@@ -48,18 +50,25 @@ class StoredStarted(_Stored):
 
 
 class StoredTokens(_Stored):
+    """A stored ``stream.tokens``: cumulative output tokens generated and delivered so far."""
+
     type: Literal["stream.tokens"]
     output_tokens_generated: int
     output_tokens_delivered: int
 
 
 class StoredClientDisconnected(_Stored):
+    """A stored ``stream.client_disconnected``: output tokens delivered when the client left."""
+
     type: Literal["stream.client_disconnected"]
     output_tokens_delivered: int
     output_tokens_generated: int | None = None
 
 
 class StoredUsage(_Stored):
+    """A stored ``stream.usage``: the attempt's final token counts (``source`` upstream or
+    estimate)."""
+
     type: Literal["stream.usage"]
     input_tokens: int
     output_tokens: int
@@ -72,6 +81,8 @@ class StoredUsage(_Stored):
 
 
 class StoredFailed(_Stored):
+    """A stored ``stream.failed``: the attempt ended with ``error_type``."""
+
     type: Literal["stream.failed"]
     error_type: str
     message: str | None = None
