@@ -101,7 +101,8 @@ def _old_hash(parsed: ParsedEvent) -> str:
     offset=st.integers(-14 * 60, 14 * 60),
     attempt=st.one_of(st.none(), st.integers(1, 1000)),
     metadata=st.one_of(
-        st.none(), st.dictionaries(st.text(min_size=1, max_size=8), st.text(max_size=8))
+        st.none(),
+        st.dictionaries(st.text(min_size=1, max_size=8), st.text(max_size=8), max_size=32),
     ),
 )
 def test_rows_carry_the_values_the_old_path_computed(

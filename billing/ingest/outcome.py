@@ -2,21 +2,26 @@
 
 When the connection breaks while COMMIT is under way, PostgreSQL may have committed although the
 client never heard back. Answering 503 would then be untrue: CONTRACT "Ingest" says a 503 stored
-nothing. So the writer asks the database again, on fresh connections, whether the events that
-transaction inserted are stored: all of them (it committed: answer as committed), none (it did
-not: 503 is true) or, while the database cannot be reached, unknown (``CommitOutcomeUnknown``,
-a 503 that says so; retrying the same batch is answered as duplicates for whatever was stored).
+nothing. So a thread of its own (the writer goes on with other batches meanwhile: during an
+outage they get their 503 at once) asks the database again, on fresh connections, whether the
+events that transaction inserted are stored: all of them (it committed: answer as committed),
+none (it did not: 503 is true) or, while the database cannot be reached, unknown
+(``CommitOutcomeUnknown``, a 503 that says so; retrying the same batch is answered as
+duplicates for whatever was stored).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 
 from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from billing.errors import CommitOutcomeUnknown
+from billing.ingest.service import CommitUnanswered, IngestResult
 from billing.storage.db import is_unavailable
 from billing.storage.models import Event
 
@@ -66,3 +71,22 @@ def committed(
         if share == 1.0:
             return True
         return False if share == 0.0 else None
+
+
+def settle_unanswered(
+    sessions: sessionmaker[Session],
+    unanswered: CommitUnanswered,
+    futures: Sequence[Future[IngestResult]],
+    check_for_s: float = CHECK_FOR_S,
+) -> None:
+    """Resolve the futures of a group whose COMMIT went unanswered (``futures[i]`` belongs to
+    ``unanswered.results[i]``): the results when it committed, the database's error (a 503
+    "nothing was stored") when it did not, ``CommitOutcomeUnknown`` when that cannot be told."""
+    outcome = committed(sessions, unanswered.new, check_for_s)
+    for future, result in zip(futures, unanswered.results, strict=True):
+        if outcome is True:
+            future.set_result(result)
+        elif outcome is False:
+            future.set_exception(unanswered.__cause__ or unanswered)
+        else:
+            future.set_exception(CommitOutcomeUnknown())

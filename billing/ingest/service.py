@@ -26,8 +26,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from billing.errors import CommitOutcomeUnknown, Conflict, EventConflict
-from billing.ingest.outcome import committed
+from billing.errors import Conflict, EventConflict
 from billing.ingest.schemas import Event, StreamStarted
 from billing.ingest.validation import ParsedEvent
 from billing.storage.db import is_unavailable, write_transaction
@@ -155,6 +154,20 @@ def store_batch(session: Session, batch: Sequence[ParsedEvent], now: datetime) -
     return IngestResult(accepted=accepted, duplicates=len(batch) - accepted)
 
 
+class CommitUnanswered(Exception):
+    """The connection broke during a group's COMMIT: whether it committed is not known yet.
+
+    ``new`` holds the events the transaction inserted (event_id -> content hash) and ``results``
+    what each batch is answered if it did commit; ``billing.ingest.outcome`` finds out which.
+    The database's error is the ``__cause__``.
+    """
+
+    def __init__(self, new: dict[str, str], results: list[IngestResult]) -> None:
+        super().__init__(f"COMMIT of {len(new)} new events unanswered")
+        self.new = new
+        self.results = results
+
+
 def write_group(
     sessions: sessionmaker[Session], items: Sequence[PreparedBatch]
 ) -> list[IngestResult | EventConflict]:
@@ -163,7 +176,8 @@ def write_group(
     Each batch gets what it would have got alone, in the order given: an ``IngestResult``, or an
     ``EventConflict`` (that batch stored nothing). Conflicts are rare: when one shows up, the shared
     transaction is rolled back and the batches are stored again one by one, each in a savepoint.
-    A database error fails every batch of the group (nothing of any of them is stored).
+    A database error fails every batch of the group (nothing of any of them is stored), except
+    one that breaks the connection during COMMIT: ``CommitUnanswered``.
     """
     new: dict[str, str] = {}
     try:
@@ -174,15 +188,15 @@ def write_group(
             return [conflict]
         return _write_one_by_one(sessions, items)
     except SQLAlchemyError as error:
-        # ``new`` is filled once every statement has run: the error came from the COMMIT.
+        # ``new`` is filled once every statement has run: the error came from the COMMIT, and
+        # the database may have committed without its answer reaching us.
         if not new or not is_unavailable(error):
             raise
-        outcome = committed(sessions, new)
-        if outcome is None:
-            raise CommitOutcomeUnknown() from error
-        if not outcome:
-            raise
-        counts = _counts(items, new)
+        results = [
+            IngestResult(accepted=n, duplicates=len(item.events) - n)
+            for n, item in zip(counts, items, strict=True)
+        ]
+        raise CommitUnanswered(new, results) from error
     return [
         IngestResult(accepted=n, duplicates=len(item.events) - n)
         for n, item in zip(counts, items, strict=True)
@@ -206,18 +220,6 @@ def _write_one_by_one(
 
 
 _by_event_id = operator.attrgetter("event_id")
-
-
-def _counts(items: Sequence[PreparedBatch], new: dict[str, str]) -> list[int]:
-    """The accepted count per item, given the events the transaction inserted (``new``)."""
-    counts = [0] * len(items)
-    taken: set[str] = set()
-    for i, item in enumerate(items):
-        for row in item.rows:
-            if row.event_id in new and row.event_id not in taken:
-                taken.add(row.event_id)
-                counts[i] += 1
-    return counts
 
 
 def _store(session: Session, items: Sequence[PreparedBatch]) -> tuple[list[int], dict[str, str]]:

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from sqlalchemy.orm import Session, sessionmaker
 
 from billing.errors import EventConflict
-from billing.ingest.service import IngestResult, PreparedBatch, write_group
+from billing.ingest.outcome import settle_unanswered
+from billing.ingest.service import CommitUnanswered, IngestResult, PreparedBatch, write_group
 
 #: A group stops taking waiting batches once it holds this many events.
 MAX_GROUP_EVENTS = 5000
@@ -98,6 +99,16 @@ class GroupWriter:
     def _write(self, group: list[_Pending]) -> None:
         try:
             results = write_group(self._sessions, [p.batch for p in group])
+        except CommitUnanswered as unanswered:
+            # Finding out whether it committed may take seconds while the database is away: on a
+            # thread of its own, so that the batches behind this group get their answers now.
+            threading.Thread(
+                target=settle_unanswered,
+                args=(self._sessions, unanswered, [p.future for p in group]),
+                name="billing-ingest-outcome",
+                daemon=True,
+            ).start()
+            return
         except BaseException as error:  # every batch of the group failed; nothing was stored
             for pending in group:
                 pending.future.set_exception(error)
