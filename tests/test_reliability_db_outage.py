@@ -278,7 +278,11 @@ def test_postgres_connection_cut_answers_503_with_retry_after_and_recovers(
                         }
                     )
                     if down_s >= 1:
-                        assert during and all(a.status == 503 for a in during), during[:3]
+                        # Whatever is answered during the outage is a 503. A batch whose COMMIT
+                        # was under way at the cut may instead wait for the database to tell
+                        # whether it committed (billing/ingest/outcome.py), so an outage can pass
+                        # without answers when every gateway thread was in that group.
+                        assert all(a.status == 503 for a in during), during[:3]
                         assert ready == 503
                 time.sleep(0.5)
             finally:
@@ -299,6 +303,8 @@ def test_postgres_connection_cut_answers_503_with_retry_after_and_recovers(
         engine.dispose()
     print(f"\npostgres outage figures: {figures}; outages: {outages}")
     assert figures["503"] > 0
+    # The outages were seen as 503s (with Retry-After: checked in _check_answers), not waited out.
+    assert any(o["answers_during"].get(503) for o in outages), outages
 
 
 def _no_pending(engine: Any) -> bool:
