@@ -76,6 +76,20 @@ def due_calls(
     return found
 
 
+def _read_decoded(
+    cursor: Any, where: str, params: Any, tokens_op: str, events: dict[str, list[AnyEvent]]
+) -> None:
+    """Append to ``events`` the decoded events of the calls in ``where`` whose type is (``=``)
+    or is not (``<>``) ``stream.tokens``."""
+    cursor.execute(
+        f"SELECT request_id, body FROM events WHERE request_id {where} "
+        f"AND type {tokens_op} 'stream.tokens'",
+        params,
+    )
+    for request_id, body in cursor.fetchall():
+        events[request_id].append(decode(body))
+
+
 def load_events(session: Session, request_ids: Sequence[str]) -> dict[str, list[AnyEvent]]:
     """Every stored event of the given calls as the rule reads them (in no particular order:
     the rule does not depend on it).
@@ -102,13 +116,7 @@ def load_events(session: Session, request_ids: Sequence[str]) -> dict[str, list[
         for start in range(0, len(request_ids), _CHUNK):
             chunk = list(request_ids[start : start + _CHUNK])
             where, params = _in_list(postgres, chunk)
-            cursor.execute(
-                f"SELECT request_id, body FROM events WHERE request_id {where} "
-                "AND type <> 'stream.tokens'",
-                params,
-            )
-            for request_id, body in cursor.fetchall():
-                events[request_id].append(decode(body))
+            _read_decoded(cursor, where, params, "<>", events)
             cursor.execute(
                 "SELECT request_id, attempt, occurred_at, body FROM events "
                 f"WHERE request_id {where} AND type = 'stream.tokens'",
@@ -121,13 +129,7 @@ def load_events(session: Session, request_ids: Sequence[str]) -> dict[str, list[
                 group.append(_folded(request_id, attempt, last, delivered, generated, "last"))
             if slow:
                 where, params = _in_list(postgres, slow)
-                cursor.execute(
-                    f"SELECT request_id, body FROM events WHERE request_id {where} "
-                    "AND type = 'stream.tokens'",
-                    params,
-                )
-                for request_id, body in cursor.fetchall():
-                    events[request_id].append(decode(body))
+                _read_decoded(cursor, where, params, "=", events)
     finally:
         cursor.close()
     return events
