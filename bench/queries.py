@@ -88,30 +88,10 @@ _CALL_COLUMNS = (
     "stop_reason",
     "anomalies",
 )
-_ENTRY_COLUMNS = (
-    "request_id",
-    "seq",
-    "kind",
-    "reason",
-    "booked_at",
-    "api_key_id",
-    "model",
-    "protocol",
-    "status",
-    "call_started_at",
-    "input_tokens",
-    "cache_read_input_tokens",
-    "cache_creation_input_tokens",
-    "output_tokens_billed",
-    "output_tokens_delivered",
-    "output_tokens_undelivered",
-    "reasoning_tokens",
-    "price_id",
-    "input_uusd_per_mtok",
-    "output_uusd_per_mtok",
-    "cache_read_uusd_per_mtok",
-    "cache_creation_uusd_per_mtok",
-    "cost_pusd",
+#: The ledger columns ``_rows`` fills, in its order: those of the ORM model (the public
+#: definition of the table) less ``entry_id``, which the database numbers.
+_ENTRY_COLUMNS = tuple(
+    column.name for column in LedgerEntry.__table__.columns if column.name != "entry_id"
 )
 
 

@@ -424,6 +424,37 @@ def test_unknown_and_malformed_parameters_get_422_in_words(log: TestClient) -> N
     assert sorted(e["path"] for e in found) == ["query.colour", "query.cursor", "query.limit"]
 
 
+@pytest.mark.parametrize(
+    "query",
+    [
+        "since=2026-03-10T00:00:00Z&since=2026-03-11T00:00:00Z",
+        "until=2026-03-11T00:00:00Z&until=2026-03-11T00:00:00Z",  # even the same value twice
+        "limit=5&limit=10",
+        "status=completed&status=failed",
+        "api_key_id=key_a&api_key_id=key_b",
+        "cursor=x&cursor=y",
+    ],
+)
+def test_a_repeated_parameter_gets_422(priced: TestClient, query: str) -> None:
+    """One of two values is never chosen silently: a repeated parameter is refused."""
+    name = query.split("=", 1)[0]
+    assert errors(priced.get(f"/v1/calls?{query}")) == [
+        {"index": None, "path": f"query.{name}", "message": "is given 2 times; give it once"}
+    ]
+
+
+def test_unknown_and_repeated_parameters_are_reported_together(priced: TestClient) -> None:
+    found = errors(priced.get("/v1/calls?colour=red&model=a&model=b&model=c&colour=blue"))
+    assert [(e["path"], e["message"]) for e in found] == [
+        (
+            "query.colour",
+            "is not a known query parameter; the known ones are api_key_id, model, status, "
+            "since, until, limit, cursor",
+        ),
+        ("query.model", "is given 3 times; give it once"),
+    ]
+
+
 def test_one_call_and_an_unknown_one(log: TestClient) -> None:
     response = log.get("/v1/calls/c3")
     assert response.status_code == 200

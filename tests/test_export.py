@@ -607,9 +607,9 @@ def test_invalid_parameters_answer_422(
 @pytest.mark.parametrize(
     ("kind", "query", "path", "words"),
     [
-        ("usage", "&foo=1", "query.foo", "not a query parameter of usage.csv"),
-        ("calls", "&group_by=hour", "query.group_by", "not a query parameter of calls.csv"),
-        ("calls", "&tz=Mars/X", "query.tz", "not a query parameter of calls.csv"),
+        ("usage", "&foo=1", "query.foo", "not a known query parameter"),
+        ("calls", "&group_by=hour", "query.group_by", "not a known query parameter"),
+        ("calls", "&tz=Mars/X", "query.tz", "not a known query parameter"),
         ("calls", "&since=2026-02-01T00:00:00Z", "query.since", "given 2 times"),
         ("usage", "&tz=UTC&tz=Europe/Paris", "query.tz", "given 2 times"),
     ],

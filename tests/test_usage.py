@@ -421,6 +421,27 @@ def test_query_errors_get_422_in_words(priced: TestClient) -> None:
         assert words in found[0]["message"], (extra, found)
 
 
+@pytest.mark.parametrize(
+    ("extra", "name", "count"),
+    [
+        ("since=2026-03-10T06:00:00Z", "since", 2),
+        ("until=2026-03-11T00:00:00Z", "until", 2),  # even the same value twice
+        ("group_by=day&group_by=model", "group_by", 2),
+        ("tz=UTC&tz=Asia/Kolkata&tz=UTC", "tz", 3),
+        ("basis=booked&basis=call_start", "basis", 2),
+        ("model=m1&model=m2", "model", 2),
+    ],
+)
+def test_a_repeated_parameter_gets_422(
+    priced: TestClient, extra: str, name: str, count: int
+) -> None:
+    """One of two values is never chosen silently: a repeated parameter is refused."""
+    url = f"/v1/usage?since=2026-03-10T00:00:00Z&until=2026-03-11T00:00:00Z&{extra}"
+    assert errors(priced.get(url)) == [
+        {"index": None, "path": f"query.{name}", "message": f"is given {count} times; give it once"}
+    ]
+
+
 # -- against a reference computed from the source rows ------------------------------------------
 
 

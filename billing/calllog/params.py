@@ -2,11 +2,14 @@
 
 The query endpoints answer the contract's 422 shape (``{"errors": [{"index": null, "path":
 "query.x", "message": …}]}``) for unknown parameters, repeated ones and bad values.
+:func:`query_problems` is the one check of unknown and repeated parameters, shared by
+:class:`QueryReader` (``/v1/calls``, ``/v1/usage``) and the exports (``billing.export.params``).
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import TypeVar
@@ -58,23 +61,36 @@ def parse_zone(text: str) -> ZoneInfo:
         ) from None
 
 
+def query_problems(items: Iterable[tuple[str, str]], known: Sequence[str]) -> list[FieldError]:
+    """A ``query.<name>`` error for each parameter of ``items`` (the query string as (name, value)
+    pairs) that is not in ``known`` or is given more than once, in the order they first appear.
+
+    A repeated parameter is refused rather than one of its values silently chosen."""
+    errors: list[FieldError] = []
+    for name, count in Counter(name for name, _ in items).items():
+        if name not in known:
+            message = f"is not a known query parameter; the known ones are {', '.join(known)}"
+        elif count > 1:
+            message = f"is given {count} times; give it once"
+        else:
+            continue
+        errors.append(FieldError(None, f"query.{name}", message))
+    return errors
+
+
 class QueryReader:
     """Takes values out of a query string, collecting every error; ``done()`` raises them all.
 
-    Parameters not in ``known`` and parameters given more than once are errors too.
+    Parameters not in ``known`` and parameters given more than once are errors from the start
+    (:func:`query_problems`); reading a repeated one gives None.
     """
 
     def __init__(self, items: Iterable[tuple[str, str]], known: Sequence[str]) -> None:
+        pairs = list(items)
         self.values: dict[str, list[str]] = {}
-        for name, value in items:
+        for name, value in pairs:
             self.values.setdefault(name, []).append(value)
-        self.errors: list[FieldError] = []
-        for name in self.values:
-            if name not in known:
-                self.fail(
-                    name,
-                    f"is not a known query parameter; the known ones are {', '.join(known)}",
-                )
+        self.errors: list[FieldError] = query_problems(pairs, known)
 
     def fail(self, name: str, message: str) -> None:
         self.errors.append(FieldError(None, f"query.{name}", message))
@@ -84,8 +100,7 @@ class QueryReader:
         values = self.values.get(name)
         if not values:
             return None
-        if len(values) > 1:
-            self.fail(name, f"is given {len(values)} times; give it once")
+        if len(values) > 1:  # already an error (query_problems)
             return None
         value = values[0]
         if not 1 <= len(value) <= max_length:

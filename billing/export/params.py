@@ -10,13 +10,13 @@ IANA zone (usage exports only; default ``UTC``). Problems raise
 from __future__ import annotations
 
 import re
-from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from billing.calllog.params import query_problems
 from billing.errors import FieldError, ValidationFailed
 from billing.export.columns import DEFAULT_GROUP_BY, GROUP_KEYS
 from billing.timefmt import rfc3339
@@ -107,31 +107,10 @@ def parse_zone(value: str) -> str:
 
 
 #: The query parameters of each export.
-KNOWN: dict[str, tuple[str, ...]] = {
+PARAMETERS: dict[Kind, tuple[str, ...]] = {
     "usage": ("since", "until", "group_by", "tz"),
     "calls": ("since", "until"),
 }
-
-
-def _query_problems(kind: Kind, query: Iterable[tuple[str, str]]) -> list[FieldError]:
-    known = KNOWN[kind]
-    counts = Counter(name for name, _ in query)
-    errors: list[FieldError] = []
-    for name, count in counts.items():
-        if name not in known:
-            errors.append(
-                FieldError(
-                    None,
-                    f"query.{name}",
-                    f"is not a query parameter of {kind}.csv; the known ones are "
-                    f"{', '.join(known)}",
-                )
-            )
-        elif count > 1:
-            errors.append(
-                FieldError(None, f"query.{name}", f"is given {count} times; give it once")
-            )
-    return errors
 
 
 def parse_params(
@@ -148,7 +127,7 @@ def parse_params(
     does not know, or one given twice, is a problem too (finance must get the period and grouping
     it asked for, not a silently different one).
     """
-    errors = _query_problems(kind, query)
+    errors = query_problems(query, PARAMETERS[kind])
     bounds: dict[str, datetime] = {}
     for name, raw in (("since", since), ("until", until)):
         if raw is None:
