@@ -10,13 +10,13 @@ from typing import Any
 
 import orjson
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from billing.errors import EventConflict
 from billing.ingest.service import IngestResult, PreparedBatch, prepare_batch, write_group
 from billing.ingest.validation import parse_batch
-from billing.ingest.writer import GroupWriter
+from billing.ingest.writer import GroupWriter, new_writer
 from billing.settings import Settings
 from billing.storage.db import make_engine, make_sessionmaker
 from billing.storage.models import Call, Event
@@ -128,3 +128,52 @@ def test_the_writer_answers_every_batch_after_its_commit(sessions: sessionmaker[
     results = asyncio.run(post_all())
     assert results == [IngestResult(1, 0)] * 200
     assert len(stored_ids(sessions)) == 200
+
+
+def test_store_answers_on_the_event_loop_after_the_commit(sessions: sessionmaker[Session]) -> None:
+    """``GroupWriter.store`` (what the HTTP handler awaits): each batch gets its own outcome,
+    a conflicting batch its 409 error, and the others are stored."""
+    writer = GroupWriter(sessions, max_threads=1)
+    writer.submit(batch(tokens("t0", request_id="r0"))).result()
+
+    async def post_all() -> list[IngestResult | BaseException]:
+        batches = [batch(tokens(f"t{i}", request_id=f"r{i % 7}")) for i in range(100)]
+        batches.append(batch(tokens("t0", request_id="r0", generated=999)))
+        return await asyncio.gather(*(writer.store(b) for b in batches), return_exceptions=True)
+
+    results = asyncio.run(post_all())
+    assert results[0] == IngestResult(0, 1)
+    assert results[1:100] == [IngestResult(1, 0)] * 99
+    assert isinstance(results[100], EventConflict)
+    assert [(c.index, c.event_id) for c in results[100].conflicts] == [(0, "t0")]
+    assert len(stored_ids(sessions)) == 100
+
+
+def test_a_writer_connection_killed_while_idle_is_replaced_without_an_error(
+    settings: Settings, is_postgres: bool
+) -> None:
+    """PostgreSQL: the writers' engine does not pre-ping; a connection the server dropped since
+    its last use (a restart, an idle-session kill) is found dead by the group's first statement,
+    and the group is written again on a fresh connection instead of answering 503."""
+    if not is_postgres:
+        pytest.skip("PostgreSQL: SQLite connections are files, they do not die")
+    writer = new_writer(settings, make_sessionmaker(make_engine(settings)))
+    try:
+        assert writer.submit(batch(tokens("t1", request_id="r1"))).result() == IngestResult(1, 0)
+        killer = make_engine(settings)
+        with killer.begin() as conn:
+            killed = conn.execute(
+                text(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            ).scalar_one()
+        killer.dispose()
+        assert killed >= 1  # the writer's pooled connection among them
+        result = writer.submit(batch(tokens("t2", request_id="r2"), tokens("t1", request_id="r1")))
+        assert result.result() == IngestResult(1, 1)
+    finally:
+        writer.close()
+    with make_engine(settings).connect() as conn:
+        stored = conn.execute(select(Event.event_id).order_by(Event.event_id)).scalars().all()
+    assert stored == ["t1", "t2"]

@@ -117,6 +117,23 @@ def test_rows_carry_the_values_the_old_path_computed(
         started("s", occurred_at=stamp, metadata=metadata, **extra),
         tokens("t", occurred_at=stamp, **extra),
         usage("u", occurred_at=stamp, cache_read_input_tokens=3, **extra),
+        {
+            "event_id": "d",
+            "request_id": "req-1",
+            "type": "stream.client_disconnected",
+            "occurred_at": stamp,
+            "output_tokens_delivered": 4,
+            **extra,
+        },
+        {
+            "event_id": "f",
+            "request_id": "req-1",
+            "type": "stream.failed",
+            "occurred_at": stamp,
+            "error_type": "api_error",
+            "message": "".join((metadata or {"é\u2028": '"x\u0001'}).values()),
+            **extra,
+        },
     ]
     parsed = parse_batch(body(*raws), NOW)
     batch = prepare_batch(parsed, NOW)

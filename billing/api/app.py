@@ -156,6 +156,9 @@ def create_app(settings: Settings | None = None, *, background: bool = False) ->
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            writer = getattr(state, "ingest_writer", None)
+            if writer is not None:
+                writer.close()
             engine.dispose()
 
     app = _App(

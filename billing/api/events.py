@@ -98,7 +98,7 @@ def writer_of(state: AppState) -> GroupWriter:
         with _writer_lock:
             writer = getattr(state, "ingest_writer", None)
             if writer is None:
-                writer = new_writer(state.sessions, state.engine.dialect.name)
+                writer = new_writer(state.settings, state.sessions)
                 state.ingest_writer = writer  # type: ignore[attr-defined]
     return writer
 
@@ -157,7 +157,7 @@ async def _ingest(request: Request, state: AppState) -> IngestResult:
             batch = prepare(body, now)
         else:
             batch = await run_in_threadpool(prepare, body, now)
-        result = await asyncio.wrap_future(writer_of(state).submit(batch))
+        result = await writer_of(state).store(batch)
     except BillingError as error:
         _count_rejected(state, error)
         raise

@@ -49,9 +49,9 @@ class TokenCache:
     def auth_enabled(self) -> bool:
         """True once any token has been created (see ``token_count``)."""
         now = time.monotonic()
-        with self._lock:
-            if self._count is not None and now - self._count[0] < self._ttl:
-                return self._count[1] > 0
+        cached = self._count  # read without the lock: replaced whole, never changed in place
+        if cached is not None and now - cached[0] < self._ttl:
+            return cached[1] > 0
         with self._sessions() as session:
             count = token_count(session)
         with self._lock:
@@ -62,10 +62,9 @@ class TokenCache:
         """The role of a presented token (None: unknown or revoked)."""
         key = hash_token(presented)
         now = time.monotonic()
-        with self._lock:
-            hit = self._roles.get(key)
-            if hit is not None and now - hit[0] < self._ttl:
-                return hit[1]
+        hit = self._roles.get(key)  # a dict read is atomic; writers hold the lock
+        if hit is not None and now - hit[0] < self._ttl:
+            return hit[1]
         with self._sessions() as session:
             role = role_of(session, presented)
         with self._lock:

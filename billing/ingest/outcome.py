@@ -13,8 +13,7 @@ duplicates for whatever was stored).
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
-from concurrent.futures import Future
+from collections.abc import Mapping
 
 from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
@@ -76,17 +75,14 @@ def committed(
 def settle_unanswered(
     sessions: sessionmaker[Session],
     unanswered: CommitUnanswered,
-    futures: Sequence[Future[IngestResult]],
     check_for_s: float = CHECK_FOR_S,
-) -> None:
-    """Resolve the futures of a group whose COMMIT went unanswered (``futures[i]`` belongs to
-    ``unanswered.results[i]``): the results when it committed, the database's error (a 503
-    "nothing was stored") when it did not, ``CommitOutcomeUnknown`` when that cannot be told."""
+) -> list[IngestResult | BaseException]:
+    """What each batch of a group whose COMMIT went unanswered is answered (item ``i`` for
+    ``unanswered.results[i]``): its result when the transaction committed, the database's error
+    (a 503 "nothing was stored") when it did not, ``CommitOutcomeUnknown`` when that cannot be
+    told. Blocks up to ``check_for_s`` seconds while the database cannot be reached."""
     outcome = committed(sessions, unanswered.new, check_for_s)
-    for future, result in zip(futures, unanswered.results, strict=True):
-        if outcome is True:
-            future.set_result(result)
-        elif outcome is False:
-            future.set_exception(unanswered.__cause__ or unanswered)
-        else:
-            future.set_exception(CommitOutcomeUnknown())
+    if outcome is True:
+        return list(unanswered.results)
+    error = (unanswered.__cause__ or unanswered) if outcome is False else CommitOutcomeUnknown()
+    return [error] * len(unanswered.results)

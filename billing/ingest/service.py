@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from billing.errors import Conflict, EventConflict
 from billing.ingest.schemas import Event, StreamStarted
 from billing.ingest.validation import ParsedEvent
-from billing.storage.db import is_unavailable, write_transaction
+from billing.storage.db import is_stale_connection, is_unavailable, write_transaction
 
 
 @dataclass(frozen=True)
@@ -46,8 +46,14 @@ def content_hash(parsed: ParsedEvent) -> str:
     Key order, white space, a defaulted ``attempt`` and the offset an instant is written in do not
     change it (CONTRACT "Ingest": "same content").
     """
-    canonical = parsed.event.model_dump(mode="json")
-    return hashlib.sha256(orjson.dumps(canonical, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    # The event's fields as pydantic's JSON form would give them (``model_dump(mode="json")``),
+    # without building that dict: every field is a str, int, None, a str -> str dict or a UTC
+    # datetime, which orjson writes exactly as pydantic does with ``Z`` for UTC (a test pins it).
+    canonical = orjson.dumps(parsed.event.__dict__, option=_CANONICAL)
+    return hashlib.sha256(canonical).hexdigest()
+
+
+_CANONICAL = orjson.OPT_SORT_KEYS | orjson.OPT_UTC_Z
 
 
 class _Row:
@@ -177,12 +183,22 @@ def write_group(
     ``EventConflict`` (that batch stored nothing). Conflicts are rare: when one shows up, the shared
     transaction is rolled back and the batches are stored again one by one, each in a savepoint.
     A database error fails every batch of the group (nothing of any of them is stored), except
-    one that breaks the connection during COMMIT: ``CommitUnanswered``.
+    one that breaks the connection during COMMIT: ``CommitUnanswered``. A connection found dead
+    before the COMMIT (the database restarted since it was last used) is replaced and the group
+    written again, once: the writer's engine does not pre-ping (a round trip per transaction).
     """
     new: dict[str, str] = {}
     try:
-        with write_transaction(sessions) as session:
-            counts, new = _store(session, items)
+        try:
+            with write_transaction(sessions) as session:
+                counts, new = _store(session, items)
+        except SQLAlchemyError as error:
+            if new or not is_stale_connection(error):
+                raise
+            # Rolled back with its connection: nothing of the group was stored. Once more, on a
+            # fresh connection (a second failure is the database being away: a 503).
+            with write_transaction(sessions) as session:
+                counts, new = _store(session, items)
     except EventConflict as conflict:
         if len(items) == 1:
             return [conflict]

@@ -18,13 +18,18 @@ from sqlalchemy.orm import Session, sessionmaker
 from billing.settings import Settings
 
 
-def make_engine(settings: Settings) -> Engine:
+def make_engine(
+    settings: Settings, *, pre_ping: bool = True, pool_size: int | None = None
+) -> Engine:
     """Create the engine for ``settings.database_url``.
 
     SQLite: WAL journal, ``synchronous=FULL`` (an acknowledged event is on disk), a busy timeout of
     ``sqlite_busy_timeout_ms``, foreign keys on, and write transactions that begin with
     ``BEGIN IMMEDIATE`` so that two writers queue on the lock instead of failing to upgrade.
-    PostgreSQL: a pooled psycopg 3 engine with pre-ping, so a cut connection is replaced.
+    PostgreSQL: a pooled psycopg 3 engine (``pool_size``, default ``db_pool_size``) with
+    pre-ping, so a cut connection is replaced before it is used; ``pre_ping=False`` saves that
+    round trip per checkout for a user that retries a transaction whose connection turns out
+    to be dead (``billing.ingest.service.write_group``).
     """
     url = settings.database_url
     if url.startswith("sqlite"):
@@ -47,9 +52,9 @@ def make_engine(settings: Settings) -> Engine:
         return engine
     return create_engine(
         url,
-        pool_size=settings.db_pool_size,
+        pool_size=pool_size or settings.db_pool_size,
         max_overflow=20,
-        pool_pre_ping=True,
+        pool_pre_ping=pre_ping,
         pool_recycle=1800,
         connect_args={"connect_timeout": 5},
     )
@@ -216,6 +221,12 @@ def read_transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
             yield session
         finally:
             session.rollback()
+
+
+def is_stale_connection(error: BaseException) -> bool:
+    """Whether ``error`` came from a connection that had died (the server restarted, a proxy
+    cut it): SQLAlchemy has invalidated it, so a new transaction gets a fresh connection."""
+    return isinstance(error, DBAPIError) and error.connection_invalidated
 
 
 def is_unavailable(error: BaseException) -> bool:
