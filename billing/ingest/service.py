@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from billing.errors import Conflict, EventConflict
 from billing.ingest.schemas import Event, StreamStarted
 from billing.ingest.validation import ParsedEvent
-from billing.storage.db import is_stale_connection, is_unavailable, write_transaction
+from billing.storage.db import is_stale_connection, is_unavailable, write_connection
 
 
 @dataclass(frozen=True)
@@ -156,7 +156,7 @@ def store_batch(session: Session, batch: Sequence[ParsedEvent], now: datetime) -
     new event is marked pending for the reconciler, with ``last_received_at = now``.
     """
     prepared = prepare_batch(batch, now)
-    accepted = _store(session, [prepared])[0][0]
+    accepted = _store(session.connection(), [prepared])[0][0]
     return IngestResult(accepted=accepted, duplicates=len(batch) - accepted)
 
 
@@ -190,15 +190,15 @@ def write_group(
     new: dict[str, str] = {}
     try:
         try:
-            with write_transaction(sessions) as session:
-                counts, new = _store(session, items)
+            with write_connection(sessions) as conn:
+                counts, new = _store(conn, items)
         except SQLAlchemyError as error:
             if new or not is_stale_connection(error):
                 raise
             # Rolled back with its connection: nothing of the group was stored. Once more, on a
             # fresh connection (a second failure is the database being away: a 503).
-            with write_transaction(sessions) as session:
-                counts, new = _store(session, items)
+            with write_connection(sessions) as conn:
+                counts, new = _store(conn, items)
     except EventConflict as conflict:
         if len(items) == 1:
             return [conflict]
@@ -223,11 +223,11 @@ def _write_one_by_one(
     sessions: sessionmaker[Session], items: Sequence[PreparedBatch]
 ) -> list[IngestResult | EventConflict]:
     results: list[IngestResult | EventConflict] = []
-    with write_transaction(sessions) as session:
+    with write_connection(sessions) as conn:
         for item in items:
             try:
-                with session.begin_nested():
-                    n = _store(session, [item])[0][0]
+                with conn.begin_nested():
+                    n = _store(conn, [item])[0][0]
             except EventConflict as conflict:
                 results.append(conflict)
                 continue
@@ -238,7 +238,7 @@ def _write_one_by_one(
 _by_event_id = operator.attrgetter("event_id")
 
 
-def _store(session: Session, items: Sequence[PreparedBatch]) -> tuple[list[int], dict[str, str]]:
+def _store(conn: Connection, items: Sequence[PreparedBatch]) -> tuple[list[int], dict[str, str]]:
     """Insert the events of ``items`` and touch their calls; returns the accepted count per item
     and the events inserted (event_id -> content hash).
 
@@ -267,7 +267,6 @@ def _store(session: Session, items: Sequence[PreparedBatch]) -> tuple[list[int],
         return [0] * len(items), {}
     # A fixed order makes concurrent transactions take index locks in the same order (no deadlocks).
     rows.sort(key=_by_event_id)
-    conn = session.connection()
     inserted = _insert_events(conn, rows)  # None: every row
     if inserted is not None:
         skipped = [row for row in rows if row.event_id not in inserted]
@@ -289,7 +288,7 @@ def _store(session: Session, items: Sequence[PreparedBatch]) -> tuple[list[int],
                 counts[i] += 1
                 new_events.append((row, i))
     if new_events:
-        _touch_calls(session, new_events, max(item.now for item in items))
+        _touch_calls(conn, new_events, max(item.now for item in items))
     return counts, {row.event_id: row.digest for row, _ in new_events}
 
 
@@ -431,7 +430,7 @@ _PG_UPSERT_CALLS = (
 )
 
 
-def _touch_calls(session: Session, new_events: Sequence[tuple[_Row, int]], now: datetime) -> None:
+def _touch_calls(conn: Connection, new_events: Sequence[tuple[_Row, int]], now: datetime) -> None:
     """Create or mark pending the calls with new events (one statement); record what the
     ``stream.started`` of the lowest attempt says, for a call whose key is not known yet.
 
@@ -454,7 +453,6 @@ def _touch_calls(session: Session, new_events: Sequence[tuple[_Row, int]], now: 
             if seen is None or (call[3] == batch_no and row.attempt < seen.attempt):
                 call[2] = row
                 call[3] = batch_no
-    conn = session.connection()
     if conn.dialect.name == "postgresql":
         ordered: list[tuple[Any, ...]] = []
         for rid in sorted(calls):

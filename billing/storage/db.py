@@ -194,6 +194,26 @@ def write_transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
 
 
 @contextmanager
+def write_connection(factory: sessionmaker[Session]) -> Iterator[Connection]:
+    """``write_transaction`` for code that runs only driver-level statements: a ``Connection``
+    of the factory's engine instead of an ORM ``Session`` (which costs some 40 µs of CPU per
+    transaction on top), with the same locking, ``BEGIN IMMEDIATE`` and commit-or-rollback."""
+    bind = factory.kw["bind"]
+    lock = _WRITE_LOCKS.get(bind)
+    with bind.connect() as conn:
+        conn.execution_options(sqlite_immediate=True)  # in place (SQLAlchemy 2)
+        if lock is None:
+            with conn.begin():
+                yield conn
+            return
+        with lock, conn.begin():
+            yield conn
+    checkpointer = _CHECKPOINTERS.get(bind)
+    if checkpointer is not None:
+        checkpointer.poke()
+
+
+@contextmanager
 def _write(factory: sessionmaker[Session]) -> Iterator[Session]:
     with factory() as session:
         session.connection(execution_options={"sqlite_immediate": True})
