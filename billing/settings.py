@@ -18,6 +18,8 @@ class Settings(BaseSettings):
     - ``close_lag_s``: seconds after ``until`` before an export period counts as closed
       (CONTRACT "Export", default 60).
     - ``reconcile_interval_s``: seconds between background reconciliation passes in ``serve``.
+    - ``reconcile_threads``: steps a PostgreSQL pass runs at once, each on its own calls (one
+      waits for the database while another computes); SQLite runs one (it has one writer).
     - ``sqlite_busy_timeout_ms``: how long a SQLite writer waits for the lock before giving up.
     - ``db_retry_after_s``: the ``Retry-After`` value sent with a 503 when the database is down.
     """
@@ -29,6 +31,7 @@ class Settings(BaseSettings):
     close_lag_s: float = Field(default=60.0, ge=0)
     reconcile_interval_s: float = Field(default=2.0, gt=0)
     reconcile_batch_size: int = Field(default=2000, ge=1, le=100_000)
+    reconcile_threads: int = Field(default=2, ge=1, le=16)
     sqlite_busy_timeout_ms: int = Field(default=10_000, ge=0)
     db_pool_size: int = Field(default=10, ge=1)
     db_retry_after_s: int = Field(default=2, ge=1)

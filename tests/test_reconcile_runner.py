@@ -59,3 +59,26 @@ def test_a_poisoned_call_does_not_block_the_others(
         assert list(entries) == ["good-1", "good-2"]
     assert settled == {"good-1": True, "good-2": True, "bad": False}
     assert pending is True
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_steps_run_at_once_settle_each_call_once(
+    app: FastAPI, client: TestClient, threads: int
+) -> None:
+    """``reconcile_threads`` steps at once (PostgreSQL; SQLite runs one): small steps so that
+    the threads take turns at the due calls; every call is settled by exactly one step."""
+    events = [event for i in range(240) for event in _call(f"c{i:03d}")]
+    for start in range(0, len(events), 1000):
+        reply = client.post("/v1/events", json={"events": events[start : start + 1000]})
+        assert reply.status_code == 200
+    state = app.state.billing
+    settings = state.settings.model_copy(
+        update={"reconcile_threads": threads, "reconcile_batch_size": 7}
+    )
+    result = run_pass(state.sessions, settings, now=datetime(2026, 10, 15, 9, tzinfo=UTC))
+    assert (result.examined, result.settled, result.adjusted) == (240, 240, 0)
+    assert sorted(result.settled_ids) == [f"c{i:03d}" for i in range(240)]
+    with state.sessions() as session:
+        entries = list(session.scalars(select(LedgerEntry.request_id)))
+        assert sorted(entries) == [f"c{i:03d}" for i in range(240)]
+        assert session.scalar(select(Call.request_id).where(Call.settled.is_(False))) is None

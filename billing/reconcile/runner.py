@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from datetime import UTC, datetime
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -34,8 +35,51 @@ def run_pass(
 
     ``now`` (timezone-aware UTC) fixes the clock for the whole pass; by default each step reads the
     current time. Each step commits on its own, so a pass killed midway leaves whole steps only.
-    Returns the totals of the pass.
+    On PostgreSQL ``settings.reconcile_threads`` threads run steps at once: each step locks its
+    calls (``FOR UPDATE SKIP LOCKED``), so no call is in two steps, and the rollup rows are
+    locked in one order (no deadlock). Returns the totals of the pass; raises the database's
+    error when it is unavailable.
     """
+    threads = settings.reconcile_threads
+    dialect = getattr(getattr(sessions.kw.get("bind"), "dialect", None), "name", "sqlite")
+    if threads <= 1 or dialect == "sqlite":
+        total = _run_steps(sessions, settings, metrics, now)
+    else:
+        results: list[StepResult] = []
+        errors: list[BaseException] = []
+
+        def work() -> None:
+            try:
+                results.append(_run_steps(sessions, settings, metrics, now))
+            except BaseException as error:  # handed to the caller below
+                errors.append(error)
+
+        helpers = [
+            threading.Thread(target=work, name="billing-reconcile-step", daemon=True)
+            for _ in range(threads - 1)
+        ]
+        for helper in helpers:
+            helper.start()
+        work()
+        for helper in helpers:
+            helper.join()
+        if errors:
+            raise errors[0]
+        total = StepResult()
+        for result in results:
+            total.add(result)
+    if total.settled or total.adjusted:
+        log.info("reconciled: %d settled, %d adjusted", total.settled, total.adjusted)
+    return total
+
+
+def _run_steps(
+    sessions: sessionmaker[Session],
+    settings: Settings,
+    metrics: Metrics | None,
+    now: datetime | None,
+) -> StepResult:
+    """Steps until one finds fewer than a batch of due calls (see ``run_pass``)."""
     total = StepResult()
     for _ in range(MAX_STEPS_PER_PASS):
         clock = now or datetime.now(UTC)
@@ -58,8 +102,6 @@ def run_pass(
         total.add(step)
         if step.examined < settings.reconcile_batch_size:
             break
-    if total.settled or total.adjusted:
-        log.info("reconciled: %d settled, %d adjusted", total.settled, total.adjusted)
     return total
 
 
