@@ -653,6 +653,7 @@ _CALL_COLUMNS = (
     "request_id",
     "first_received_at",
     "last_received_at",
+    "queued_at",
     "change_seq",
     "pending",
     "status",
@@ -726,7 +727,8 @@ class StorageCeiling:
         self.upsert_calls = (
             f"INSERT INTO calls ({ccols}) VALUES ({', '.join([mark] * len(_CALL_COLUMNS))}) "
             "ON CONFLICT (request_id) DO UPDATE SET last_received_at = excluded.last_received_at, "
-            "change_seq = calls.change_seq + 1, pending = excluded.pending"
+            "change_seq = calls.change_seq + 1, pending = excluded.pending, "
+            "queued_at = CASE WHEN calls.pending THEN calls.queued_at ELSE excluded.queued_at END"
         )
         self.cycle = 0
         self.lock = threading.Lock()
@@ -764,6 +766,7 @@ class StorageCeiling:
                 meta = s.get("metadata")
                 calls[rid] = (
                     rid,
+                    received,
                     received,
                     received,
                     1,

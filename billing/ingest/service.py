@@ -308,8 +308,8 @@ def _sqlite_time(value: datetime) -> str:
 #: statement per row count, each prepared once and cached by the driver). One multi-row
 #: statement instead of one step per row also means one release of the GIL instead of hundreds.
 _SQLITE_CHUNKS = (
-    (256, 128, 64, 32) if sqlite3.sqlite_version_info >= (3, 32) else (120, 60, 30)
-)  # at most 8 parameters a row: within 32766 (SQLite ≥ 3.32), or 999 before
+    (256, 128, 64, 32) if sqlite3.sqlite_version_info >= (3, 32) else (96, 48, 24)
+)  # at most 9 parameters a row: within 32766 (SQLite ≥ 3.32), or 999 before
 
 
 @functools.lru_cache(maxsize=128)
@@ -400,28 +400,35 @@ def _keep_or_fill(column: str) -> str:
     )
 
 
-_ON_CONFLICT_TOUCH = (
-    " ON CONFLICT (request_id) DO UPDATE SET last_received_at = excluded.last_received_at, "
-    "change_seq = calls.change_seq + 1, pending = excluded.pending"
-)
 _ON_CONFLICT = (
-    _ON_CONFLICT_TOUCH
-    + ", "
+    " ON CONFLICT (request_id) DO UPDATE SET last_received_at = excluded.last_received_at, "
+    "change_seq = calls.change_seq + 1, pending = excluded.pending, "
+    # Set when the call becomes pending, then left alone (Call.queued_at): a touch of a pending
+    # call changes no indexed column, so PostgreSQL updates the row in place.
+    "queued_at = CASE WHEN calls.pending THEN calls.queued_at ELSE excluded.queued_at END, "
     + ", ".join(
         _keep_or_fill(c) for c in ("api_key_id", "model", "protocol", "started_at", "metadata")
     )
 )
 _CALL_COLUMNS = (
-    "request_id, first_received_at, last_received_at, change_seq, pending, status, settled, "
-    "attempts, anomalies, api_key_id, model, protocol, started_at, metadata"
+    "request_id, first_received_at, last_received_at, queued_at, change_seq, pending, status, "
+    "settled, attempts, anomalies, api_key_id, model, protocol, started_at, metadata"
 )
-# SQLite rewrites the index entries of every column a SET names, even to the same value: the
-# upsert sets only the bookkeeping columns, and the stream.started fields of a call that already
-# existed without a key are filled in by a second statement (a no-op for nearly every row).
+# SQLite rewrites the index entries of every column a SET names, even to the same value. So the
+# calls that are pending already are touched by a statement that names no indexed column; the
+# upsert then creates the new calls and marks pending the others (its SET names ``pending`` and
+# ``queued_at``, in the due-call indexes); the stream.started fields of a call that already
+# existed without a key are filled in by a third statement (a no-op for nearly every row).
+_SQLITE_TOUCH_PENDING = (
+    "UPDATE calls SET last_received_at = ?, change_seq = change_seq + 1 "
+    "WHERE request_id = ? AND pending = 1"
+)
 _SQLITE_UPSERT_CALLS = (
     f"INSERT INTO calls ({_CALL_COLUMNS})",
-    "(?, ?, ?, 1, 1, 'open', 0, 0, '[]', ?, ?, ?, ?, ?)",
-    _ON_CONFLICT_TOUCH,
+    "(?, ?, ?, ?, 1, 1, 'open', 0, 0, '[]', ?, ?, ?, ?, ?)",
+    " ON CONFLICT (request_id) DO UPDATE SET last_received_at = excluded.last_received_at, "
+    "change_seq = calls.change_seq + 1, pending = 1, queued_at = excluded.queued_at "
+    "WHERE calls.pending = 0",
 )
 _SQLITE_FILL_STARTED = (
     "UPDATE calls SET api_key_id = ?, model = ?, protocol = ?, started_at = ?, metadata = ? "
@@ -429,14 +436,16 @@ _SQLITE_FILL_STARTED = (
 )
 _PG_UPSERT_CALLS = (
     f"INSERT INTO calls ({_CALL_COLUMNS}) "
-    "SELECT j->>0, (j->>1)::timestamptz, (j->>2)::timestamptz, 1, true, 'open', false, 0, "
-    "'[]'::json, j->>3, j->>4, j->>5, (j->>6)::timestamptz, (j->>7)::json "
+    "SELECT j->>0, (j->>1)::timestamptz, (j->>2)::timestamptz, (j->>1)::timestamptz, 1, true, "
+    "'open', false, 0, '[]'::json, j->>3, j->>4, j->>5, (j->>6)::timestamptz, (j->>7)::json "
     "FROM json_array_elements(%s::json) AS j" + _ON_CONFLICT
 )
 
 
 def _touch_calls(conn: Connection, new_events: Sequence[tuple[_Row, int]], now: datetime) -> None:
-    """Create or mark pending the calls with new events (one statement); record what the
+    """Create or mark pending the calls with new events (one upsert; on SQLite a first
+    statement touches the calls that are pending already, see ``_SQLITE_TOUCH_PENDING``); record
+    what the
     ``stream.started`` of the lowest attempt says, for a call whose key is not known yet.
 
     ``new_events`` are (event row, batch number), batch by batch in arrival order; a call's
@@ -472,6 +481,7 @@ def _touch_calls(conn: Connection, new_events: Sequence[tuple[_Row, int]], now: 
         conn.exec_driver_sql(_PG_UPSERT_CALLS, (orjson.dumps(ordered, option=_TO_JSON).decode(),))
         return
     texts: dict[datetime, str] = {}
+    touch: list[tuple[str, str]] = []
     params = []
     started_params: dict[str, tuple[Any, ...]] = {}
     for rid in sorted(calls):
@@ -482,13 +492,15 @@ def _touch_calls(conn: Connection, new_events: Sequence[tuple[_Row, int]], now: 
         last_text = texts.get(last)
         if last_text is None:
             last_text = texts[last] = _sqlite_time(last)
+        touch.append((last_text, rid))
         if started is None:
-            params.append((rid, first_text, last_text, None, None, None, None, None))
+            params.append((rid, first_text, last_text, first_text, None, None, None, None, None))
         else:
             key, model, protocol, metadata = started.started
             fields = (key, model, protocol, started.occurred_text, metadata)
-            params.append((rid, first_text, last_text, *fields))
+            params.append((rid, first_text, last_text, first_text, *fields))
             started_params[rid] = fields
+    conn.exec_driver_sql(_SQLITE_TOUCH_PENDING, touch)
     _sqlite_many(conn, *_SQLITE_UPSERT_CALLS, params)
     if not started_params:
         return

@@ -52,16 +52,18 @@ def due_calls(
     (a read transaction).
 
     Two queries, each a range of one index read in order (``calls(settled, pending,
-    last_received_at, request_id)`` and ``calls(pending, last_received_at, request_id)``), so a
-    step costs the same however many calls are waiting; one ``OR`` of both conditions can use
-    neither index and sorts every waiting call at every step.
+    queued_at, request_id)`` and ``calls(pending, queued_at, request_id)``), so a step costs the
+    same however many calls are waiting; one ``OR`` of both conditions can use neither index and
+    sorts every waiting call at every step. ``queued_at`` (see ``Call``) is the arrival of the
+    last event of a call that is not pending, and of the event that made a pending call pending
+    (so pending calls are taken in the order they started waiting).
     """
     cutoff = now - timedelta(seconds=settle_after_s)
-    order = (Call.last_received_at, Call.request_id)
+    order = (Call.queued_at, Call.request_id)
     queries = [
         # Open, not pending (reconciled since its last event), and quiet for settle_after.
         select(Call.request_id).where(
-            Call.settled == false(), Call.pending == false(), Call.last_received_at <= cutoff
+            Call.settled == false(), Call.pending == false(), Call.queued_at <= cutoff
         ),
         select(Call.request_id).where(Call.pending == true()),
     ]
@@ -718,6 +720,10 @@ _CALL_PG_TYPES = (
 #: The identity columns, written as well where they changed (ingest fills them in from the
 #: call's first ``stream.started`` already, so that is rare).
 _CALL_IDENTITY = ("api_key_id", "model", "started_at")
+#: A reconciled call leaves the pending queue; as an open call it waits in the other due-call
+#: index from its last event's arrival (Call.queued_at; the step holds the row, so no event has
+#: arrived since it was read).
+_DEQUEUE = "pending = false, queued_at = calls.last_received_at"
 
 
 def _sqlite_time(value: datetime | None) -> str | None:
@@ -766,12 +772,12 @@ class _SqliteWriter:
         sets = ", ".join(_set_clause(name, "?") for name in _CALL_SET)
         if plain:
             self.conn.exec_driver_sql(
-                f"UPDATE calls SET {sets}, pending = 0 WHERE request_id = ?", plain
+                f"UPDATE calls SET {sets}, {_DEQUEUE} WHERE request_id = ?", plain
             )
         if changed:
             more = ", ".join(f"{name} = ?" for name in _CALL_IDENTITY)
             self.conn.exec_driver_sql(
-                f"UPDATE calls SET {sets}, {more}, pending = 0 WHERE request_id = ?", changed
+                f"UPDATE calls SET {sets}, {more}, {_DEQUEUE} WHERE request_id = ?", changed
             )
 
     def attempts(self, updates: Sequence[tuple[_CallState, _CallState, CallFigures]]) -> None:
@@ -837,7 +843,7 @@ class _PgWriter:
         types = (*_CALL_PG_TYPES, "varchar", "varchar", "timestamptz", "varchar")
         sets = ", ".join(_set_clause(name, f"u.{name}") for name in names[:-1])
         self.conn.exec_driver_sql(
-            f"UPDATE calls SET {sets}, pending = false FROM {_unnest(types, names)} "
+            f"UPDATE calls SET {sets}, {_DEQUEUE} FROM {_unnest(types, names)} "
             "WHERE calls.request_id = u.request_id",
             _columns(rows, len(names)),
         )

@@ -89,6 +89,12 @@ class Call(Base):
     metadata_: Mapped[dict[str, str] | None] = mapped_column("metadata", JSON)
     first_received_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
     last_received_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    #: Where the call stands in the reconciler's queue (the due-call indexes): while ``pending``,
+    #: the arrival of the event that made it pending (later events leave it alone); once
+    #: reconciled, equal to ``last_received_at`` (no event has arrived since). Ingest's touch of
+    #: a call that is already pending thus changes no indexed column: PostgreSQL updates the
+    #: row in place (a HOT update; the table keeps free space for it, fillfactor 75).
+    queued_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
     change_seq: Mapped[int] = mapped_column(BigInteger, nullable=False, default=1)
     pending: Mapped[bool] = mapped_column(Boolean, nullable=False, default=True)
     status: Mapped[str] = mapped_column(String(32), nullable=False, default="open")
@@ -120,7 +126,7 @@ class Call(Base):
         Index(
             None,
             "pending",
-            "last_received_at",
+            "queued_at",
             "request_id",
             postgresql_where=text("pending"),
             sqlite_where=text("pending = 1"),
@@ -129,7 +135,7 @@ class Call(Base):
             None,
             "settled",
             "pending",
-            "last_received_at",
+            "queued_at",
             "request_id",
             postgresql_where=text("NOT settled AND NOT pending"),
             sqlite_where=text("settled = 0 AND pending = 0"),
