@@ -163,7 +163,7 @@ def pyinstrument_profile(url: str, batch_size: int) -> str | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--db", default="sqlite,postgres")
+    parser.add_argument("--db", default="sqlite,postgres", help="sqlite, postgres, or both")
     parser.add_argument("--calls", type=int, default=200_000)
     parser.add_argument("--batch-size", type=int, default=None, help="reconcile_batch_size")
     parser.add_argument("--profile-calls", type=int, default=20_000)
@@ -171,6 +171,14 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--profile-out", help="write the profiles to this file")
     args = parser.parse_args()
+    kinds = [d.strip() for d in args.db.split(",") if d.strip()]
+    if kinds == ["both"]:
+        kinds = ["sqlite", "postgres"]
+    unknown = sorted(set(kinds) - {"sqlite", "postgres"})
+    if unknown or not kinds:
+        parser.error(
+            f"--db: unknown database {', '.join(unknown) or '(none)'}; use sqlite, postgres or both"
+        )
     from billing.settings import Settings
 
     batch_size = args.batch_size or Settings().reconcile_batch_size
@@ -179,7 +187,7 @@ def main() -> None:
     rows = []
     profiles = []
     try:
-        for kind in [d.strip() for d in args.db.split(",") if d.strip()]:
+        for kind in kinds:
             url = dbs.fresh(kind)
             events, seconds = seed(url, args.calls)
             print(
