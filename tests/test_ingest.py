@@ -17,7 +17,8 @@ from sqlalchemy import MetaData, func, select, text
 from sqlalchemy.exc import OperationalError
 
 from billing.ingest import service
-from billing.storage.models import Base, Call, Event
+from billing.reconcile.runner import run_pass
+from billing.storage.models import Base, Call, Event, row_dict
 
 SCENARIOS = sorted((Path(__file__).parent / "fixtures" / "scenarios").glob("*.json"))
 MIB = 1024 * 1024
@@ -801,15 +802,30 @@ def test_a_late_stream_started_fills_in_the_call(client: TestClient, app: FastAP
     assert count(app, Call) == 1
 
 
-def test_a_new_event_marks_the_call_changed_and_a_duplicate_does_not(
+def test_a_new_event_marks_a_reconciled_call_pending_and_a_duplicate_does_not(
     client: TestClient, app: FastAPI
 ) -> None:
+    """A duplicate changes nothing; a later event of a pending call leaves its row alone (the
+    reconciler reads every event); an event for a call reconciled since marks it pending again."""
     post(client, [started("s")])
-    first = stored_calls(app)["req-1"]
+    first = row_dict(stored_calls(app)["req-1"])
+    assert (first["pending"], first["change_seq"]) == (True, 1)
+    assert first["queued_at"] == first["last_received_at"] == first["first_received_at"]
     post(client, [started("s")])
-    assert stored_calls(app)["req-1"].change_seq == first.change_seq
+    assert row_dict(stored_calls(app)["req-1"]) == first
     post(client, [tokens("t")])
-    later = stored_calls(app)["req-1"]
-    assert later.change_seq > first.change_seq
-    assert later.last_received_at >= first.last_received_at
-    assert later.pending
+    assert row_dict(stored_calls(app)["req-1"]) == first
+    state = app.state.billing
+    # Within settle_after of the events: reconciled, not settled (no stream.usage yet).
+    result = run_pass(state.sessions, state.settings, now=datetime.now(UTC))
+    assert (result.examined, result.settled) == (1, 0)
+    reconciled = row_dict(stored_calls(app)["req-1"])
+    with state.sessions() as session:
+        arrived = session.scalar(select(func.max(Event.received_at)))
+    assert reconciled["pending"] is False
+    assert reconciled["last_received_at"] == reconciled["queued_at"] == arrived
+    assert arrived > first["last_received_at"]
+    post(client, [tokens("t2", generated=20)])
+    later = row_dict(stored_calls(app)["req-1"])
+    assert (later["pending"], later["change_seq"]) == (True, 2)
+    assert later["queued_at"] == later["last_received_at"] > arrived

@@ -153,7 +153,8 @@ def store_batch(session: Session, batch: Sequence[ParsedEvent], now: datetime) -
     Events whose ``event_id`` is already stored, or repeated earlier in the batch, with the same
     content are duplicates; with different content they are conflicts, and ``EventConflict`` is
     raised so that the caller rolls back and nothing of the batch is stored. Every call that got a
-    new event is marked pending for the reconciler, with ``last_received_at = now``.
+    new event is pending for the reconciler afterwards (marked so, with ``last_received_at =
+    now``, unless it was pending already).
     """
     prepared = prepare_batch(batch, now)
     accepted = _store(session.connection(), [prepared])[0][0]
@@ -400,29 +401,30 @@ def _keep_or_fill(column: str) -> str:
     )
 
 
+# A call that is pending already is left alone: the reconciler will read every event of it,
+# the new ones included, and takes the last arrival from them (``received_at``), not from the
+# call's row. So only new calls and calls reconciled since their last event are written: a
+# stream's later events cost no write to ``calls`` at all (on PostgreSQL the conflicting row is
+# only locked, so a reconciler that holds it is waited for and its result seen). A pending call
+# still without a key is the exception: its ``stream.started`` fills in the key, model and start.
 _ON_CONFLICT = (
     " ON CONFLICT (request_id) DO UPDATE SET last_received_at = excluded.last_received_at, "
     "change_seq = calls.change_seq + 1, pending = excluded.pending, "
-    # Set when the call becomes pending, then left alone (Call.queued_at): a touch of a pending
-    # call changes no indexed column, so PostgreSQL updates the row in place.
+    # Set when the call becomes pending, then left alone (Call.queued_at).
     "queued_at = CASE WHEN calls.pending THEN calls.queued_at ELSE excluded.queued_at END, "
     + ", ".join(
         _keep_or_fill(c) for c in ("api_key_id", "model", "protocol", "started_at", "metadata")
     )
+    + " WHERE NOT calls.pending OR (calls.api_key_id IS NULL AND excluded.api_key_id IS NOT NULL)"
 )
 _CALL_COLUMNS = (
     "request_id, first_received_at, last_received_at, queued_at, change_seq, pending, status, "
     "settled, attempts, anomalies, api_key_id, model, protocol, started_at, metadata"
 )
-# SQLite rewrites the index entries of every column a SET names, even to the same value. So the
-# calls that are pending already are touched by a statement that names no indexed column; the
-# upsert then creates the new calls and marks pending the others (its SET names ``pending`` and
-# ``queued_at``, in the due-call indexes); the stream.started fields of a call that already
-# existed without a key are filled in by a third statement (a no-op for nearly every row).
-_SQLITE_TOUCH_PENDING = (
-    "UPDATE calls SET last_received_at = ?, change_seq = change_seq + 1 "
-    "WHERE request_id = ? AND pending = 1"
-)
+# SQLite rewrites the index entries of every column a SET names, even to the same value: the
+# upsert creates the new calls and marks pending the reconciled ones (see ``_ON_CONFLICT``), and
+# the stream.started fields of a call that already existed without a key are filled in by a
+# second statement (a no-op for nearly every row).
 _SQLITE_UPSERT_CALLS = (
     f"INSERT INTO calls ({_CALL_COLUMNS})",
     "(?, ?, ?, ?, 1, 1, 'open', 0, 0, '[]', ?, ?, ?, ?, ?)",
@@ -443,9 +445,8 @@ _PG_UPSERT_CALLS = (
 
 
 def _touch_calls(conn: Connection, new_events: Sequence[tuple[_Row, int]], now: datetime) -> None:
-    """Create or mark pending the calls with new events (one upsert; on SQLite a first
-    statement touches the calls that are pending already, see ``_SQLITE_TOUCH_PENDING``); record
-    what the
+    """Create, or mark pending, the calls with new events that are not pending already (one
+    upsert, see ``_ON_CONFLICT``); record what the
     ``stream.started`` of the lowest attempt says, for a call whose key is not known yet.
 
     ``new_events`` are (event row, batch number), batch by batch in arrival order; a call's
@@ -481,7 +482,6 @@ def _touch_calls(conn: Connection, new_events: Sequence[tuple[_Row, int]], now: 
         conn.exec_driver_sql(_PG_UPSERT_CALLS, (orjson.dumps(ordered, option=_TO_JSON).decode(),))
         return
     texts: dict[datetime, str] = {}
-    touch: list[tuple[str, str]] = []
     params = []
     started_params: dict[str, tuple[Any, ...]] = {}
     for rid in sorted(calls):
@@ -492,7 +492,6 @@ def _touch_calls(conn: Connection, new_events: Sequence[tuple[_Row, int]], now: 
         last_text = texts.get(last)
         if last_text is None:
             last_text = texts[last] = _sqlite_time(last)
-        touch.append((last_text, rid))
         if started is None:
             params.append((rid, first_text, last_text, first_text, None, None, None, None, None))
         else:
@@ -500,7 +499,6 @@ def _touch_calls(conn: Connection, new_events: Sequence[tuple[_Row, int]], now: 
             fields = (key, model, protocol, started.occurred_text, metadata)
             params.append((rid, first_text, last_text, first_text, *fields))
             started_params[rid] = fields
-    conn.exec_driver_sql(_SQLITE_TOUCH_PENDING, touch)
     _sqlite_many(conn, *_SQLITE_UPSERT_CALLS, params)
     if not started_params:
         return

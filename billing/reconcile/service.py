@@ -79,22 +79,37 @@ def due_calls(
 
 
 def _read_decoded(
-    cursor: Any, where: str, params: Any, tokens_op: str, events: dict[str, list[AnyEvent]]
+    cursor: Any,
+    where: str,
+    params: Any,
+    tokens_op: str,
+    events: dict[str, list[AnyEvent]],
+    arrivals: dict[str, Any],
 ) -> None:
     """Append to ``events`` the decoded events of the calls in ``where`` whose type is (``=``)
-    or is not (``<>``) ``stream.tokens``."""
+    or is not (``<>``) ``stream.tokens``, and keep in ``arrivals`` the latest ``received_at``."""
     cursor.execute(
-        f"SELECT request_id, body FROM events WHERE request_id {where} "
+        f"SELECT request_id, body, received_at FROM events WHERE request_id {where} "
         f"AND type {tokens_op} 'stream.tokens'",
         params,
     )
-    for request_id, body in cursor.fetchall():
+    for request_id, body, received in cursor.fetchall():
         events[request_id].append(decode(body))
+        seen = arrivals.get(request_id)
+        if seen is None or received > seen:
+            arrivals[request_id] = received
 
 
-def load_events(session: Session, request_ids: Sequence[str]) -> dict[str, list[AnyEvent]]:
+def load_events(
+    session: Session, request_ids: Sequence[str], arrivals: dict[str, Any] | None = None
+) -> dict[str, list[AnyEvent]]:
     """Every stored event of the given calls as the rule reads them (in no particular order:
     the rule does not depend on it).
+
+    ``arrivals``, when given, receives each call's last arrival: the latest ``received_at`` of
+    its events, as the driver returns it (SQLite: text in one fixed format, so text order is
+    time order). The ``calls`` row does not have it while the call is pending (ingest leaves a
+    pending call's row alone).
 
     The ``stream.tokens`` events (most of a call's events) are folded as they are read
     (``_fold_tokens``): per call and attempt, the largest of each counter and the earliest and
@@ -110,6 +125,8 @@ def load_events(session: Session, request_ids: Sequence[str]) -> dict[str, list[
     PostgreSQL's ``json`` parsing and checks ≈ 15 µs an event of server time.)
     """
     events: dict[str, list[AnyEvent]] = {rid: [] for rid in request_ids}
+    if arrivals is None:
+        arrivals = {}
     conn = session.connection()
     postgres = conn.dialect.name == "postgresql"
     # The driver's own cursor: tens of thousands of rows per step, no result processing.
@@ -118,20 +135,20 @@ def load_events(session: Session, request_ids: Sequence[str]) -> dict[str, list[
         for start in range(0, len(request_ids), _CHUNK):
             chunk = list(request_ids[start : start + _CHUNK])
             where, params = _in_list(postgres, chunk)
-            _read_decoded(cursor, where, params, "<>", events)
+            _read_decoded(cursor, where, params, "<>", events, arrivals)
             cursor.execute(
-                "SELECT request_id, attempt, occurred_at, body FROM events "
+                "SELECT request_id, attempt, occurred_at, body, received_at FROM events "
                 f"WHERE request_id {where} AND type = 'stream.tokens'",
                 params,
             )
-            folded, slow = _fold_tokens(cursor.fetchall())
+            folded, slow = _fold_tokens(cursor.fetchall(), arrivals)
             for request_id, attempt, first, last, delivered, generated in folded:
                 group = events[request_id]
                 group.append(_folded(request_id, attempt, first, delivered, generated, "first"))
                 group.append(_folded(request_id, attempt, last, delivered, generated, "last"))
             if slow:
                 where, params = _in_list(postgres, slow)
-                _read_decoded(cursor, where, params, "=", events)
+                _read_decoded(cursor, where, params, "=", events, arrivals)
     finally:
         cursor.close()
     return events
@@ -143,16 +160,22 @@ def _in_list(postgres: bool, chunk: list[str]) -> tuple[str, Any]:
     return f"IN ({', '.join('?' * len(chunk))})", tuple(chunk)
 
 
-def _fold_tokens(rows: Sequence[tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]], list[str]]:
-    """Fold ``stream.tokens`` rows (request_id, attempt, occurred_at, body): per call and attempt,
-    (request_id, attempt, earliest and latest occurred_at, largest delivered and generated
-    counters); and the calls to read event by event instead (a counter that is not an integer,
-    a body that is not a JSON object). ``occurred_at`` is compared as the driver returns it
-    (SQLite's text has one fixed format, so text order is time order)."""
+def _fold_tokens(
+    rows: Sequence[tuple[Any, ...]], arrivals: dict[str, Any]
+) -> tuple[list[tuple[Any, ...]], list[str]]:
+    """Fold ``stream.tokens`` rows (request_id, attempt, occurred_at, body, received_at): per call
+    and attempt, (request_id, attempt, earliest and latest occurred_at, largest delivered and
+    generated counters); and the calls to read event by event instead (a counter that is not an
+    integer, a body that is not a JSON object). ``arrivals`` keeps each call's latest
+    ``received_at``. Times are compared as the driver returns them (SQLite's text has one fixed
+    format, so text order is time order)."""
     folds: dict[tuple[str, int], list[Any]] = {}
     slow: list[str] = []
     loads = orjson.loads
-    for request_id, attempt, when, body in rows:
+    for request_id, attempt, when, body, received in rows:
+        seen = arrivals.get(request_id)
+        if seen is None or received > seen:
+            arrivals[request_id] = received
         try:
             fields = loads(body)
             delivered = fields["output_tokens_delivered"]
@@ -313,7 +336,7 @@ class _CallState:
     identity columns (api key, model, start) as the driver returned them.
     """
 
-    __slots__ = (*_STATE_COLUMNS, "settling", "stored")
+    __slots__ = (*_STATE_COLUMNS, "arrival", "settling", "stored")
 
     request_id: str
     settled: bool
@@ -333,6 +356,8 @@ class _CallState:
     reasoning_tokens: int
     settling: bool
     stored: tuple[Any, ...]
+    #: The last arrival among the call's events (as the driver returns times; see load_events).
+    arrival: Any
 
 
 def _load_states(session: Session, request_ids: Sequence[str]) -> dict[str, _CallState]:
@@ -416,7 +441,8 @@ def reconcile_calls(
         return result
     states = _load_states(session, request_ids)
     rolled_up = rollups.before_step(session, states.values())
-    events = load_events(session, request_ids)
+    arrivals: dict[str, Any] = {}
+    events = load_events(session, request_ids, arrivals)
     figures = {rid: reconcile_call(rid, evs) for rid, evs in events.items() if evs}
     for figured in figures.values():
         check_figures(figured)
@@ -438,7 +464,11 @@ def reconcile_calls(
             continue
         lines = target_lines(fig, book)
         cost = call_cost(lines)
-        timed_out = call.stored[0] <= cutoff
+        # The row's last_received_at is not updated by the later events of a pending call.
+        arrival = arrivals.get(request_id)
+        if arrival is None or arrival < call.stored[0]:
+            arrival = call.stored[0]
+        timed_out = arrival <= cutoff
         settle = call.settled or fig.complete or timed_out
         if settle:
             record = booked.get(request_id) or _NOTHING_BOOKED
@@ -460,6 +490,7 @@ def reconcile_calls(
                 result.settled += 1
                 result.settled_ids.append(request_id)
         state = _new_state(call, fig, cost, settle, _anomalies(fig, cost))
+        state.arrival = arrival
         updates.append((call, state, fig))
         after.append(state)
     writer = _PgWriter(session) if postgres else None
@@ -681,12 +712,16 @@ def _call_values(
         _json_list(tuple(new.anomalies)),
         fig.error_type,
         fig.stop_reason,
+        new.arrival,
+        new.arrival,
     )
 
 
 #: The columns of ``calls`` every step writes, in the order of ``_call_values``; ``pending`` is
 #: cleared too: the row is locked by the step, so nothing arrived for it since its events were
 #: read. ``settled_at`` is only set when the call settles now (``COALESCE`` keeps an earlier one).
+#: ``last_received_at`` and ``queued_at`` get the call's last arrival, read from its events: as
+#: an open call it waits in the due-call index of open calls from then (``Call.queued_at``).
 _CALL_SET = (
     "protocol",
     "metadata",
@@ -701,6 +736,8 @@ _CALL_SET = (
     "anomalies",
     "error_type",
     "stop_reason",
+    "last_received_at",
+    "queued_at",
 )
 _CALL_PG_TYPES = (
     "varchar",
@@ -716,14 +753,14 @@ _CALL_PG_TYPES = (
     "text",
     "varchar",
     "varchar",
+    "timestamptz",
+    "timestamptz",
 )
 #: The identity columns, written as well where they changed (ingest fills them in from the
 #: call's first ``stream.started`` already, so that is rare).
 _CALL_IDENTITY = ("api_key_id", "model", "started_at")
-#: A reconciled call leaves the pending queue; as an open call it waits in the other due-call
-#: index from its last event's arrival (Call.queued_at; the step holds the row, so no event has
-#: arrived since it was read).
-_DEQUEUE = "pending = false, queued_at = calls.last_received_at"
+#: A reconciled call leaves the pending queue.
+_DEQUEUE = "pending = false"
 
 
 def _sqlite_time(value: datetime | None) -> str | None:

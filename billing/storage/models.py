@@ -72,10 +72,11 @@ class Event(Base):
 class Call(Base):
     """Per-call state: ingest bookkeeping plus the reconciler's current figures.
 
-    Ingest creates the row and bumps ``change_seq`` / sets ``pending`` for every call that got a
-    new event; the reconciler recomputes the figures from the events, settles, and clears
-    ``pending`` when nothing arrived meanwhile. Token fields are integers (tokens); ``cost_pusd`` is
-    the exact cost in picodollars (1e-12 USD), null while the model has no price.
+    Ingest creates the row, or sets ``pending`` (and bumps ``change_seq``) when a call that is
+    not pending gets a new event; a pending call's row is left alone by its later events. The
+    reconciler recomputes the figures from the events, settles, and clears ``pending``. Token
+    fields are integers (tokens); ``cost_pusd`` is the exact cost in picodollars (1e-12 USD), null
+    while the model has no price.
     """
 
     __tablename__ = "calls"
@@ -88,12 +89,15 @@ class Call(Base):
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     metadata_: Mapped[dict[str, str] | None] = mapped_column("metadata", JSON)
     first_received_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    #: The latest arrival among the call's events as of its last reconciliation, or of the
+    #: event that made it pending (the later events of a pending call do not update it: the
+    #: reconciler takes the last arrival from the events' ``received_at``).
     last_received_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
     #: Where the call stands in the reconciler's queue (the due-call indexes): while ``pending``,
-    #: the arrival of the event that made it pending (later events leave it alone); once
-    #: reconciled, equal to ``last_received_at`` (no event has arrived since). Ingest's touch of
-    #: a call that is already pending thus changes no indexed column: PostgreSQL updates the
-    #: row in place (a HOT update; the table keeps free space for it, fillfactor 75).
+    #: the arrival of the event that made it pending; once reconciled, equal to
+    #: ``last_received_at`` (no event has arrived since). It changes only when the call enters
+    #: or leaves the pending queue (``calls`` keeps free space for in-place updates on
+    #: PostgreSQL, fillfactor 75: a late ``stream.started`` filling in the key, say).
     queued_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
     change_seq: Mapped[int] = mapped_column(BigInteger, nullable=False, default=1)
     pending: Mapped[bool] = mapped_column(Boolean, nullable=False, default=True)
