@@ -515,6 +515,30 @@ def load_average() -> float:
     return os.getloadavg()[0]
 
 
+#: Seconds of calm before each measured run (after the flushes of ``quiesce``).
+QUIESCE_S = 2.0
+
+
+def quiesce(url: str | None) -> None:
+    """Let the writes of the previous run reach the disk before the next run is measured, so no
+    run pays for another's: the kernel's write-back (``sync``) and, on PostgreSQL, a
+    ``CHECKPOINT`` (skipped for a role that may not run one). Ceilings and the service alike."""
+    os.sync()
+    if url and url.startswith("postgresql"):
+        from sqlalchemy import create_engine, exc, text
+        from sqlalchemy.pool import NullPool
+
+        engine = create_engine(url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+        try:
+            with engine.connect() as conn:
+                conn.execute(text("CHECKPOINT"))
+        except exc.DBAPIError:
+            pass
+        finally:
+            engine.dispose()
+    time.sleep(QUIESCE_S)
+
+
 @dataclass
 class Server:
     proc: subprocess.Popen[bytes]
@@ -890,6 +914,7 @@ def bench_db(args: argparse.Namespace, dbs: Databases, kind: str) -> list[Row]:
         ceiling = StorageCeiling(url)
         threads = 1 if kind == "sqlite" else args.storage_threads
         for size in args.sizes:
+            quiesce(url)
             storage[size] = ceiling.run(size, threads, args.duration, min(args.warmup, 1.0))
             _say(f"[{kind}] storage ceiling, posts of {size:>4}: {_fmt(storage[size])}")
         ceiling.close()
@@ -900,6 +925,7 @@ def bench_db(args: argparse.Namespace, dbs: Databases, kind: str) -> list[Row]:
             with ceiling_server(workers) as server:
                 for size in args.sizes:
                     seed += 1
+                    quiesce(None)
                     http[workers, size] = run_client(
                         _load_config(args, server.port, size, None, seed)
                     )
@@ -911,6 +937,7 @@ def bench_db(args: argparse.Namespace, dbs: Databases, kind: str) -> list[Row]:
         with billing_server(url, workers, args.reconciler, dbs.tmp) as server:
             for size in args.sizes:
                 seed += 1
+                quiesce(url)
                 load = load_average()
                 cpu = tree_cpu_s(server.proc.pid)
                 result = run_client(_load_config(args, server.port, size, server.token, seed))
