@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -644,6 +645,26 @@ class Databases:
         upgrade_to_head(url)
         return url
 
+    def done(self, url: str) -> None:
+        """Drop one database as soon as its runs are over (unless ``--keep``): PostgreSQL's
+        autovacuum would otherwise work on it during the next runs."""
+        if self.keep:
+            return
+        if url.startswith("sqlite"):
+            path = url.removeprefix("sqlite:///")
+            for suffix in ("", "-wal", "-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(path + suffix)
+            return
+        from sqlalchemy import create_engine, text
+
+        name = url.rsplit("/", 1)[1]
+        admin = create_engine(f"{self.pg_base}/postgres", isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        admin.dispose()
+        self.created.remove(name)
+
     def cleanup(self) -> None:
         if self.keep:
             print(f"kept: {self.tmp} {' '.join(self.created)}")
@@ -918,6 +939,7 @@ def bench_db(args: argparse.Namespace, dbs: Databases, kind: str) -> list[Row]:
             storage[size] = ceiling.run(size, threads, args.duration, min(args.warmup, 1.0))
             _say(f"[{kind}] storage ceiling, posts of {size:>4}: {_fmt(storage[size])}")
         ceiling.close()
+        dbs.done(url)
     http: dict[tuple[int, int], dict[str, Any]] = {}
     seed = 1
     for workers in workers_list:
@@ -968,6 +990,7 @@ def bench_db(args: argparse.Namespace, dbs: Databases, kind: str) -> list[Row]:
                         storage.get(size),
                     )
                 )
+        dbs.done(url)
     return rows
 
 
