@@ -463,8 +463,8 @@ def _wait_healthy(port: int, proc: subprocess.Popen[bytes], timeout: float = 60)
     raise RuntimeError("server did not become healthy")
 
 
-def tree_rss_kb(pid: int) -> int:
-    """Resident set size of ``pid`` and its descendants, in KiB."""
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (from ``/proc``)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -475,40 +475,36 @@ def tree_rss_kb(pid: int) -> int:
             continue
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
         children.setdefault(ppid, []).append(int(entry))
-    total, todo = 0, [pid]
+    tree, todo = [], [pid]
     while todo:
         p = todo.pop()
+        tree.append(p)
+        todo.extend(children.get(p, []))
+    return tree
+
+
+def tree_rss_kb(pid: int) -> int:
+    """Resident set size of ``pid`` and its descendants, in KiB."""
+    total = 0
+    for p in process_tree(pid):
         try:
             for line in Path(f"/proc/{p}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
                     total += int(line.split()[1])
         except OSError:
             pass
-        todo.extend(children.get(p, []))
     return total
 
 
 def tree_cpu_s(pid: int) -> float:
     """CPU seconds (user + system) used so far by ``pid`` and its descendants."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-    ticks, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
+    ticks = 0
+    for p in process_tree(pid):
         try:
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
             ticks += int(fields[11]) + int(fields[12])
         except (OSError, IndexError, ValueError):
             pass
-        todo.extend(children.get(p, []))
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
@@ -748,11 +744,6 @@ def _template_rows(count: int) -> list[tuple[dict[str, Any], dict[str, Any] | No
     return out[:count]
 
 
-def _sqlite_time(value: datetime) -> str:
-    value = value.astimezone(UTC)
-    return value.strftime("%Y-%m-%d %H:%M:%S.") + f"{value.microsecond:06d}"
-
-
 class StorageCeiling:
     """Plain executemany of events rows and the calls upsert, one transaction per post."""
 
@@ -788,7 +779,9 @@ class StorageCeiling:
             self.cursor_pos += size
         now = datetime.now(UTC)
         suffix = f"~{os.getpid()}.{cycle}"
-        t = _sqlite_time if self.sqlite else (lambda v: v)
+        from billing.storage.types import sqlite_text
+
+        t = sqlite_text if self.sqlite else (lambda v: v)
         received = t(now)
         events = []
         calls: dict[str, tuple[Any, ...]] = {}

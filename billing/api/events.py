@@ -120,18 +120,6 @@ def _count_stored(state: AppState, result: IngestResult) -> None:
     state.metrics.events_duplicate.inc(result.duplicates)
 
 
-def ingest(state: AppState, body: bytes) -> IngestResult:
-    """Validate and store one batch; committed before this returns (blocking form)."""
-    try:
-        batch = prepare(body, datetime.now(UTC))
-        result = writer_of(state).submit(batch).result()
-    except BillingError as error:
-        _count_rejected(state, error)
-        raise
-    _count_stored(state, result)
-    return result
-
-
 @router.post(
     "/v1/events",
     response_model=IngestReply,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Protocol
 
 from sqlalchemy import (
@@ -50,6 +50,7 @@ from billing.storage.models import (
     UsageRollupAllKeys,
     UsageRollupKeyless,
 )
+from billing.storage.types import sqlite_text
 
 CALL_START = "call_start"
 BOOKED = "booked"
@@ -237,14 +238,6 @@ def _insert(session: Session, table: Any) -> postgresql.Insert | sqlite.Insert:
 _SUMMED = (*COUNT_FIELDS, "cost_whole_usd", "cost_frac_pusd")
 
 
-def _sqlite_time(value: datetime) -> str:
-    """The text ``UTCDateTime`` stores on SQLite for a UTC instant."""
-    if value.tzinfo is not UTC:
-        value = value.astimezone(UTC)
-    # "YYYY-MM-DD HH:MM:SS.ffffff+00:00" without its offset.
-    return value.isoformat(" ", "microseconds")[:26]
-
-
 def _upsert(
     session: Session,
     table: Table,
@@ -264,7 +257,7 @@ def _upsert(
         whole, frac = divmod(values[-1], PICO)
         key = list(row)
         if not postgres:
-            key[time_at] = _sqlite_time(key[time_at])
+            key[time_at] = sqlite_text(key[time_at])
         params.append((*key, *values[:-1], whole, frac))
     if not params:
         return

@@ -18,7 +18,7 @@ import operator
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import orjson
@@ -30,6 +30,7 @@ from billing.errors import Conflict, EventConflict
 from billing.ingest.schemas import Event, StreamStarted
 from billing.ingest.validation import ParsedEvent
 from billing.storage.db import is_stale_connection, is_unavailable, write_connection
+from billing.storage.types import sqlite_text
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ class _Row:
         self.request_id = event.request_id
         self.attempt = event.attempt
         self.occurred_at = event.occurred_at
-        self.occurred_text = _sqlite_time(event.occurred_at)  # SQLite's form of the column
+        self.occurred_text = sqlite_text(event.occurred_at)  # SQLite's form of the column
         self.received = received
         self.digest = digest
         self.index = index
@@ -129,7 +130,7 @@ def prepare_batch(batch: Sequence[ParsedEvent], now: datetime) -> PreparedBatch:
     first: dict[str, _Row] = {}
     rows: list[_Row] = []
     conflicts: list[Conflict] = []
-    received_text = _sqlite_time(now)
+    received_text = sqlite_text(now)
     for index, parsed in enumerate(batch):
         event = parsed.event
         event_id = event.event_id
@@ -294,14 +295,6 @@ def _store(conn: Connection, items: Sequence[PreparedBatch]) -> tuple[list[int],
 
 
 # --- statements per dialect ------------------------------------------------------------------
-
-
-def _sqlite_time(value: datetime) -> str:
-    """The text SQLAlchemy's SQLite DATETIME stores for a UTC instant (``UTCDateTime``):
-    ``YYYY-MM-DD HH:MM:SS.ffffff``, always with microseconds."""
-    if value.tzinfo is not UTC:
-        value = value.astimezone(UTC)
-    return value.isoformat(" ", "microseconds")[:26]
 
 
 #: Rows per multi-row statement on SQLite, largest first: a group of any size runs as a few
@@ -488,10 +481,10 @@ def _touch_calls(conn: Connection, new_events: Sequence[tuple[_Row, int]], now: 
         first, last, started, _ = calls[rid]
         first_text = texts.get(first)
         if first_text is None:
-            first_text = texts[first] = _sqlite_time(first)
+            first_text = texts[first] = sqlite_text(first)
         last_text = texts.get(last)
         if last_text is None:
-            last_text = texts[last] = _sqlite_time(last)
+            last_text = texts[last] = sqlite_text(last)
         if started is None:
             params.append((rid, first_text, last_text, first_text, None, None, None, None, None))
         else:

@@ -25,6 +25,7 @@ from billing.reconcile.ledger import REVERSAL_PREFIX, Line, LineKey, NewEntry, p
 from billing.reconcile.rule import TOKEN_FIELDS, UNPRICED, CallFigures, Tokens, reconcile_call
 from billing.reconcile.stored import AnyEvent, StoredTokens, check_figures, decode
 from billing.storage.models import Call, CallAttempt, LedgerEntry
+from billing.storage.types import sqlite_text
 
 
 @dataclass
@@ -764,13 +765,8 @@ _DEQUEUE = "pending = false"
 
 
 def _sqlite_time(value: datetime | None) -> str | None:
-    """The text ``UTCDateTime`` stores on SQLite: naive UTC ``YYYY-MM-DD HH:MM:SS.ffffff``."""
-    if value is None:
-        return None
-    if value.tzinfo is not UTC:
-        value = value.astimezone(UTC)
-    # "YYYY-MM-DD HH:MM:SS.ffffff+00:00" without its offset.
-    return value.isoformat(" ", "microseconds")[:26]
+    """``sqlite_text`` that lets None through (for nullable columns)."""
+    return None if value is None else sqlite_text(value)
 
 
 def _same(value: datetime | None) -> datetime | None:

@@ -180,17 +180,8 @@ def write_transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
     writers wait up to the busy timeout instead of deadlocking on a lock upgrade), and the writers
     of one process queue on an in-process lock first.
     """
-    bind = factory.kw.get("bind")
-    lock = _WRITE_LOCKS.get(bind) if isinstance(bind, Engine) else None
-    if lock is None:
-        with _write(factory) as session:
-            yield session
-        return
-    with lock, _write(factory) as session:
+    with _queued(factory.kw.get("bind")), _write(factory) as session:
         yield session
-    checkpointer = _CHECKPOINTERS.get(bind) if isinstance(bind, Engine) else None
-    if checkpointer is not None:
-        checkpointer.poke()
 
 
 @contextmanager
@@ -199,16 +190,23 @@ def write_connection(factory: sessionmaker[Session]) -> Iterator[Connection]:
     of the factory's engine instead of an ORM ``Session`` (which costs some 40 µs of CPU per
     transaction on top), with the same locking, ``BEGIN IMMEDIATE`` and commit-or-rollback."""
     bind = factory.kw["bind"]
-    lock = _WRITE_LOCKS.get(bind)
     with bind.connect() as conn:
         conn.execution_options(sqlite_immediate=True)  # in place (SQLAlchemy 2)
-        if lock is None:
-            with conn.begin():
-                yield conn
-            return
-        with lock, conn.begin():
+        with _queued(bind), conn.begin():
             yield conn
-    checkpointer = _CHECKPOINTERS.get(bind)
+
+
+@contextmanager
+def _queued(bind: object) -> Iterator[None]:
+    """Hold the engine's in-process write lock (SQLite) for the transaction inside, and wake
+    the background checkpointer once it has committed; nothing for other engines."""
+    lock = _WRITE_LOCKS.get(bind) if isinstance(bind, Engine) else None
+    if lock is None:
+        yield
+        return
+    with lock:
+        yield
+    checkpointer = _CHECKPOINTERS.get(bind)  # type: ignore[call-overload]
     if checkpointer is not None:
         checkpointer.poke()
 

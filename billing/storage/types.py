@@ -40,3 +40,13 @@ class UTCDateTime(TypeDecorator[datetime]):
         if value.tzinfo is None:
             return value.replace(tzinfo=UTC)
         return value.astimezone(UTC)
+
+
+def sqlite_text(value: datetime) -> str:
+    """The text ``UTCDateTime`` stores on SQLite for an aware instant, for driver-level
+    statements: naive UTC ``YYYY-MM-DD HH:MM:SS.ffffff``, always with microseconds (one fixed
+    format, so text order is time order)."""
+    if value.tzinfo is not UTC:
+        value = value.astimezone(UTC)
+    # "YYYY-MM-DD HH:MM:SS.ffffff+00:00" without its offset.
+    return value.isoformat(" ", "microseconds")[:26]
