@@ -694,7 +694,6 @@ _CALL_COLUMNS = (
     "request_id",
     "first_received_at",
     "last_received_at",
-    "queued_at",
     "change_seq",
     "pending",
     "status",
@@ -763,8 +762,7 @@ class StorageCeiling:
         self.upsert_calls = (
             f"INSERT INTO calls ({ccols}) VALUES ({', '.join([mark] * len(_CALL_COLUMNS))}) "
             "ON CONFLICT (request_id) DO UPDATE SET last_received_at = excluded.last_received_at, "
-            "change_seq = calls.change_seq + 1, pending = excluded.pending, "
-            "queued_at = CASE WHEN calls.pending THEN calls.queued_at ELSE excluded.queued_at END"
+            "change_seq = calls.change_seq + 1, pending = excluded.pending"
         )
         self.cycle = 0
         self.lock = threading.Lock()
@@ -804,7 +802,6 @@ class StorageCeiling:
                 meta = s.get("metadata")
                 calls[rid] = (
                     rid,
-                    received,
                     received,
                     received,
                     1,

@@ -302,8 +302,8 @@ def _store(conn: Connection, items: Sequence[PreparedBatch]) -> tuple[list[int],
 #: statement per row count, each prepared once and cached by the driver). One multi-row
 #: statement instead of one step per row also means one release of the GIL instead of hundreds.
 _SQLITE_CHUNKS = (
-    (256, 128, 64, 32) if sqlite3.sqlite_version_info >= (3, 32) else (96, 48, 24)
-)  # at most 9 parameters a row: within 32766 (SQLite ≥ 3.32), or 999 before
+    (256, 128, 64, 32) if sqlite3.sqlite_version_info >= (3, 32) else (120, 60, 30)
+)  # at most 8 parameters a row: within 32766 (SQLite ≥ 3.32), or 999 before
 
 
 @functools.lru_cache(maxsize=128)
@@ -403,16 +403,14 @@ def _keep_or_fill(column: str) -> str:
 _ON_CONFLICT = (
     " ON CONFLICT (request_id) DO UPDATE SET last_received_at = excluded.last_received_at, "
     "change_seq = calls.change_seq + 1, pending = excluded.pending, "
-    # Set when the call becomes pending, then left alone (Call.queued_at).
-    "queued_at = CASE WHEN calls.pending THEN calls.queued_at ELSE excluded.queued_at END, "
     + ", ".join(
         _keep_or_fill(c) for c in ("api_key_id", "model", "protocol", "started_at", "metadata")
     )
     + " WHERE NOT calls.pending OR (calls.api_key_id IS NULL AND excluded.api_key_id IS NOT NULL)"
 )
 _CALL_COLUMNS = (
-    "request_id, first_received_at, last_received_at, queued_at, change_seq, pending, status, "
-    "settled, attempts, anomalies, api_key_id, model, protocol, started_at, metadata"
+    "request_id, first_received_at, last_received_at, change_seq, pending, status, settled, "
+    "attempts, anomalies, api_key_id, model, protocol, started_at, metadata"
 )
 # SQLite rewrites the index entries of every column a SET names, even to the same value: the
 # upsert creates the new calls and marks pending the reconciled ones (see ``_ON_CONFLICT``), and
@@ -420,10 +418,9 @@ _CALL_COLUMNS = (
 # second statement (a no-op for nearly every row).
 _SQLITE_UPSERT_CALLS = (
     f"INSERT INTO calls ({_CALL_COLUMNS})",
-    "(?, ?, ?, ?, 1, 1, 'open', 0, 0, '[]', ?, ?, ?, ?, ?)",
+    "(?, ?, ?, 1, 1, 'open', 0, 0, '[]', ?, ?, ?, ?, ?)",
     " ON CONFLICT (request_id) DO UPDATE SET last_received_at = excluded.last_received_at, "
-    "change_seq = calls.change_seq + 1, pending = 1, queued_at = excluded.queued_at "
-    "WHERE calls.pending = 0",
+    "change_seq = calls.change_seq + 1, pending = 1 WHERE calls.pending = 0",
 )
 _SQLITE_FILL_STARTED = (
     "UPDATE calls SET api_key_id = ?, model = ?, protocol = ?, started_at = ?, metadata = ? "
@@ -431,8 +428,8 @@ _SQLITE_FILL_STARTED = (
 )
 _PG_UPSERT_CALLS = (
     f"INSERT INTO calls ({_CALL_COLUMNS}) "
-    "SELECT j->>0, (j->>1)::timestamptz, (j->>2)::timestamptz, (j->>1)::timestamptz, 1, true, "
-    "'open', false, 0, '[]'::json, j->>3, j->>4, j->>5, (j->>6)::timestamptz, (j->>7)::json "
+    "SELECT j->>0, (j->>1)::timestamptz, (j->>2)::timestamptz, 1, true, 'open', false, 0, "
+    "'[]'::json, j->>3, j->>4, j->>5, (j->>6)::timestamptz, (j->>7)::json "
     "FROM json_array_elements(%s::json) AS j" + _ON_CONFLICT
 )
 
@@ -486,11 +483,11 @@ def _touch_calls(conn: Connection, new_events: Sequence[tuple[_Row, int]], now: 
         if last_text is None:
             last_text = texts[last] = sqlite_text(last)
         if started is None:
-            params.append((rid, first_text, last_text, first_text, None, None, None, None, None))
+            params.append((rid, first_text, last_text, None, None, None, None, None))
         else:
             key, model, protocol, metadata = started.started
             fields = (key, model, protocol, started.occurred_text, metadata)
-            params.append((rid, first_text, last_text, first_text, *fields))
+            params.append((rid, first_text, last_text, *fields))
             started_params[rid] = fields
     _sqlite_many(conn, *_SQLITE_UPSERT_CALLS, params)
     if not started_params:

@@ -53,18 +53,19 @@ def due_calls(
     (a read transaction).
 
     Two queries, each a range of one index read in order (``calls(settled, pending,
-    queued_at, request_id)`` and ``calls(pending, queued_at, request_id)``), so a step costs the
-    same however many calls are waiting; one ``OR`` of both conditions can use neither index and
-    sorts every waiting call at every step. ``queued_at`` (see ``Call``) is the arrival of the
-    last event of a call that is not pending, and of the event that made a pending call pending
-    (so pending calls are taken in the order they started waiting).
+    last_received_at, request_id)`` and ``calls(pending, last_received_at, request_id)``), so a
+    step costs the same however many calls are waiting; one ``OR`` of both conditions can use
+    neither index and sorts every waiting call at every step. ``last_received_at`` (see
+    ``Call``) is the arrival of the last event of a call that is not pending, and of the events
+    that made a pending call pending (so pending calls are taken in the order they started
+    waiting).
     """
     cutoff = now - timedelta(seconds=settle_after_s)
-    order = (Call.queued_at, Call.request_id)
+    order = (Call.last_received_at, Call.request_id)
     queries = [
         # Open, not pending (reconciled since its last event), and quiet for settle_after.
         select(Call.request_id).where(
-            Call.settled == false(), Call.pending == false(), Call.queued_at <= cutoff
+            Call.settled == false(), Call.pending == false(), Call.last_received_at <= cutoff
         ),
         select(Call.request_id).where(Call.pending == true()),
     ]
@@ -714,15 +715,14 @@ def _call_values(
         fig.error_type,
         fig.stop_reason,
         new.arrival,
-        new.arrival,
     )
 
 
 #: The columns of ``calls`` every step writes, in the order of ``_call_values``; ``pending`` is
 #: cleared too: the row is locked by the step, so nothing arrived for it since its events were
 #: read. ``settled_at`` is only set when the call settles now (``COALESCE`` keeps an earlier one).
-#: ``last_received_at`` and ``queued_at`` get the call's last arrival, read from its events: as
-#: an open call it waits in the due-call index of open calls from then (``Call.queued_at``).
+#: ``last_received_at`` gets the call's last arrival, read from its events (a pending call's row
+#: is not updated by its later events): as an open call it waits in the due-call index from then.
 _CALL_SET = (
     "protocol",
     "metadata",
@@ -738,7 +738,6 @@ _CALL_SET = (
     "error_type",
     "stop_reason",
     "last_received_at",
-    "queued_at",
 )
 _CALL_PG_TYPES = (
     "varchar",
@@ -754,7 +753,6 @@ _CALL_PG_TYPES = (
     "text",
     "varchar",
     "varchar",
-    "timestamptz",
     "timestamptz",
 )
 #: The identity columns, written as well where they changed (ingest fills them in from the

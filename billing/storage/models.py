@@ -90,15 +90,10 @@ class Call(Base):
     metadata_: Mapped[dict[str, str] | None] = mapped_column("metadata", JSON)
     first_received_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
     #: The latest arrival among the call's events as of its last reconciliation, or of the
-    #: event that made it pending (the later events of a pending call do not update it: the
-    #: reconciler takes the last arrival from the events' ``received_at``).
+    #: events that made it pending (the later events of a pending call do not update it: the
+    #: reconciler takes the last arrival from the events' ``received_at``). The due-call indexes
+    #: order by it: pending calls in the order they started waiting, open ones by quiet time.
     last_received_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
-    #: Where the call stands in the reconciler's queue (the due-call indexes): while ``pending``,
-    #: the arrival of the event that made it pending; once reconciled, equal to
-    #: ``last_received_at`` (no event has arrived since). It changes only when the call enters
-    #: or leaves the pending queue (``calls`` keeps free space for in-place updates on
-    #: PostgreSQL, fillfactor 75: a late ``stream.started`` filling in the key, say).
-    queued_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
     change_seq: Mapped[int] = mapped_column(BigInteger, nullable=False, default=1)
     pending: Mapped[bool] = mapped_column(Boolean, nullable=False, default=True)
     status: Mapped[str] = mapped_column(String(32), nullable=False, default="open")
@@ -130,7 +125,7 @@ class Call(Base):
         Index(
             None,
             "pending",
-            "queued_at",
+            "last_received_at",
             "request_id",
             postgresql_where=text("pending"),
             sqlite_where=text("pending = 1"),
@@ -139,7 +134,7 @@ class Call(Base):
             None,
             "settled",
             "pending",
-            "queued_at",
+            "last_received_at",
             "request_id",
             postgresql_where=text("NOT settled AND NOT pending"),
             sqlite_where=text("settled = 0 AND pending = 0"),
