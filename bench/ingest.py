@@ -689,6 +689,8 @@ _EVENT_COLUMNS = (
     "received_at",
     "content_hash",
     "body",
+    "output_tokens_delivered",
+    "output_tokens_generated",
 )
 _CALL_COLUMNS = (
     "request_id",
@@ -729,6 +731,12 @@ def _template_rows(count: int) -> list[tuple[dict[str, Any], dict[str, Any] | No
                 "occurred_at": event.occurred_at,
                 "content_hash": content_hash(parsed),
                 "body": orjson.dumps(parsed.raw).decode(),
+                "output_tokens_delivered": getattr(event, "output_tokens_delivered", None)
+                if event.type == "stream.tokens"
+                else None,
+                "output_tokens_generated": getattr(event, "output_tokens_generated", None)
+                if event.type == "stream.tokens"
+                else None,
             }
             started = None
             if isinstance(event, StreamStarted):
@@ -795,6 +803,8 @@ class StorageCeiling:
                     received,
                     row["content_hash"],
                     row["body"],
+                    row["output_tokens_delivered"],
+                    row["output_tokens_generated"],
                 )
             )
             if rid not in calls or started is not None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from fastapi import FastAPI
@@ -82,3 +82,101 @@ def test_steps_run_at_once_settle_each_call_once(
         entries = list(session.scalars(select(LedgerEntry.request_id)))
         assert sorted(entries) == [f"c{i:03d}" for i in range(240)]
         assert session.scalar(select(Call.request_id).where(Call.settled.is_(False))) is None
+
+
+def _progress_call(request_id: str) -> list[dict[str, object]]:
+    """Two attempts with progress records out of order: the first fails without usage (billed
+    from its largest counter), the second is cut by the client and has upstream usage."""
+    base = {"request_id": request_id}
+
+    def event(n: int, kind: str, second: int, attempt: int = 1, **fields: object) -> dict:
+        stamp = f"2026-10-15T08:00:{second:02d}Z"
+        return {
+            **base,
+            "event_id": f"{request_id}-{n}",
+            "type": kind,
+            "occurred_at": stamp,
+            "attempt": attempt,
+            **fields,
+        }
+
+    started = {"api_key_id": "key_p", "model": "m-p", "protocol": "openai.chat_completions"}
+    return [
+        event(1, "stream.started", 0, input_tokens=100, **started),
+        event(2, "stream.tokens", 1, output_tokens_generated=10, output_tokens_delivered=10),
+        event(3, "stream.tokens", 3, output_tokens_generated=30, output_tokens_delivered=25),
+        event(4, "stream.tokens", 2, output_tokens_generated=20, output_tokens_delivered=20),
+        event(5, "stream.failed", 4, error_type="upstream_error", output_tokens_generated=35),
+        event(6, "stream.started", 5, attempt=2, **started),
+        event(
+            7, "stream.tokens", 6, attempt=2, output_tokens_generated=50, output_tokens_delivered=50
+        ),
+        event(8, "stream.client_disconnected", 7, attempt=2, output_tokens_delivered=60),
+        event(
+            9, "stream.usage", 9, attempt=2, input_tokens=100, output_tokens=90, source="upstream"
+        ),
+    ]
+
+
+def test_progress_records_are_folded_alike_with_or_without_their_counter_columns(
+    app: FastAPI, client: TestClient
+) -> None:
+    """Ingest copies a ``stream.tokens`` event's counters into the ``events`` columns the
+    reconciler folds in SQL; rows stored before those columns existed (nulls) are read from
+    their bodies, and both give the contract's figures (attempts summed; the failed attempt
+    billed its largest counter, the cut one its upstream usage)."""
+    events = _progress_call("p-new") + _progress_call("p-old") + _progress_call("p-mixed")
+    assert client.post("/v1/events", json={"events": events}).json() == {
+        "accepted": 27,
+        "duplicates": 0,
+    }
+    state = app.state.billing
+    with state.sessions.begin() as session:
+        stored = session.execute(
+            select(
+                Event.event_id, Event.output_tokens_delivered, Event.output_tokens_generated
+            ).where(Event.request_id == "p-new")
+        )
+        columns = {event_id: (delivered, generated) for event_id, delivered, generated in stored}
+        # As stored before migration 0005: every row of p-old, one row of p-mixed.
+        session.execute(
+            update(Event)
+            .where((Event.request_id == "p-old") | (Event.event_id == "p-mixed-3"))
+            .values(output_tokens_delivered=None, output_tokens_generated=None)
+        )
+    assert columns == {
+        "p-new-1": (None, None),
+        "p-new-2": (10, 10),
+        "p-new-3": (25, 30),
+        "p-new-4": (20, 20),
+        "p-new-5": (None, None),
+        "p-new-6": (None, None),
+        "p-new-7": (50, 50),
+        "p-new-8": (None, None),
+        "p-new-9": (None, None),
+    }
+    # The first attempt has no upstream usage: the call settles settle_after its last arrival.
+    later = datetime.now(UTC) + timedelta(seconds=state.settings.settle_after_s + 1)
+    result = run_pass(state.sessions, state.settings, now=later)
+    assert result.settled == 3
+    with state.sessions() as session:
+        rows = session.execute(
+            select(
+                Call.request_id,
+                Call.status,
+                Call.input_tokens,
+                Call.output_tokens_billed,
+                Call.output_tokens_delivered,
+                Call.output_tokens_undelivered,
+                Call.started_at,
+                Call.ended_at,
+            ).order_by(Call.request_id)
+        ).all()
+    figures = ("client_disconnected", 200, 125, 85, 40)
+    started, ended = (
+        datetime(2026, 10, 15, 8, tzinfo=UTC),
+        datetime(2026, 10, 15, 8, 0, 9, tzinfo=UTC),
+    )
+    assert [tuple(row) for row in rows] == [
+        (request_id, *figures, started, ended) for request_id in ("p-mixed", "p-new", "p-old")
+    ]

@@ -90,7 +90,7 @@ class Totals:
     __hash__ = None  # type: ignore[assignment]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Placed:
     """One call's or entry's contribution: where it lands (time, key, model) and what it adds."""
 

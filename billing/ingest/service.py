@@ -27,7 +27,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from billing.errors import Conflict, EventConflict
-from billing.ingest.schemas import Event, StreamStarted
+from billing.ingest.schemas import Event, StreamStarted, StreamTokens
 from billing.ingest.validation import ParsedEvent
 from billing.storage.db import is_stale_connection, is_unavailable, write_connection
 from billing.storage.types import sqlite_text
@@ -102,6 +102,11 @@ class _Row:
             received_text,
             digest,
             orjson.dumps(raw).decode(),
+            *(
+                (event.output_tokens_delivered, event.output_tokens_generated)
+                if isinstance(event, StreamTokens)
+                else (None, None)
+            ),
         )
         #: For a ``stream.started``: api_key_id, model, protocol, metadata (as the JSON text the
         #: ``calls`` row stores).
@@ -302,8 +307,8 @@ def _store(conn: Connection, items: Sequence[PreparedBatch]) -> tuple[list[int],
 #: statement per row count, each prepared once and cached by the driver). One multi-row
 #: statement instead of one step per row also means one release of the GIL instead of hundreds.
 _SQLITE_CHUNKS = (
-    (256, 128, 64, 32) if sqlite3.sqlite_version_info >= (3, 32) else (120, 60, 30)
-)  # at most 8 parameters a row: within 32766 (SQLite ≥ 3.32), or 999 before
+    (256, 128, 64, 32) if sqlite3.sqlite_version_info >= (3, 32) else (96, 48, 24)
+)  # at most 10 parameters a row: within 32766 (SQLite ≥ 3.32), or 999 before
 
 
 @functools.lru_cache(maxsize=128)
@@ -326,11 +331,14 @@ def _sqlite_many(
     return changed
 
 
-_EVENT_COLUMNS = "event_id, request_id, attempt, type, occurred_at, received_at, content_hash, body"
+_EVENT_COLUMNS = (
+    "event_id, request_id, attempt, type, occurred_at, received_at, content_hash, body, "
+    "output_tokens_delivered, output_tokens_generated"
+)
 
 _SQLITE_INSERT_EVENTS = (
     f"INSERT INTO events ({_EVENT_COLUMNS})",
-    "(?, ?, ?, ?, ?, ?, ?, ?)",
+    "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     " ON CONFLICT (event_id) DO NOTHING",
 )
 # PostgreSQL takes a group's rows as one JSON array of arrays (a text parameter, unpacked by
@@ -340,7 +348,7 @@ _SQLITE_INSERT_EVENTS = (
 _PG_INSERT_EVENTS = (
     f"INSERT INTO events ({_EVENT_COLUMNS}) "
     "SELECT j->>0, j->>1, (j->>2)::integer, j->>3, (j->>4)::timestamptz, (j->>5)::timestamptz, "
-    "j->>6, j->>7 FROM json_array_elements(%s::json) AS j "
+    "j->>6, j->>7, (j->>8)::bigint, (j->>9)::bigint FROM json_array_elements(%s::json) AS j "
     "ON CONFLICT (event_id) DO NOTHING RETURNING event_id"
 )
 _TO_JSON = orjson.OPT_UTC_Z

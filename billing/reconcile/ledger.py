@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from billing.pricing.prices import PriceRow
 from billing.reconcile.rule import TOKEN_FIELDS, Tokens
 
 
-@dataclass(frozen=True)
-class LineKey:
+class LineKey(NamedTuple):
     """What a ledger line is booked under: the key, the model and the price id (None: unpriced)."""
 
     api_key_id: str | None
@@ -29,7 +29,7 @@ class LineKey:
         return (self.api_key_id or "", self.model or "", self.price_id or 0)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Line:
     """Target tokens of one line and the price that applies to it (None: unpriced)."""
 
@@ -38,7 +38,7 @@ class Line:
     price: PriceRow | None
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class NewEntry:
     """A ledger entry to write: ``kind`` settlement|adjustment, signed token deltas, its price."""
 

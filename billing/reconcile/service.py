@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import orjson
 from sqlalchemy import case, false, func, or_, select, true, update
 from sqlalchemy.orm import Session
 
@@ -113,18 +112,15 @@ def load_events(
     time order). The ``calls`` row does not have it while the call is pending (ingest leaves a
     pending call's row alone).
 
-    The ``stream.tokens`` events (most of a call's events) are folded as they are read
-    (``_fold_tokens``): per call and attempt, the largest of each counter and the earliest and
-    latest ``occurred_at``, given to the rule as two events (the earliest and the latest) that
-    carry those largest counters. The rule reads nothing else of a ``stream.tokens`` event: it
-    keeps the largest of each counter (a smaller one, or one going backwards, changes nothing)
-    and the call's earliest and latest ``occurred_at``; so the figures are the same as from every
-    event. ``attempt`` and ``occurred_at`` come from their columns (ingest writes them from the
-    validated event), so no timestamp is parsed per event. A call with a counter that is not a
-    JSON integer, or a body that is not a JSON object (what ingest would not have accepted: a
-    repaired body, say), is read event by event as before, and fails the same way. (Folding in
-    SQL costs more: SQLite's ``json_extract`` and type checks cost about what they save here, and
-    PostgreSQL's ``json`` parsing and checks ≈ 15 µs an event of server time.)
+    The ``stream.tokens`` events (most of a call's events) are folded by the database
+    (``_FOLD_TOKENS``): per call and attempt, the largest of each counter (from the columns
+    ingest fills in, see ``Event``) and the earliest and latest ``occurred_at``, given to the rule
+    as two events (the earliest and the latest) that carry those largest counters. The rule reads
+    nothing else of a ``stream.tokens`` event: it keeps the largest of each counter (a smaller
+    one, or one going backwards, changes nothing) and the call's earliest and latest
+    ``occurred_at``; so the figures are the same as from every event. A call with a progress
+    record stored without those columns (before migration 0005) is read event by event, from the
+    bodies, as are the other types.
     """
     events: dict[str, list[AnyEvent]] = {rid: [] for rid in request_ids}
     if arrivals is None:
@@ -138,72 +134,51 @@ def load_events(
             chunk = list(request_ids[start : start + _CHUNK])
             where, params = _in_list(postgres, chunk)
             _read_decoded(cursor, where, params, "<>", events, arrivals)
-            cursor.execute(
-                "SELECT request_id, attempt, occurred_at, body, received_at FROM events "
-                f"WHERE request_id {where} AND type = 'stream.tokens'",
-                params,
-            )
-            folded, slow = _fold_tokens(cursor.fetchall(), arrivals)
-            for request_id, attempt, first, last, delivered, generated in folded:
+            cursor.execute(_FOLD_TOKENS.format(where=where), params)
+            slow: list[str] = []
+            for (
+                request_id,
+                attempt,
+                first,
+                last,
+                delivered,
+                generated,
+                received,
+                missing,
+            ) in cursor.fetchall():
+                if missing:
+                    slow.append(request_id)
+                    continue
+                seen = arrivals.get(request_id)
+                if seen is None or received > seen:
+                    arrivals[request_id] = received
                 group = events[request_id]
                 group.append(_folded(request_id, attempt, first, delivered, generated, "first"))
                 group.append(_folded(request_id, attempt, last, delivered, generated, "last"))
             if slow:
-                where, params = _in_list(postgres, slow)
+                where, params = _in_list(postgres, sorted(set(slow)))
                 _read_decoded(cursor, where, params, "=", events, arrivals)
     finally:
         cursor.close()
     return events
 
 
+#: ``stream.tokens`` folded per call and attempt by the database: the earliest and latest
+#: ``occurred_at``, the largest of each counter (from the columns ingest fills in from the
+#: validated event), the latest arrival, and how many of the attempt's rows lack the counters
+#: (stored before those columns existed: such a call is read event by event instead).
+_FOLD_TOKENS = (
+    "SELECT request_id, attempt, min(occurred_at), max(occurred_at), "
+    "max(output_tokens_delivered), max(output_tokens_generated), max(received_at), "
+    "count(*) - count(output_tokens_delivered + output_tokens_generated) "
+    "FROM events WHERE request_id {where} AND type = 'stream.tokens' GROUP BY request_id, attempt"
+)
+
+
 def _in_list(postgres: bool, chunk: list[str]) -> tuple[str, Any]:
     if postgres:
         return "= ANY(%b)", (chunk,)
     return f"IN ({', '.join('?' * len(chunk))})", tuple(chunk)
-
-
-def _fold_tokens(
-    rows: Sequence[tuple[Any, ...]], arrivals: dict[str, Any]
-) -> tuple[list[tuple[Any, ...]], list[str]]:
-    """Fold ``stream.tokens`` rows (request_id, attempt, occurred_at, body, received_at): per call
-    and attempt, (request_id, attempt, earliest and latest occurred_at, largest delivered and
-    generated counters); and the calls to read event by event instead (a counter that is not an
-    integer, a body that is not a JSON object). ``arrivals`` keeps each call's latest
-    ``received_at``. Times are compared as the driver returns them (SQLite's text has one fixed
-    format, so text order is time order)."""
-    folds: dict[tuple[str, int], list[Any]] = {}
-    slow: list[str] = []
-    loads = orjson.loads
-    for request_id, attempt, when, body, received in rows:
-        seen = arrivals.get(request_id)
-        if seen is None or received > seen:
-            arrivals[request_id] = received
-        try:
-            fields = loads(body)
-            delivered = fields["output_tokens_delivered"]
-            generated = fields["output_tokens_generated"]
-        except (orjson.JSONDecodeError, KeyError, TypeError):
-            slow.append(request_id)
-            continue
-        if type(delivered) is not int or type(generated) is not int:
-            slow.append(request_id)
-            continue
-        fold = folds.get((request_id, attempt))
-        if fold is None:
-            folds[(request_id, attempt)] = [when, when, delivered, generated]
-            continue
-        if when < fold[0]:
-            fold[0] = when
-        elif when > fold[1]:
-            fold[1] = when
-        if delivered > fold[2]:
-            fold[2] = delivered
-        if generated > fold[3]:
-            fold[3] = generated
-    if slow:
-        bad = set(slow)
-        return [(*key, *fold) for key, fold in folds.items() if key[0] not in bad], sorted(bad)
-    return [(*key, *fold) for key, fold in folds.items()], slow
 
 
 def _folded(
@@ -657,23 +632,11 @@ def _attempt_rows(updates: Sequence[tuple[_CallState, _CallState, CallFigures]])
             a.usage_source,
             a.error_type,
             a.stop_reason,
-            *_token_values(a.tokens),
+            *a.tokens.values(),
         )
         for _old, _new, fig in updates
         for a in fig.attempts
     ]
-
-
-def _token_values(tokens: Tokens) -> tuple[int, ...]:
-    return (
-        tokens.input_tokens,
-        tokens.cache_read_input_tokens,
-        tokens.cache_creation_input_tokens,
-        tokens.output_tokens_billed,
-        tokens.output_tokens_delivered,
-        tokens.output_tokens_undelivered,
-        tokens.reasoning_tokens,
-    )
 
 
 def _had_attempts(updates: Sequence[tuple[_CallState, _CallState, CallFigures]]) -> list[str]:

@@ -23,7 +23,7 @@ from pydantic import TypeAdapter
 from billing.ingest.schemas import Event as EventModel
 
 if TYPE_CHECKING:
-    from billing.reconcile.rule import CallFigures, Tokens
+    from billing.reconcile.rule import CallFigures
 
 
 class _Stored:
@@ -148,7 +148,7 @@ def check_figures(fig: CallFigures) -> None:
     ok = _text_ok(fig.api_key_id) and _text_ok(fig.protocol) and _text_ok(fig.model)
     ok = ok and (fig.metadata is None or type(fig.metadata) is dict)
     for attempt in fig.attempts:
-        values = (attempt.attempt, *_token_values(attempt.tokens))
+        values = (attempt.attempt, *attempt.tokens.values())
         try:
             # sum() of ints is an int; a float makes it a float, text raises TypeError.
             ok = ok and type(sum(values)) is int and min(values) >= 0
@@ -158,15 +158,3 @@ def check_figures(fig: CallFigures) -> None:
         ok = ok and _text_ok(attempt.stop_reason)
     if not ok:
         raise ValueError(f"the stored events of call {fig.request_id!r} are not valid events")
-
-
-def _token_values(tokens: Tokens) -> tuple[int, ...]:
-    return (
-        tokens.input_tokens,
-        tokens.cache_read_input_tokens,
-        tokens.cache_creation_input_tokens,
-        tokens.output_tokens_billed,
-        tokens.output_tokens_delivered,
-        tokens.output_tokens_undelivered,
-        tokens.reasoning_tokens,
-    )

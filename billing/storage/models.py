@@ -51,7 +51,10 @@ class Event(Base):
     ``body`` is the event's JSON as the gateway sent it (keys and values in its order);
     ``content_hash`` is the SHA-256 of its canonical validated form, which decides whether a
     reused ``event_id`` is a duplicate (same hash) or a conflict (different hash). ``seq`` is
-    arrival order.
+    arrival order. ``output_tokens_delivered`` and ``output_tokens_generated`` repeat a
+    ``stream.tokens`` event's counters (tokens) from its validated body, so the reconciler folds
+    a call's progress records in the database (``billing.reconcile.service.load_events``); null
+    for the other types, and for events stored before migration 0005 (read from the body).
     """
 
     __tablename__ = "events"
@@ -65,6 +68,8 @@ class Event(Base):
     received_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
     content_hash: Mapped[str] = mapped_column(String(64), nullable=False)
     body: Mapped[str] = mapped_column(Text, nullable=False)
+    output_tokens_delivered: Mapped[int | None] = mapped_column(BigInteger)
+    output_tokens_generated: Mapped[int | None] = mapped_column(BigInteger)
 
     __table_args__ = (Index(None, "request_id", "seq"),)
 
