@@ -184,8 +184,8 @@ def _in_list(postgres: bool, chunk: list[str]) -> tuple[str, Any]:
 def _folded(
     request_id: str, attempt: int, when: Any, delivered: Any, generated: Any, which: str
 ) -> StoredTokens:
-    if isinstance(when, str):  # SQLite: naive UTC text
-        when = datetime.fromisoformat(when).replace(tzinfo=UTC)
+    if isinstance(when, str):  # SQLite: naive UTC text (parsed with its offset: ~7x faster)
+        when = datetime.fromisoformat(when + "+00:00")
     elif when.tzinfo is not UTC:
         when = when.astimezone(UTC)
     event = StoredTokens.__new__(StoredTokens)
@@ -726,8 +726,12 @@ _DEQUEUE = "pending = false"
 
 
 def _sqlite_time(value: datetime | None) -> str | None:
-    """``sqlite_text`` that lets None through (for nullable columns)."""
-    return None if value is None else sqlite_text(value)
+    """``sqlite_text`` that lets None through (for nullable columns); a call's start is written
+    twice a step (its row and its ledger entry), so recent instants are remembered."""
+    return None if value is None else _sqlite_text(value)
+
+
+_sqlite_text = functools.lru_cache(maxsize=4096)(sqlite_text)
 
 
 def _same(value: datetime | None) -> datetime | None:
@@ -848,23 +852,29 @@ class _PgWriter:
             self.conn.exec_driver_sql(
                 "DELETE FROM call_attempts WHERE request_id = ANY(%b::varchar[])", (stale,)
             )
-        rows = _attempt_rows(updates)
-        if rows:
-            self.conn.exec_driver_sql(
-                f"INSERT INTO call_attempts ({', '.join(_ATTEMPT_COLUMNS)}) "
-                f"SELECT * FROM {_unnest(_ATTEMPT_PG_TYPES, _ATTEMPT_COLUMNS)}",
-                _columns(rows, len(_ATTEMPT_COLUMNS)),
-            )
+        self._copy("call_attempts", _ATTEMPT_COLUMNS, _attempt_rows(updates))
 
     def entries(self, entries: Sequence[_Entry]) -> None:
-        if not entries:
-            return
         rows = [entry.row(entry.booked_at, _same) for entry in entries]
-        self.conn.exec_driver_sql(
-            f"INSERT INTO ledger_entries ({', '.join(_ENTRY_COLUMNS)}) "
-            f"SELECT * FROM {_unnest(_ENTRY_PG_TYPES, _ENTRY_COLUMNS)} ORDER BY request_id, seq",
-            _columns(rows, len(_ENTRY_COLUMNS)),
-        )
+        rows.sort(key=_by_call_and_seq)
+        self._copy("ledger_entries", _ENTRY_COLUMNS, rows)
+
+    def _copy(self, table: str, columns: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> None:
+        """Insert ``rows`` with ``COPY … FROM STDIN``: psycopg formats each row in C, where an
+        ``unnest`` of arrays builds every array in Python (about twice the CPU a step)."""
+        if not rows:
+            return
+        cursor = self.conn.connection.cursor()
+        try:
+            with cursor.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
+                for row in rows:
+                    copy.write_row(row)
+        finally:
+            cursor.close()
+
+
+def _by_call_and_seq(row: tuple[Any, ...]) -> tuple[str, int]:
+    return (row[0], row[1])
 
 
 def preview_call(session: Session, call: Call) -> None:
