@@ -581,25 +581,6 @@ _ENTRY_COLUMNS = (
     "cache_creation_uusd_per_mtok",
     "cost_pusd",
 )
-_ENTRY_PG_TYPES = (
-    "varchar",
-    "int4",
-    "varchar",
-    "varchar",
-    "timestamptz",
-    "varchar",
-    "varchar",
-    "varchar",
-    "varchar",
-    "timestamptz",
-    *("int8" for _ in TOKEN_FIELDS),
-    "int8",
-    "int8",
-    "int8",
-    "int8",
-    "int8",
-    "int8",
-)
 _ATTEMPT_COLUMNS = (
     "request_id",
     "attempt",
@@ -609,16 +590,6 @@ _ATTEMPT_COLUMNS = (
     "error_type",
     "stop_reason",
     *TOKEN_FIELDS,
-)
-_ATTEMPT_PG_TYPES = (
-    "varchar",
-    "int4",
-    "varchar",
-    "varchar",
-    "varchar",
-    "varchar",
-    "varchar",
-    *("int8" for _ in TOKEN_FIELDS),
 )
 
 
