@@ -18,6 +18,7 @@ recomputes everything from ``calls`` and ``ledger_entries`` with set-based SQL.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -199,8 +200,9 @@ class Deltas:
         if summed is None:
             self.quarters[row] = values if sign == 1 else [-v for v in values]
         else:
-            for i, value in enumerate(values):
-                summed[i] += sign * value
+            self.quarters[row] = list(
+                map(operator.add if sign == 1 else operator.sub, summed, values)
+            )
 
     def write(self, session: Session) -> None:
         """Apply the deltas: one upsert into each rollup table."""
@@ -223,11 +225,7 @@ def _sum_into(
     rows: dict[tuple[Any, ...], list[int]], row: tuple[Any, ...], values: list[int]
 ) -> None:
     summed = rows.get(row)
-    if summed is None:
-        rows[row] = list(values)
-    else:
-        for i, value in enumerate(values):
-            summed[i] += value
+    rows[row] = list(values) if summed is None else list(map(operator.add, summed, values))
 
 
 def _insert(session: Session, table: Any) -> postgresql.Insert | sqlite.Insert:
