@@ -387,7 +387,8 @@ def run_client(config: dict[str, Any], timeout: float | None = None) -> dict[str
     )
     if proc.returncode != 0:
         raise RuntimeError(f"load generator failed ({proc.returncode})")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
 
 
 # --- the HTTP ceiling: parse into the same pydantic models, store nothing ------------------------
@@ -837,6 +838,7 @@ class StorageCeiling:
             raw = self.engine.raw_connection()
             try:
                 dbapi = raw.driver_connection
+                assert dbapi is not None
                 while not state["stop"]:
                     events, calls = self._next_batch(size)
                     started = time.perf_counter()

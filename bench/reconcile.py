@@ -71,7 +71,7 @@ def seed(url: str, calls: int) -> tuple[int, float]:
     pending: list[Any] = []
     group_events = 0
     while done_calls < calls:
-        body_events = []
+        body_events: list[bytes] = []
         while len(body_events) < 1000 and done_calls < calls:
             body_events.append(gen.next())
             # Every call has one stream.usage, its last event (a failed attempt has none).
@@ -118,7 +118,7 @@ def settle(url: str, batch_size: int, profile: bool = False) -> dict[str, Any]:
         open_left = session.scalar(select(func.count()).where(Call.settled.is_(False)))
         entries = session.scalar(select(func.count()).select_from(LedgerEntry))
     engine.dispose()
-    out = {
+    out: dict[str, Any] = {
         "settled": result.settled,
         "examined": result.examined,
         "seconds": elapsed,
