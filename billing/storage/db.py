@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -50,14 +50,31 @@ def make_engine(
         if path and path != ":memory:" and not path.startswith("file:"):
             _CHECKPOINTERS[engine] = _Checkpointer(path, lock, settings.sqlite_busy_timeout_ms)
         return engine
+    given = make_url(url).query
     return create_engine(
         url,
         pool_size=pool_size or settings.db_pool_size,
         max_overflow=20,
         pool_pre_ping=pre_ping,
         pool_recycle=1800,
-        connect_args={"connect_timeout": 5},
+        connect_args={k: v for k, v in PG_CONNECT_DEFAULTS.items() if k not in given},
     )
+
+
+#: libpq settings of every PostgreSQL connection, unless the database URL gives its own
+#: (``?keepalives_idle=60``): a connection attempt gives up after 5 s; a database host that
+#: disappears without closing the connection (a crash, a partition) is noticed within about 25 s
+#: by a statement waiting for it (TCP keepalive probes after 10 s of silence, every 5 s, 3 missed)
+#: or 30 s after data it sent went unacknowledged (``tcp_user_timeout``, ms), instead of the
+#: kernel's default of more than 2 hours; the statement then fails as a database outage (503).
+PG_CONNECT_DEFAULTS: dict[str, int] = {
+    "connect_timeout": 5,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,
+}
 
 
 def _configure_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
