@@ -135,19 +135,11 @@ def load_events(
             where, params = _in_list(postgres, chunk)
             _read_decoded(cursor, where, params, "<>", events, arrivals)
             cursor.execute(_FOLD_TOKENS.format(where=where), params)
-            slow: list[str] = []
-            for (
-                request_id,
-                attempt,
-                first,
-                last,
-                delivered,
-                generated,
-                received,
-                missing,
-            ) in cursor.fetchall():
-                if missing:
-                    slow.append(request_id)
+            folds = cursor.fetchall()
+            # A call with any row lacking the counters is read from its bodies, all attempts.
+            slow = {fold[0] for fold in folds if fold[-1]}
+            for request_id, attempt, first, last, delivered, generated, received, _ in folds:
+                if request_id in slow:
                     continue
                 seen = arrivals.get(request_id)
                 if seen is None or received > seen:
@@ -156,7 +148,7 @@ def load_events(
                 group.append(_folded(request_id, attempt, first, delivered, generated, "first"))
                 group.append(_folded(request_id, attempt, last, delivered, generated, "last"))
             if slow:
-                where, params = _in_list(postgres, sorted(set(slow)))
+                where, params = _in_list(postgres, sorted(slow))
                 _read_decoded(cursor, where, params, "=", events, arrivals)
     finally:
         cursor.close()
