@@ -158,7 +158,8 @@ def pyinstrument_profile(url: str, batch_size: int) -> str | None:
     run_pass(sessions, settings, None, clock)
     profiler.stop()
     engine.dispose()
-    return profiler.output_text(unicode=True, color=False, show_all=False)
+    text: str = profiler.output_text(unicode=True, color=False, show_all=False)
+    return text
 
 
 def main() -> None:
