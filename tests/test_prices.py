@@ -303,3 +303,45 @@ def test_prices_load_from_the_command_line(client: TestClient, db_url: str, tmp_
     bad = run_cli(db_url, tmp_path, "prices", "load", str(invalid))
     assert bad.returncode != 0
     assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        (
+            "effective_from",
+            "2026-01-01T00:00:00",
+            "has no UTC offset; send an RFC 3339 timestamp with an offset, "
+            "such as 2026-10-15T08:00:00Z or 2026-10-15T10:00:00+02:00",
+        ),
+        (
+            "effective_from",
+            "yesterday",
+            "must be an RFC 3339 timestamp string such as 2026-10-15T08:00:00Z",
+        ),
+        ("cache_creation_usd_per_mtok", None, "is required"),
+        ("currency", "USD", "is not a field of this request; remove it"),
+        (
+            "input_usd_per_mtok",
+            "1.5x",
+            "'1.5x' is not a plain decimal number; send digits with an optional fraction "
+            'such as "0.30"',
+        ),
+        ("output_usd_per_mtok", "-1", "must not be negative"),
+    ],
+)
+def test_a_bad_price_is_told_in_the_services_own_words(
+    client: TestClient, field: str, value: object, message: str
+) -> None:
+    """The same sentences as ``POST /v1/events`` for timestamps; no pydantic wording
+    ("Input should have timezone info", "Field required", "Value error, …")."""
+    body: dict[str, object] = dict(PRICE)
+    if value is None:
+        del body[field]
+    else:
+        body[field] = value
+    response = client.post("/v1/prices", json=body)
+    assert response.status_code == 422, response.text
+    assert response.json() == {
+        "errors": [{"index": None, "path": f"body.{field}", "message": message}]
+    }

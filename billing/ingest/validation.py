@@ -98,6 +98,18 @@ def _by_index(error: FieldError) -> int:
     return error.index if error.index is not None else -1
 
 
+#: What a timestamp without an offset, or not a timestamp at all, is told (pydantic's
+#: ``timezone_aware`` and ``datetime_*`` errors), here and for the other request bodies.
+NO_OFFSET = (
+    "has no UTC offset; send an RFC 3339 timestamp with an offset, "
+    "such as 2026-10-15T08:00:00Z or 2026-10-15T10:00:00+02:00"
+)
+NOT_A_TIMESTAMP = "is not an RFC 3339 timestamp; send one such as 2026-10-15T08:00:00Z"
+NOT_A_TIMESTAMP_KINDS = frozenset(
+    {"datetime_parsing", "datetime_from_date_parsing", "datetime_type"}
+)
+
+
 def _describe(item: ErrorDetails, raws: Sequence[Any], index: int) -> FieldError:
     """One pydantic error of event ``index`` as a FieldError with a sentence a developer can use."""
     loc = list(item["loc"])
@@ -147,12 +159,9 @@ def _message(
             'must be "upstream" (reported by the provider) or "estimate" (counted by the gateway)'
         )
     if kind == "timezone_aware":
-        return (
-            "has no UTC offset; send an RFC 3339 timestamp with an offset, "
-            "such as 2026-10-15T08:00:00Z or 2026-10-15T10:00:00+02:00"
-        )
-    if kind in {"datetime_parsing", "datetime_from_date_parsing", "datetime_type"}:
-        return "is not an RFC 3339 timestamp; send one such as 2026-10-15T08:00:00Z"
+        return NO_OFFSET
+    if kind in NOT_A_TIMESTAMP_KINDS:
+        return NOT_A_TIMESTAMP
     if kind in {"int_type", "int_parsing", "int_from_float"}:
         if field in {"attempt"}:
             return "must be an integer ≥ 1 (the upstream attempt number)"
