@@ -11,6 +11,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -82,6 +83,16 @@ def test_different_amounts_for_the_same_model_and_time_is_409(client: TestClient
     )
 
 
+def _post_price_with(client: TestClient, field: str, value: object) -> httpx.Response:
+    """POST a valid price with ``field`` set to ``value`` (None: left out)."""
+    body: dict[str, object] = dict(PRICE)
+    if value is None:
+        del body[field]
+    else:
+        body[field] = value
+    return client.post("/v1/prices", json=body)
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [
@@ -104,12 +115,7 @@ def test_different_amounts_for_the_same_model_and_time_is_409(client: TestClient
 def test_invalid_price_is_422_in_the_contract_shape(
     client: TestClient, field: str, value: object
 ) -> None:
-    body: dict[str, object] = dict(PRICE)
-    if value is None:
-        del body[field]
-    else:
-        body[field] = value
-    response = client.post("/v1/prices", json=body)
+    response = _post_price_with(client, field, value)
     assert response.status_code == 422, response.text
     errors = response.json()["errors"]
     assert len(errors) == 1
@@ -335,12 +341,7 @@ def test_a_bad_price_is_told_in_the_services_own_words(
 ) -> None:
     """The same sentences as ``POST /v1/events`` for timestamps; no pydantic wording
     ("Input should have timezone info", "Field required", "Value error, …")."""
-    body: dict[str, object] = dict(PRICE)
-    if value is None:
-        del body[field]
-    else:
-        body[field] = value
-    response = client.post("/v1/prices", json=body)
+    response = _post_price_with(client, field, value)
     assert response.status_code == 422, response.text
     assert response.json() == {
         "errors": [{"index": None, "path": f"body.{field}", "message": message}]
