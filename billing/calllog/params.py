@@ -20,14 +20,21 @@ from billing.errors import FieldError, ValidationFailed
 T = TypeVar("T")
 
 _RFC3339 = re.compile(
-    r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})?", re.ASCII
+    r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})?", re.ASCII
 )
 #: A ``+hh:mm`` offset sent unencoded in a query string arrives as `` hh:mm``.
 _PLUS_AS_SPACE = re.compile(r"(.*:\d{2}(?:\.\d+)?) (\d{2}:\d{2})", re.ASCII)
 
 
 def parse_timestamp(text: str) -> datetime:
-    """An RFC 3339 timestamp with an offset → an aware UTC datetime; ``ValueError`` in words."""
+    """An RFC 3339 timestamp with an offset → an aware UTC datetime; ``ValueError`` in words.
+
+    The one reading of a timestamp in a query string (``/v1/calls``, ``/v1/usage``, the exports
+    and ``billing export``): ``T``, ``t`` or a space between date and time; an offset whose ``+``
+    arrived as a space (a ``+`` in a URL query means a space) is read as the ``+`` it was; more
+    than 6 fraction digits are cut (Python keeps microseconds), never rounded past the instant.
+    """
+    text = text.strip()
     fixed = _PLUS_AS_SPACE.fullmatch(text)
     if fixed:
         text = f"{fixed.group(1)}+{fixed.group(2)}"
@@ -45,7 +52,7 @@ def parse_timestamp(text: str) -> datetime:
     if len(fraction) > 7:  # Python keeps microseconds: cut the digits beyond them
         text = text.replace(fraction, fraction[:7], 1)
     try:
-        return datetime.fromisoformat(text.upper().replace("Z", "+00:00")).astimezone(UTC)
+        return datetime.fromisoformat(text.upper().replace(" ", "T")).astimezone(UTC)
     except (ValueError, OverflowError):
         raise ValueError(f"{text!r} is not a valid date and time (or out of range)") from None
 
@@ -54,9 +61,9 @@ def parse_zone(text: str) -> ZoneInfo:
     """An IANA zone name (``Asia/Kolkata``, ``UTC``) → ``ZoneInfo``; ``ValueError`` in words."""
     try:
         return ZoneInfo(text)
-    except (ZoneInfoNotFoundError, ValueError):
+    except (ZoneInfoNotFoundError, ValueError, OSError):
         raise ValueError(
-            f"{text!r} is not a known IANA time zone; send a name such as UTC, Europe/Berlin or "
+            f"unknown time zone {text!r}: send an IANA zone name such as UTC, Europe/Berlin or "
             "Asia/Kolkata"
         ) from None
 

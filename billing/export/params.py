@@ -9,14 +9,13 @@ IANA zone (usage exports only; default ``UTC``). Problems raise
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Literal
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo
 
-from billing.calllog.params import query_problems
+from billing.calllog.params import parse_timestamp, parse_zone, query_problems
 from billing.errors import FieldError, ValidationFailed
 from billing.export.columns import DEFAULT_GROUP_BY, GROUP_KEYS
 from billing.timefmt import rfc3339
@@ -24,10 +23,6 @@ from billing.timefmt import rfc3339
 Kind = Literal["usage", "calls"]
 KINDS: tuple[Kind, ...] = ("usage", "calls")
 
-_RFC3339 = re.compile(
-    r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})?", re.ASCII
-)
-_SPACE_OFFSET = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)? \d{2}:\d{2}", re.ASCII)
 _EXAMPLE = "such as 2026-10-01T00:00:00Z or 2026-10-01T00:00:00%2B02:00"
 
 
@@ -58,28 +53,6 @@ class ExportParams:
         }
 
 
-def parse_timestamp(value: str) -> datetime:
-    """An RFC 3339 timestamp with offset → aware UTC datetime; ``ValueError`` with a sentence."""
-    text = value.strip()
-    if _SPACE_OFFSET.fullmatch(text):
-        raise ValueError(
-            f"{value!r} has a space before its offset: a '+' in a URL query means a space, so "
-            f"write it as %2B ({_EXAMPLE})"
-        )
-    match = _RFC3339.fullmatch(text)
-    if match is None:
-        raise ValueError(f"must be an RFC 3339 timestamp {_EXAMPLE}, not {value!r}")
-    if match.group(2) is None:
-        raise ValueError(f"must include an offset (Z or ±HH:MM), {_EXAMPLE}")
-    fraction = match.group(1) or ""
-    # Python keeps microseconds: more digits than 6 are cut, never rounded up past the instant.
-    text = text.replace(fraction, fraction[:7]) if fraction else text
-    try:
-        return datetime.fromisoformat(text.upper().replace(" ", "T")).astimezone(UTC)
-    except (ValueError, OverflowError):
-        raise ValueError(f"{value!r} is not a valid date and time") from None
-
-
 def parse_group_by(value: str) -> tuple[str, ...]:
     """``day,api_key_id,model`` → its keys in order; ``ValueError`` for unknown or repeated keys."""
     keys = tuple(part.strip() for part in value.split(","))
@@ -93,17 +66,6 @@ def parse_group_by(value: str) -> tuple[str, ...]:
     if len(set(keys)) != len(keys):
         raise ValueError("names a key twice")
     return keys
-
-
-def parse_zone(value: str) -> str:
-    """An IANA zone name (``Europe/Paris``, ``UTC``) → the same name; ``ValueError`` if unknown."""
-    try:
-        ZoneInfo(value)
-    except (ZoneInfoNotFoundError, ValueError, OSError):
-        raise ValueError(
-            f"unknown time zone {value!r}: use an IANA zone name such as UTC or Europe/Paris"
-        ) from None
-    return value
 
 
 #: The query parameters of each export.
@@ -150,7 +112,7 @@ def parse_params(
             errors.append(FieldError(None, "query.group_by", str(error)))
     if tz is not None:
         try:
-            zone = parse_zone(tz)
+            zone = parse_zone(tz).key
         except ValueError as error:
             errors.append(FieldError(None, "query.tz", str(error)))
     if errors:
