@@ -583,7 +583,7 @@ def test_close_lag_setting(db_url: str) -> None:
         ({**DAY1, "since": "2026-03-01T00:00:00"}, "query.since", "offset"),
         ({**DAY1, "since": "2026-03-01"}, "query.since", "RFC 3339"),
         ({**DAY1, "until": "2026-02-30T00:00:00Z"}, "query.until", "not a valid"),
-        ({**DAY1, "until": DAY1["since"]}, "query.until", "later than since"),
+        ({**DAY1, "until": DAY1["since"]}, "query.until", "must be after since"),
         ({**DAY1, "tz": "Mars/Olympus"}, "query.tz", "unknown time zone"),
         ({**DAY1, "tz": "../etc/passwd"}, "query.tz", "unknown time zone"),
         ({**DAY1, "group_by": "week"}, "query.group_by", "unknown group key"),

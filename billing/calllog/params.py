@@ -19,6 +19,9 @@ from billing.errors import FieldError, ValidationFailed
 
 T = TypeVar("T")
 
+#: What an ``until`` at or before ``since`` is told (usage and the exports).
+UNTIL_AFTER_SINCE = "must be after since: periods are [since, until)"
+
 _RFC3339 = re.compile(
     r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})?", re.ASCII
 )

@@ -38,7 +38,7 @@ from sqlalchemy.orm import Session
 
 from billing.calllog import buckets
 from billing.calllog.buckets import Run, Segment, Window
-from billing.calllog.params import QueryReader, parse_timestamp, parse_zone
+from billing.calllog.params import UNTIL_AFTER_SINCE, QueryReader, parse_timestamp, parse_zone
 from billing.calllog.rollups import (
     BASES,
     CALL_START,
@@ -150,7 +150,7 @@ def parse_usage_query(items: Iterable[tuple[str, str]]) -> UsageQuery:
     tz = reader.parsed("tz", parse_zone) or UTC_ZONE
     basis = reader.choice("basis", BASES) or CALL_START
     if since is not None and until is not None and until <= since:
-        reader.fail("until", "must be after since")
+        reader.fail("until", UNTIL_AFTER_SINCE)
     reader.done()
     assert since is not None and until is not None
     return UsageQuery(since, until, api_key_id, model, group_by, tz, basis)

@@ -15,7 +15,12 @@ from datetime import datetime
 from typing import Literal
 from zoneinfo import ZoneInfo
 
-from billing.calllog.params import parse_timestamp, parse_zone, query_problems
+from billing.calllog.params import (
+    UNTIL_AFTER_SINCE,
+    parse_timestamp,
+    parse_zone,
+    query_problems,
+)
 from billing.errors import FieldError, ValidationFailed
 from billing.export.columns import DEFAULT_GROUP_BY, GROUP_KEYS
 from billing.timefmt import rfc3339
@@ -100,9 +105,7 @@ def parse_params(
         except ValueError as error:
             errors.append(FieldError(None, f"query.{name}", str(error)))
     if len(bounds) == 2 and bounds["until"] <= bounds["since"]:
-        errors.append(
-            FieldError(None, "query.until", "must be later than since: periods are [since, until)")
-        )
+        errors.append(FieldError(None, "query.until", UNTIL_AFTER_SINCE))
     keys = DEFAULT_GROUP_BY
     zone = "UTC"
     if group_by is not None:
