@@ -410,6 +410,11 @@ def test_query_errors_get_422_in_words(priced: TestClient) -> None:
         ({"since": "2026-03-10T00:00:00"}, "query.since", "offset"),
         ({"group": "day"}, "query.group", "not a known query parameter"),
         ({"since": "1900-01-01T00:00:00Z", "group_by": "hour"}, "query.group_by", "periods"),
+        (
+            {"until": "8999-01-01T00:00:00Z", "group_by": "month"},
+            "query.group_by",
+            "more than 20000 periods",
+        ),
         ({"since": "0001-01-02T00:00:00Z"}, "query.since", "between 1900 and 9000"),
         ({"since": "0001-01-01T00:00:00+05:30"}, "query.since", "out of range"),
         ({"until": "9999-12-31T23:59:59Z"}, "query.until", "between 1900 and 9000"),
@@ -419,6 +424,26 @@ def test_query_errors_get_422_in_words(priced: TestClient) -> None:
         found = errors(priced.get("/v1/usage", params={**period, **extra}))
         assert [e["path"] for e in found] == [path], extra
         assert words in found[0]["message"], (extra, found)
+
+
+def test_a_zone_with_historic_offsets_off_the_quarter_hour_is_answered(client: TestClient) -> None:
+    """Africa/Monrovia was at -00:44:30 until 1972: every local day edge is off the 15-minute
+    grid, so each leaves a short raw window (18,262 days: 36,524 windows). They are read in
+    statements of a bounded size: one OR of them all was refused by SQLite (expression tree too
+    deep) and answered as a database outage (503)."""
+    for basis in ("call_start", "booked"):
+        response = client.get(
+            "/v1/usage",
+            params={
+                "since": "1920-01-01T00:00:00Z",
+                "until": "1970-01-01T00:00:00Z",
+                "tz": "Africa/Monrovia",
+                "group_by": "day",
+                "basis": basis,
+            },
+        )
+        assert response.status_code == 200, response.text
+        assert response.json() == {"data": []}
 
 
 @pytest.mark.parametrize(

@@ -67,6 +67,8 @@ EARLIEST = datetime(1900, 1, 1, tzinfo=UTC)
 LATEST = datetime(9000, 1, 1, tzinfo=UTC)
 #: Rollup runs per statement.
 _RUNS_PER_QUERY = 2000
+#: Raw windows per statement (see ``_read_raw``).
+_WINDOWS_PER_QUERY = 100
 #: How SQLite holds a UTC instant (``billing.storage.types.UTCDateTime``): text in time order.
 SQLITE_TIME = "%Y-%m-%d %H:%M:%S.%f"
 
@@ -186,7 +188,11 @@ def usage_rows(session: Session, query: UsageQuery) -> list[UsageRow]:
 
 def _check_size(query: UsageQuery, finest: str | None) -> None:
     span = query.until - query.since
-    approx = {"hour": span / timedelta(hours=1), "day": span / timedelta(days=1)}
+    approx = {
+        "hour": span / timedelta(hours=1),
+        "day": span / timedelta(days=1),
+        "month": span / timedelta(days=28),
+    }
     if finest in approx and approx[finest] > MAX_PERIODS:
         raise ValidationFailed(
             [
@@ -344,19 +350,24 @@ def _read_raw(session: Session, query: UsageQuery, windows: Sequence[Window]) ->
         return []
     source: Any = Call if query.basis == CALL_START else LedgerEntry
     column = Call.started_at if query.basis == CALL_START else LedgerEntry.booked_at
-    statement = select(source).where(
-        or_(*(and_(column >= w.start, column < w.end) for w in windows))
-    )
-    if query.basis == CALL_START:
-        statement = statement.where(Call.settled.is_(True))
-    if query.api_key_id is not None:
-        statement = statement.where(source.api_key_id == query.api_key_id)
-    if query.model is not None:
-        statement = statement.where(source.model == query.model)
-    placed = [
-        place_call(row) if query.basis == CALL_START else place_entry(row)
-        for row in session.scalars(statement)
-    ]
+    placed = []
+    # Windows per statement: one OR of them all is an expression SQLite refuses past ~1,000
+    # terms (a zone with a historic offset off the 15-minute grid has a window at every edge).
+    for start in range(0, len(windows), _WINDOWS_PER_QUERY):
+        chunk = windows[start : start + _WINDOWS_PER_QUERY]
+        statement = select(source).where(
+            or_(*(and_(column >= w.start, column < w.end) for w in chunk))
+        )
+        if query.basis == CALL_START:
+            statement = statement.where(Call.settled.is_(True))
+        if query.api_key_id is not None:
+            statement = statement.where(source.api_key_id == query.api_key_id)
+        if query.model is not None:
+            statement = statement.where(source.model == query.model)
+        placed += [
+            place_call(row) if query.basis == CALL_START else place_entry(row)
+            for row in session.scalars(statement)
+        ]
     return [
         p
         for p in placed
