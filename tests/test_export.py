@@ -253,6 +253,24 @@ def test_half_open_periods_on_booking_time(day1: TestClient) -> None:
                   ).content == HEADER_USAGE.encode()  # fmt: skip
 
 
+def test_bounds_finer_than_a_microsecond_keep_the_period_half_open(day1: TestClient) -> None:
+    """req-1 is booked at exactly 10:01:00.000000 (instants are stored to the microsecond): a
+    ``since`` a tenth of a microsecond later leaves it out, an ``until`` that much later takes it
+    in (digits beyond the sixth round up, never down)."""
+    after = export(
+        day1, "calls", since="2026-03-01T10:01:00.0000001Z", until="2026-03-01T10:06:00Z"
+    )
+    assert [r["entry_id"] for r in rows_of(after.content)] == []
+    upto = export(
+        day1, "calls", since="2026-03-01T10:00:00Z", until="2026-03-01T10:01:00.000000001Z"
+    )
+    assert [r["entry_id"] for r in rows_of(upto.content)] == ["1"]
+    zeros = export(
+        day1, "calls", since="2026-03-01T10:00:00Z", until="2026-03-01T10:01:00.0000000Z"
+    )
+    assert rows_of(zeros.content) == []
+
+
 def test_formula_cells_are_neutralised_and_numbers_are_not(
     day1: TestClient, app: FastAPI, settings: Settings
 ) -> None:

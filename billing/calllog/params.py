@@ -8,12 +8,13 @@ The query endpoints answer the contract's 422 shape (``{"errors": [{"index": nul
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TypeVar
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from billing.errors import FieldError, ValidationFailed
 
@@ -23,8 +24,9 @@ T = TypeVar("T")
 UNTIL_AFTER_SINCE = "must be after since: periods are [since, until)"
 
 _RFC3339 = re.compile(
-    r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})?", re.ASCII
+    r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:[0-5]\d)?", re.ASCII
 )
+_MICROSECOND = timedelta(microseconds=1)
 #: A ``+hh:mm`` offset sent unencoded in a query string arrives as `` hh:mm``.
 _PLUS_AS_SPACE = re.compile(r"(.*:\d{2}(?:\.\d+)?) (\d{2}:\d{2})", re.ASCII)
 
@@ -34,8 +36,10 @@ def parse_timestamp(text: str) -> datetime:
 
     The one reading of a timestamp in a query string (``/v1/calls``, ``/v1/usage``, the exports
     and ``billing export``): ``T``, ``t`` or a space between date and time; an offset whose ``+``
-    arrived as a space (a ``+`` in a URL query means a space) is read as the ``+`` it was; more
-    than 6 fraction digits are cut (Python keeps microseconds), never rounded past the instant.
+    arrived as a space (a ``+`` in a URL query means a space) is read as the ``+`` it was. More
+    than 6 fraction digits are rounded up to the next microsecond (instants are stored to the
+    microsecond, so for a bound of a half-open period ``[since, until)`` the stored instants on
+    either side of it stay on the same side).
     """
     text = text.strip()
     fixed = _PLUS_AS_SPACE.fullmatch(text)
@@ -52,23 +56,37 @@ def parse_timestamp(text: str) -> datetime:
             "2026-03-08T00:00:00%2B05:30 (a + in a query string is written %2B)"
         )
     fraction = match.group(1) or ""
-    if len(fraction) > 7:  # Python keeps microseconds: cut the digits beyond them
+    beyond = fraction[7:]  # Python keeps microseconds
+    if beyond:
         text = text.replace(fraction, fraction[:7], 1)
     try:
-        return datetime.fromisoformat(text.upper().replace(" ", "T")).astimezone(UTC)
+        at = datetime.fromisoformat(text.upper().replace(" ", "T")).astimezone(UTC)
+        return at + _MICROSECOND if beyond.strip("0") else at
     except (ValueError, OverflowError):
         raise ValueError(f"{text!r} is not a valid date and time (or out of range)") from None
 
 
 def parse_zone(text: str) -> ZoneInfo:
-    """An IANA zone name (``Asia/Kolkata``, ``UTC``) → ``ZoneInfo``; ``ValueError`` in words."""
-    try:
-        return ZoneInfo(text)
-    except (ZoneInfoNotFoundError, ValueError, OSError):
+    """An IANA zone name (``Asia/Kolkata``, ``UTC``, ``Etc/GMT+5``) → ``ZoneInfo``;
+    ``ValueError`` in words. Only the names of the time zone database (``localtime``, which is
+    the server's own zone, and files such as ``posix/…`` or ``right/…`` are not: the same query
+    must give the same answer on every server); a ``+`` that arrived as a space is read as ``+``
+    (zone names have no spaces)."""
+    name = text.strip().replace(" ", "+")
+    if name not in _zone_names():
         raise ValueError(
             f"unknown time zone {text!r}: send an IANA zone name such as UTC, Europe/Berlin or "
-            "Asia/Kolkata"
-        ) from None
+            "Asia/Kolkata (a + in a query string is written %2B)"
+        )
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, OSError):  # pragma: no cover - listed but unreadable
+        raise ValueError(f"time zone {text!r} cannot be read on this server") from None
+
+
+@functools.cache
+def _zone_names() -> frozenset[str]:
+    return frozenset(available_timezones() - {"localtime"})
 
 
 def query_problems(items: Iterable[tuple[str, str]], known: Sequence[str]) -> list[FieldError]:
