@@ -83,6 +83,9 @@ def test_different_amounts_for_the_same_model_and_time_is_409(client: TestClient
     )
 
 
+JSON = {"Content-Type": "application/json"}
+
+
 def _post_price_with(client: TestClient, field: str, value: object) -> httpx.Response:
     """POST a valid price with ``field`` set to ``value`` (None: left out)."""
     body: dict[str, object] = dict(PRICE)
@@ -341,6 +344,52 @@ def test_a_bad_price_is_told_in_the_services_own_words(
 ) -> None:
     """The same sentences as ``POST /v1/events`` for timestamps; no pydantic wording
     ("Input should have timezone info", "Field required", "Value error, …")."""
+    response = _post_price_with(client, field, value)
+    assert response.status_code == 422, response.text
+    assert response.json() == {
+        "errors": [{"index": None, "path": f"body.{field}", "message": message}]
+    }
+
+
+@pytest.mark.parametrize(
+    ("content", "headers", "path", "message"),
+    [
+        (
+            b'{"model": "x",',
+            JSON,
+            "body",
+            "is not valid JSON (Expecting property name enclosed in double quotes)",
+        ),
+        (b"[]", JSON, "body", "must be a JSON object"),
+        (b"null", JSON, "body", "must be a JSON object"),
+        (
+            json.dumps(PRICE).encode(),
+            {},
+            "body",
+            "must be a JSON object sent with Content-Type: application/json",
+        ),
+    ],
+)
+def test_a_body_that_is_not_a_json_object_is_told_so(
+    client: TestClient, content: bytes, headers: dict[str, str], path: str, message: str
+) -> None:
+    response = client.post("/v1/prices", content=content, headers=headers)
+    assert response.status_code == 422, response.text
+    assert response.json() == {"errors": [{"index": None, "path": path, "message": message}]}
+    assert listed(client) == []
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("model", "", "must not be empty"),
+        ("model", "m" * 257, "is too long: at most 256 characters"),
+        ("input_usd_per_mtok", True, 'must be a decimal string such as "0.30", not true or false'),
+    ],
+)
+def test_lengths_and_booleans_in_a_price(
+    client: TestClient, field: str, value: object, message: str
+) -> None:
     response = _post_price_with(client, field, value)
     assert response.status_code == 422, response.text
     assert response.json() == {

@@ -49,6 +49,17 @@ def request_message(item: Mapping[str, Any]) -> str:
         return str(ctx.get("error") or item.get("msg", "is invalid"))
     if kind == "string_type":
         return "must be a string"
+    if kind == "string_too_short":
+        return "must not be empty"
+    if kind == "string_too_long":
+        return f"is too long: at most {(item.get('ctx') or {}).get('max_length')} characters"
+    if kind in ("model_attributes_type", "dict_type", "model_type"):
+        if isinstance(item.get("input"), (str, bytes)):  # a body FastAPI did not read as JSON
+            return "must be a JSON object sent with Content-Type: application/json"
+        return "must be a JSON object"
+    if kind == "json_invalid":
+        error = (item.get("ctx") or {}).get("error")
+        return f"is not valid JSON ({error})" if error else "is not valid JSON"
     return str(item.get("msg", "is invalid"))
 
 
@@ -64,6 +75,8 @@ def install(app: FastAPI, retry_after_s: int) -> None:
         errors = []
         for item in error.errors():
             loc = [str(part) for part in item.get("loc", ())]
+            if item.get("type") == "json_invalid":
+                loc = loc[:1]  # FastAPI adds the character position, which is not a field
             path = ".".join(loc) if loc else "request"
             errors.append(FieldError(None, path, request_message(item)))
         return _render(ValidationFailed(errors))

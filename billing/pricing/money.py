@@ -27,8 +27,10 @@ def parse_price(value: object) -> int:
     Raises ``ValueError`` with a sentence for floats, non-numbers, negatives, more than 6 decimal
     places, or more than ``MAX_PRICE_USD_PER_MTOK``.
     """
-    if isinstance(value, (bool, float)):
+    if isinstance(value, float):
         raise ValueError('must be a decimal string such as "0.30" (binary floats are not exact)')
+    if isinstance(value, bool):
+        raise ValueError('must be a decimal string such as "0.30", not true or false')
     if isinstance(value, int):
         value = str(value)
     if not isinstance(value, str):
