@@ -395,3 +395,18 @@ def test_lengths_and_booleans_in_a_price(
     assert response.json() == {
         "errors": [{"index": None, "path": f"body.{field}", "message": message}]
     }
+
+
+@pytest.mark.parametrize(
+    ("query", "path", "message"),
+    [
+        ("?model=a&model=b", "query.model", "is given 2 times; give it once"),
+        ("?modle=a", "query.modle", "is not a known query parameter; the known ones are model"),
+    ],
+)
+def test_listing_prices_refuses_unknown_and_repeated_parameters(
+    client: TestClient, query: str, path: str, message: str
+) -> None:
+    response = client.get(f"/v1/prices{query}")
+    assert response.status_code == 422, response.text
+    assert response.json() == {"errors": [{"index": None, "path": path, "message": message}]}

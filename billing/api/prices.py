@@ -5,12 +5,14 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from billing.api.state import AppState, get_state
 from billing.auth.guard import allow
+from billing.calllog.params import query_problems
+from billing.errors import ValidationFailed
 from billing.pricing.prices import PriceIn, PriceRow, list_prices
 from billing.pricing.service import record_price
 from billing.storage.db import read_transaction, write_transaction
@@ -45,9 +47,14 @@ def _list(state: AppState, model: str | None) -> list[PriceRow]:
 
 @router.get("/v1/prices", summary="List prices", dependencies=[Depends(allow("read"))])
 async def get_prices(
+    request: Request,
     state: Annotated[AppState, Depends(get_state)],
     model: Annotated[str | None, Query(max_length=256)] = None,
 ) -> dict[str, Any]:
-    """``{"data": [price, …]}`` by model then ``effective_from``."""
+    """``{"data": [price, …]}`` by model then ``effective_from``. An unknown or repeated query
+    parameter is a 422 (as on the other queries): never a silently ignored filter."""
+    problems = query_problems(request.query_params.multi_items(), ("model",))
+    if problems:
+        raise ValidationFailed(problems)
     rows = await run_in_threadpool(_list, state, model)
     return {"data": [row.as_json() for row in rows]}

@@ -136,7 +136,9 @@ _UNTIL = "the period's end (exclusive) with an offset, such as 2026-04-01T00:00:
 def _period_edge(text: str) -> datetime:
     at = parse_timestamp(text)
     if not EARLIEST <= at <= LATEST:
-        raise ValueError(f"must be between {EARLIEST.year} and {LATEST.year}")
+        raise ValueError(
+            f"must be between {EARLIEST.year}-01-01T00:00:00Z and {LATEST.year}-01-01T00:00:00Z"
+        )
     return at
 
 
