@@ -834,3 +834,22 @@ def test_driver_errors_surface_as_sqlalchemy_errors(app: FastAPI) -> None:
         )
         with pytest.raises(DBAPIError):
             next(rows)
+
+
+@pytest.mark.parametrize(
+    ("params", "path"),
+    [
+        ({**DAY1, "since": ""}, "query.since"),
+        ({**DAY1, "until": "2026-03-02T00:00:00Z" + "0" * 5000}, "query.until"),
+        ({**DAY1, "tz": ""}, "query.tz"),
+    ],
+)
+def test_empty_or_overlong_values_are_told_as_on_usage(
+    client: TestClient, params: dict[str, str], path: str
+) -> None:
+    """The same words as /v1/usage, and a 5,000-character value is not echoed back."""
+    message = "must be 1 to 256 characters long"
+    for url in ("/v1/exports/usage.csv", "/v1/usage"):
+        response = client.get(url, params=params)
+        assert response.status_code == 422, (url, response.text)
+        assert response.json() == {"errors": [{"index": None, "path": path, "message": message}]}

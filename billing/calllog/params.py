@@ -89,6 +89,17 @@ def _zone_names() -> frozenset[str]:
     return frozenset(available_timezones() - {"localtime"})
 
 
+#: The longest query parameter value read (longer ones are refused, not echoed back).
+MAX_VALUE_LENGTH = 256
+
+
+def length_problem(value: str, max_length: int = MAX_VALUE_LENGTH) -> str | None:
+    """The error message for a query value that is empty or longer than ``max_length``."""
+    if not 1 <= len(value) <= max_length:
+        return f"must be 1 to {max_length} characters long"
+    return None
+
+
 def query_problems(items: Iterable[tuple[str, str]], known: Sequence[str]) -> list[FieldError]:
     """A ``query.<name>`` error for each parameter of ``items`` (the query string as (name, value)
     pairs) that is not in ``known`` or is given more than once, in the order they first appear.
@@ -123,7 +134,7 @@ class QueryReader:
     def fail(self, name: str, message: str) -> None:
         self.errors.append(FieldError(None, f"query.{name}", message))
 
-    def text(self, name: str, max_length: int = 256) -> str | None:
+    def text(self, name: str, max_length: int = MAX_VALUE_LENGTH) -> str | None:
         """The parameter's text, or None when absent."""
         values = self.values.get(name)
         if not values:
@@ -131,8 +142,9 @@ class QueryReader:
         if len(values) > 1:  # already an error (query_problems)
             return None
         value = values[0]
-        if not 1 <= len(value) <= max_length:
-            self.fail(name, f"must be 1 to {max_length} characters long")
+        problem = length_problem(value, max_length)
+        if problem:
+            self.fail(name, problem)
             return None
         return value
 

@@ -17,6 +17,7 @@ from zoneinfo import ZoneInfo
 
 from billing.calllog.params import (
     UNTIL_AFTER_SINCE,
+    length_problem,
     parse_timestamp,
     parse_zone,
     query_problems,
@@ -100,6 +101,9 @@ def parse_params(
         if raw is None:
             errors.append(FieldError(None, f"query.{name}", f"is required, {_EXAMPLE}"))
             continue
+        if problem := length_problem(raw):
+            errors.append(FieldError(None, f"query.{name}", problem))
+            continue
         try:
             bounds[name] = parse_timestamp(raw)
         except ValueError as error:
@@ -113,7 +117,9 @@ def parse_params(
             keys = parse_group_by(group_by)
         except ValueError as error:
             errors.append(FieldError(None, "query.group_by", str(error)))
-    if tz is not None:
+    if tz is not None and (problem := length_problem(tz)):
+        errors.append(FieldError(None, "query.tz", problem))
+    elif tz is not None:
         try:
             zone = parse_zone(tz).key
         except ValueError as error:
