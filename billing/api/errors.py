@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -20,7 +18,7 @@ from billing.errors import (
     Unavailable,
     ValidationFailed,
 )
-from billing.ingest.validation import NO_OFFSET, NOT_A_TIMESTAMP, NOT_A_TIMESTAMP_KINDS
+from billing.ingest.validation import plain_message
 from billing.storage.db import is_unavailable
 
 log = logging.getLogger("billing.api")
@@ -28,39 +26,6 @@ log = logging.getLogger("billing.api")
 
 def _render(error: BillingError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status, headers=error.headers())
-
-
-def request_message(item: Mapping[str, Any]) -> str:
-    """A sentence for one pydantic error of a request body other than ``POST /v1/events`` (which
-    has its own, ``billing.ingest.validation``): the same words for timestamps, the validator's own
-    sentence for a value error, and plain words for a missing or unknown field; pydantic's message
-    otherwise."""
-    kind = item.get("type")
-    if kind == "missing":
-        return "is required"
-    if kind == "extra_forbidden":
-        return "is not a field of this request; remove it"
-    if kind == "timezone_aware":
-        return NO_OFFSET
-    if kind in NOT_A_TIMESTAMP_KINDS:
-        return NOT_A_TIMESTAMP
-    if kind == "value_error":
-        ctx = item.get("ctx") or {}
-        return str(ctx.get("error") or item.get("msg", "is invalid"))
-    if kind == "string_type":
-        return "must be a string"
-    if kind == "string_too_short":
-        return "must not be empty"
-    if kind == "string_too_long":
-        return f"is too long: at most {(item.get('ctx') or {}).get('max_length')} characters"
-    if kind in ("model_attributes_type", "dict_type", "model_type"):
-        if isinstance(item.get("input"), (str, bytes)):  # a body FastAPI did not read as JSON
-            return "must be a JSON object sent with Content-Type: application/json"
-        return "must be a JSON object"
-    if kind == "json_invalid":
-        error = (item.get("ctx") or {}).get("error")
-        return f"is not valid JSON ({error})" if error else "is not valid JSON"
-    return str(item.get("msg", "is invalid"))
 
 
 def install(app: FastAPI, retry_after_s: int) -> None:
@@ -78,7 +43,7 @@ def install(app: FastAPI, retry_after_s: int) -> None:
             if item.get("type") == "json_invalid":
                 loc = loc[:1]  # FastAPI adds the character position, which is not a field
             path = ".".join(loc) if loc else "request"
-            errors.append(FieldError(None, path, request_message(item)))
+            errors.append(FieldError(None, path, plain_message(item)))
         return _render(ValidationFailed(errors))
 
     @app.exception_handler(HTTPException)

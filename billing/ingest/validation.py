@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
@@ -98,16 +98,46 @@ def _by_index(error: FieldError) -> int:
     return error.index if error.index is not None else -1
 
 
-#: What a timestamp without an offset, or not a timestamp at all, is told (pydantic's
-#: ``timezone_aware`` and ``datetime_*`` errors), here and for the other request bodies.
-NO_OFFSET = (
+_NO_OFFSET = (
     "has no UTC offset; send an RFC 3339 timestamp with an offset, "
     "such as 2026-10-15T08:00:00Z or 2026-10-15T10:00:00+02:00"
 )
-NOT_A_TIMESTAMP = "is not an RFC 3339 timestamp; send one such as 2026-10-15T08:00:00Z"
-NOT_A_TIMESTAMP_KINDS = frozenset(
+_NOT_A_TIMESTAMP_KINDS = frozenset(
     {"datetime_parsing", "datetime_from_date_parsing", "datetime_type"}
 )
+
+
+def plain_message(item: Mapping[str, Any]) -> str:
+    """A sentence for one pydantic error, in the service's words rather than pydantic's, for any
+    request body: the ingest's own ``_message`` adds what is particular to events and falls back
+    on this; the API uses it for the other bodies (``POST /v1/prices``). Pydantic's message for
+    a kind not listed here."""
+    kind = item.get("type")
+    ctx = item.get("ctx") or {}
+    if kind == "missing":
+        return "is required"
+    if kind == "extra_forbidden":
+        return "is not a field of this request; remove it"
+    if kind == "timezone_aware":
+        return _NO_OFFSET
+    if kind in _NOT_A_TIMESTAMP_KINDS:
+        return "is not an RFC 3339 timestamp; send one such as 2026-10-15T08:00:00Z"
+    if kind == "value_error":
+        return str(ctx.get("error") or item.get("msg", "is invalid"))
+    if kind == "string_type":
+        return "must be a string"
+    if kind == "string_too_short":
+        return "must not be empty"
+    if kind == "string_too_long":
+        return f"is too long: at most {ctx.get('max_length')} characters"
+    if kind in ("model_attributes_type", "dict_type", "model_type"):
+        if isinstance(item.get("input"), (str, bytes)):  # a body FastAPI did not read as JSON
+            return "must be a JSON object sent with Content-Type: application/json"
+        return "must be a JSON object"
+    if kind == "json_invalid":
+        error = ctx.get("error")
+        return f"is not valid JSON ({error})" if error else "is not valid JSON"
+    return str(item.get("msg", "is invalid"))
 
 
 def _describe(item: ErrorDetails, raws: Sequence[Any], index: int) -> FieldError:
@@ -158,10 +188,6 @@ def _message(
         return (
             'must be "upstream" (reported by the provider) or "estimate" (counted by the gateway)'
         )
-    if kind == "timezone_aware":
-        return NO_OFFSET
-    if kind in NOT_A_TIMESTAMP_KINDS:
-        return NOT_A_TIMESTAMP
     if kind in {"int_type", "int_parsing", "int_from_float"}:
         if field in {"attempt"}:
             return "must be an integer ≥ 1 (the upstream attempt number)"
@@ -172,23 +198,15 @@ def _message(
         return f"must be ≥ {ctx.get('ge')}: token counts are never negative"
     if kind == "less_than_equal":
         return f"must be at most {ctx.get('le')}"
-    if kind == "string_too_short":
-        return "must not be empty"
     if kind == "string_too_long" and field == "api_key_id":
         return (
             "is longer than 128 characters, which looks like a secret key; never send secrets: "
             "send the key's public id (for example key_7f3a)"
         )
-    if kind == "string_too_long":
-        return f"is too long: at most {ctx.get('max_length')} characters"
     if kind == "too_long" and field == "metadata":
         return "has too many entries: at most 32 string keys to string values"
-    if kind == "string_type":
-        if len(item["loc"]) >= 4 and item["loc"][-2] == "metadata":
-            return "metadata values must be strings (at most 256 characters)"
-        return "must be a string"
+    if kind == "string_type" and len(item["loc"]) >= 4 and item["loc"][-2] == "metadata":
+        return "metadata values must be strings (at most 256 characters)"
     if kind == "dict_type" and field == "metadata":
         return "must be a JSON object of string keys to string values"
-    if kind == "value_error":
-        return str(ctx.get("error", item["msg"]))
-    return str(item["msg"])
+    return plain_message(item)
