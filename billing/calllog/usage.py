@@ -352,20 +352,19 @@ def _read_raw(session: Session, query: UsageQuery, windows: Sequence[Window]) ->
         return []
     source: Any = Call if query.basis == CALL_START else LedgerEntry
     column = Call.started_at if query.basis == CALL_START else LedgerEntry.booked_at
+    base = select(source)
+    if query.basis == CALL_START:
+        base = base.where(Call.settled.is_(True))
+    if query.api_key_id is not None:
+        base = base.where(source.api_key_id == query.api_key_id)
+    if query.model is not None:
+        base = base.where(source.model == query.model)
     placed = []
     # Windows per statement: one OR of them all is an expression SQLite refuses past ~1,000
     # terms (a zone with a historic offset off the 15-minute grid has a window at every edge).
     for start in range(0, len(windows), _WINDOWS_PER_QUERY):
         chunk = windows[start : start + _WINDOWS_PER_QUERY]
-        statement = select(source).where(
-            or_(*(and_(column >= w.start, column < w.end) for w in chunk))
-        )
-        if query.basis == CALL_START:
-            statement = statement.where(Call.settled.is_(True))
-        if query.api_key_id is not None:
-            statement = statement.where(source.api_key_id == query.api_key_id)
-        if query.model is not None:
-            statement = statement.where(source.model == query.model)
+        statement = base.where(or_(*(and_(column >= w.start, column < w.end) for w in chunk)))
         placed += [
             place_call(row) if query.basis == CALL_START else place_entry(row)
             for row in session.scalars(statement)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -96,9 +97,14 @@ def _read_decoded(
     )
     for request_id, body, received in cursor.fetchall():
         events[request_id].append(decode(body))
-        seen = arrivals.get(request_id)
-        if seen is None or received > seen:
-            arrivals[request_id] = received
+        _note_arrival(arrivals, request_id, received)
+
+
+def _note_arrival(arrivals: dict[str, Any], request_id: str, received: Any) -> None:
+    """Keep the latest ``received_at`` per call (as the driver returns it; see load_events)."""
+    seen = arrivals.get(request_id)
+    if seen is None or received > seen:
+        arrivals[request_id] = received
 
 
 def load_events(
@@ -141,9 +147,7 @@ def load_events(
             for request_id, attempt, first, last, delivered, generated, received, _ in folds:
                 if request_id in slow:
                     continue
-                seen = arrivals.get(request_id)
-                if seen is None or received > seen:
-                    arrivals[request_id] = received
+                _note_arrival(arrivals, request_id, received)
                 group = events[request_id]
                 group.append(_folded(request_id, attempt, first, delivered, generated, "first"))
                 group.append(_folded(request_id, attempt, last, delivered, generated, "last"))
@@ -773,8 +777,9 @@ def _columns(rows: Sequence[tuple[Any, ...]], width: int) -> tuple[list[Any], ..
 
 
 class _PgWriter:
-    """The step's writes on PostgreSQL: one statement per table, rows passed as arrays
-    (``unnest``), so a step of thousands of calls is a handful of round trips."""
+    """The step's writes on PostgreSQL: one statement per table, so a step of thousands of calls
+    is a handful of round trips: the ``calls`` UPDATE takes its rows as arrays (``unnest``), the
+    attempts and ledger entries are inserted with ``COPY``."""
 
     def __init__(self, session: Session) -> None:
         self.conn = session.connection()
@@ -813,7 +818,7 @@ class _PgWriter:
 
     def entries(self, entries: Sequence[_Entry]) -> None:
         rows = [entry.row(entry.booked_at, _same) for entry in entries]
-        rows.sort(key=_by_call_and_seq)
+        rows.sort(key=operator.itemgetter(0, 1))  # by request_id, seq
         self._copy("ledger_entries", _ENTRY_COLUMNS, rows)
 
     def _copy(self, table: str, columns: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> None:
@@ -828,10 +833,6 @@ class _PgWriter:
                     copy.write_row(row)
         finally:
             cursor.close()
-
-
-def _by_call_and_seq(row: tuple[Any, ...]) -> tuple[str, int]:
-    return (row[0], row[1])
 
 
 def preview_call(session: Session, call: Call) -> None:
