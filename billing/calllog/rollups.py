@@ -310,10 +310,14 @@ def after_step(
     before: Mapping[str, Placed],
     calls: Iterable[CallLike],
     entries: Iterable[EntryLike],
+    deltas: Deltas | None = None,
 ) -> None:
     """Bring the rollups up to date with a step: the calls' new call_start contributions replace
-    their old ones, and every new ledger entry is booked. Runs in the step's transaction."""
-    deltas = Deltas()
+    their old ones, and every new ledger entry is booked; ``deltas`` holds the step's other
+    contributions, if any (the calls the database settled, ``billing.reconcile.common``). Runs in
+    the step's transaction."""
+    if deltas is None:
+        deltas = Deltas()
     keyless: list[dict[str, Any]] = []
     gone: list[str] = []
     for call in calls:
