@@ -6,8 +6,9 @@ every broken rule (CONTRACT "Reconciliation", "Cost", "Call log and usage querie
 
 - no ``event_id`` is stored twice;
 - every token figure is >= 0, on calls, attempts and per ledger line (no line goes negative);
-- per ``call_attempts`` row: ``output_tokens_undelivered = max(0, billed - delivered)``; a call's
-  figures are the sum of its attempts, and ``attempts`` counts them;
+- per ``call_attempts`` row: ``output_tokens_undelivered = max(0, billed - delivered)``; a call
+  with more than one attempt has one row per attempt, its figures are their sum and ``attempts``
+  counts them; a call with one attempt (or none yet) has no row (it is its attempt);
 - ``settled`` <=> the call has a settlement entry; an open call has no ledger entry at all;
 - per settled call: the ledger entries sum to the call's figures, every token bucket, and the cost
   when the call is priced (an unpriced call has an unpriced line);
@@ -180,8 +181,10 @@ def _check_call(
     figures = _tokens(call)
     if any(v < 0 for v in figures):
         problems.append(f"{rid}: negative figures {dict(zip(TOKEN_FIELDS, figures, strict=True))}")
-    # attempts
-    if attempts:
+    # attempts: rows only for a call with several (a call with one is its attempt)
+    if call.attempts <= 1 and attempts:
+        problems.append(f"{rid}: attempts = {call.attempts} but {len(attempts)} attempt rows")
+    elif call.attempts > 1:
         total = ZERO
         for a in attempts:
             t = _tokens(a)

@@ -158,3 +158,37 @@ def test_readyz_is_503_when_the_database_is_behind_head(fresh_url: str) -> None:
         reply = client.get("/readyz")
     assert reply.status_code == 503, reply.text
     assert "billing migrate" in reply.json()["reason"]
+
+
+def test_0006_removes_the_attempt_rows_of_single_attempt_calls(fresh_url: str) -> None:
+    """Rows written before 0006 for a call with one attempt go; a call with several keeps its."""
+    config = alembic_config(fresh_url)
+    command.upgrade(config, "5a1c7e3d9b20")
+    engine = create_engine(fresh_url, poolclass=NullPool)
+    call = (
+        "INSERT INTO calls (request_id, first_received_at, last_received_at, change_seq, "
+        "pending, status, settled, attempts, anomalies) VALUES (:rid, :at, :at, 1, :no, "
+        "'completed', :yes, :attempts, '[]')"
+    )
+    attempt = (
+        "INSERT INTO call_attempts (request_id, attempt, model, status, usage_source) "
+        "VALUES (:rid, :n, 'm', 'completed', 'upstream')"
+    )
+    at = "2026-10-15 08:00:00.000000" if fresh_url.startswith("sqlite") else "2026-10-15T08:00Z"
+    try:
+        with engine.begin() as conn:
+            for rid, attempts in (("one", 1), ("two", 2)):
+                conn.execute(
+                    text(call),
+                    {"rid": rid, "at": at, "no": False, "yes": True, "attempts": attempts},
+                )
+                for n in range(1, attempts + 1):
+                    conn.execute(text(attempt), {"rid": rid, "n": n})
+        command.upgrade(config, "head")
+        with engine.connect() as conn:
+            rows = conn.execute(
+                text("SELECT request_id, attempt FROM call_attempts ORDER BY 1, 2")
+            ).all()
+    finally:
+        engine.dispose()
+    assert [tuple(row) for row in rows] == [("two", 1), ("two", 2)]

@@ -831,7 +831,10 @@ def _diff_call(
     check("error_type", call.error_type, want.error_type)
     check("stop_reason", call.stop_reason, want.stop_reason)
     check("anomalies", set(call.anomalies or ()), want.anomalies)
-    check("attempt numbers", sorted(attempts), sorted(want.attempts))
+    # Attempt rows only for a call with several attempts (a call with one is its attempt).
+    check(
+        "attempt numbers", sorted(attempts), sorted(want.attempts) if len(want.attempts) > 1 else []
+    )
     for n, a in attempts.items():
         exp = want.attempts.get(n)
         if exp is None:

@@ -78,7 +78,7 @@ def _shape(in_list: str) -> str:
     the disconnect are named by their ``seq`` (their bodies are read once, by key, not carried
     through the grouping)."""
     return (
-        "SELECT request_id, min(attempt) AS attempt, "
+        "SELECT request_id, "
         "max(CASE WHEN type = 'stream.started' THEN occurred_at END) AS started_at, "
         "max(occurred_at) AS ended_at, max(received_at) AS arrival, "
         "coalesce(max(output_tokens_delivered), 0) AS progress_delivered, "
@@ -175,7 +175,7 @@ _COST = (
 
 #: The columns of the common calls' working set (SQLite: a temporary table; PostgreSQL: a CTE).
 _COMMON_SELECT = (
-    "g.request_id AS request_id, g.attempt AS attempt, c.api_key_id AS api_key_id, "
+    "g.request_id AS request_id, c.api_key_id AS api_key_id, "
     "c.model AS model, c.protocol AS protocol, "
     "CASE WHEN g.disconnect_seq IS NULL THEN 'completed' ELSE 'client_disconnected' END "
     "AS status, g.started_at AS started_at, g.ended_at AS ended_at, "
@@ -199,19 +199,6 @@ _LEDGER_VALUES = (
     f"f.status, f.started_at, {', '.join('f.' + t for t in _TOKENS)}, f.price_id, "
     f"{', '.join('f.' + r for r in _RATES)}, f.cost_pusd"
 )
-_ATTEMPT_COLUMNS = (
-    "request_id, attempt, model, status, usage_source, error_type, stop_reason, "
-    + ", ".join(_TOKENS)
-)
-_ATTEMPT_VALUES = (
-    "f.request_id, f.attempt, f.model, f.status, 'upstream', NULL, f.stop_reason, "
-    + ", ".join("f." + t for t in _TOKENS)
-)
-# A call reconciled while it was open has its attempt's row already: it is overwritten. Events
-# are never deleted, so the attempts seen then are among those of now: the one attempt.
-_ATTEMPT_UPSERT = "ON CONFLICT (request_id, attempt) DO UPDATE SET " + ", ".join(
-    f"{column} = excluded.{column}" for column in _ATTEMPT_COLUMNS.split(", ")[2:]
-)
 # A call's metadata as the rule gives it: none for an absent or empty object (ingest wrote the
 # stream.started's as JSON text, ``null`` or ``{}`` included).
 _CALL_SET = (
@@ -230,9 +217,10 @@ def settle_common(
     session: Session, request_ids: Sequence[str], now: datetime, deltas: Deltas
 ) -> list[str]:
     """Settle, inside the caller's transaction, those of the (locked) ``request_ids`` that have
-    the common shape (see the module docstring): their ``calls`` row, ``call_attempts`` row and
-    settlement ledger entry are written by the database, and their rollup contributions (both
-    bases) are added to ``deltas`` for the step to write. Returns the calls settled (in no
+    the common shape (see the module docstring): their ``calls`` row and settlement ledger entry
+    are written by the database (a call of one attempt has no ``call_attempts`` row, see
+    ``CallAttempt``), and their rollup contributions (both bases) are added to ``deltas`` for
+    the step to write. Returns the calls settled (in no
     particular order); the others are untouched, for the rule. ``now`` (aware UTC) is the step's
     clock (``booked_at``, ``settled_at``). Raises the driver's error for a body PostgreSQL cannot
     read as JSON (as the rule raises for it: the caller's step fails)."""
@@ -256,7 +244,7 @@ def settle_common(
 
 
 _SQLITE_TABLE = (
-    "CREATE TEMP TABLE IF NOT EXISTS reconcile_common (request_id TEXT PRIMARY KEY, attempt, "
+    "CREATE TEMP TABLE IF NOT EXISTS reconcile_common (request_id TEXT PRIMARY KEY, "
     "api_key_id, model, protocol, status, started_at, ended_at, arrival, "
     f"{', '.join(_TOKENS)}, stop_reason, price_id, {', '.join(_RATES)}, cost_pusd)"
 )
@@ -287,12 +275,6 @@ def _settle_sqlite(
     settled = list(conn.exec_driver_sql("SELECT request_id FROM temp.reconcile_common").scalars())
     if not settled:
         return [], []
-    # Rows in key order: each B-tree is written from left to right, not at random pages.
-    conn.exec_driver_sql(
-        f"INSERT INTO call_attempts ({_ATTEMPT_COLUMNS}) "
-        f"SELECT {_ATTEMPT_VALUES} FROM temp.reconcile_common f WHERE true "
-        f"ORDER BY f.request_id {_ATTEMPT_UPSERT}"
-    )
     conn.exec_driver_sql(
         f"INSERT INTO ledger_entries ({_LEDGER_COLUMNS}) "
         f"SELECT {_LEDGER_VALUES.format(reason='?', now='?')} FROM temp.reconcile_common f "
@@ -339,8 +321,6 @@ def _settle_postgres(
     # entries in code-point order of request_id, as the rule's path writes them.
     rows = conn.exec_driver_sql(
         f"WITH f AS MATERIALIZED ({common}), "
-        f"attempts AS (INSERT INTO call_attempts ({_ATTEMPT_COLUMNS}) "
-        f"SELECT {_ATTEMPT_VALUES} FROM f {_ATTEMPT_UPSERT}), "
         f"ledger AS (INSERT INTO ledger_entries ({_LEDGER_COLUMNS}) "
         f"SELECT {_LEDGER_VALUES.format(reason='%(reason)s', now='%(now)s')} FROM f "
         'ORDER BY f.request_id COLLATE "C"), '

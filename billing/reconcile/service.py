@@ -608,6 +608,8 @@ _ATTEMPT_COLUMNS = (
 
 
 def _attempt_rows(updates: Sequence[tuple[_CallState, _CallState, CallFigures]]) -> list[Any]:
+    """The ``call_attempts`` rows of the calls with more than one attempt (a call with one
+    attempt is its attempt: the ``calls`` row holds its figures; see ``CallAttempt``)."""
     return [
         (
             fig.request_id,
@@ -620,13 +622,14 @@ def _attempt_rows(updates: Sequence[tuple[_CallState, _CallState, CallFigures]])
             *a.tokens.values(),
         )
         for _old, _new, fig in updates
+        if len(fig.attempts) > 1
         for a in fig.attempts
     ]
 
 
 def _had_attempts(updates: Sequence[tuple[_CallState, _CallState, CallFigures]]) -> list[str]:
     """The calls whose attempts were written by an earlier step (to be replaced)."""
-    return [old.request_id for old, _new, _fig in updates if old.attempts]
+    return [old.request_id for old, _new, _fig in updates if old.attempts > 1]
 
 
 @functools.lru_cache(maxsize=256)
@@ -899,7 +902,8 @@ def _apply(call: Call, fig: CallFigures, cost: int | None, settle: bool, now: da
 def mark_model_pending(session: Session, model: str, effective_from: datetime) -> int:
     """Mark the calls of ``model`` started at or after ``effective_from`` for re-reconciliation
     (a new price may now apply to them). Returns how many calls were marked."""
-    # An attempt is priced by its own model, which may differ from the call's (a fallback model).
+    # An attempt is priced by its own model, which may differ from the call's (a fallback model);
+    # a call with one attempt has no attempt row: its attempt's model is the call's.
     with_attempt = select(CallAttempt.request_id).where(CallAttempt.model == model)
     marked = session.execute(
         update(Call)

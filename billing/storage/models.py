@@ -151,7 +151,10 @@ class Call(Base):
 
 
 class CallAttempt(Base):
-    """Figures of one upstream attempt of a call, as last reconciled (CONTRACT "Reconciliation")."""
+    """Figures of one upstream attempt of a call with more than one attempt, as last reconciled
+    (CONTRACT "Reconciliation"). A call with one attempt has no row here: it is its attempt,
+    and its ``calls`` row holds the same figures, model, status, usage source, error type and
+    stop reason (migration 0006 removed the rows written for such calls before)."""
 
     __tablename__ = "call_attempts"
 
