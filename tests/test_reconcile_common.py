@@ -95,11 +95,11 @@ def _call(rng: random.Random, request_id: str, shape: str) -> list[dict[str, Any
                 output_tokens_delivered=delivered,
             )
         )
-    if shape in ("disconnect", "two_disconnects"):
+    if shape in ("disconnect", "two_disconnects") or (shape == "estimate" and rng.random() < 0.5):
         delivered += rng.randrange(0, 20)
         fields: dict[str, Any] = {"output_tokens_delivered": delivered}
         if rng.random() < 0.5:
-            fields["output_tokens_generated"] = generated + rng.randrange(0, 50)
+            fields["output_tokens_generated"] = generated + rng.randrange(0, 800)
         events.append(event("stream.client_disconnected", start + timedelta(seconds=8), **fields))
         if shape == "two_disconnects":
             events.append(
@@ -158,7 +158,7 @@ SHAPES = [
     *["disconnect"] * 4,
     *["open_first"] * 4,
     "short",
-    "estimate",
+    *["estimate"] * 3,
     "null_field",
     "no_usage",
     "two_usages",
@@ -185,9 +185,10 @@ def _complete(events: list[dict[str, Any]]) -> bool:
     return any(e["type"] == "stream.started" for e in events) and attempts <= upstream
 
 
-def _common(events: list[dict[str, Any]]) -> bool:
+def _common(events: list[dict[str, Any]], due: bool) -> bool:
     """The common shape, stated apart from the SQL that finds it (module docstring of
-    billing.reconcile.common), for a call not settled yet."""
+    billing.reconcile.common), for a call not settled yet; ``due``: its last event arrived
+    settle_after ago (an estimate's call settles then)."""
     kinds = [e["type"] for e in events]
     if len({e["attempt"] for e in events}) != 1 or kinds.count("stream.started") != 1:
         return False
@@ -197,18 +198,20 @@ def _common(events: list[dict[str, Any]]) -> bool:
         return False
     (started,) = (e for e in events if e["type"] == "stream.started")
     (usage,) = (e for e in events if e["type"] == "stream.usage")
-    if usage["source"] != "upstream" or None in usage.values():
+    if None in usage.values() or not _priced(started["model"], started["occurred_at"]):
         return False
+    if usage["source"] == "estimate":
+        return due
     delivered = max(
         [0] + [e["output_tokens_delivered"] for e in events if "output_tokens_delivered" in e]
     )
-    return delivered <= usage["output_tokens"] and _priced(started["model"], started["occurred_at"])
+    return delivered <= usage["output_tokens"]
 
 
 def _world(seed: int, calls: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
     """(events before the first pass, events after it, the calls the SQL path must take: in
-    the first pass if they have the common shape then, else in the second if they were not
-    settled in the first and have it with every event)."""
+    the first pass if they have the common shape then (no call is due then), else in the second
+    (every call is due) if they were not settled in the first and have it with every event)."""
     rng = random.Random(seed)
     first: list[dict[str, Any]] = []
     later: list[dict[str, Any]] = []
@@ -232,7 +235,7 @@ def _world(seed: int, calls: int) -> tuple[list[dict[str, Any]], list[dict[str, 
             else [e for e in events if e["type"] == "stream.usage"]
         )
         settled_first = bool(before) and _complete(before)
-        if (before and _common(before)) or (not settled_first and _common(events)):
+        if (before and _common(before, False)) or (not settled_first and _common(events, True)):
             common.append(request_id)
     return first, later, common
 

@@ -1,33 +1,38 @@
 """The common call settled by the database: the billing rule's result for its most frequent shape.
 
-Most calls are one attempt with the provider's usage: one ``stream.started``, progress records
-(``stream.tokens``), perhaps one ``stream.client_disconnected``, and one ``stream.usage`` with
-``source: upstream``; nothing else, not settled before, on a priced model. For such a call the
-rule (``billing.reconcile.rule``, CONTRACT "Reconciliation" and "Cost") comes down to a few
-columns:
+Most calls are one attempt: one ``stream.started``, progress records (``stream.tokens``),
+perhaps one ``stream.client_disconnected``, and one ``stream.usage`` (the provider's,
+``source: upstream``, or the gateway's ``estimate`` when the provider sent none); nothing else,
+not settled before, on a priced model. For such a call the rule (``billing.reconcile.rule``,
+CONTRACT "Reconciliation" and "Cost") comes down to a few columns:
 
-- billed output = the usage's ``output_tokens``; input, cache read, cache creation and reasoning
-  tokens = the usage's (0 when absent); delivered = the largest ``output_tokens_delivered`` of the
-  progress records and the disconnect (0 without any); undelivered = billed − delivered;
-- status ``client_disconnected`` with a disconnect, else ``completed``; usage source
-  ``upstream``; stop reason = the usage's; no error; no anomaly (a call whose delivered exceeds
-  billed carries one, and is left to the rule);
-- it settles now (``stream.started`` arrived and every attempt has upstream usage), with one
+- input, cache read, cache creation and reasoning tokens = the usage's (0 when absent);
+  delivered = the largest ``output_tokens_delivered`` of the progress records and the disconnect
+  (0 without any); billed output = the upstream usage's ``output_tokens``, or for an estimate
+  the largest of its ``output_tokens``, the ``output_tokens_generated`` counters and delivered;
+  undelivered = billed − delivered;
+- status ``client_disconnected`` with a disconnect, else ``completed``; usage source = the
+  usage's; stop reason = the usage's; no error; anomalies none for upstream usage (a call whose
+  delivered exceeds its upstream billed count has one, and is left to the rule), and
+  ``usage_missing`` for an estimate;
+- it settles now when the usage is upstream (``stream.started`` arrived and every attempt has
+  upstream usage), and an estimate's call once its last event arrived ``settle_after`` ago; one
   ``settlement`` ledger entry at the price in force at the call's start (the latest
   ``effective_from`` at or before it), cost = Σ tokens × rate in exact integer picodollars;
 - started at the ``stream.started``'s ``occurred_at``, ended at the latest ``occurred_at`` of its
   events; key, model, protocol and metadata from that ``stream.started``, which ingest wrote on
   the ``calls`` row from the same event (checked: the row's start must be the event's).
 
-``settle_common`` books the calls of a step that have this shape with a few set-based statements
-(no event crosses into Python); the reconciler (``billing.reconcile.service``) then gives every
-other call to the rule. Anything outside the shape goes to the rule: several attempts, a failure,
-an estimate, two ``stream.started`` or two disconnects, an unpriced model, a rate of 2,147 USD per
-million tokens or more (the products could overflow 64 bits), a call settled before, a progress
-record stored before migration 0005, and any body that is not what ingest writes (not JSON, a
-value of another type, a negative count, a JSON ``null`` in the usage) — where the rule decides
-(and refuses what it refuses). ``tests/test_reconcile_common.py`` settles the same random calls
-both ways and requires the same rows.
+``settle_common`` books the calls of a step that have this shape and settle now with a few
+set-based statements (no event crosses into Python); the reconciler
+(``billing.reconcile.service``) then gives every other call to the rule. Anything outside the
+shape goes to the rule: several attempts, a failure, two usages, two ``stream.started`` or two
+disconnects, an unpriced model, a rate of 2,147 USD per million tokens or more (the products
+could overflow 64 bits), a call settled before, a progress record stored before migration 0005,
+an estimate's call that is not due yet (it is reconciled open), and any body that is not what
+ingest writes (not JSON, a value of another type, a negative count, a JSON ``null`` in the
+usage) — where the rule decides (and refuses what it refuses). ``tests/test_reconcile_common.py``
+settles the same random calls both ways and requires the same rows.
 
 Why: the rule's path costs ≈ 80-150 µs of CPU per call here (reading bodies, the rule, building
 rows in Python); these statements cost the database ≈ 20-40 µs per call, which is what the
@@ -36,13 +41,15 @@ reconcile target (≥ 20,000 calls/s on 2 cores, issue #8) needs.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from billing.calllog.rollups import BOOKED, CALL_START, Deltas, Placed, Totals
+from billing.reconcile.rule import USAGE_MISSING
 from billing.storage.types import sqlite_text
 
 #: The reason of a settlement entry when every attempt has upstream usage (as the rule's path).
@@ -82,6 +89,7 @@ def _shape(in_list: str) -> str:
         "max(CASE WHEN type = 'stream.started' THEN occurred_at END) AS started_at, "
         "max(occurred_at) AS ended_at, max(received_at) AS arrival, "
         "coalesce(max(output_tokens_delivered), 0) AS progress_delivered, "
+        "coalesce(max(output_tokens_generated), 0) AS progress_generated, "
         "max(CASE WHEN type = 'stream.usage' THEN seq END) AS usage_seq, "
         "max(CASE WHEN type = 'stream.client_disconnected' THEN seq END) AS disconnect_seq "
         f"FROM events WHERE request_id {in_list} GROUP BY request_id "
@@ -105,6 +113,7 @@ _SQLITE_BODIES = (
     + ", ".join(f"coalesce(u.body ->> '$.{name}', 0) AS {name}" for name in _USAGE_OPTIONAL)
     + ", u.body ->> '$.stop_reason' AS stop_reason, "
     "d.body ->> '$.output_tokens_delivered' AS disconnect_delivered, "
+    "coalesce(d.body ->> '$.output_tokens_generated', 0) AS disconnect_generated, "
     "(u.body NOT LIKE '%:null%' AND "
     + " AND ".join(f"typeof(u.body ->> '$.{name}') = 'integer'" for name in _USAGE_REQUIRED)
     + " AND "
@@ -137,6 +146,7 @@ _PG_BODIES = (
     + ", ".join(f"{_pg_number('uj.' + name, '0')} AS {name}" for name in _USAGE_OPTIONAL)
     + ", uj.stop_reason #>> '{}' AS stop_reason, "
     f"{_pg_number('dj.output_tokens_delivered', None)} AS disconnect_delivered, "
+    f"{_pg_number('dj.output_tokens_generated', '0')} AS disconnect_generated, "
     "(ue.body NOT LIKE '%%:null%%' AND "
     + " AND ".join(f"json_typeof(uj.{name}) = 'number'" for name in _USAGE_REQUIRED)
     + " AND "
@@ -159,18 +169,27 @@ _DELIVERED = (
     "CASE WHEN {u}.disconnect_delivered > g.progress_delivered THEN {u}.disconnect_delivered "
     "ELSE g.progress_delivered END"
 )
+# Billed output: the upstream count; for an estimate the largest of it, the counters and delivered.
+_BILLED = (
+    "CASE WHEN {u}.source = 'upstream' THEN {u}.output_tokens ELSE {greatest}({u}.output_tokens, "
+    f"g.progress_generated, coalesce({{u}}.disconnect_generated, 0), {_DELIVERED}) END"
+)
+_ARRIVAL = "{greatest}(g.arrival, c.last_received_at)"
+# The call settles now: upstream usage (and nothing delivered beyond it: an anomaly, the rule's),
+# or an estimate whose last event arrived settle_after ago ({cutoff}).
 _CONDITIONS = (
     "c.settled = {false} AND c.api_key_id IS NOT NULL AND c.model IS NOT NULL "
-    "AND c.started_at = g.started_at AND {u}.ok AND {u}.source = 'upstream' AND "
+    "AND c.started_at = g.started_at AND {u}.ok AND "
     + " AND ".join(f"{{u}}.{name} >= 0" for name in (*_USAGE_REQUIRED, *_USAGE_OPTIONAL))
-    + f" AND {{u}}.output_tokens >= {_DELIVERED} AND "
+    + f" AND (({{u}}.source = 'upstream' AND {{u}}.output_tokens >= {_DELIVERED}) OR "
+    f"({{u}}.source = 'estimate' AND {_ARRIVAL} <= {{cutoff}})) AND "
     + " AND ".join(f"p.{rate} < {_RATE_LIMIT}" for rate in _RATES)
 )
 _COST = (
     "{u}.input_tokens * p.input_uusd_per_mtok "
     "+ {u}.cache_read_input_tokens * p.cache_read_uusd_per_mtok "
     "+ {u}.cache_creation_input_tokens * p.cache_creation_uusd_per_mtok "
-    "+ {u}.output_tokens * p.output_uusd_per_mtok"
+    f"+ ({_BILLED}) * p.output_uusd_per_mtok"
 )
 
 #: The columns of the common calls' working set (SQLite: a temporary table; PostgreSQL: a CTE).
@@ -178,12 +197,12 @@ _COMMON_SELECT = (
     "g.request_id AS request_id, c.api_key_id AS api_key_id, "
     "c.model AS model, c.protocol AS protocol, "
     "CASE WHEN g.disconnect_seq IS NULL THEN 'completed' ELSE 'client_disconnected' END "
-    "AS status, g.started_at AS started_at, g.ended_at AS ended_at, "
-    "{greatest}(g.arrival, c.last_received_at) AS arrival, "
+    f"AS status, g.started_at AS started_at, g.ended_at AS ended_at, {_ARRIVAL} AS arrival, "
+    "{u}.source AS usage_source, "
     "{u}.input_tokens AS input_tokens, {u}.cache_read_input_tokens AS cache_read_input_tokens, "
     "{u}.cache_creation_input_tokens AS cache_creation_input_tokens, "
-    f"{{u}}.output_tokens AS output_tokens_billed, {_DELIVERED} AS output_tokens_delivered, "
-    f"{{u}}.output_tokens - ({_DELIVERED}) AS output_tokens_undelivered, "
+    f"{_BILLED} AS output_tokens_billed, {_DELIVERED} AS output_tokens_delivered, "
+    f"({_BILLED}) - ({_DELIVERED}) AS output_tokens_undelivered, "
     "{u}.reasoning_tokens AS reasoning_tokens, {u}.stop_reason AS stop_reason, "
     "p.id AS price_id, "
     + ", ".join(f"p.{rate} AS {rate}" for rate in _RATES)
@@ -195,7 +214,8 @@ _LEDGER_COLUMNS = (
     f"call_started_at, {', '.join(_TOKENS)}, price_id, {', '.join(_RATES)}, cost_pusd"
 )
 _LEDGER_VALUES = (
-    "f.request_id, 1, 'settlement', {reason}, {now}, f.api_key_id, f.model, f.protocol, "
+    "f.request_id, 1, 'settlement', CASE WHEN f.usage_source = 'upstream' THEN {complete} "
+    "ELSE {timed_out} END, {now}, f.api_key_id, f.model, f.protocol, "
     f"f.status, f.started_at, {', '.join('f.' + t for t in _TOKENS)}, f.price_id, "
     f"{', '.join('f.' + r for r in _RATES)}, f.cost_pusd"
 )
@@ -204,9 +224,11 @@ _LEDGER_VALUES = (
 _CALL_SET = (
     "metadata = CASE WHEN {metadata_text} IN ('null', '{{}}') THEN NULL ELSE calls.metadata END, "
     "ended_at = f.ended_at, status = f.status, settled = {true}, "
-    "settled_at = COALESCE(calls.settled_at, {now}), usage_source = 'upstream', attempts = 1, "
+    "settled_at = COALESCE(calls.settled_at, {now}), usage_source = f.usage_source, "
+    "attempts = 1, "
     + ", ".join(f"{t} = f.{t}" for t in _TOKENS)
-    + ", cost_pusd = f.cost_pusd, anomalies = {empty_list}, error_type = NULL, "
+    + ", cost_pusd = f.cost_pusd, anomalies = CASE WHEN f.usage_source = 'upstream' "
+    "THEN {no_anomaly} ELSE {usage_missing} END, error_type = NULL, "
     "stop_reason = f.stop_reason, last_received_at = f.arrival, pending = {false}"
 )
 # Rollups: the calls' contributions summed per key, model and 15-minute bucket of their start.
@@ -214,23 +236,30 @@ _ROLLUP_SUMS = "count(*), " + ", ".join(f"sum({t})" for t in _TOKENS) + ", sum(c
 
 
 def settle_common(
-    session: Session, request_ids: Sequence[str], now: datetime, deltas: Deltas
+    session: Session,
+    request_ids: Sequence[str],
+    now: datetime,
+    settle_after_s: float,
+    deltas: Deltas,
 ) -> list[str]:
     """Settle, inside the caller's transaction, those of the (locked) ``request_ids`` that have
-    the common shape (see the module docstring): their ``calls`` row and settlement ledger entry
-    are written by the database (a call of one attempt has no ``call_attempts`` row, see
-    ``CallAttempt``), and their rollup contributions (both bases) are added to ``deltas`` for
-    the step to write. Returns the calls settled (in no
-    particular order); the others are untouched, for the rule. ``now`` (aware UTC) is the step's
-    clock (``booked_at``, ``settled_at``). Raises the driver's error for a body PostgreSQL cannot
-    read as JSON (as the rule raises for it: the caller's step fails)."""
+    the common shape (see the module docstring) and settle now: their ``calls`` row and
+    settlement ledger entry are written by the database (a call of one attempt has no
+    ``call_attempts`` row, see ``CallAttempt``), and their rollup contributions (both bases) are
+    added to ``deltas`` for the step to write. Returns the calls settled (in no particular
+    order); the others are untouched, for the rule. ``now`` (aware UTC) is the step's clock
+    (``booked_at``, ``settled_at``); a call with an estimate settles once its last event arrived
+    ``settle_after_s`` seconds before ``now`` or earlier. Raises the driver's error for a body
+    PostgreSQL cannot read as JSON (as the rule raises for it: the caller's step fails)."""
     if not request_ids:
         return []
     conn = session.connection()
+    cutoff = now - timedelta(seconds=settle_after_s)
+    reasons = (SETTLED_COMPLETE, settled_timed_out(settle_after_s))
     if conn.dialect.name == "postgresql":
-        settled, groups = _settle_postgres(conn, request_ids, now)
+        settled, groups = _settle_postgres(conn, request_ids, now, cutoff, reasons)
     else:
-        settled, groups = _settle_sqlite(conn, request_ids, now)
+        settled, groups = _settle_sqlite(conn, request_ids, now, cutoff, reasons)
     for api_key_id, model, quarter, calls, *sums in groups:
         if isinstance(quarter, str):  # SQLite: naive UTC text
             quarter = datetime.fromisoformat(quarter + "+00:00")
@@ -243,9 +272,15 @@ def settle_common(
     return settled
 
 
+def settled_timed_out(settle_after_s: float) -> str:
+    """The reason of a settlement entry for a call settled on the clock (CONTRACT
+    "Reconciliation": no event for ``settle_after`` seconds)."""
+    return f"settled: no event for {settle_after_s:g} s"
+
+
 _SQLITE_TABLE = (
     "CREATE TEMP TABLE IF NOT EXISTS reconcile_common (request_id TEXT PRIMARY KEY, "
-    "api_key_id, model, protocol, status, started_at, ended_at, arrival, "
+    "api_key_id, model, protocol, status, started_at, ended_at, arrival, usage_source, "
     f"{', '.join(_TOKENS)}, stop_reason, price_id, {', '.join(_RATES)}, cost_pusd)"
 )
 _SQLITE_QUARTER = (
@@ -253,16 +288,21 @@ _SQLITE_QUARTER = (
     "WHEN substr(started_at, 15, 2) < '30' THEN '15' WHEN substr(started_at, 15, 2) < '45' "
     "THEN '30' ELSE '45' END || ':00.000000'"
 )
+_USAGE_MISSING = json.dumps([USAGE_MISSING])
 
 
 def _settle_sqlite(
-    conn: Any, request_ids: Sequence[str], now: datetime
+    conn: Any,
+    request_ids: Sequence[str],
+    now: datetime,
+    cutoff: datetime,
+    reasons: tuple[str, str],
 ) -> tuple[list[str], list[Any]]:
     now_text = sqlite_text(now)
     conn.exec_driver_sql(_SQLITE_TABLE)
     conn.exec_driver_sql("DELETE FROM temp.reconcile_common")
     select = _COMMON_SELECT.format(greatest="max", u="g")
-    conditions = _CONDITIONS.format(false=0, u="g")
+    conditions = _CONDITIONS.format(false=0, u="g", greatest="max", cutoff="?")
     for start in range(0, len(request_ids), 2000):
         chunk = tuple(request_ids[start : start + 2000])
         shape = _shape(f"IN ({', '.join('?' * len(chunk))})")
@@ -270,19 +310,24 @@ def _settle_sqlite(
             f"INSERT INTO temp.reconcile_common SELECT {select} "
             f"FROM ({_SQLITE_BODIES.format(shape=shape)}) AS g JOIN calls c "
             f"ON c.request_id = g.request_id JOIN prices p ON p.id = {_PRICE} WHERE {conditions}",
-            chunk,
+            (*chunk, sqlite_text(cutoff)),
         )
     settled = list(conn.exec_driver_sql("SELECT request_id FROM temp.reconcile_common").scalars())
     if not settled:
         return [], []
+    values = _LEDGER_VALUES.format(complete="?", timed_out="?", now="?")
     conn.exec_driver_sql(
         f"INSERT INTO ledger_entries ({_LEDGER_COLUMNS}) "
-        f"SELECT {_LEDGER_VALUES.format(reason='?', now='?')} FROM temp.reconcile_common f "
-        "ORDER BY f.request_id",
-        (SETTLED_COMPLETE, now_text),
+        f"SELECT {values} FROM temp.reconcile_common f ORDER BY f.request_id",
+        (*reasons, now_text),
     )
     sets = _CALL_SET.format(
-        metadata_text="calls.metadata", true=1, false=0, now="?", empty_list="'[]'"
+        metadata_text="calls.metadata",
+        true=1,
+        false=0,
+        now="?",
+        no_anomaly="'[]'",
+        usage_missing=f"'{_USAGE_MISSING}'",
     )
     # The IN (…) makes SQLite look the calls up by key; with the join alone it scans calls.
     conn.exec_driver_sql(
@@ -299,35 +344,49 @@ def _settle_sqlite(
 
 
 def _settle_postgres(
-    conn: Any, request_ids: Sequence[str], now: datetime
+    conn: Any,
+    request_ids: Sequence[str],
+    now: datetime,
+    cutoff: datetime,
+    reasons: tuple[str, str],
 ) -> tuple[list[str], list[Any]]:
     shape = _shape("= ANY(%(ids)s::varchar[])")
     select = _COMMON_SELECT.format(greatest="GREATEST", u="u")
+    conditions = _CONDITIONS.format(false="false", u="u", greatest="GREATEST", cutoff="%(cutoff)s")
     common = (
         f"SELECT {select} FROM ({shape}) AS g JOIN events ue ON ue.seq = g.usage_seq "
         f"CROSS JOIN LATERAL {_PG_BODIES} "
         "JOIN calls c ON c.request_id = g.request_id "
-        f"JOIN prices p ON p.id = {_PRICE} WHERE {_CONDITIONS.format(false='false', u='u')}"
+        f"JOIN prices p ON p.id = {_PRICE} WHERE {conditions}"
     )
     sets = _CALL_SET.format(
         metadata_text="calls.metadata::text",
         true="true",
         false="false",
         now="%(now)s",
-        empty_list="'[]'::json",
+        no_anomaly="'[]'::json",
+        usage_missing=f"'{_USAGE_MISSING}'::json",
+    )
+    values = _LEDGER_VALUES.format(
+        complete="%(complete)s", timed_out="%(timed_out)s", now="%(now)s"
     )
     quarter = "date_bin('15 minutes', started_at, timestamptz '2000-01-01 00:00:00+00')"
     # One statement: every write reads the same working set f (data-modifying CTEs); ledger
     # entries in code-point order of request_id, as the rule's path writes them.
     rows = conn.exec_driver_sql(
         f"WITH f AS MATERIALIZED ({common}), "
-        f"ledger AS (INSERT INTO ledger_entries ({_LEDGER_COLUMNS}) "
-        f"SELECT {_LEDGER_VALUES.format(reason='%(reason)s', now='%(now)s')} FROM f "
+        f"ledger AS (INSERT INTO ledger_entries ({_LEDGER_COLUMNS}) SELECT {values} FROM f "
         'ORDER BY f.request_id COLLATE "C"), '
         f"updated AS (UPDATE calls SET {sets} FROM f WHERE calls.request_id = f.request_id) "
         f"SELECT api_key_id, model, {quarter} AS quarter, {_ROLLUP_SUMS}, "
         "array_agg(request_id) FROM f GROUP BY api_key_id, model, quarter",
-        {"ids": list(request_ids), "now": now, "reason": SETTLED_COMPLETE},
+        {
+            "ids": list(request_ids),
+            "now": now,
+            "cutoff": cutoff,
+            "complete": reasons[0],
+            "timed_out": reasons[1],
+        },
     ).all()
     settled: list[str] = []
     groups = []

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from billing.calllog import rollups
 from billing.pricing.prices import PriceBook, PriceRow, prices_by_id
-from billing.reconcile.common import SETTLED_COMPLETE, settle_common
+from billing.reconcile.common import SETTLED_COMPLETE, settle_common, settled_timed_out
 from billing.reconcile.ledger import REVERSAL_PREFIX, Line, LineKey, NewEntry, plan_entries
 from billing.reconcile.rule import TOKEN_FIELDS, UNPRICED, CallFigures, Tokens, reconcile_call
 from billing.reconcile.stored import AnyEvent, StoredTokens, check_figures, decode
@@ -429,7 +429,7 @@ def reconcile_calls(
         return result
     deltas = rollups.Deltas()
     if common_in_sql:
-        common = settle_common(session, request_ids, now, deltas)
+        common = settle_common(session, request_ids, now, settle_after_s, deltas)
         if common:
             result.settled += len(common)
             result.settled_ids.extend(common)
@@ -471,9 +471,7 @@ def reconcile_calls(
         settle = call.settled or fig.complete or timed_out
         if settle:
             record = booked.get(request_id) or _NOTHING_BOOKED
-            reason = (
-                SETTLED_COMPLETE if fig.complete else f"settled: no event for {settle_after_s:g} s"
-            )
+            reason = SETTLED_COMPLETE if fig.complete else settled_timed_out(settle_after_s)
             planned = plan_entries(
                 lines, record.tokens, record.prices, request_id in booked, reason, record.closed
             )
