@@ -248,6 +248,7 @@ def _upsert(
     postgres = conn.dialect.name == "postgresql"
     time_at = names.index("bucket_start")
     params = []
+    texts: dict[datetime, str] = {}  # SQLite's text of each bucket start (a few per step)
     for row in sorted(rows):  # one lock order for every reconciler: no deadlocks
         values = rows[row]
         if not any(values):  # e.g. a call that moved between keys of one bucket
@@ -255,7 +256,11 @@ def _upsert(
         whole, frac = divmod(values[-1], PICO)
         key = list(row)
         if not postgres:
-            key[time_at] = sqlite_text(key[time_at])
+            start = key[time_at]
+            text = texts.get(start)
+            if text is None:
+                text = texts[start] = sqlite_text(start)
+            key[time_at] = text
         params.append((*key, *values[:-1], whole, frac))
     if not params:
         return

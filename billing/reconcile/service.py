@@ -71,13 +71,14 @@ def due_calls(
         select(Call.request_id).where(Call.pending == true()),
     ]
     found: list[str] = []
+    conn = session.connection()  # Core rows: no ORM loading for thousands of ids a step
     for query in queries:
         if len(found) >= limit:
             break
         query = query.order_by(*order).limit(limit - len(found))
         if lock:
             query = query.with_for_update(skip_locked=True)
-        found.extend(session.scalars(query))
+        found.extend(conn.execute(query).scalars())
     return found
 
 
