@@ -192,7 +192,8 @@ _COST = (
     f"+ ({_BILLED}) * p.output_uusd_per_mtok"
 )
 
-#: The columns of the common calls' working set (SQLite: a temporary table; PostgreSQL: a CTE).
+#: The columns of the common calls' working set (SQLite: a table in the connection's in-memory
+#: ``scratch`` database, see ``billing.storage.db``; PostgreSQL: a CTE).
 _COMMON_SELECT = (
     "g.request_id AS request_id, c.api_key_id AS api_key_id, "
     "c.model AS model, c.protocol AS protocol, "
@@ -279,7 +280,7 @@ def settled_timed_out(settle_after_s: float) -> str:
 
 
 _SQLITE_TABLE = (
-    "CREATE TEMP TABLE IF NOT EXISTS reconcile_common (request_id TEXT PRIMARY KEY, "
+    "CREATE TABLE IF NOT EXISTS scratch.reconcile_common (request_id TEXT PRIMARY KEY, "
     "api_key_id, model, protocol, status, started_at, ended_at, arrival, usage_source, "
     f"{', '.join(_TOKENS)}, stop_reason, price_id, {', '.join(_RATES)}, cost_pusd)"
 )
@@ -300,25 +301,27 @@ def _settle_sqlite(
 ) -> tuple[list[str], list[Any]]:
     now_text = sqlite_text(now)
     conn.exec_driver_sql(_SQLITE_TABLE)
-    conn.exec_driver_sql("DELETE FROM temp.reconcile_common")
+    conn.exec_driver_sql("DELETE FROM scratch.reconcile_common")
     select = _COMMON_SELECT.format(greatest="max", u="g")
     conditions = _CONDITIONS.format(false=0, u="g", greatest="max", cutoff="?")
     for start in range(0, len(request_ids), 2000):
         chunk = tuple(request_ids[start : start + 2000])
         shape = _shape(f"IN ({', '.join('?' * len(chunk))})")
         conn.exec_driver_sql(
-            f"INSERT INTO temp.reconcile_common SELECT {select} "
+            f"INSERT INTO scratch.reconcile_common SELECT {select} "
             f"FROM ({_SQLITE_BODIES.format(shape=shape)}) AS g JOIN calls c "
             f"ON c.request_id = g.request_id JOIN prices p ON p.id = {_PRICE} WHERE {conditions}",
             (*chunk, sqlite_text(cutoff)),
         )
-    settled = list(conn.exec_driver_sql("SELECT request_id FROM temp.reconcile_common").scalars())
+    settled = list(
+        conn.exec_driver_sql("SELECT request_id FROM scratch.reconcile_common").scalars()
+    )
     if not settled:
         return [], []
     values = _LEDGER_VALUES.format(complete="?", timed_out="?", now="?")
     conn.exec_driver_sql(
         f"INSERT INTO ledger_entries ({_LEDGER_COLUMNS}) "
-        f"SELECT {values} FROM temp.reconcile_common f ORDER BY f.request_id",
+        f"SELECT {values} FROM scratch.reconcile_common f ORDER BY f.request_id",
         (*reasons, now_text),
     )
     sets = _CALL_SET.format(
@@ -331,14 +334,14 @@ def _settle_sqlite(
     )
     # The IN (…) makes SQLite look the calls up by key; with the join alone it scans calls.
     conn.exec_driver_sql(
-        f"UPDATE calls SET {sets} FROM temp.reconcile_common f "
+        f"UPDATE calls SET {sets} FROM scratch.reconcile_common f "
         "WHERE calls.request_id = f.request_id "
-        "AND calls.request_id IN (SELECT request_id FROM temp.reconcile_common)",
+        "AND calls.request_id IN (SELECT request_id FROM scratch.reconcile_common)",
         (now_text,),
     )
     groups = conn.exec_driver_sql(
         f"SELECT api_key_id, model, {_SQLITE_QUARTER} AS quarter, {_ROLLUP_SUMS} "
-        "FROM temp.reconcile_common GROUP BY api_key_id, model, quarter"
+        "FROM scratch.reconcile_common GROUP BY api_key_id, model, quarter"
     ).all()
     return settled, list(groups)
 
