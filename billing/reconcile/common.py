@@ -164,6 +164,12 @@ _PRICE = (
     "ORDER BY p.effective_from DESC LIMIT 1)"
 )
 
+# The same as one row per call (PostgreSQL: a LATERAL subquery, looked up once per call).
+_PG_PRICE = (
+    "SELECT * FROM prices p WHERE p.model = c.model AND p.effective_from <= g.started_at "
+    "ORDER BY p.effective_from DESC LIMIT 1"
+)
+
 # {u}: where the usage columns are (PostgreSQL: u; SQLite: the same row as the aggregates, g).
 _DELIVERED = (
     "CASE WHEN {u}.disconnect_delivered > g.progress_delivered THEN {u}.disconnect_delivered "
@@ -360,7 +366,7 @@ def _settle_postgres(
         f"SELECT {select} FROM ({shape}) AS g JOIN events ue ON ue.seq = g.usage_seq "
         f"CROSS JOIN LATERAL {_PG_BODIES} "
         "JOIN calls c ON c.request_id = g.request_id "
-        f"JOIN prices p ON p.id = {_PRICE} WHERE {conditions}"
+        f"CROSS JOIN LATERAL ({_PG_PRICE}) AS p WHERE {conditions}"
     )
     sets = _CALL_SET.format(
         metadata_text="calls.metadata::text",
