@@ -285,6 +285,9 @@ def settled_timed_out(settle_after_s: float) -> str:
     return f"settled: no event for {settle_after_s:g} s"
 
 
+#: Calls per statement on SQLite (one parameter each; SQLite takes up to 32,766).
+_CHUNK = 4000
+
 _SQLITE_TABLE = (
     "CREATE TABLE IF NOT EXISTS scratch.reconcile_common (request_id TEXT PRIMARY KEY, "
     "api_key_id, model, protocol, status, started_at, ended_at, arrival, usage_source, "
@@ -310,8 +313,8 @@ def _settle_sqlite(
     conn.exec_driver_sql("DELETE FROM scratch.reconcile_common")
     select = _COMMON_SELECT.format(greatest="max", u="g")
     conditions = _CONDITIONS.format(false=0, u="g", greatest="max", cutoff="?")
-    for start in range(0, len(request_ids), 2000):
-        chunk = tuple(request_ids[start : start + 2000])
+    for start in range(0, len(request_ids), _CHUNK):
+        chunk = tuple(request_ids[start : start + _CHUNK])
         shape = _shape(f"IN ({', '.join('?' * len(chunk))})")
         conn.exec_driver_sql(
             f"INSERT INTO scratch.reconcile_common SELECT {select} "
