@@ -358,6 +358,7 @@ CORRUPT = {
         ("cache_read_input_tokens", "7"),
         ("output_tokens", -3),
         ("stop_reason", 5),
+        ("input_tokens", 10**15),  # its cost does not fit the 64-bit column
     ],
     "stream.client_disconnected": [
         ("output_tokens_delivered", None),

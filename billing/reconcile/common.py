@@ -49,14 +49,16 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from billing.calllog.rollups import BOOKED, CALL_START, Deltas, Placed, Totals
+from billing.ingest.schemas import MAX_TOKENS
 from billing.reconcile.rule import USAGE_MISSING
 from billing.storage.types import sqlite_text
 
 #: The reason of a settlement entry when every attempt has upstream usage (as the rule's path).
 SETTLED_COMPLETE = "settled: upstream usage for every attempt"
 
-#: Rates at or above this (micro-USD per million tokens) go to the rule: with token counts below
-#: 2**30 (``MAX_TOKENS``), four products below 2**61 each cannot overflow a signed 64-bit sum.
+#: Rates at or above this (micro-USD per million tokens) go to the rule: with token counts at most
+#: ``MAX_TOKENS`` (10**9, as ingest accepts; a larger one in a hand-edited body goes to the rule
+#: too), four products below 2.15 * 10**18 each cannot overflow a signed 64-bit sum.
 _RATE_LIMIT = 2**31
 
 _TOKENS = (
@@ -186,8 +188,13 @@ _ARRIVAL = "{greatest}(g.arrival, c.last_received_at)"
 _CONDITIONS = (
     "c.settled = {false} AND c.api_key_id IS NOT NULL AND c.model IS NOT NULL "
     "AND c.started_at = g.started_at AND {u}.ok AND "
-    + " AND ".join(f"{{u}}.{name} >= 0" for name in (*_USAGE_REQUIRED, *_USAGE_OPTIONAL))
-    + f" AND (({{u}}.source = 'upstream' AND {{u}}.output_tokens >= {_DELIVERED}) OR "
+    + " AND ".join(
+        f"{{u}}.{name} BETWEEN 0 AND {MAX_TOKENS}" for name in (*_USAGE_REQUIRED, *_USAGE_OPTIONAL)
+    )
+    + f" AND g.progress_delivered <= {MAX_TOKENS} AND g.progress_generated <= {MAX_TOKENS} "
+    f"AND coalesce({{u}}.disconnect_delivered, 0) <= {MAX_TOKENS} "
+    f"AND coalesce({{u}}.disconnect_generated, 0) <= {MAX_TOKENS} "
+    f"AND (({{u}}.source = 'upstream' AND {{u}}.output_tokens >= {_DELIVERED}) OR "
     f"({{u}}.source = 'estimate' AND {_ARRIVAL} <= {{cutoff}})) AND "
     + " AND ".join(f"p.{rate} < {_RATE_LIMIT}" for rate in _RATES)
 )
