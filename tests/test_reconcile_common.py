@@ -420,3 +420,56 @@ def test_bodies_the_rule_refuses_are_left_to_it(
     with with_sql.connect() as conn:
         pending = set(conn.execute(text("SELECT request_id FROM calls WHERE pending")).scalars())
     assert pending == refused
+
+
+def test_costs_summing_past_64_bits_in_one_bucket_settle_alike(
+    two_databases: tuple[Engine, Engine],
+) -> None:
+    """419 calls of 10**9 tokens of each kind at 3 / 15 / 0.30 / 3.75 USD per Mtok cost
+    $22,050 each: $9,238,950 in one rollup bucket, past 2**63 picodollars (SQLite's sum() of the
+    costs overflowed and stopped every pass)."""
+    with_sql, rule_only = two_databases
+    events: list[dict[str, Any]] = []
+    for i in range(419):
+        base = {"request_id": f"big-{i:03d}", "attempt": 1}
+        events.append(
+            {
+                **base,
+                "event_id": f"big-{i:03d}-s",
+                "type": "stream.started",
+                "occurred_at": "2026-10-15T08:00:00Z",
+                "api_key_id": "key-big",
+                "model": "m-a",
+                "protocol": "anthropic.messages",
+            }
+        )
+        events.append(
+            {
+                **base,
+                "event_id": f"big-{i:03d}-u",
+                "type": "stream.usage",
+                "occurred_at": "2026-10-15T08:00:01Z",
+                "input_tokens": 10**9,
+                "output_tokens": 10**9,
+                "cache_read_input_tokens": 10**9,
+                "cache_creation_input_tokens": 10**9,
+                "source": "upstream",
+            }
+        )
+    now = T0 + timedelta(hours=2)
+    for engine in (with_sql, rule_only):
+        _price(engine)
+        _ingest(engine, events, now)
+    _reconcile(with_sql, now, True, 4000)
+    _reconcile(rule_only, now, False, 4000)
+    rows = _rows(with_sql)
+    assert rows == _rows(rule_only)
+    assert len(rows["ledger_entries"]) == 419
+    with with_sql.connect() as conn:
+        whole, frac = conn.execute(
+            text(
+                "SELECT cost_whole_usd, cost_frac_pusd FROM usage_rollups WHERE basis = "
+                "'booked' AND level = (SELECT max(level) FROM usage_rollups)"
+            )
+        ).one()
+    assert (whole, frac) == (9_238_950, 0)

@@ -20,8 +20,10 @@ CONTRACT "Reconciliation" and "Cost") comes down to a few columns:
   ``settlement`` ledger entry at the price in force at the call's start (the latest
   ``effective_from`` at or before it), cost = Σ tokens × rate in exact integer picodollars;
 - started at the ``stream.started``'s ``occurred_at``, ended at the latest ``occurred_at`` of its
-  events; key, model, protocol and metadata from that ``stream.started``, which ingest wrote on
-  the ``calls`` row from the same event (checked: the row's start must be the event's).
+  events; key, model, protocol and metadata from that ``stream.started``, as ingest wrote them on
+  the ``calls`` row from the validated event (checked: the row's start must be the event's). Its
+  body is not read again: a hand edit of a stored ``stream.started`` body is not seen here (the
+  rule reads the body), as a ``stream.tokens`` body is not since migration 0005.
 
 ``settle_common`` books the calls of a step that have this shape and settle now with a few
 set-based statements (no event crosses into Python); the reconciler
@@ -29,9 +31,10 @@ set-based statements (no event crosses into Python); the reconciler
 shape goes to the rule: several attempts, a failure, two usages, two ``stream.started`` or two
 disconnects, an unpriced model, a rate of 2,147 USD per million tokens or more (the products
 could overflow 64 bits), a call settled before, a progress record stored before migration 0005,
-an estimate's call that is not due yet (it is reconciled open), and any body that is not what
-ingest writes (not JSON, a value of another type, a negative count, a JSON ``null`` in the
-usage) — where the rule decides (and refuses what it refuses). ``tests/test_reconcile_common.py``
+an estimate's call that is not due yet (it is reconciled open), a usage or disconnect body that
+is not what ingest writes (not JSON, a value of another type, a count out of range, a JSON
+``null`` in the usage) — where the rule decides (and refuses what it refuses) — and every call
+with SQLite older than 3.33 (no ``UPDATE … FROM``). ``tests/test_reconcile_common.py``
 settles the same random calls both ways and requires the same rows.
 
 Why: the rule's path costs ≈ 80-150 µs of CPU per call here (reading bodies, the rule, building
@@ -42,13 +45,14 @@ reconcile target (≥ 20,000 calls/s on 2 cores, issue #8) needs.
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy.orm import Session
 
-from billing.calllog.rollups import BOOKED, CALL_START, Deltas, Placed, Totals
+from billing.calllog.rollups import BOOKED, CALL_START, PICO, Deltas, Placed, Totals
 from billing.ingest.schemas import MAX_TOKENS
 from billing.reconcile.rule import USAGE_MISSING
 from billing.storage.types import sqlite_text
@@ -109,22 +113,28 @@ def _shape(in_list: str) -> str:
 # rule would not take as ingest writes it. A JSON null anywhere in the usage body sends the call
 # to the rule (ingest's bodies are compact JSON, so a null is written ``:null``).
 _SQLITE_BODIES = (
-    "SELECT s.*, u.body ->> '$.source' AS source, "
-    + ", ".join(f"u.body ->> '$.{name}' AS {name}" for name in _USAGE_REQUIRED)
+    "SELECT s.*, json_extract(u.body, '$.source') AS source, "
+    + ", ".join(f"json_extract(u.body, '$.{name}') AS {name}" for name in _USAGE_REQUIRED)
     + ", "
-    + ", ".join(f"coalesce(u.body ->> '$.{name}', 0) AS {name}" for name in _USAGE_OPTIONAL)
-    + ", u.body ->> '$.stop_reason' AS stop_reason, "
-    "d.body ->> '$.output_tokens_delivered' AS disconnect_delivered, "
-    "coalesce(d.body ->> '$.output_tokens_generated', 0) AS disconnect_generated, "
+    + ", ".join(
+        f"coalesce(json_extract(u.body, '$.{name}'), 0) AS {name}" for name in _USAGE_OPTIONAL
+    )
+    + ", json_extract(u.body, '$.stop_reason') AS stop_reason, "
+    "json_extract(d.body, '$.output_tokens_delivered') AS disconnect_delivered, "
+    "coalesce(json_extract(d.body, '$.output_tokens_generated'), 0) AS disconnect_generated, "
     "(u.body NOT LIKE '%:null%' AND "
-    + " AND ".join(f"typeof(u.body ->> '$.{name}') = 'integer'" for name in _USAGE_REQUIRED)
+    + " AND ".join(
+        f"typeof(json_extract(u.body, '$.{name}')) = 'integer'" for name in _USAGE_REQUIRED
+    )
     + " AND "
     + " AND ".join(
-        f"typeof(coalesce(u.body ->> '$.{name}', 0)) = 'integer'" for name in _USAGE_OPTIONAL
+        f"typeof(coalesce(json_extract(u.body, '$.{name}'), 0)) = 'integer'"
+        for name in _USAGE_OPTIONAL
     )
-    + " AND typeof(coalesce(u.body ->> '$.stop_reason', '')) = 'text' AND (s.disconnect_seq "
-    "IS NULL OR (d.seq IS NOT NULL AND typeof(d.body ->> '$.output_tokens_delivered') = "
-    "'integer' AND typeof(coalesce(d.body ->> '$.output_tokens_generated', 0)) = 'integer'))"
+    + " AND typeof(coalesce(json_extract(u.body, '$.stop_reason'), '')) = 'text' "
+    "AND (s.disconnect_seq IS NULL OR (d.seq IS NOT NULL "
+    "AND typeof(json_extract(d.body, '$.output_tokens_delivered')) = 'integer' "
+    "AND typeof(coalesce(json_extract(d.body, '$.output_tokens_generated'), 0)) = 'integer'))"
     ") AS ok FROM ({shape}) AS s JOIN events u ON u.seq = s.usage_seq AND json_valid(u.body) "
     "LEFT JOIN events d ON d.seq = s.disconnect_seq AND json_valid(d.body)"
 )
@@ -245,8 +255,14 @@ _CALL_SET = (
     "THEN {no_anomaly} ELSE {usage_missing} END, error_type = NULL, "
     "stop_reason = f.stop_reason, last_received_at = f.arrival, pending = {false}"
 )
-# Rollups: the calls' contributions summed per key, model and 15-minute bucket of their start.
-_ROLLUP_SUMS = "count(*), " + ", ".join(f"sum({t})" for t in _TOKENS) + ", sum(cost_pusd)"
+# Rollups: the calls' contributions summed per key, model and 15-minute bucket of their start. The
+# cost is summed as whole dollars and picodollars (each call's cost < 2**63 picodollars; their
+# sum may not be: SQLite's sum() raises on an overflow).
+_ROLLUP_SUMS = (
+    "count(*), "
+    + ", ".join(f"sum({t})" for t in _TOKENS)
+    + f", sum(cost_pusd / {PICO}), sum(cost_pusd - cost_pusd / {PICO} * {PICO})"
+)
 
 
 def settle_common(
@@ -279,8 +295,8 @@ def settle_common(
             quarter = datetime.fromisoformat(quarter + "+00:00")
         elif quarter.tzinfo is not UTC:
             quarter = quarter.astimezone(UTC)
-        *tokens, cost = (int(value) for value in sums)
-        totals = Totals([calls, calls, *tokens, 0], cost)
+        *tokens, whole_usd, pico = (int(value) for value in sums)
+        totals = Totals([calls, calls, *tokens, 0], whole_usd * PICO + pico)
         deltas.add(CALL_START, Placed(quarter, api_key_id, model, totals))
         deltas.add(BOOKED, Placed(now, api_key_id, model, totals))
     return settled
@@ -308,6 +324,10 @@ _SQLITE_QUARTER = (
 _USAGE_MISSING = json.dumps([USAGE_MISSING])
 
 
+#: ``UPDATE … FROM`` needs SQLite 3.33 (2020); with an older library every call goes to the rule.
+SQLITE_SUPPORTED = sqlite3.sqlite_version_info >= (3, 33, 0)
+
+
 def _settle_sqlite(
     conn: Any,
     request_ids: Sequence[str],
@@ -315,6 +335,8 @@ def _settle_sqlite(
     cutoff: datetime,
     reasons: tuple[str, str],
 ) -> tuple[list[str], list[Any]]:
+    if not SQLITE_SUPPORTED:
+        return [], []
     now_text = sqlite_text(now)
     conn.exec_driver_sql(_SQLITE_TABLE)
     conn.exec_driver_sql("DELETE FROM scratch.reconcile_common")
@@ -391,7 +413,7 @@ def _settle_postgres(
     )
     quarter = "date_bin('15 minutes', started_at, timestamptz '2000-01-01 00:00:00+00')"
     # One statement: every write reads the same working set f (data-modifying CTEs); ledger
-    # entries in code-point order of request_id, as the rule's path writes them.
+    # entries in code-point order of request_id (a step's entries: these first, then the rule's).
     rows = conn.exec_driver_sql(
         f"WITH f AS MATERIALIZED ({common}), "
         f"ledger AS (INSERT INTO ledger_entries ({_LEDGER_COLUMNS}) SELECT {values} FROM f "
