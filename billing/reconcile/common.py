@@ -54,7 +54,7 @@ from sqlalchemy.orm import Session
 
 from billing.calllog.rollups import BOOKED, CALL_START, PICO, Deltas, Placed, Totals
 from billing.ingest.schemas import MAX_TOKENS
-from billing.reconcile.rule import USAGE_MISSING
+from billing.reconcile.rule import TOKEN_FIELDS, USAGE_MISSING
 from billing.storage.types import sqlite_text
 
 #: The reason of a settlement entry when every attempt has upstream usage (as the rule's path).
@@ -65,15 +65,7 @@ SETTLED_COMPLETE = "settled: upstream usage for every attempt"
 #: too), four products below 2.15 * 10**18 each cannot overflow a signed 64-bit sum.
 _RATE_LIMIT = 2**31
 
-_TOKENS = (
-    "input_tokens",
-    "cache_read_input_tokens",
-    "cache_creation_input_tokens",
-    "output_tokens_billed",
-    "output_tokens_delivered",
-    "output_tokens_undelivered",
-    "reasoning_tokens",
-)
+_TOKENS = TOKEN_FIELDS
 _RATES = (
     "input_uusd_per_mtok",
     "output_uusd_per_mtok",
