@@ -252,6 +252,21 @@ def two_databases(db_url: str, tmp_path: Path) -> Iterator[tuple[Engine, Engine]
             engine.dispose()
 
 
+@pytest.fixture
+def taken(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The calls the SQL path settles, as the real ``settle_common`` returns them."""
+    settled_by_sql: list[str] = []
+    real = service.settle_common
+
+    def spy(*args: Any) -> list[str]:
+        settled = real(*args)
+        settled_by_sql.extend(settled)
+        return settled
+
+    monkeypatch.setattr(service, "settle_common", spy)
+    return settled_by_sql
+
+
 def _ingest(engine: Engine, events: list[dict[str, Any]], now: datetime) -> None:
     sessions = make_sessionmaker(engine)
     for start in range(0, len(events), 500):
@@ -309,19 +324,10 @@ def _rows(engine: Engine) -> dict[str, list[tuple[Any, ...]]]:
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_the_database_settles_common_calls_as_the_rule_does(
-    two_databases: tuple[Engine, Engine], monkeypatch: pytest.MonkeyPatch, seed: int
+    two_databases: tuple[Engine, Engine], taken: list[str], seed: int
 ) -> None:
     with_sql, rule_only = two_databases
     first, later, common = _world(seed, 300)
-    taken: list[str] = []
-    real = service.settle_common
-
-    def spy(*args: Any) -> list[str]:
-        settled = real(*args)
-        taken.extend(settled)
-        return settled
-
-    monkeypatch.setattr(service, "settle_common", spy)
     now = T0 + timedelta(hours=2)
     for engine in (with_sql, rule_only):
         _price(engine)
@@ -473,3 +479,31 @@ def test_costs_summing_past_64_bits_in_one_bucket_settle_alike(
             )
         ).one()
     assert (whole, frac) == (9_238_950, 0)
+
+
+def test_an_old_sqlite_leaves_every_call_to_the_rule(
+    two_databases: tuple[Engine, Engine],
+    taken: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    is_postgres: bool,
+) -> None:
+    """Below SQLite 3.33 (no ``UPDATE … FROM``) the SQL path takes nothing and the rule settles
+    every call as it would anyway."""
+    if is_postgres:
+        pytest.skip("SQLite's library version only")
+    import billing.reconcile.common as common
+
+    monkeypatch.setattr(common, "SQLITE_SUPPORTED", False)
+    with_sql, rule_only = two_databases
+    first, later, _common_calls = _world(4, 60)
+    now = T0 + timedelta(hours=2)
+    for engine in (with_sql, rule_only):
+        _price(engine)
+        _ingest(engine, first + later, now)
+    _reconcile(with_sql, now + timedelta(minutes=10), True, 4000)
+    _reconcile(rule_only, now + timedelta(minutes=10), False, 4000)
+    with with_sql.connect() as conn:
+        settled = conn.execute(text("SELECT count(*) FROM calls WHERE settled")).scalar()
+    assert taken == []
+    assert settled == 60
+    assert _rows(with_sql) == _rows(rule_only)
