@@ -405,6 +405,9 @@ def _settle_postgres(
         complete="%(complete)s", timed_out="%(timed_out)s", now="%(now)s"
     )
     quarter = "date_bin('15 minutes', started_at, timestamptz '2000-01-01 00:00:00+00')"
+    # Room to group the step's events in a hash table (with the default 4 MB PostgreSQL sorts
+    # them first: ≈ 6 µs a call more); for this transaction only.
+    conn.exec_driver_sql("SET LOCAL work_mem = '32MB'")
     # One statement: every write reads the same working set f (data-modifying CTEs); ledger
     # entries in code-point order of request_id (a step's entries: these first, then the rule's).
     rows = conn.exec_driver_sql(
