@@ -51,7 +51,7 @@ from billing.storage.models import (
     UsageRollupAllKeys,
     UsageRollupKeyless,
 )
-from billing.storage.types import sqlite_text
+from billing.storage.types import cached_sqlite_text
 
 CALL_START = "call_start"
 BOOKED = "booked"
@@ -248,7 +248,6 @@ def _upsert(
     postgres = conn.dialect.name == "postgresql"
     time_at = names.index("bucket_start")
     params = []
-    texts: dict[datetime, str] = {}  # SQLite's text of each bucket start (a few per step)
     for row in sorted(rows):  # one lock order for every reconciler: no deadlocks
         values = rows[row]
         if not any(values):  # e.g. a call that moved between keys of one bucket
@@ -256,11 +255,7 @@ def _upsert(
         whole, frac = divmod(values[-1], PICO)
         key = list(row)
         if not postgres:
-            start = key[time_at]
-            text = texts.get(start)
-            if text is None:
-                text = texts[start] = sqlite_text(start)
-            key[time_at] = text
+            key[time_at] = cached_sqlite_text(key[time_at])
         params.append((*key, *values[:-1], whole, frac))
     if not params:
         return

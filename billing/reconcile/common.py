@@ -51,28 +51,26 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from sqlalchemy import literal_column
 from sqlalchemy.orm import Session
 
-from billing.calllog.rollups import BOOKED, CALL_START, PICO, Deltas, Placed, Totals
+from billing.calllog.buckets import QUARTER
+from billing.calllog.rollups import BOOKED, CALL_START, PICO, Deltas, Placed, Totals, floor_sql
 from billing.ingest.schemas import MAX_TOKENS
+from billing.reconcile.ledger import (
+    ENTRY_COLUMNS,
+    RATE_COLUMNS,
+    SETTLED_COMPLETE,
+    settled_timed_out,
+)
 from billing.reconcile.rule import TOKEN_FIELDS, USAGE_MISSING
 from billing.storage.types import sqlite_text
-
-#: The reason of a settlement entry when every attempt has upstream usage (as the rule's path).
-SETTLED_COMPLETE = "settled: upstream usage for every attempt"
 
 #: Rates at or above this (micro-USD per million tokens) go to the rule: with token counts at most
 #: ``MAX_TOKENS`` (10**9, as ingest accepts; a larger one in a hand-edited body goes to the rule
 #: too), four products below 2.15 * 10**18 each cannot overflow a signed 64-bit sum.
 _RATE_LIMIT = 2**31
 
-_TOKENS = TOKEN_FIELDS
-_RATES = (
-    "input_uusd_per_mtok",
-    "output_uusd_per_mtok",
-    "cache_read_uusd_per_mtok",
-    "cache_creation_uusd_per_mtok",
-)
 #: The usage fields read from its body: required ones, then those that default to 0.
 _USAGE_REQUIRED = ("input_tokens", "output_tokens")
 _USAGE_OPTIONAL = ("cache_read_input_tokens", "cache_creation_input_tokens", "reasoning_tokens")
@@ -163,15 +161,10 @@ _PG_BODIES = (
     "coalesce(json_typeof(dj.output_tokens_generated), 'number') = 'number'))) AS ok) AS u"
 )
 
-# The price in force at the call's start for its model: the latest effective_from at or before.
-_PRICE = (
-    "(SELECT p.id FROM prices p WHERE p.model = c.model AND p.effective_from <= g.started_at "
-    "ORDER BY p.effective_from DESC LIMIT 1)"
-)
-
-# The same as one row per call (PostgreSQL: a LATERAL subquery, looked up once per call).
-_PG_PRICE = (
-    "SELECT * FROM prices p WHERE p.model = c.model AND p.effective_from <= g.started_at "
+# The price in force at the call's start for its model: the latest effective_from at or before
+# (SQLite: its id, a scalar subquery; PostgreSQL: the row, a LATERAL subquery run once per call).
+_PRICE_IN_FORCE = (
+    "FROM prices p WHERE p.model = c.model AND p.effective_from <= g.started_at "
     "ORDER BY p.effective_from DESC LIMIT 1"
 )
 
@@ -199,7 +192,7 @@ _CONDITIONS = (
     f"AND coalesce({{u}}.disconnect_generated, 0) <= {MAX_TOKENS} "
     f"AND (({{u}}.source = 'upstream' AND {{u}}.output_tokens >= {_DELIVERED}) OR "
     f"({{u}}.source = 'estimate' AND {_ARRIVAL} <= {{cutoff}})) AND "
-    + " AND ".join(f"p.{rate} < {_RATE_LIMIT}" for rate in _RATES)
+    + " AND ".join(f"p.{rate} < {_RATE_LIMIT}" for rate in RATE_COLUMNS)
 )
 _COST = (
     "{u}.input_tokens * p.input_uusd_per_mtok "
@@ -222,19 +215,16 @@ _COMMON_SELECT = (
     f"({_BILLED}) - ({_DELIVERED}) AS output_tokens_undelivered, "
     "{u}.reasoning_tokens AS reasoning_tokens, {u}.stop_reason AS stop_reason, "
     "p.id AS price_id, "
-    + ", ".join(f"p.{rate} AS {rate}" for rate in _RATES)
+    + ", ".join(f"p.{rate} AS {rate}" for rate in RATE_COLUMNS)
     + f", {_COST} AS cost_pusd"
 )
 
-_LEDGER_COLUMNS = (
-    "request_id, seq, kind, reason, booked_at, api_key_id, model, protocol, status, "
-    f"call_started_at, {', '.join(_TOKENS)}, price_id, {', '.join(_RATES)}, cost_pusd"
-)
+_LEDGER_COLUMNS = ", ".join(ENTRY_COLUMNS)
 _LEDGER_VALUES = (
     "f.request_id, 1, 'settlement', CASE WHEN f.usage_source = 'upstream' THEN {complete} "
     "ELSE {timed_out} END, {now}, f.api_key_id, f.model, f.protocol, "
-    f"f.status, f.started_at, {', '.join('f.' + t for t in _TOKENS)}, f.price_id, "
-    f"{', '.join('f.' + r for r in _RATES)}, f.cost_pusd"
+    f"f.status, f.started_at, {', '.join('f.' + t for t in TOKEN_FIELDS)}, f.price_id, "
+    f"{', '.join('f.' + r for r in RATE_COLUMNS)}, f.cost_pusd"
 )
 # A call's metadata as the rule gives it: none for an absent or empty object (ingest wrote the
 # stream.started's as JSON text, ``null`` or ``{}`` included).
@@ -243,7 +233,7 @@ _CALL_SET = (
     "ended_at = f.ended_at, status = f.status, settled = {true}, "
     "settled_at = COALESCE(calls.settled_at, {now}), usage_source = f.usage_source, "
     "attempts = 1, "
-    + ", ".join(f"{t} = f.{t}" for t in _TOKENS)
+    + ", ".join(f"{t} = f.{t}" for t in TOKEN_FIELDS)
     + ", cost_pusd = f.cost_pusd, anomalies = CASE WHEN f.usage_source = 'upstream' "
     "THEN {no_anomaly} ELSE {usage_missing} END, error_type = NULL, "
     "stop_reason = f.stop_reason, last_received_at = f.arrival, pending = {false}"
@@ -253,7 +243,7 @@ _CALL_SET = (
 # sum may not be: SQLite's sum() raises on an overflow).
 _ROLLUP_SUMS = (
     "count(*), "
-    + ", ".join(f"sum({t})" for t in _TOKENS)
+    + ", ".join(f"sum({t})" for t in TOKEN_FIELDS)
     + f", sum(cost_pusd / {PICO}), sum(cost_pusd - cost_pusd / {PICO} * {PICO})"
 )
 
@@ -295,25 +285,22 @@ def settle_common(
     return settled
 
 
-def settled_timed_out(settle_after_s: float) -> str:
-    """The reason of a settlement entry for a call settled on the clock (CONTRACT
-    "Reconciliation": no event for ``settle_after`` seconds)."""
-    return f"settled: no event for {settle_after_s:g} s"
-
-
 #: Calls per statement on SQLite (one parameter each; SQLite takes up to 32,766).
 _CHUNK = 4000
 
 _SQLITE_TABLE = (
     "CREATE TABLE IF NOT EXISTS scratch.reconcile_common (request_id TEXT PRIMARY KEY, "
     "api_key_id, model, protocol, status, started_at, ended_at, arrival, usage_source, "
-    f"{', '.join(_TOKENS)}, stop_reason, price_id, {', '.join(_RATES)}, cost_pusd)"
+    f"{', '.join(TOKEN_FIELDS)}, stop_reason, price_id, {', '.join(RATE_COLUMNS)}, cost_pusd)"
 )
-_SQLITE_QUARTER = (
-    "substr(started_at, 1, 14) || CASE WHEN substr(started_at, 15, 2) < '15' THEN '00' "
-    "WHEN substr(started_at, 15, 2) < '30' THEN '15' WHEN substr(started_at, 15, 2) < '45' "
-    "THEN '30' ELSE '45' END || ':00.000000'"
-)
+
+
+def _quarter(conn: Any) -> str:
+    """SQL for the 15-minute bucket of ``started_at`` (``rollups.floor_sql``, as text)."""
+    expression = floor_sql(QUARTER, literal_column("started_at"), conn.dialect.name)
+    return str(expression.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
+
+
 _USAGE_MISSING = json.dumps([USAGE_MISSING])
 
 
@@ -341,7 +328,8 @@ def _settle_sqlite(
         conn.exec_driver_sql(
             f"INSERT INTO scratch.reconcile_common SELECT {select} "
             f"FROM ({_SQLITE_BODIES.format(shape=shape)}) AS g JOIN calls c "
-            f"ON c.request_id = g.request_id JOIN prices p ON p.id = {_PRICE} WHERE {conditions}",
+            "ON c.request_id = g.request_id "
+            f"JOIN prices p ON p.id = (SELECT p.id {_PRICE_IN_FORCE}) WHERE {conditions}",
             (*chunk, sqlite_text(cutoff)),
         )
     settled = list(
@@ -371,7 +359,7 @@ def _settle_sqlite(
         (now_text,),
     )
     groups = conn.exec_driver_sql(
-        f"SELECT api_key_id, model, {_SQLITE_QUARTER} AS quarter, {_ROLLUP_SUMS} "
+        f"SELECT api_key_id, model, {_quarter(conn)} AS quarter, {_ROLLUP_SUMS} "
         "FROM scratch.reconcile_common GROUP BY api_key_id, model, quarter"
     ).all()
     return settled, list(groups)
@@ -391,7 +379,7 @@ def _settle_postgres(
         f"SELECT {select} FROM ({shape}) AS g JOIN events ue ON ue.seq = g.usage_seq "
         f"CROSS JOIN LATERAL {_PG_BODIES} "
         "JOIN calls c ON c.request_id = g.request_id "
-        f"CROSS JOIN LATERAL ({_PG_PRICE}) AS p WHERE {conditions}"
+        f"CROSS JOIN LATERAL (SELECT * {_PRICE_IN_FORCE}) AS p WHERE {conditions}"
     )
     sets = _CALL_SET.format(
         metadata_text="calls.metadata::text",
@@ -404,7 +392,7 @@ def _settle_postgres(
     values = _LEDGER_VALUES.format(
         complete="%(complete)s", timed_out="%(timed_out)s", now="%(now)s"
     )
-    quarter = "date_bin('15 minutes', started_at, timestamptz '2000-01-01 00:00:00+00')"
+    quarter = _quarter(conn)
     # Room to group the step's events in a hash table (with the default 4 MB PostgreSQL sorts
     # them first: ≈ 6 µs a call more); for this transaction only.
     conn.exec_driver_sql("SET LOCAL work_mem = '32MB'")

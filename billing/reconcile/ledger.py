@@ -77,6 +77,41 @@ def _late(delta: Tokens) -> str:
     return reason if len(reason) <= MAX_REASON else reason[: MAX_REASON - 1] + "…"
 
 
+#: The reason of a settlement when every attempt has upstream usage (CONTRACT "Reconciliation").
+SETTLED_COMPLETE = "settled: upstream usage for every attempt"
+
+
+def settled_timed_out(settle_after_s: float) -> str:
+    """The reason of a settlement on the clock: no event for ``settle_after_s`` seconds (CONTRACT
+    "Reconciliation")."""
+    return f"settled: no event for {settle_after_s:g} s"
+
+
+#: A ledger line's rates (``ledger_entries``, ``prices``): micro-USD per million tokens.
+RATE_COLUMNS = (
+    "input_uusd_per_mtok",
+    "output_uusd_per_mtok",
+    "cache_read_uusd_per_mtok",
+    "cache_creation_uusd_per_mtok",
+)
+#: The columns a new ledger entry is written with (``entry_id`` is the database's), in order.
+ENTRY_COLUMNS = (
+    "request_id",
+    "seq",
+    "kind",
+    "reason",
+    "booked_at",
+    "api_key_id",
+    "model",
+    "protocol",
+    "status",
+    "call_started_at",
+    *TOKEN_FIELDS,
+    "price_id",
+    *RATE_COLUMNS,
+    "cost_pusd",
+)
+
 #: The reason of an entry that reverses a line in full; a line whose latest entry has it is closed.
 REVERSAL_REASON = "reversal: the call's api key, model or price changed"
 #: What every reversal's reason starts with (``LIKE 'reversal:%'`` finds them in the ledger).

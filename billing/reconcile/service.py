@@ -21,12 +21,21 @@ from sqlalchemy.orm import Session
 
 from billing.calllog import rollups
 from billing.pricing.prices import PriceBook, PriceRow, prices_by_id
-from billing.reconcile.common import SETTLED_COMPLETE, settle_common, settled_timed_out
-from billing.reconcile.ledger import REVERSAL_PREFIX, Line, LineKey, NewEntry, plan_entries
+from billing.reconcile.common import settle_common
+from billing.reconcile.ledger import (
+    ENTRY_COLUMNS,
+    REVERSAL_PREFIX,
+    SETTLED_COMPLETE,
+    Line,
+    LineKey,
+    NewEntry,
+    plan_entries,
+    settled_timed_out,
+)
 from billing.reconcile.rule import TOKEN_FIELDS, UNPRICED, CallFigures, Tokens, reconcile_call
 from billing.reconcile.stored import AnyEvent, StoredTokens, check_figures, decode
 from billing.storage.models import Call, CallAttempt, LedgerEntry
-from billing.storage.types import sqlite_text
+from billing.storage.types import cached_sqlite_text
 
 
 @dataclass
@@ -552,7 +561,7 @@ class _Entry:
         self.reasoning_tokens = tokens.reasoning_tokens
 
     def row(self, booked_at: Any, time: Callable[[datetime | None], Any]) -> tuple[Any, ...]:
-        """The values of ``_ENTRY_COLUMNS`` (``booked_at`` and times as the driver takes them)."""
+        """The values of ``ENTRY_COLUMNS`` (``booked_at`` and times as the driver takes them)."""
         price = self.price
         return (
             self.request_id,
@@ -575,25 +584,6 @@ class _Entry:
         )
 
 
-_ENTRY_COLUMNS = (
-    "request_id",
-    "seq",
-    "kind",
-    "reason",
-    "booked_at",
-    "api_key_id",
-    "model",
-    "protocol",
-    "status",
-    "call_started_at",
-    *TOKEN_FIELDS,
-    "price_id",
-    "input_uusd_per_mtok",
-    "output_uusd_per_mtok",
-    "cache_read_uusd_per_mtok",
-    "cache_creation_uusd_per_mtok",
-    "cost_pusd",
-)
 _ATTEMPT_COLUMNS = (
     "request_id",
     "attempt",
@@ -713,12 +703,8 @@ _DEQUEUE = "pending = false"
 
 
 def _sqlite_time(value: datetime | None) -> str | None:
-    """``sqlite_text`` that lets None through (for nullable columns); a call's start is written
-    twice a step (its row and its ledger entry), so recent instants are remembered."""
-    return None if value is None else _sqlite_text(value)
-
-
-_sqlite_text = functools.lru_cache(maxsize=4096)(sqlite_text)
+    """``sqlite_text`` that lets None through (for nullable columns)."""
+    return None if value is None else cached_sqlite_text(value)
 
 
 def _same(value: datetime | None) -> datetime | None:
@@ -784,11 +770,11 @@ class _SqliteWriter:
     def entries(self, entries: Sequence[_Entry]) -> None:
         if not entries:
             return
-        marks = ", ".join("?" * len(_ENTRY_COLUMNS))
+        marks = ", ".join("?" * len(ENTRY_COLUMNS))
         # Every entry of a step is booked at the step's clock.
         booked = {at: _sqlite_time(at) for at in {entry.booked_at for entry in entries}}
         self.conn.exec_driver_sql(
-            f"INSERT INTO ledger_entries ({', '.join(_ENTRY_COLUMNS)}) VALUES ({marks})",
+            f"INSERT INTO ledger_entries ({', '.join(ENTRY_COLUMNS)}) VALUES ({marks})",
             [entry.row(booked.get(entry.booked_at), _sqlite_time) for entry in entries],
         )
 
@@ -845,7 +831,7 @@ class _PgWriter:
     def entries(self, entries: Sequence[_Entry]) -> None:
         rows = [entry.row(entry.booked_at, _same) for entry in entries]
         rows.sort(key=operator.itemgetter(0, 1))  # by request_id, seq
-        self._copy("ledger_entries", _ENTRY_COLUMNS, rows)
+        self._copy("ledger_entries", ENTRY_COLUMNS, rows)
 
     def _copy(self, table: str, columns: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> None:
         """Insert ``rows`` with ``COPY … FROM STDIN``: psycopg formats each row in C, where an

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from datetime import UTC, datetime
 from typing import Any
 
@@ -50,3 +51,8 @@ def sqlite_text(value: datetime) -> str:
         value = value.astimezone(UTC)
     # "YYYY-MM-DD HH:MM:SS.ffffff+00:00" without its offset.
     return value.isoformat(" ", "microseconds")[:26]
+
+
+#: ``sqlite_text`` remembering recent instants, for a reconciliation step, which writes the same
+#: few instants many times (a call's start on its row and its ledger entry; rollup buckets).
+cached_sqlite_text = functools.lru_cache(maxsize=4096)(sqlite_text)
