@@ -300,6 +300,21 @@ def _reconcile(engine: Engine, now: datetime, common_in_sql: bool, limit: int) -
             return
 
 
+def _price_and_ingest(
+    engines: tuple[Engine, Engine], events: list[dict[str, Any]], now: datetime
+) -> None:
+    for engine in engines:
+        _price(engine)
+        _ingest(engine, events, now)
+
+
+def _reconcile_both(engines: tuple[Engine, Engine], now: datetime, limit: int) -> None:
+    """The first database with the SQL path, the second with the rule only."""
+    with_sql, rule_only = engines
+    _reconcile(with_sql, now, True, limit)
+    _reconcile(rule_only, now, False, limit)
+
+
 def _rows(engine: Engine) -> dict[str, list[tuple[Any, ...]]]:
     queries = {
         "calls": "SELECT * FROM calls ORDER BY request_id",
@@ -329,19 +344,14 @@ def test_the_database_settles_common_calls_as_the_rule_does(
     with_sql, rule_only = two_databases
     first, later, common = _world(seed, 300)
     now = T0 + timedelta(hours=2)
-    for engine in (with_sql, rule_only):
-        _price(engine)
-        _ingest(engine, first, now)
+    _price_and_ingest(two_databases, first, now)
     # Steps of 37 calls: calls of both paths share steps (and their rollup rows).
-    _reconcile(with_sql, now, True, 37)
-    _reconcile(rule_only, now, False, 37)
+    _reconcile_both(two_databases, now, 37)
     later_now = now + timedelta(minutes=5)
-    for engine in (with_sql, rule_only):
+    for engine in two_databases:
         _ingest(engine, later, later_now)
     # Past settle_after: every call settles, those without upstream usage on the clock.
-    settle_now = later_now + timedelta(minutes=10)
-    _reconcile(with_sql, settle_now, True, 37)
-    _reconcile(rule_only, settle_now, False, 37)
+    _reconcile_both(two_databases, later_now + timedelta(minutes=10), 37)
 
     assert sorted(taken) == sorted(common)
     assert len(common) > 150  # the SQL path did most of the work
@@ -400,17 +410,17 @@ def test_bodies_the_rule_refuses_are_left_to_it(
         (event,) = (e for e in call if e["type"] == kind)
         spoilt[event["event_id"]] = orjson.dumps({**event, field: value}).decode()
     now = T0 + timedelta(hours=2)
-    for engine in (with_sql, rule_only):
-        _price(engine)
-        _ingest(engine, events, now)
+    _price_and_ingest(two_databases, events, now)
+    for engine in two_databases:
         with engine.begin() as conn:
             for event_id, body in spoilt.items():
                 conn.execute(
                     text("UPDATE events SET body = :body WHERE event_id = :id"),
                     {"body": body, "id": event_id},
                 )
-    # One step for all: it fails on the refused calls, is redone call by call, and the pass ends.
-    settings = Settings(database_url="sqlite://", reconcile_batch_size=100)
+    # One step for all: it fails on the refused calls, is redone call by call, and the pass ends
+    # (run_pass takes its database from the sessions).
+    settings = Settings(reconcile_batch_size=100)
     results = []
     for engine, sql_path in ((with_sql, True), (rule_only, False)):
         if not sql_path:
@@ -463,11 +473,8 @@ def test_costs_summing_past_64_bits_in_one_bucket_settle_alike(
             }
         )
     now = T0 + timedelta(hours=2)
-    for engine in (with_sql, rule_only):
-        _price(engine)
-        _ingest(engine, events, now)
-    _reconcile(with_sql, now, True, 4000)
-    _reconcile(rule_only, now, False, 4000)
+    _price_and_ingest(two_databases, events, now)
+    _reconcile_both(two_databases, now, 4000)
     rows = _rows(with_sql)
     assert rows == _rows(rule_only)
     assert len(rows["ledger_entries"]) == 419
@@ -497,11 +504,8 @@ def test_an_old_sqlite_leaves_every_call_to_the_rule(
     with_sql, rule_only = two_databases
     first, later, _common_calls = _world(4, 60)
     now = T0 + timedelta(hours=2)
-    for engine in (with_sql, rule_only):
-        _price(engine)
-        _ingest(engine, first + later, now)
-    _reconcile(with_sql, now + timedelta(minutes=10), True, 4000)
-    _reconcile(rule_only, now + timedelta(minutes=10), False, 4000)
+    _price_and_ingest(two_databases, first + later, now)
+    _reconcile_both(two_databases, now + timedelta(minutes=10), 4000)
     with with_sql.connect() as conn:
         settled = conn.execute(text("SELECT count(*) FROM calls WHERE settled")).scalar()
     assert taken == []

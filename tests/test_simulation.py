@@ -835,12 +835,19 @@ def _diff_call(
     check(
         "attempt numbers", sorted(attempts), sorted(want.attempts) if len(want.attempts) > 1 else []
     )
+    per_attempt = (*TOKEN_FIELDS, "model", "usage_source", "error_type", "stop_reason")
     for n, a in attempts.items():
         exp = want.attempts.get(n)
         if exp is None:
             continue
-        for name in (*TOKEN_FIELDS, "model", "status", "usage_source", "error_type", "stop_reason"):
+        for name in (*per_attempt, "status"):
             check(f"attempt {n} {name}", getattr(a, name), exp[name])
+    if len(want.attempts) == 1:  # the call's row is its attempt's: the same figures
+        (exp,) = want.attempts.values()
+        for name in per_attempt:
+            check(f"its attempt's {name}", getattr(call, name), exp[name])
+        if settled:
+            check("its attempt's status", call.status, exp["status"])
     if settled:
         if sums is None:
             problems.append(f"{rid}: settled but no ledger entries")
