@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import select, update
+from sqlalchemy.orm import Session
 
 from billing.reconcile.runner import run_pass
 from billing.storage.models import Call, Event, LedgerEntry
@@ -59,6 +62,42 @@ def test_a_poisoned_call_does_not_block_the_others(
         assert list(entries) == ["good-1", "good-2"]
     assert settled == {"good-1": True, "good-2": True, "bad": False}
     assert pending is True
+
+
+def test_a_statement_the_database_refuses_is_not_an_outage(
+    app: FastAPI,
+    client: TestClient,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    is_postgres: bool,
+) -> None:
+    """A statement error in a step (SQLite's "malformed JSON", PostgreSQL's division by zero)
+    is the step's fault, not the database's: the pass redoes the step call by call and the other
+    calls settle (a SQLite statement error used to count as an outage: every pass stopped)."""
+    import billing.reconcile.service as service
+
+    events = _call("good-1") + _call("bad") + _call("good-2")
+    assert client.post("/v1/events", json={"events": events}).json() == {
+        "accepted": 6,
+        "duplicates": 0,
+    }
+    real = service.settle_common
+    failing = "SELECT 1 / 0" if is_postgres else "SELECT json_extract('{not json', '$.a')"
+
+    def refused_for_bad(session: Session, request_ids: Sequence[str], *args: Any) -> list[str]:
+        if "bad" in request_ids:
+            session.connection().exec_driver_sql(failing)
+        return real(session, request_ids, *args)
+
+    monkeypatch.setattr(service, "settle_common", refused_for_bad)
+    state = app.state.billing
+    with caplog.at_level(logging.ERROR, logger="billing.reconcile"):
+        result = run_pass(state.sessions, state.settings, now=datetime(2026, 10, 15, 9, tzinfo=UTC))
+    assert result.settled == 2
+    assert "call 'bad' could not be reconciled" in caplog.text
+    with state.sessions() as session:
+        settled = dict(session.execute(select(Call.request_id, Call.settled)).all())
+    assert settled == {"good-1": True, "good-2": True, "bad": False}
 
 
 @pytest.mark.parametrize("threads", [1, 3])

@@ -272,11 +272,14 @@ def is_unavailable(error: BaseException) -> bool:
     """Whether a database error means "the database is unavailable now" (answer 503, retry).
 
     True for connection failures, a cut connection, and a SQLite database that stays locked past
-    the busy timeout; false for errors that a retry would not fix.
+    the busy timeout, cannot be opened, read or written; false for errors that a retry would not
+    fix, SQLite's ``SQLITE_ERROR`` among them (a statement it refuses: an integer overflow,
+    malformed JSON, a missing table — which the pass must not take for an outage and retry for
+    ever: the reconciler then redoes the step call by call and leaves the failing ones pending).
     """
     if isinstance(error, DBAPIError) and error.connection_invalidated:
         return True
-    if isinstance(error, OperationalError):
-        return True
-    orig = getattr(error, "orig", None)
-    return isinstance(orig, sqlite3.OperationalError)
+    orig = getattr(error, "orig", error)
+    if isinstance(orig, sqlite3.OperationalError):
+        return orig.sqlite_errorcode & 0xFF != sqlite3.SQLITE_ERROR
+    return isinstance(error, OperationalError)
