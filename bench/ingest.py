@@ -692,8 +692,10 @@ _EVENT_COLUMNS = (
     "body",
     "output_tokens_delivered",
     "output_tokens_generated",
+    "call_no",
 )
 _CALL_COLUMNS = (
+    "call_no",
     "request_id",
     "first_received_at",
     "last_received_at",
@@ -774,6 +776,7 @@ class StorageCeiling:
             "change_seq = calls.change_seq + 1, pending = excluded.pending"
         )
         self.cycle = 0
+        self.numbers: dict[str, int] = {}
         self.lock = threading.Lock()
         self.cursor_pos = 0
 
@@ -792,8 +795,14 @@ class StorageCeiling:
         received = t(now)
         events = []
         calls: dict[str, tuple[Any, ...]] = {}
+        numbers = self.numbers
         for row, started in self.templates[start : start + size]:
             rid = row["request_id"] + suffix
+            # The call's number, given in the order calls are first seen (as the service does).
+            call_no = numbers.get(rid)
+            if call_no is None:
+                with self.lock:
+                    call_no = numbers.setdefault(rid, len(numbers) + 1)
             events.append(
                 (
                     row["event_id"] + suffix,
@@ -806,12 +815,14 @@ class StorageCeiling:
                     row["body"],
                     row["output_tokens_delivered"],
                     row["output_tokens_generated"],
+                    call_no,
                 )
             )
             if rid not in calls or started is not None:
                 s = started or {}
                 meta = s.get("metadata")
                 calls[rid] = (
+                    call_no,
                     rid,
                     received,
                     received,

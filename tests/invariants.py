@@ -5,6 +5,8 @@ and, when their shape is the known one, the usage rollups) and raises ``Assertio
 every broken rule (CONTRACT "Reconciliation", "Cost", "Call log and usage queries"):
 
 - no ``event_id`` is stored twice;
+- every call has a number (``call_no``, unique) and every event has a call and carries its number
+  (a call's events are found by it);
 - every token figure is >= 0, on calls, attempts and per ledger line (no line goes negative);
 - per ``call_attempts`` row: ``output_tokens_undelivered = max(0, billed - delivered)``; a call
   with more than one attempt has one row per attempt, its figures are their sum and ``attempts``
@@ -154,6 +156,24 @@ def check_invariants(engine: Engine, *, rollups: bool = True) -> Report:
                 for r in conn.execute(select(UsageRollupKeyless))
             }
         report.calls = len(calls)
+        numbers = [c.call_no for c in calls.values()]
+        if None in numbers:
+            problems.append("calls: a call without a call_no")
+        if len(set(numbers)) != len(numbers):
+            problems.append("calls: two calls with the same call_no")
+        for request_id, call_no, count in conn.execute(
+            select(Event.request_id, Event.call_no, func.count()).group_by(
+                Event.request_id, Event.call_no
+            )
+        ):
+            call = calls.get(request_id)
+            if call is None:
+                problems.append(f"{request_id}: {count} event(s) of a call that does not exist")
+            elif call_no != call.call_no:
+                problems.append(
+                    f"{request_id}: {count} event(s) with call_no {call_no}, "
+                    f"the call's is {call.call_no}"
+                )
         for rid in sorted(set(entries) - set(calls)):
             problems.append(f"{rid}: ledger entries for a call that does not exist")
         for rid in sorted(set(attempts) - set(calls)):

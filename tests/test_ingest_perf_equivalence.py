@@ -152,7 +152,7 @@ def test_rows_carry_the_values_the_old_path_computed(
 def test_multi_row_statements_cover_every_row(count: int) -> None:
     sizes: list[int] = []
     width = service._SQLITE_INSERT_EVENTS[1].count("?")
-    assert width == 10
+    assert width == 11  # the ten event columns and the call number
 
     class Conn:
         def exec_driver_sql(self, sql: str, params: tuple[Any, ...]) -> Any:

@@ -192,3 +192,64 @@ def test_0006_removes_the_attempt_rows_of_single_attempt_calls(fresh_url: str) -
     finally:
         engine.dispose()
     assert [tuple(row) for row in rows] == [("two", 1), ("two", 2)]
+
+
+def test_0007_numbers_the_calls_and_their_events(fresh_url: str) -> None:
+    """Calls stored before 0007 are numbered in the order they were first seen, each event gets
+    its call's number, the old index goes, and ingest numbers the next call after them."""
+    config = alembic_config(fresh_url)
+    command.upgrade(config, "6c2f8a4e1b37")
+    engine = create_engine(fresh_url, poolclass=NullPool)
+    sqlite = fresh_url.startswith("sqlite")
+    call = (
+        "INSERT INTO calls (request_id, first_received_at, last_received_at, change_seq, "
+        "pending, status, settled, attempts, anomalies) VALUES (:rid, :at, :at, 1, :yes, "
+        "'open', :no, 0, '[]')"
+    )
+    event = (
+        "INSERT INTO events (event_id, request_id, attempt, type, occurred_at, received_at, "
+        "content_hash, body) VALUES (:eid, :rid, 1, 'stream.tokens', :at, :at, 'h', '{}')"
+    )
+    try:
+        with engine.begin() as conn:
+            for n, rid in enumerate(("zeta", "alpha", "mid")):
+                at = f"2026-10-15 08:00:0{n}.000000" if sqlite else f"2026-10-15T08:00:0{n}Z"
+                conn.execute(text(call), {"rid": rid, "at": at, "yes": True, "no": False})
+                for i in range(2):
+                    conn.execute(text(event), {"eid": f"{rid}-{i}", "rid": rid, "at": at})
+        command.upgrade(config, "head")
+        with engine.connect() as conn:
+            calls = dict(conn.execute(text("SELECT request_id, call_no FROM calls")).all())
+            events = dict(conn.execute(text("SELECT event_id, call_no FROM events")).all())
+            indexes = {ix["name"] for ix in inspect(conn).get_indexes("events")}
+    finally:
+        engine.dispose()
+    assert calls == {"zeta": 1, "alpha": 2, "mid": 3}
+    assert events == {f"{rid}-{i}": calls[rid] for rid in calls for i in range(2)}
+    assert "ix_events_call_no_seq" in indexes
+    assert "ix_events_request_id_seq" not in indexes
+    settings = Settings(database_url=fresh_url)
+    with TestClient(create_app(settings)) as client:
+        reply = client.post(
+            "/v1/events",
+            json={
+                "events": [
+                    {
+                        "event_id": "new-1",
+                        "request_id": "new",
+                        "type": "stream.tokens",
+                        "occurred_at": "2026-10-15T09:00:00Z",
+                        "output_tokens_generated": 3,
+                        "output_tokens_delivered": 3,
+                    }
+                ]
+            },
+        )
+        assert reply.status_code == 200, reply.text
+    engine = create_engine(fresh_url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            number = conn.execute(text("SELECT call_no FROM calls WHERE request_id = 'new'"))
+            assert number.scalar_one() == 4
+    finally:
+        engine.dispose()

@@ -30,7 +30,9 @@ def get_call(session: Session, request_id: str) -> dict[str, Any]:
         # settled call keeps showing what its ledger holds until a pass books the late events.
         preview_call(session, call)
     events = session.scalars(
-        select(Event).where(Event.request_id == request_id).order_by(Event.occurred_at, Event.seq)
+        select(Event)
+        .where(Event.call_no == call.call_no)  # the index of a call's events (see Event)
+        .order_by(Event.occurred_at, Event.seq)
     )
     entries = session.scalars(
         select(LedgerEntry).where(LedgerEntry.request_id == request_id).order_by(LedgerEntry.seq)

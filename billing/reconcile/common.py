@@ -80,16 +80,17 @@ def _shape(in_list: str) -> str:
     """Per call, the aggregates of its events, for the calls of the common shape only;
     ``in_list`` is the dialect's ``IN (…)`` / ``= ANY(…)`` for the step's calls. The usage and
     the disconnect are named by their ``seq`` (their bodies are read once, by key, not carried
-    through the grouping)."""
+    through the grouping). A call's events are found by its number (``events(call_no, seq)``)."""
     return (
-        "SELECT request_id, "
+        "SELECT min(request_id) AS request_id, "
         "max(CASE WHEN type = 'stream.started' THEN occurred_at END) AS started_at, "
         "max(occurred_at) AS ended_at, max(received_at) AS arrival, "
         "coalesce(max(output_tokens_delivered), 0) AS progress_delivered, "
         "coalesce(max(output_tokens_generated), 0) AS progress_generated, "
         "max(CASE WHEN type = 'stream.usage' THEN seq END) AS usage_seq, "
         "max(CASE WHEN type = 'stream.client_disconnected' THEN seq END) AS disconnect_seq "
-        f"FROM events WHERE request_id {in_list} GROUP BY request_id "
+        f"FROM events WHERE call_no IN (SELECT call_no FROM calls WHERE request_id {in_list}) "
+        "GROUP BY call_no "
         "HAVING min(attempt) = max(attempt) "
         "AND sum(CASE WHEN type = 'stream.started' THEN 1 ELSE 0 END) = 1 "
         "AND sum(CASE WHEN type = 'stream.usage' THEN 1 ELSE 0 END) = 1 "

@@ -91,6 +91,11 @@ def due_calls(
     return found
 
 
+#: The numbers of the calls named by an ``IN (…)`` / ``= ANY(…)`` of request ids: a call's events
+#: are found by its number (index ``events(call_no, seq)``, see ``Event``).
+_CALL_NOS = "SELECT call_no FROM calls WHERE request_id "
+
+
 def _read_decoded(
     cursor: Any,
     where: str,
@@ -102,7 +107,7 @@ def _read_decoded(
     """Append to ``events`` the decoded events of the calls in ``where`` whose type is (``=``)
     or is not (``<>``) ``stream.tokens``, and keep in ``arrivals`` the latest ``received_at``."""
     cursor.execute(
-        f"SELECT request_id, body, received_at FROM events WHERE request_id {where} "
+        f"SELECT request_id, body, received_at FROM events WHERE call_no IN ({_CALL_NOS}{where}) "
         f"AND type {tokens_op} 'stream.tokens'",
         params,
     )
@@ -175,10 +180,11 @@ def load_events(
 #: validated event), the latest arrival, and how many of the attempt's rows lack the counters
 #: (stored before those columns existed: such a call is read event by event instead).
 _FOLD_TOKENS = (
-    "SELECT request_id, attempt, min(occurred_at), max(occurred_at), "
+    "SELECT min(request_id), attempt, min(occurred_at), max(occurred_at), "
     "max(output_tokens_delivered), max(output_tokens_generated), max(received_at), "
     "count(*) - count(output_tokens_delivered + output_tokens_generated) "
-    "FROM events WHERE request_id {where} AND type = 'stream.tokens' GROUP BY request_id, attempt"
+    f"FROM events WHERE call_no IN ({_CALL_NOS}{{where}}) AND type = 'stream.tokens' "
+    "GROUP BY call_no, attempt"
 )
 
 

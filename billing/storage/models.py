@@ -55,6 +55,13 @@ class Event(Base):
     ``stream.tokens`` event's counters (tokens) from its validated body, so the reconciler folds
     a call's progress records in the database (``billing.reconcile.service.load_events``); null
     for the other types, and for events stored before migration 0005 (read from the body).
+
+    ``call_no`` is the event's call's ``calls.call_no``, set by ingest (migration 0007 filled it
+    in for the events stored before): a call's events are found by it (index ``call_no, seq``),
+    not by ``request_id``. A call's number is given when the call is first seen, so the events
+    of the calls in flight land at the end of that index instead of at random places in an index
+    of random request ids (every random insert dirties a page of its own, which a commit writes
+    out: on SQLite the one index cost ≈ 15 µs of the writer's ≈ 55 µs per event).
     """
 
     __tablename__ = "events"
@@ -70,8 +77,9 @@ class Event(Base):
     body: Mapped[str] = mapped_column(Text, nullable=False)
     output_tokens_delivered: Mapped[int | None] = mapped_column(BigInteger)
     output_tokens_generated: Mapped[int | None] = mapped_column(BigInteger)
+    call_no: Mapped[int | None] = mapped_column(BigInteger)
 
-    __table_args__ = (Index(None, "request_id", "seq"),)
+    __table_args__ = (Index(None, "call_no", "seq"),)
 
 
 class Call(Base):
@@ -82,11 +90,16 @@ class Call(Base):
     reconciler recomputes the figures from the events, settles, and clears ``pending``. Token
     fields are integers (tokens); ``cost_pusd`` is the exact cost in picodollars (1e-12 USD), null
     while the model has no price.
+
+    ``call_no`` numbers calls in the order ingest first sees them (SQLite: one more than the
+    largest, under the write lock; PostgreSQL: the sequence ``calls_call_no_seq``); the call's
+    events carry it (``Event.call_no``). Never null for a row written by ingest or migrated by 0007.
     """
 
     __tablename__ = "calls"
 
     request_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    call_no: Mapped[int | None] = mapped_column(BigInteger)
     api_key_id: Mapped[str | None] = mapped_column(String(128))
     model: Mapped[str | None] = mapped_column(String(256))
     protocol: Mapped[str | None] = mapped_column(String(40))
@@ -119,6 +132,7 @@ class Call(Base):
     anomalies: Mapped[list[str]] = mapped_column(JSON, nullable=False, default=list)
 
     __table_args__ = (
+        Index(None, "call_no", unique=True),
         Index(None, "api_key_id", "started_at", "request_id"),
         Index(None, "model", "started_at", "request_id"),
         Index(None, "started_at", "request_id"),
