@@ -286,7 +286,8 @@ def _store(conn: Connection, items: Sequence[PreparedBatch]) -> tuple[list[int],
     ]
     calls = _call_fields(in_order)
     known = None if conn.dialect.name == "postgresql" else _sqlite_calls(conn, sorted(calls))
-    inserted = _insert_events(conn, rows, calls, known)  # None: every row
+    created: set[str] = set()  # PostgreSQL: the calls the events statement created
+    inserted = _insert_events(conn, rows, calls, known, created)  # None: every row
     if inserted is not None:
         skipped = [row for row in rows if row.event_id not in inserted]
         stored = _stored_hashes(conn, [row.event_id for row in skipped])
@@ -306,8 +307,11 @@ def _store(conn: Connection, items: Sequence[PreparedBatch]) -> tuple[list[int],
             ):
                 counts[i] += 1
                 new_events.append((row, i))
-    if new_events:
-        _touch_calls(conn, new_events, known)
+    # A call created with these events is pending with their figures already: only the others
+    # are touched (on PostgreSQL a group of single-event posts often touches none).
+    touched = [event for event in new_events if event[0].request_id not in created]
+    if touched:
+        _touch_calls(conn, touched, known)
     return counts, {row.event_id: row.digest for row, _ in new_events}
 
 
@@ -382,12 +386,14 @@ _PG_INSERT_EVENTS = (
     "(j->>6)::timestamptz, (j->>7)::json FROM c WHERE stored_no IS NULL ORDER BY request_id "
     "ON CONFLICT (request_id) DO NOTHING RETURNING request_id, call_no), "
     "k AS (SELECT request_id, call_no FROM n UNION ALL "
-    "SELECT request_id, stored_no FROM c WHERE stored_no IS NOT NULL) "
-    f"INSERT INTO events ({_EVENT_COLUMNS}) "
+    "SELECT request_id, stored_no FROM c WHERE stored_no IS NOT NULL), "
+    f"e AS (INSERT INTO events ({_EVENT_COLUMNS}) "
     "SELECT j->>0, j->>1, (j->>2)::integer, j->>3, (j->>4)::timestamptz, (j->>5)::timestamptz, "
     "j->>6, j->>7, (j->>8)::bigint, (j->>9)::bigint, k.call_no "
     "FROM jsonb_array_elements(%s::jsonb) AS j LEFT JOIN k ON k.request_id = j->>1 "
-    "ON CONFLICT (event_id) DO NOTHING RETURNING event_id, call_no"
+    "ON CONFLICT (event_id) DO NOTHING RETURNING event_id, request_id, call_no) "
+    "SELECT e.event_id, e.request_id, e.call_no, n.request_id IS NOT NULL "
+    "FROM e LEFT JOIN n ON n.request_id = e.request_id"
 )
 _PG_FILL_CALL_NO = (
     "UPDATE events SET call_no = calls.call_no FROM calls "
@@ -477,22 +483,28 @@ def _sqlite_calls(conn: Connection, request_ids: Sequence[str]) -> _SqliteCalls:
 
 
 def _insert_events(
-    conn: Connection, rows: Sequence[_Row], calls: _CallFields, stored: _SqliteCalls | None
+    conn: Connection,
+    rows: Sequence[_Row],
+    calls: _CallFields,
+    stored: _SqliteCalls | None,
+    created: set[str],
 ) -> set[str] | None:
     """Insert the rows with their call's number, skipping stored ``event_id``s; returns the ids
     actually inserted, or None when every row was. ``calls`` are the rows' calls as
     ``_call_fields`` gives them: on PostgreSQL (``stored`` None) the new ones are created here
-    (see ``_PG_INSERT_EVENTS``); on SQLite ``stored`` has each call's number."""
+    (see ``_PG_INSERT_EVENTS``) and added to ``created``; on SQLite ``stored`` has each call's
+    number."""
     if conn.dialect.name == "postgresql":
         values = orjson.dumps(
             [(*row.sqlite[:4], row.occurred_at, row.received, *row.sqlite[6:]) for row in rows],
             option=_TO_JSON,
         ).decode()
         returned = conn.exec_driver_sql(_PG_INSERT_EVENTS, (_pg_call_values(calls), values)).all()
-        unnumbered = [event_id for event_id, call_no in returned if call_no is None]
+        unnumbered = [event_id for event_id, _, call_no, _ in returned if call_no is None]
         if unnumbered:
             conn.exec_driver_sql(_PG_FILL_CALL_NO, (unnumbered,))
-        inserted = {event_id for event_id, _ in returned}
+        created.update(request_id for _, request_id, _, new in returned if new)
+        inserted = {event_id for event_id, _, _, _ in returned}
         return None if len(inserted) == len(rows) else inserted
     assert stored is not None
     numbers = stored.numbers
