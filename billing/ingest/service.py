@@ -370,7 +370,11 @@ _SQLITE_INSERT_EVENTS = (
 # events with their call's number (``k``: the new calls and the stored ones). The lookups are
 # scalar subqueries, one primary-key probe per call whatever the planner thinks of the size of
 # ``calls`` (as joins, a generic plan made while the table had no statistics scanned all of it for
-# every group). A call committed by
+# every group). Every transaction takes its locks in one order — the new calls by request_id,
+# then the events by event_id (the ``ORDER BY`` makes the calls insert finish before the first
+# event is inserted), then the existing calls (``_touch_calls``) — so concurrent groups cannot
+# deadlock (without the sort the join fed events in hash order, and a test saw a deadlock's 503).
+# A call committed by
 # another transaction after this statement's snapshot is waited for by the ``calls`` insert and
 # then skipped, without being visible here: its events get a null number and are given it by
 # ``_PG_FILL_CALL_NO`` (a later statement sees that call).
@@ -383,7 +387,8 @@ _PG_INSERT_EVENTS = (
     "started_at, metadata) "
     "SELECT nextval('calls_call_no_seq'), request_id, (j->>1)::timestamptz, "
     "(j->>2)::timestamptz, 1, true, 'open', false, 0, '[]'::json, j->>3, j->>4, j->>5, "
-    "(j->>6)::timestamptz, (j->>7)::json FROM c WHERE stored_no IS NULL ORDER BY request_id "
+    "(j->>6)::timestamptz, (j->>7)::json FROM c WHERE stored_no IS NULL "
+    'ORDER BY request_id COLLATE "C" '
     "ON CONFLICT (request_id) DO NOTHING RETURNING request_id, call_no), "
     "k AS (SELECT request_id, call_no FROM n UNION ALL "
     "SELECT request_id, stored_no FROM c WHERE stored_no IS NOT NULL), "
@@ -391,6 +396,7 @@ _PG_INSERT_EVENTS = (
     "SELECT j->>0, j->>1, (j->>2)::integer, j->>3, (j->>4)::timestamptz, (j->>5)::timestamptz, "
     "j->>6, j->>7, (j->>8)::bigint, (j->>9)::bigint, k.call_no "
     "FROM jsonb_array_elements(%s::jsonb) AS j LEFT JOIN k ON k.request_id = j->>1 "
+    'ORDER BY (j->>0) COLLATE "C" '
     "ON CONFLICT (event_id) DO NOTHING RETURNING event_id, request_id, call_no) "
     "SELECT e.event_id, e.request_id, e.call_no, n.request_id IS NOT NULL "
     "FROM e LEFT JOIN n ON n.request_id = e.request_id"
@@ -629,3 +635,76 @@ def _touch_calls(
     # Calls that existed before without a key (their stream.started arrived late): usually none.
     if fill:
         conn.exec_driver_sql(_SQLITE_FILL_STARTED, fill)
+
+
+#: Calls repaired per step by ``number_unnumbered``.
+_UNNUMBERED_LIMIT = 500
+
+
+def number_unnumbered(conn: Connection) -> int:
+    """Number the events (and their calls) stored without a call number, and mark those calls
+    pending; returns how many calls were repaired (usually 0: one probe of an empty index).
+
+    Only a server of a revision before migration 0007 running beside this one (a rolling
+    upgrade) stores such rows: its ``calls`` rows and events have no ``call_no``, and the
+    reconciler, which reads a call's events by number, would not see them. Run at the start of
+    every reconciliation step, in its transaction (``billing.reconcile.runner``), so a call is
+    numbered before the step reads it; events stored by such a server after that are numbered by
+    the next step, and the call is then reconciled again (an adjustment if its figures changed).
+    """
+    postgres = conn.dialect.name == "postgresql"
+    request_ids = sorted(
+        conn.exec_driver_sql(
+            "SELECT DISTINCT request_id FROM events WHERE call_no IS NULL "
+            f"LIMIT {_UNNUMBERED_LIMIT}"
+        ).scalars()
+    )
+    if not request_ids:
+        return 0
+    if postgres:
+        ids: Any = (request_ids,)
+        where = "= ANY(%s)"
+        conn.exec_driver_sql(
+            "UPDATE calls SET call_no = nextval('calls_call_no_seq') "
+            f"WHERE request_id {where} AND call_no IS NULL",
+            ids,
+        )
+        conn.exec_driver_sql(
+            "UPDATE events SET call_no = calls.call_no FROM calls "
+            f"WHERE events.call_no IS NULL AND events.request_id {where} "
+            "AND calls.request_id = events.request_id",
+            ids,
+        )
+        conn.exec_driver_sql(
+            "UPDATE calls SET pending = true, change_seq = change_seq + 1 "
+            f"WHERE request_id {where} AND NOT pending",
+            ids,
+        )
+        return len(request_ids)
+    ids = tuple(request_ids)
+    where = f"IN ({', '.join('?' * len(ids))})"
+    bare = list(
+        conn.exec_driver_sql(
+            f"SELECT request_id FROM calls WHERE request_id {where} AND call_no IS NULL "
+            "ORDER BY request_id",
+            ids,
+        ).scalars()
+    )
+    if bare:
+        top = conn.exec_driver_sql("SELECT max(call_no) FROM calls").scalar() or 0
+        conn.exec_driver_sql(
+            "UPDATE calls SET call_no = ? WHERE request_id = ?",
+            [(top + n, rid) for n, rid in enumerate(bare, 1)],
+        )
+    conn.exec_driver_sql(
+        "UPDATE events SET call_no = "
+        "(SELECT calls.call_no FROM calls WHERE calls.request_id = events.request_id) "
+        f"WHERE call_no IS NULL AND request_id {where}",
+        ids,
+    )
+    conn.exec_driver_sql(
+        f"UPDATE calls SET pending = 1, change_seq = change_seq + 1 WHERE request_id {where} "
+        "AND pending = 0",
+        ids,
+    )
+    return len(request_ids)

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from billing.ingest.service import number_unnumbered
 from billing.metrics import Metrics
 from billing.reconcile.service import (
     StepResult,
@@ -85,6 +86,7 @@ def _run_steps(
         clock = now or datetime.now(UTC)
         try:
             with write_transaction(sessions) as session:
+                number_unnumbered(session.connection())
                 step = reconcile_step(
                     session, clock, settings.settle_after_s, settings.reconcile_batch_size
                 )

@@ -79,7 +79,18 @@ class Event(Base):
     output_tokens_generated: Mapped[int | None] = mapped_column(BigInteger)
     call_no: Mapped[int | None] = mapped_column(BigInteger)
 
-    __table_args__ = (Index(None, "call_no", "seq"),)
+    __table_args__ = (
+        Index(None, "call_no", "seq"),
+        # Events stored without a call number (by a server older than migration 0007 still
+        # running beside newer ones): empty otherwise, so it costs ingest nothing; the reconciler
+        # finds such events through it and numbers them (``number_unnumbered``).
+        Index(
+            "ix_events_unnumbered",
+            "request_id",
+            postgresql_where=text("call_no IS NULL"),
+            sqlite_where=text("call_no IS NULL"),
+        ),
+    )
 
 
 class Call(Base):

@@ -15,6 +15,11 @@ and drops ``events(request_id, seq)``. The columns stay nullable (adding a NOT N
 would rewrite the tables); ingest always sets them. Downgrade restores the old index and drops the
 columns, the indexes and the sequence.
 
+A server of an earlier revision still running beside newer ones (a rolling upgrade) writes calls
+and events without numbers: the partial index ``ix_events_unnumbered`` (empty otherwise) lets the
+reconciler find such events at the start of every step and number them and their calls
+(``billing.ingest.service.number_unnumbered``), so they are billed.
+
 Revision ID: 7d3e9f1a2c48
 Revises: 6c2f8a4e1b37
 Create Date: 2026-11-30 15:10:00
@@ -58,11 +63,19 @@ def upgrade() -> None:
         )
     op.create_index("ix_calls_call_no", "calls", ["call_no"], unique=True)
     op.create_index("ix_events_call_no_seq", "events", ["call_no", "seq"])
+    op.create_index(
+        "ix_events_unnumbered",
+        "events",
+        ["request_id"],
+        postgresql_where=sa.text("call_no IS NULL"),
+        sqlite_where=sa.text("call_no IS NULL"),
+    )
     op.drop_index("ix_events_request_id_seq", table_name="events")
 
 
 def downgrade() -> None:
     op.create_index("ix_events_request_id_seq", "events", ["request_id", "seq"])
+    op.drop_index("ix_events_unnumbered", table_name="events")
     op.drop_index("ix_events_call_no_seq", table_name="events")
     op.drop_index("ix_calls_call_no", table_name="calls")
     # Both databases drop an unindexed column in place (SQLite since 3.35), without the table
