@@ -730,7 +730,7 @@ def test_a_database_failure_mid_batch_stores_nothing(
         assert post(client, [started("a")]).status_code == 200
     inserted_before_failure: list[int] = []
 
-    def broken(session: Any, new_events: Any, known: Any) -> None:
+    def broken(session: Any, calls: Any, known: Any) -> None:
         inserted_before_failure.append(session.scalar(select(func.count()).select_from(Event)))
         raise OperationalError("UPDATE calls", {}, Exception("connection reset by peer"))
 

@@ -309,9 +309,12 @@ def _store(conn: Connection, items: Sequence[PreparedBatch]) -> tuple[list[int],
                 new_events.append((row, i))
     # A call created with these events is pending with their figures already: only the others
     # are touched (on PostgreSQL a group of single-event posts often touches none).
-    touched = [event for event in new_events if event[0].request_id not in created]
-    if touched:
-        _touch_calls(conn, touched, known)
+    if inserted is None and not created:
+        _touch_calls(conn, calls, known)  # every event was new: the same calls as above
+    else:
+        touched = [event for event in new_events if event[0].request_id not in created]
+        if touched:
+            _touch_calls(conn, _call_fields(touched), known)
     return counts, {row.event_id: row.digest for row, _ in new_events}
 
 
@@ -374,20 +377,24 @@ _SQLITE_INSERT_EVENTS = (
 # then the events by event_id (the ``ORDER BY`` makes the calls insert finish before the first
 # event is inserted), then the existing calls (``_touch_calls``) — so concurrent groups cannot
 # deadlock (without the sort the join fed events in hash order, and a test saw a deadlock's 503).
-# A call committed by
-# another transaction after this statement's snapshot is waited for by the ``calls`` insert and
-# then skipped, without being visible here: its events get a null number and are given it by
-# ``_PG_FILL_CALL_NO`` (a later statement sees that call).
+# A call committed by another transaction after this statement's snapshot is waited for by the
+# ``calls`` insert and then skipped, without being visible here: its events get a null number
+# and are given it by ``_PG_FILL_CALL_NO`` (a later statement sees that call).
+_CALL_COLUMNS = (
+    "call_no, request_id, first_received_at, last_received_at, change_seq, pending, status, "
+    "settled, attempts, anomalies, api_key_id, model, protocol, started_at, metadata"
+)
+# A new ``calls`` row (``_CALL_COLUMNS``) from an element of ``_pg_call_values`` ({rid}: its id).
+_PG_NEW_CALL = (
+    "nextval('calls_call_no_seq'), {rid}, (j->>1)::timestamptz, (j->>2)::timestamptz, 1, true, "
+    "'open', false, 0, '[]'::json, j->>3, j->>4, j->>5, (j->>6)::timestamptz, (j->>7)::json"
+)
 _PG_INSERT_EVENTS = (
     "WITH c AS (SELECT j->>0 AS request_id, j, "
     "(SELECT call_no FROM calls WHERE calls.request_id = j->>0) AS stored_no "
     "FROM jsonb_array_elements(%s::jsonb) AS j), "
-    "n AS (INSERT INTO calls (call_no, request_id, first_received_at, last_received_at, "
-    "change_seq, pending, status, settled, attempts, anomalies, api_key_id, model, protocol, "
-    "started_at, metadata) "
-    "SELECT nextval('calls_call_no_seq'), request_id, (j->>1)::timestamptz, "
-    "(j->>2)::timestamptz, 1, true, 'open', false, 0, '[]'::json, j->>3, j->>4, j->>5, "
-    "(j->>6)::timestamptz, (j->>7)::json FROM c WHERE stored_no IS NULL "
+    f"n AS (INSERT INTO calls ({_CALL_COLUMNS}) "
+    f"SELECT {_PG_NEW_CALL.format(rid='request_id')} FROM c WHERE stored_no IS NULL "
     'ORDER BY request_id COLLATE "C" '
     "ON CONFLICT (request_id) DO NOTHING RETURNING request_id, call_no), "
     "k AS (SELECT request_id, call_no FROM n UNION ALL "
@@ -568,10 +575,6 @@ _ON_CONFLICT = (
     )
     + " WHERE NOT calls.pending OR (calls.api_key_id IS NULL AND excluded.api_key_id IS NOT NULL)"
 )
-_CALL_COLUMNS = (
-    "call_no, request_id, first_received_at, last_received_at, change_seq, pending, status, "
-    "settled, attempts, anomalies, api_key_id, model, protocol, started_at, metadata"
-)
 # SQLite rewrites the index entries of every column a SET names, even to the same value: the
 # upsert creates the new calls and marks pending the reconciled ones (see ``_ON_CONFLICT``), and
 # the stream.started fields of a call that already existed without a key are filled in by a
@@ -588,26 +591,22 @@ _SQLITE_FILL_STARTED = (
 )
 _PG_UPSERT_CALLS = (
     f"INSERT INTO calls ({_CALL_COLUMNS}) "
-    "SELECT nextval('calls_call_no_seq'), j->>0, (j->>1)::timestamptz, (j->>2)::timestamptz, "
-    "1, true, 'open', false, 0, '[]'::json, j->>3, j->>4, j->>5, (j->>6)::timestamptz, "
-    "(j->>7)::json FROM jsonb_array_elements(%s::jsonb) AS j" + _ON_CONFLICT
+    f"SELECT {_PG_NEW_CALL.format(rid='j->>0')} FROM jsonb_array_elements(%s::jsonb) AS j"
+    + _ON_CONFLICT
 )
 
 
-def _touch_calls(
-    conn: Connection, new_events: Sequence[tuple[_Row, int]], stored: _SqliteCalls | None
-) -> None:
+def _touch_calls(conn: Connection, calls: _CallFields, stored: _SqliteCalls | None) -> None:
     """Create, or mark pending, the calls with new events that are not pending already (one
     upsert, see ``_ON_CONFLICT``); record what the
     ``stream.started`` of the lowest attempt says, for a call whose key is not known yet.
 
-    ``new_events`` are (event row, batch number), batch by batch in arrival order; a call's
-    ``last_received_at`` is the latest of its events' arrival times. ``stored``: on SQLite the
+    ``calls``: the calls of the new events (``_call_fields``); a call's ``last_received_at`` is
+    the latest of its new events' arrival times. ``stored``: on SQLite the
     calls' numbers and which stored calls have no key (``_sqlite_calls``, read before the events
     were inserted); on PostgreSQL (None) the new calls exist already (``_PG_INSERT_EVENTS``), so
     the upsert only marks calls pending.
     """
-    calls = _call_fields(new_events)
     if stored is None:
         conn.exec_driver_sql(_PG_UPSERT_CALLS, (_pg_call_values(calls),))
         return
