@@ -101,6 +101,36 @@ def test_a_blank_id_is_a_422_naming_it(client: TestClient, field: str) -> None:
     assert error["path"] == f"events[0].{field}" and "blank" in error["message"]
 
 
+@pytest.mark.parametrize(
+    ("field", "text"),
+    [
+        ("event_id", "e\x001"),
+        ("request_id", "req\n1"),
+        ("api_key_id", "key\u200b1"),  # a zero-width space: Unicode "Other, format"
+        ("model", "gpt\u2028x"),  # a line separator
+    ],
+)
+def test_an_id_with_a_control_character_is_a_422_naming_it(
+    client: TestClient, field: str, text: str
+) -> None:
+    """Ids are printable text (``str.isprintable``): the 422 names the field and the reason,
+    and nothing is stored."""
+    reply = client.post("/v1/events", json={"events": [{**STARTED, field: text}]})
+    assert reply.status_code == 422, reply.text
+    [error] = reply.json()["errors"]
+    assert error["path"] == f"events[0].{field}"
+    assert error["message"] == "must be printable text (no control characters)"
+    assert client.get("/v1/calls").json()["data"] == []
+
+
+@pytest.mark.parametrize("text", ["a b", " leading", "trailing ", "ünï-çødé", "名前", "x"])
+def test_printable_ids_with_spaces_or_any_script_are_accepted(
+    client: TestClient, text: str
+) -> None:
+    event = {**STARTED, "event_id": f"e-{text}", "request_id": text, "model": text}
+    assert client.post("/v1/events", json={"events": [event]}).status_code == 200
+
+
 def _raw_post(port: int, head: bytes, body: bytes) -> socket.socket:
     conn = socket.create_connection(("127.0.0.1", port), timeout=10)
     conn.sendall(head + body)
