@@ -6,6 +6,7 @@ import functools
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
 from sqlalchemy import DateTime
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
@@ -49,8 +50,10 @@ def sqlite_text(value: datetime) -> str:
     format, so text order is time order)."""
     if value.tzinfo is not UTC:
         value = value.astimezone(UTC)
-    # "YYYY-MM-DD HH:MM:SS.ffffff+00:00" without its offset.
-    return value.isoformat(" ", "microseconds")[:26]
+    # orjson writes "YYYY-MM-DDTHH:MM:SS[.ffffff]Z" (the fraction only when not zero) in half the
+    # time of ``isoformat``, which ingest pays on every event.
+    text = orjson.dumps(value, option=orjson.OPT_UTC_Z).decode()
+    return f"{text[1:11]} {text[12:20]}{text[20:27] if len(text) > 22 else '.000000'}"
 
 
 #: ``sqlite_text`` remembering recent instants, for a reconciliation step, which writes the same
