@@ -11,7 +11,7 @@ from pydantic import TypeAdapter, ValidationError
 from pydantic_core import ErrorDetails
 
 from billing.errors import FieldError, TooLarge, ValidationFailed
-from billing.ingest.schemas import EVENT_TYPES, FIELDS_BY_TYPE, PRINTABLE, PROTOCOLS, Event
+from billing.ingest.schemas import EVENT_TYPES, FIELDS_BY_TYPE, PROTOCOLS, Event
 
 MAX_BATCH = 1000
 MAX_BODY_BYTES = 1024 * 1024
@@ -128,11 +128,6 @@ def plain_message(item: Mapping[str, Any]) -> str:
         return "must be a string"
     if kind == "string_too_short":
         return "must not be empty"
-    if kind == "string_pattern_mismatch" and ctx.get("pattern") == PRINTABLE:
-        text = str(item.get("input", ""))
-        if not text.isprintable():
-            return "must be printable text (no control characters)"
-        return "must not be blank (spaces only)"
     if kind == "string_too_long":
         return f"is too long: at most {ctx.get('max_length')} characters"
     if kind in ("model_attributes_type", "dict_type", "model_type"):
