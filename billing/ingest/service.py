@@ -469,10 +469,9 @@ def _sqlite_calls(conn: Connection, request_ids: Sequence[str]) -> _SqliteCalls:
     """Each call's ``call_no``: the stored one, or for a call not stored yet one more than the
     largest so far (in request_id order); and which stored calls have no key. One statement per
     500 calls, answering in one row (the stored calls as a JSON array, and the largest number):
-    the driver releases the GIL for every row it steps to, and the thread waits for the GIL
-    again after each one while the event loop validates posts, so a row per call cost far more
-    than SQLite's own work. Runs under SQLite's write lock, so no other writer can take the same
-    numbers."""
+    the driver gives up the GIL for every row it steps to, and this thread may then wait for it
+    while the event loop validates posts. Runs under SQLite's write lock, so no other writer can
+    take the same numbers."""
     numbers: dict[str, int | None] = {}
     keyless: set[str] = set()
     top = 0
