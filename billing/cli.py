@@ -129,6 +129,10 @@ def serve(
     )
 
 
+#: The GIL switch interval of a ``billing serve`` process, in seconds (Python's default: 0.005).
+SWITCH_INTERVAL_S = 0.0001
+
+
 def server_app() -> object:
     """The ASGI app of ``billing serve`` (``billing.api.server:app``), loaded in each worker.
 
@@ -151,10 +155,6 @@ def server_app() -> object:
     gc.collect()
     gc.freeze()
     return server
-
-
-#: The GIL switch interval of a ``billing serve`` process, in seconds (Python's default: 0.005).
-SWITCH_INTERVAL_S = 0.0001
 
 
 def log_config(log_level: str) -> dict[str, Any]:

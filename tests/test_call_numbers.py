@@ -87,6 +87,30 @@ def test_calls_are_numbered_in_the_order_first_seen_and_events_carry_the_number(
     check_invariants(create_engine(settings.database_url, poolclass=NullPool), rollups=False)
 
 
+@pytest.mark.parametrize(
+    "request_id",
+    ['q"uote', "back\\slash", "literal \\u0041", "😀" * 128, "名前", "e\u0301", "null", "123"],
+)
+def test_a_stored_call_with_any_id_keeps_its_number_and_gets_its_key_late(
+    sessions: sessionmaker[Session], request_id: str
+) -> None:
+    """A stored call is found again by its id, whatever characters it holds (on SQLite the
+    stored calls come back as JSON text: quotes, backslashes and any script must survive), keeps
+    its number, and gets its key from a ``stream.started`` that arrives after its first event."""
+    assert store(sessions, tokens("t1", request_id=request_id)) == IngestResult(1, 0)
+    assert store(
+        sessions, started("s1", request_id=request_id), tokens("t2", request_id=request_id)
+    ) == (IngestResult(2, 0))
+    calls, events = numbers(sessions)
+    assert list(calls) == [request_id]
+    assert events == {"t1": calls[request_id], "s1": calls[request_id], "t2": calls[request_id]}
+    with sessions() as session:
+        key = session.execute(
+            text("SELECT api_key_id FROM calls WHERE request_id = :r"), {"r": request_id}
+        ).scalar_one()
+    assert key == "key_7f3a"
+
+
 def test_the_call_log_and_the_reconciler_find_a_calls_events_by_its_number(
     client: TestClient,
 ) -> None:

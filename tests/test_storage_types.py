@@ -4,10 +4,17 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta, timezone
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from billing.storage.types import sqlite_text
+
+pytestmark = pytest.mark.nodb
+
+
+class _Clock(datetime):
+    """A ``datetime`` subclass, such as a test clock's."""
 
 
 @given(
@@ -35,3 +42,8 @@ def test_sqlite_text_examples() -> None:
     assert sqlite_text(datetime(999, 3, 4, 5, 6, 7, 890000, tzinfo=UTC)) == (
         "0999-03-04 05:06:07.890000"
     )
+
+
+def test_sqlite_text_of_a_datetime_subclass() -> None:
+    value = _Clock(2026, 11, 30, 18, 0, 0, 5, tzinfo=UTC)
+    assert sqlite_text(value) == "2026-11-30 18:00:00.000005"
