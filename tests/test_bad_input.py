@@ -128,7 +128,12 @@ def test_printable_ids_with_spaces_or_any_script_are_accepted(
     client: TestClient, text: str
 ) -> None:
     event = {**STARTED, "event_id": f"e-{text}", "request_id": text, "model": text}
-    assert client.post("/v1/events", json={"events": [event]}).status_code == 200
+    reply = client.post("/v1/events", json={"events": [event]})
+    assert reply.status_code == 200, reply.text
+    assert reply.json() == {"accepted": 1, "duplicates": 0}
+    call = client.get(f"/v1/calls/{quote(text, safe='')}").json()
+    assert (call["request_id"], call["model"]) == (text, text)
+    assert [e["event_id"] for e in call["events"]] == [f"e-{text}"]
 
 
 def _raw_post(port: int, head: bytes, body: bytes) -> socket.socket:

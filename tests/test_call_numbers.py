@@ -208,7 +208,7 @@ def test_postgres_a_call_committed_by_another_transaction_meanwhile(
 
 
 def test_rows_written_by_a_server_before_0007_are_numbered_and_billed(
-    client: TestClient, settings: Settings
+    client: TestClient, sessions: sessionmaker[Session], settings: Settings
 ) -> None:
     """During a rolling upgrade a server of an earlier revision writes calls and events without
     numbers: the call log still shows each call its own events, and the reconciler numbers them
@@ -222,15 +222,11 @@ def test_rows_written_by_a_server_before_0007_are_numbered_and_billed(
     ]
     assert client.post("/v1/events", json={"events": events}).status_code == 200
     # As the earlier server would have stored them: a's usage, and all of b, without numbers.
-    engine = create_engine(settings.database_url, poolclass=NullPool)
-    try:
-        with engine.begin() as conn:
-            conn.execute(
-                text("UPDATE events SET call_no = NULL WHERE event_id IN ('a-u', 'b-s', 'b-u')")
-            )
-            conn.execute(text("UPDATE calls SET call_no = NULL WHERE request_id = 'b'"))
-    finally:
-        engine.dispose()
+    with sessions.begin() as session:
+        session.execute(
+            text("UPDATE events SET call_no = NULL WHERE event_id IN ('a-u', 'b-s', 'b-u')")
+        )
+        session.execute(text("UPDATE calls SET call_no = NULL WHERE request_id = 'b'"))
     shown = {rid: client.get(f"/v1/calls/{rid}").json() for rid in ("a", "b", "c")}
     assert sorted(e["event_id"] for e in shown["a"]["events"]) == ["a-s", "a-u"]
     assert sorted(e["event_id"] for e in shown["b"]["events"]) == ["b-s", "b-u"]
@@ -241,7 +237,7 @@ def test_rows_written_by_a_server_before_0007_are_numbered_and_billed(
     b = client.get("/v1/calls/b").json()
     assert (a["status"], a["output_tokens_billed"]) == ("completed", 25)
     assert (b["status"], b["output_tokens_billed"]) == ("completed", 40)
-    calls, numbered = numbers_of(settings)
+    calls, numbered = numbers(sessions)
     assert None not in calls.values() and len(set(calls.values())) == 3
     assert numbered == {
         "a-s": calls["a"],
@@ -251,14 +247,3 @@ def test_rows_written_by_a_server_before_0007_are_numbered_and_billed(
         "c-s": calls["c"],
     }
     check_invariants(create_engine(settings.database_url, poolclass=NullPool), rollups=False)
-
-
-def numbers_of(settings: Settings) -> tuple[dict[str, int], dict[str, int]]:
-    engine = create_engine(settings.database_url, poolclass=NullPool)
-    try:
-        with engine.connect() as conn:
-            calls = {r: n for r, n in conn.execute(text("SELECT request_id, call_no FROM calls"))}
-            events = {e: n for e, n in conn.execute(text("SELECT event_id, call_no FROM events"))}
-    finally:
-        engine.dispose()
-    return calls, events
