@@ -194,7 +194,7 @@ def write_group(
     before the COMMIT (the database restarted since it was last used) is replaced and the group
     written again, once: the writer's engine does not pre-ping (a round trip per transaction).
     """
-    new: dict[str, str] = {}
+    new: list[tuple[_Row, int]] = []
     try:
         try:
             with write_connection(sessions) as conn:
@@ -219,7 +219,8 @@ def write_group(
             IngestResult(accepted=n, duplicates=len(item.events) - n)
             for n, item in zip(counts, items, strict=True)
         ]
-        raise CommitUnanswered(new, results) from error
+        inserted = {row.event_id: row.digest for row, _ in new}
+        raise CommitUnanswered(inserted, results) from error
     return [
         IngestResult(accepted=n, duplicates=len(item.events) - n)
         for n, item in zip(counts, items, strict=True)
@@ -245,50 +246,51 @@ def _write_one_by_one(
 _by_event_id = operator.attrgetter("event_id")
 
 
-def _store(conn: Connection, items: Sequence[PreparedBatch]) -> tuple[list[int], dict[str, str]]:
+def _store(
+    conn: Connection, items: Sequence[PreparedBatch]
+) -> tuple[list[int], list[tuple[_Row, int]]]:
     """Insert the events of ``items`` and touch their calls; returns the accepted count per item
-    and the events inserted (event_id -> content hash).
+    and the events inserted (event row, item number), in arrival order.
 
     Raises ``EventConflict`` on any conflict (for a single item: its conflicts, first occurrences
     in batch order; for several: the caller falls back to one by one).
     """
     single = len(items) == 1
-    # For several items: the item that brings each event_id first (an event_id repeated in a
-    # later item of the group is a duplicate there, or a conflict).
-    owner: dict[str, int] = {}
+    # The first occurrence of each event_id in the group, with the item that brings it, in
+    # arrival order (an event_id repeated in a later item of the group is a duplicate there, or
+    # a conflict), and how many each item brings.
+    in_order: list[tuple[_Row, int]]
     if single:
-        rows = list(items[0].rows)
+        in_order = [(row, 0) for row in items[0].rows]
+        firsts = [len(in_order)]
     else:
         digests: dict[str, str] = {}
-        rows = []
+        in_order = []
+        firsts = [0] * len(items)
         for i, item in enumerate(items):
             for row in item.rows:
                 seen = digests.get(row.event_id)
                 if seen is None:
                     digests[row.event_id] = row.digest
-                    owner[row.event_id] = i
-                    rows.append(row)
+                    in_order.append((row, i))
+                    firsts[i] += 1
                 elif seen != row.digest:
                     raise EventConflict([Conflict(row.index, row.event_id)])
-    if not rows:
-        return [0] * len(items), {}
+    if not in_order:
+        return [0] * len(items), []
     # A fixed order makes concurrent transactions take index locks in the same order (no deadlocks).
-    rows.sort(key=_by_event_id)
+    rows = sorted((row for row, _ in in_order), key=_by_event_id)
     # Every event row carries its call's number, so a call unknown so far is numbered (SQLite) or
     # created (PostgreSQL) before its events are inserted. Such a call has no stored event (every
     # stored event's call exists), so every event of it here is new: its row is what the upsert
     # in ``_touch_calls`` would create; a conflict rolls the call back with the events.
-    in_order = [
-        (row, i)
-        for i, item in enumerate(items)
-        for row in item.rows
-        if single or owner[row.event_id] == i
-    ]
     calls = _call_fields(in_order)
     known = None if conn.dialect.name == "postgresql" else _sqlite_calls(conn, sorted(calls))
     created: set[str] = set()  # PostgreSQL: the calls the events statement created
     inserted = _insert_events(conn, rows, calls, known, created)  # None: every row
-    if inserted is not None:
+    if inserted is None:
+        counts, new_events = firsts, in_order
+    else:
         skipped = [row for row in rows if row.event_id not in inserted]
         stored = _stored_hashes(conn, [row.event_id for row in skipped])
         bad = [row for row in skipped if stored.get(row.event_id) != row.digest]
@@ -298,15 +300,10 @@ def _store(conn: Connection, items: Sequence[PreparedBatch]) -> tuple[list[int],
             raise EventConflict(
                 sorted((Conflict(row.index, row.event_id) for row in bad), key=lambda c: c.index)
             )
-    counts = [0] * len(items)
-    new_events: list[tuple[_Row, int]] = []
-    for i, item in enumerate(items):
-        for row in item.rows:
-            if (inserted is None or row.event_id in inserted) and (
-                single or owner[row.event_id] == i
-            ):
-                counts[i] += 1
-                new_events.append((row, i))
+        new_events = [event for event in in_order if event[0].event_id in inserted]
+        counts = [0] * len(items)
+        for _, i in new_events:
+            counts[i] += 1
     # A call created with these events is pending with their figures already: only the others
     # are touched (on PostgreSQL a group of single-event posts often touches none).
     if inserted is None and not created:
@@ -315,7 +312,7 @@ def _store(conn: Connection, items: Sequence[PreparedBatch]) -> tuple[list[int],
         touched = [event for event in new_events if event[0].request_id not in created]
         if touched:
             _touch_calls(conn, _call_fields(touched), known)
-    return counts, {row.event_id: row.digest for row, _ in new_events}
+    return counts, new_events
 
 
 # --- statements per dialect ------------------------------------------------------------------
