@@ -308,6 +308,12 @@ def _store(
     # are touched (on PostgreSQL a group of single-event posts often touches none).
     if inserted is None and not created:
         _touch_calls(conn, calls, known)  # every event was new: the same calls as above
+    elif inserted is None:
+        # Every event was new: a call not created here has every one of its events in
+        # ``in_order``, so its fields are the ones computed above.
+        rest = {rid: fields for rid, fields in calls.items() if rid not in created}
+        if rest:
+            _touch_calls(conn, rest, known)
     else:
         touched = [event for event in new_events if event[0].request_id not in created]
         if touched:
