@@ -100,7 +100,7 @@ def test_a_stored_call_with_any_id_keeps_its_number_and_gets_its_key_late(
     assert store(sessions, tokens("t1", request_id=request_id)) == IngestResult(1, 0)
     assert store(
         sessions, started("s1", request_id=request_id), tokens("t2", request_id=request_id)
-    ) == (IngestResult(2, 0))
+    ) == IngestResult(2, 0)
     calls, events = numbers(sessions)
     assert list(calls) == [request_id]
     assert events == {"t1": calls[request_id], "s1": calls[request_id], "t2": calls[request_id]}

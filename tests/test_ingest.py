@@ -841,3 +841,22 @@ def test_a_new_event_marks_a_reconciled_call_pending_and_a_duplicate_does_not(
     later = row_dict(stored_calls(app)["req-1"])
     assert (later["pending"], later["change_seq"]) == (True, 2)
     assert later["last_received_at"] > arrived
+
+
+def test_a_post_creating_a_call_also_marks_a_reconciled_call_pending(
+    client: TestClient, app: FastAPI
+) -> None:
+    """One post whose events are all new, for a new call and for a call reconciled since its
+    last event: the new call is created pending, the reconciled one is pending again (on
+    PostgreSQL the events statement creates the first, the upsert marks only the second)."""
+    post(client, [started("s")])
+    state = app.state.billing
+    run_pass(state.sessions, state.settings, now=datetime.now(UTC))
+    assert row_dict(stored_calls(app)["req-1"])["pending"] is False
+
+    reply = post(client, [started("s2", request_id="req-2"), tokens("t")])
+    assert reply.json() == {"accepted": 2, "duplicates": 0}
+    calls = {rid: row_dict(call) for rid, call in stored_calls(app).items()}
+    assert (calls["req-1"]["pending"], calls["req-1"]["change_seq"]) == (True, 2)
+    assert (calls["req-2"]["pending"], calls["req-2"]["change_seq"]) == (True, 1)
+    assert calls["req-2"]["api_key_id"] == calls["req-1"]["api_key_id"]

@@ -306,18 +306,14 @@ def _store(
             counts[i] += 1
     # A call created with these events is pending with their figures already: only the others
     # are touched (on PostgreSQL a group of single-event posts often touches none).
-    if inserted is None and not created:
-        _touch_calls(conn, calls, known)  # every event was new: the same calls as above
-    elif inserted is None:
-        # Every event was new: a call not created here has every one of its events in
-        # ``in_order``, so its fields are the ones computed above.
-        rest = {rid: fields for rid, fields in calls.items() if rid not in created}
-        if rest:
-            _touch_calls(conn, rest, known)
+    if inserted is None:
+        # Every event was new: each call has all of its events here, so its fields are the ones
+        # computed above.
+        touched = {rid: f for rid, f in calls.items() if rid not in created} if created else calls
     else:
-        touched = [event for event in new_events if event[0].request_id not in created]
-        if touched:
-            _touch_calls(conn, _call_fields(touched), known)
+        touched = _call_fields([e for e in new_events if e[0].request_id not in created])
+    if touched:
+        _touch_calls(conn, touched, known)
     return counts, new_events
 
 
@@ -635,12 +631,15 @@ def _touch_calls(conn: Connection, calls: _CallFields, stored: _SqliteCalls | No
     pending = stored.pending
     for rid in sorted(calls):
         first, last, started, _ = calls[rid]
+        fields: tuple[Any, ...] = (None, None, None, None, None)
+        if started is not None:
+            key, model, protocol, metadata = started.started
+            fields = (key, model, protocol, started.occurred_text, metadata)
+            if rid in stored.keyless:
+                fill.append((*fields, rid))
         if rid in pending:
             # The upsert would leave it alone (``WHERE calls.pending = 0``): read in this
             # transaction, under SQLite's write lock, so nothing changed it since.
-            if started is not None and rid in stored.keyless:
-                key, model, protocol, metadata = started.started
-                fill.append((key, model, protocol, started.occurred_text, metadata, rid))
             continue
         first_text = texts.get(first)
         if first_text is None:
@@ -648,14 +647,7 @@ def _touch_calls(conn: Connection, calls: _CallFields, stored: _SqliteCalls | No
         last_text = texts.get(last)
         if last_text is None:
             last_text = texts[last] = sqlite_text(last)
-        if started is None:
-            params.append((numbers[rid], rid, first_text, last_text, None, None, None, None, None))
-        else:
-            key, model, protocol, metadata = started.started
-            fields = (key, model, protocol, started.occurred_text, metadata)
-            params.append((numbers[rid], rid, first_text, last_text, *fields))
-            if rid in stored.keyless:
-                fill.append((*fields, rid))
+        params.append((numbers[rid], rid, first_text, last_text, *fields))
     if params:
         _sqlite_many(conn, *_SQLITE_UPSERT_CALLS, params)
     # Calls that existed before without a key (their stream.started arrived late): usually none.
