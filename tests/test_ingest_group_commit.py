@@ -4,7 +4,10 @@ outcome they would have had alone, in arrival order."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,9 +19,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from billing.errors import EventConflict
 from billing.ingest.service import IngestResult, PreparedBatch, prepare_batch, write_group
 from billing.ingest.validation import parse_batch
-from billing.ingest.writer import GroupWriter, new_writer
+from billing.ingest.writer import SPLIT_EVENTS, GroupWriter, new_writer
 from billing.settings import Settings
-from billing.storage.db import make_engine, make_sessionmaker
+from billing.storage.db import make_engine, make_sessionmaker, write_connection
 from billing.storage.models import Call, Event
 from tests.test_ingest import T0, started, tokens, usage
 
@@ -147,6 +150,82 @@ def test_store_answers_on_the_event_loop_after_the_commit(sessions: sessionmaker
     assert isinstance(results[100], EventConflict)
     assert [(c.index, c.event_id) for c in results[100].conflicts] == [(0, "t0")]
     assert len(stored_ids(sessions)) == 100
+
+
+def _writer_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name == "billing-ingest-writer"}
+
+
+def _wait_until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.005)
+
+
+@contextmanager
+def _writes_held(sessions: sessionmaker[Session], is_postgres: bool) -> Iterator[None]:
+    """Block every ingest write until the block ends (SQLite: the engine's write lock;
+    PostgreSQL: a lock on ``events`` that inserts wait for)."""
+    if not is_postgres:
+        with write_connection(sessions):
+            yield
+        return
+    engine = make_engine(Settings(database_url=str(sessions.kw["bind"].url)))
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql("LOCK TABLE events IN EXCLUSIVE MODE")
+            yield
+    finally:
+        engine.dispose()
+
+
+def test_many_small_posts_share_one_writer_thread(sessions: sessionmaker[Session]) -> None:
+    """Posts of a few events never start a second writer (each would write smaller groups, a
+    transaction's round trips each): fewer than ``SPLIT_EVENTS`` events ever wait."""
+    before = _writer_threads()
+    writer = GroupWriter(sessions, max_threads=3)
+
+    async def post_all() -> list[IngestResult]:
+        return await asyncio.gather(
+            *(writer.store(batch(tokens(f"t{i}", request_id=f"r{i % 13}"))) for i in range(400))
+        )
+
+    assert asyncio.run(post_all()) == [IngestResult(1, 0)] * 400
+    assert len(_writer_threads() - before) == 1
+    assert len(stored_ids(sessions)) == 400
+
+
+def test_large_batches_waiting_start_more_writers_that_end_on_small_groups(
+    sessions: sessionmaker[Session], is_postgres: bool
+) -> None:
+    """While ``SPLIT_EVENTS`` events wait for a busy writer another one starts (up to the
+    maximum); a writer that then writes a small group while others run ends."""
+    before = _writer_threads()
+    writer = GroupWriter(sessions, max_threads=3)
+    big = [
+        batch(*(tokens(f"b{k}-{i}", request_id=f"rb{k}") for i in range(SPLIT_EVENTS)))
+        for k in range(4)
+    ]
+    with _writes_held(sessions, is_postgres):
+        futures = []
+        for k, item in enumerate(big):
+            futures.append(writer.submit(item))
+            if k < 3:
+                # Taken by a writer (which then waits for the held writes) before the next one
+                # comes: the 2nd and 3rd find every writer busy and start one each.
+                _wait_until(lambda: writer._waiting == 0, f"batch {k} was taken")
+                _wait_until(
+                    lambda n=k + 1: len(_writer_threads() - before) == n,  # type: ignore[misc]
+                    f"writer {k + 1}",
+                )
+        time.sleep(0.05)
+        assert len(_writer_threads() - before) == 3  # the 4th waits for a busy writer
+    assert [f.result() for f in futures] == [IngestResult(SPLIT_EVENTS, 0)] * 4
+    for i in range(6):  # small posts, one at a time: a writer that writes one ends
+        assert writer.submit(batch(tokens(f"s{i}", request_id="rs"))).result() == IngestResult(1, 0)
+    _wait_until(lambda: len(_writer_threads() - before) == 1, "one writer is left")
+    assert len(stored_ids(sessions)) == 4 * SPLIT_EVENTS + 6
 
 
 def test_a_writer_connection_killed_while_idle_is_replaced_without_an_error(
