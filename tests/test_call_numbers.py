@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,7 +22,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
-from billing.ingest.service import IngestResult, prepare_batch, write_group
+from billing.ingest.service import IngestResult, prepare_batch, store_batch, write_group
 from billing.ingest.validation import parse_batch
 from billing.settings import Settings
 from billing.storage.db import make_engine, make_sessionmaker
@@ -148,39 +148,29 @@ def test_the_call_log_and_the_reconciler_find_a_calls_events_by_its_number(
     )
 
 
-def test_postgres_a_call_committed_by_another_transaction_meanwhile(
-    sessions: sessionmaker[Session], settings: Settings, is_postgres: bool
-) -> None:
-    """The call is inserted by a transaction that commits after this post's statement has taken
-    its snapshot: the post waits for it, skips creating the call, and its events still get that
-    call's number."""
-    if not is_postgres:
-        pytest.skip("PostgreSQL: SQLite has one writer, so no other transaction can interleave")
+def post_while_held(
+    settings: Settings, held: str, post: Callable[[], IngestResult]
+) -> IngestResult | BaseException:
+    """Run ``held`` (SQL) in a transaction of another connection, start ``post`` in a thread,
+    wait until the post is blocked by that transaction (its statement has taken its snapshot by
+    then), commit, and return what the post returned or raised. PostgreSQL only."""
     other = create_engine(settings.database_url, poolclass=NullPool)
     watcher = create_engine(settings.database_url, poolclass=NullPool)
     holder = other.connect()
+    results: list[IngestResult | BaseException] = []
     try:
         trans = holder.begin()
-        holder.execute(
-            text(
-                "INSERT INTO calls (call_no, request_id, first_received_at, last_received_at, "
-                "change_seq, pending, status, settled, attempts, anomalies) VALUES "
-                "(nextval('calls_call_no_seq'), 'race', now(), now(), 1, true, 'open', false, 0, "
-                "'[]')"
-            )
-        )
+        holder.exec_driver_sql(held)
         holder_pid = holder.execute(text("SELECT pg_backend_pid()")).scalar_one()
-        results: list[IngestResult | BaseException] = []
 
         def post_it() -> None:
             try:
-                results.append(store(sessions, tokens("race-t", request_id="race")))
-            except BaseException as error:  # reported by the assertion below
+                results.append(post())
+            except BaseException as error:  # reported by the caller's assertion
                 results.append(error)
 
-        post = threading.Thread(target=post_it)
-        post.start()
-        # Wait until the post is blocked on the held row (its snapshot is taken by then).
+        thread = threading.Thread(target=post_it)
+        thread.start()
         deadline = time.monotonic() + 10
         with watcher.connect() as conn:
             while time.monotonic() < deadline:
@@ -196,15 +186,74 @@ def test_postgres_a_call_committed_by_another_transaction_meanwhile(
                 time.sleep(0.02)
         assert blocked, f"the post did not wait for the other transaction: {results}"
         trans.commit()
-        post.join(timeout=30)
-        assert results == [IngestResult(1, 0)]
+        thread.join(timeout=30)
     finally:
         holder.close()
         other.dispose()
         watcher.dispose()
+    assert len(results) == 1
+    return results[0]
+
+
+_INSERT_RACE_CALL = (
+    "INSERT INTO calls (call_no, request_id, first_received_at, last_received_at, "
+    "change_seq, pending, status, settled, attempts, anomalies) VALUES "
+    "(nextval('calls_call_no_seq'), 'race', now(), now(), 1, true, 'open', false, 0, '[]')"
+)
+
+
+def _store_in_session(sessions: sessionmaker[Session], *events: dict[str, Any]) -> IngestResult:
+    now = datetime.now(UTC)
+    with sessions.begin() as session:
+        return store_batch(session, parse_batch(orjson.dumps({"events": list(events)}), now), now)
+
+
+@pytest.mark.parametrize("writer", ["write_group", "store_batch"])
+def test_postgres_a_call_committed_by_another_transaction_meanwhile(
+    sessions: sessionmaker[Session], settings: Settings, is_postgres: bool, writer: str
+) -> None:
+    """The call is inserted by a transaction that commits after this post's statement has taken
+    its snapshot: the post waits for it, cannot create it and did not see it to lock it. The
+    group writer rolls back and writes the group again (a new snapshot sees the call);
+    ``store_batch``, in its caller's transaction, gives the events the call's number with a
+    second statement. Either way the events carry that call's number."""
+    if not is_postgres:
+        pytest.skip("PostgreSQL: SQLite has one writer, so no other transaction can interleave")
+    event = tokens("race-t", request_id="race")
+    if writer == "write_group":
+        result = post_while_held(settings, _INSERT_RACE_CALL, lambda: store(sessions, event))
+    else:
+        result = post_while_held(
+            settings, _INSERT_RACE_CALL, lambda: _store_in_session(sessions, event)
+        )
+    assert result == IngestResult(1, 0)
     calls, events = numbers(sessions)
     assert calls["race"] is not None
     assert events == {"race-t": calls["race"]}
+
+
+def test_postgres_a_post_waits_for_a_reconciler_settling_the_call_and_marks_it_pending(
+    sessions: sessionmaker[Session], settings: Settings, is_postgres: bool
+) -> None:
+    """A reconciler holds a pending call's row (it read the call's events, and clears
+    ``pending``) while a post brings a new event of that call: the post waits for it and then
+    marks the call pending again, so that the new event is reconciled. (Read in the post's
+    snapshot the call is pending and would need no write: only the lock taken by the events
+    statement shows the reconciler's result.)"""
+    if not is_postgres:
+        pytest.skip("PostgreSQL: on SQLite the reconciler and ingest share one writer")
+    store(sessions, started("s", request_id="r"))
+    held = (
+        "SELECT 1 FROM calls WHERE request_id = 'r' FOR UPDATE; "
+        "UPDATE calls SET pending = false WHERE request_id = 'r'"
+    )
+    result = post_while_held(settings, held, lambda: store(sessions, tokens("t", request_id="r")))
+    assert result == IngestResult(1, 0)
+    with sessions() as session:
+        pending, change_seq = session.execute(
+            text("SELECT pending, change_seq FROM calls WHERE request_id = 'r'")
+        ).one()
+    assert (pending, change_seq) == (True, 2)
 
 
 def test_rows_written_by_a_server_before_0007_are_numbered_and_billed(

@@ -731,10 +731,14 @@ def test_a_database_failure_mid_batch_stores_nothing(
     app: FastAPI, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The events are written before the calls are touched; a failure there must roll the
-    events back. (The call exists already, so that it is touched on both databases: PostgreSQL
-    creates a new call with its events, in one statement.)"""
+    events back. (The call exists already and was reconciled since, so that it is touched on
+    both databases: PostgreSQL creates a new call with its events, in one statement, and leaves
+    a call that is pending already alone.)"""
     with TestClient(app) as client:
         assert post(client, [started("a")]).status_code == 200
+    state = app.state.billing
+    run_pass(state.sessions, state.settings, now=datetime.now(UTC))
+    assert row_dict(stored_calls(app)["req-1"])["pending"] is False
     inserted_before_failure: list[int] = []
 
     def broken(session: Any, calls: Any, known: Any) -> None:
@@ -750,6 +754,7 @@ def test_a_database_failure_mid_batch_stores_nothing(
     assert int(reply.headers["Retry-After"]) >= 1
     assert count(app, Event) == 1
     assert count(app, Call) == 1
+    assert row_dict(stored_calls(app)["req-1"])["pending"] is False
 
 
 # --- the calls table ------------------------------------------------------------------------------

@@ -163,7 +163,7 @@ def store_batch(session: Session, batch: Sequence[ParsedEvent], now: datetime) -
     now``, unless it was pending already).
     """
     prepared = prepare_batch(batch, now)
-    accepted = _store(session.connection(), [prepared])[0][0]
+    accepted = _store(session.connection(), [prepared], fill_raced=True)[0][0]
     return IngestResult(accepted=accepted, duplicates=len(batch) - accepted)
 
 
@@ -181,6 +181,16 @@ class CommitUnanswered(Exception):
         self.results = results
 
 
+#: Times a group is written again when a call of it was created by a concurrent transaction after
+#: the group's snapshot (PostgreSQL, ``_CallRaced``); the last attempt numbers such events in place.
+_RACE_RETRIES = 3
+
+
+class _CallRaced(Exception):
+    """PostgreSQL: a call of the group was committed by another transaction after this one's
+    snapshot, so the events statement could neither create nor lock it (``_PG_INSERT_EVENTS``)."""
+
+
 def write_group(
     sessions: sessionmaker[Session], items: Sequence[PreparedBatch]
 ) -> list[IngestResult | EventConflict]:
@@ -193,19 +203,26 @@ def write_group(
     one that breaks the connection during COMMIT: ``CommitUnanswered``. A connection found dead
     before the COMMIT (the database restarted since it was last used) is replaced and the group
     written again, once: the writer's engine does not pre-ping (a round trip per transaction).
+    On PostgreSQL a group one of whose calls another transaction created meanwhile is rolled
+    back and written again (up to ``_RACE_RETRIES`` times), so that its locks stay in order.
     """
     new: list[tuple[_Row, int]] = []
+    stale_retried = False
+    attempt = 0
     try:
-        try:
-            with write_connection(sessions) as conn:
-                counts, new = _store(conn, items)
-        except SQLAlchemyError as error:
-            if new or not is_stale_connection(error):
-                raise
-            # Rolled back with its connection: nothing of the group was stored. Once more, on a
-            # fresh connection (a second failure is the database being away: a 503).
-            with write_connection(sessions) as conn:
-                counts, new = _store(conn, items)
+        while True:
+            try:
+                with write_connection(sessions) as conn:
+                    counts, new = _store(conn, items, fill_raced=attempt >= _RACE_RETRIES)
+                break
+            except _CallRaced:
+                attempt += 1  # rolled back: nothing of the group was stored
+            except SQLAlchemyError as error:
+                if new or stale_retried or not is_stale_connection(error):
+                    raise
+                # Rolled back with its connection: nothing of the group was stored. Once more, on
+                # a fresh connection (a second failure is the database being away: a 503).
+                stale_retried = True
     except EventConflict as conflict:
         if len(items) == 1:
             return [conflict]
@@ -235,7 +252,7 @@ def _write_one_by_one(
         for item in items:
             try:
                 with conn.begin_nested():
-                    n = _store(conn, [item])[0][0]
+                    n = _store(conn, [item], fill_raced=True)[0][0]
             except EventConflict as conflict:
                 results.append(conflict)
                 continue
@@ -247,13 +264,16 @@ _by_event_id = operator.attrgetter("event_id")
 
 
 def _store(
-    conn: Connection, items: Sequence[PreparedBatch]
+    conn: Connection, items: Sequence[PreparedBatch], *, fill_raced: bool
 ) -> tuple[list[int], list[tuple[_Row, int]]]:
     """Insert the events of ``items`` and touch their calls; returns the accepted count per item
     and the events inserted (event row, item number), in arrival order.
 
     Raises ``EventConflict`` on any conflict (for a single item: its conflicts, first occurrences
-    in batch order; for several: the caller falls back to one by one).
+    in batch order; for several: the caller falls back to one by one), and on PostgreSQL
+    ``_CallRaced`` for a call created by another transaction since this one's snapshot, unless
+    ``fill_raced`` (then its events get its number by a second statement, and it is locked after
+    the events, out of the usual order).
     """
     single = len(items) == 1
     # The first occurrence of each event_id in the group, with the item that brings it, in
@@ -286,8 +306,9 @@ def _store(
     # in ``_touch_calls`` would create; a conflict rolls the call back with the events.
     calls = _call_fields(in_order)
     known = None if conn.dialect.name == "postgresql" else _sqlite_calls(conn, sorted(calls))
-    created: set[str] = set()  # PostgreSQL: the calls the events statement created
-    inserted = _insert_events(conn, rows, calls, known, created)  # None: every row
+    # PostgreSQL: the calls the events statement created, or locked and found pending with a key.
+    quiet: set[str] = set()
+    inserted = _insert_events(conn, rows, calls, known, quiet, fill_raced)  # None: every row
     if inserted is None:
         counts, new_events = firsts, in_order
     else:
@@ -304,14 +325,15 @@ def _store(
         counts = [0] * len(items)
         for _, i in new_events:
             counts[i] += 1
-    # A call created with these events is pending with their figures already: only the others
-    # are touched (on PostgreSQL a group of single-event posts often touches none).
+    # A call created with these events is pending with their figures already, and so is a stored
+    # one found pending with a key (PostgreSQL, locked): only the others are touched (in a
+    # stream's later events, nearly always none).
     if inserted is None:
         # Every event was new: each call has all of its events here, so its fields are the ones
         # computed above.
-        touched = {rid: f for rid, f in calls.items() if rid not in created} if created else calls
+        touched = {rid: f for rid, f in calls.items() if rid not in quiet} if quiet else calls
     else:
-        touched = _call_fields([e for e in new_events if e[0].request_id not in created])
+        touched = _call_fields([e for e in new_events if e[0].request_id not in quiet])
     if touched:
         _touch_calls(conn, touched, known)
     return counts, new_events
@@ -368,17 +390,25 @@ _SQLITE_INSERT_EVENTS = (
 # for the events insert alone, measured on a group of 400).
 #
 # One statement creates the calls not seen before (``n``: numbered by the sequence; the stored
-# ones are looked up first, ``c.stored_no``, so that only new calls take a number) and inserts the
-# events with their call's number (``k``: the new calls and the stored ones). The lookups are
-# scalar subqueries, one primary-key probe per call whatever the planner thinks of the size of
-# ``calls`` (as joins, a generic plan made while the table had no statistics scanned all of it for
-# every group). Every transaction takes its locks in one order — the new calls by request_id,
-# then the events by event_id (the ``ORDER BY`` makes the calls insert finish before the first
-# event is inserted), then the existing calls (``_touch_calls``) — so concurrent groups cannot
-# deadlock (without the sort the join fed events in hash order, and a test saw a deadlock's 503).
-# A call committed by another transaction after this statement's snapshot is waited for by the
-# ``calls`` insert and then skipped, without being visible here: its events get a null number
-# and are given it by ``_PG_FILL_CALL_NO`` (a later statement sees that call).
+# ones are looked up first, ``c.stored_no``, so that only new calls take a number), locks the
+# stored ones (``s``: ``FOR NO KEY UPDATE``, so that a reconciler settling one is waited for, and
+# its result seen: ``quiet`` is read from the row as it is once locked) and inserts the events
+# with their call's number (``k``: the new calls and the stored ones). The calls created here and
+# the stored ones pending with a key need nothing more (``quiet``): the reconciler will read the
+# new events; only the others go through the upsert of ``_touch_calls`` (already locked here).
+# The lookups are scalar subqueries, one primary-key probe per call whatever the planner thinks
+# of the size of ``calls`` (as joins, a generic plan made while the table had no statistics
+# scanned all of it for every group); ``s`` probes the primary key with the stored ids as one
+# array. Every transaction takes its locks in one order — the new calls by request_id, then the
+# stored calls by request_id (``k`` reads ``n`` to its end before ``s``), then the events by
+# event_id (the ``ORDER BY`` reads all of ``k`` before the first event is inserted) — so
+# concurrent groups cannot deadlock (without the sort the join fed events in hash order, and a
+# test saw a deadlock's 503). A call committed by another transaction after this statement's
+# snapshot is waited for by the ``calls`` insert and then skipped, without being visible here, so
+# it is neither created nor locked, and its events get a null number: the group is rolled back
+# and written again (``_CallRaced``; a new snapshot sees that call), and only after
+# ``_RACE_RETRIES`` are they given the number by ``_PG_FILL_CALL_NO`` and the call locked after
+# the events, out of order.
 _CALL_COLUMNS = (
     "call_no, request_id, first_received_at, last_received_at, change_seq, pending, status, "
     "settled, attempts, anomalies, api_key_id, model, protocol, started_at, metadata"
@@ -389,23 +419,24 @@ _PG_NEW_CALL = (
     "'open', false, 0, '[]'::json, j->>3, j->>4, j->>5, (j->>6)::timestamptz, (j->>7)::json"
 )
 _PG_INSERT_EVENTS = (
-    "WITH c AS (SELECT j->>0 AS request_id, j, "
-    "(SELECT call_no FROM calls WHERE calls.request_id = j->>0) AS stored_no "
-    "FROM jsonb_array_elements(%s::jsonb) AS j), "
+    "WITH c AS (SELECT j->>0 AS request_id, j, s.call_no AS stored_no, s.quiet "
+    "FROM jsonb_array_elements(%s::jsonb) AS j LEFT JOIN LATERAL "
+    "(SELECT call_no, pending AND api_key_id IS NOT NULL AS quiet FROM calls "
+    "WHERE calls.request_id = j->>0 FOR NO KEY UPDATE) AS s ON true), "
     f"n AS (INSERT INTO calls ({_CALL_COLUMNS}) "
     f"SELECT {_PG_NEW_CALL.format(rid='request_id')} FROM c WHERE stored_no IS NULL "
     'ORDER BY request_id COLLATE "C" '
     "ON CONFLICT (request_id) DO NOTHING RETURNING request_id, call_no), "
-    "k AS (SELECT request_id, call_no FROM n UNION ALL "
-    "SELECT request_id, stored_no FROM c WHERE stored_no IS NOT NULL), "
+    "k AS (SELECT request_id, call_no, true AS quiet FROM n UNION ALL "
+    "SELECT request_id, stored_no, quiet FROM c WHERE stored_no IS NOT NULL), "
     f"e AS (INSERT INTO events ({_EVENT_COLUMNS}) "
     "SELECT j->>0, j->>1, (j->>2)::integer, j->>3, (j->>4)::timestamptz, (j->>5)::timestamptz, "
     "j->>6, j->>7, (j->>8)::bigint, (j->>9)::bigint, k.call_no "
     "FROM jsonb_array_elements(%s::jsonb) AS j LEFT JOIN k ON k.request_id = j->>1 "
     'ORDER BY (j->>0) COLLATE "C" '
     "ON CONFLICT (event_id) DO NOTHING RETURNING event_id, request_id, call_no) "
-    "SELECT e.event_id, e.request_id, e.call_no, n.request_id IS NOT NULL "
-    "FROM e LEFT JOIN n ON n.request_id = e.request_id"
+    "SELECT e.event_id, e.request_id, e.call_no, coalesce(k.quiet, false) "
+    "FROM e LEFT JOIN k ON k.request_id = e.request_id"
 )
 _PG_FILL_CALL_NO = (
     "UPDATE events SET call_no = calls.call_no FROM calls "
@@ -506,13 +537,15 @@ def _insert_events(
     rows: Sequence[_Row],
     calls: _CallFields,
     stored: _SqliteCalls | None,
-    created: set[str],
+    quiet: set[str],
+    fill_raced: bool,
 ) -> set[str] | None:
     """Insert the rows with their call's number, skipping stored ``event_id``s; returns the ids
     actually inserted, or None when every row was. ``calls`` are the rows' calls as
     ``_call_fields`` gives them: on PostgreSQL (``stored`` None) the new ones are created here
-    (see ``_PG_INSERT_EVENTS``) and added to ``created``; on SQLite ``stored`` has each call's
-    number."""
+    and the stored ones locked (see ``_PG_INSERT_EVENTS``), and the calls that need no upsert
+    after it (created, or pending with a key) are added to ``quiet``; on SQLite ``stored`` has
+    each call's number."""
     if conn.dialect.name == "postgresql":
         values = orjson.dumps(
             [(*row.sqlite[:4], row.occurred_at, row.received, *row.sqlite[6:]) for row in rows],
@@ -521,8 +554,10 @@ def _insert_events(
         returned = conn.exec_driver_sql(_PG_INSERT_EVENTS, (_pg_call_values(calls), values)).all()
         unnumbered = [event_id for event_id, _, call_no, _ in returned if call_no is None]
         if unnumbered:
+            if not fill_raced:
+                raise _CallRaced
             conn.exec_driver_sql(_PG_FILL_CALL_NO, (unnumbered,))
-        created.update(request_id for _, request_id, _, new in returned if new)
+        quiet.update(request_id for _, request_id, _, is_quiet in returned if is_quiet)
         inserted = {event_id for event_id, _, _, _ in returned}
         return None if len(inserted) == len(rows) else inserted
     assert stored is not None
@@ -570,9 +605,10 @@ def _keep_or_fill(column: str) -> str:
 # A call that is pending already is left alone: the reconciler will read every event of it,
 # the new ones included, and takes the last arrival from them (``received_at``), not from the
 # call's row. So only new calls and calls reconciled since their last event are written: a
-# stream's later events cost no write to ``calls`` at all (on PostgreSQL the conflicting row is
-# only locked, so a reconciler that holds it is waited for and its result seen). A pending call
-# still without a key is the exception: its ``stream.started`` fills in the key, model and start.
+# stream's later events cost no write to ``calls`` at all (on PostgreSQL the events statement
+# locks the stored calls, so a reconciler that holds one is waited for and its result seen, and
+# a call it finds pending with a key is not upserted at all). A pending call still without a key
+# is the exception: its ``stream.started`` fills in the key, model and start.
 _ON_CONFLICT = (
     " ON CONFLICT (request_id) DO UPDATE SET last_received_at = excluded.last_received_at, "
     "change_seq = calls.change_seq + 1, pending = excluded.pending, "
@@ -611,15 +647,16 @@ def _touch_calls(conn: Connection, calls: _CallFields, stored: _SqliteCalls | No
     the latest of its new events' arrival times. ``stored``: on SQLite the
     calls' numbers, which stored calls have no key and which are pending (``_sqlite_calls``, read
     before the events were inserted, in this transaction); on PostgreSQL (None) the new calls
-    exist already (``_PG_INSERT_EVENTS``), so the upsert only marks calls pending.
+    exist already and the stored ones are locked (``_PG_INSERT_EVENTS``), so the upsert only marks
+    calls pending or fills in a key.
 
     On SQLite a call found pending is left out of the upsert, which would leave it alone anyway
     (SQLite has one writer: nothing can have changed it since it was read). In a stream's later
     events nearly every call is pending: a group of posts of 100 upserted ≈ 3 pending calls for
     each new one, and the no-op rows cost the writer thread ≈ 7 of its ≈ 65 µs an event on a slow
     machine (bench/README).
-    On PostgreSQL the upsert still names them: it locks a pending call, so that a reconciler
-    settling it is waited for and its result seen (``_ON_CONFLICT``).
+    On PostgreSQL the events statement leaves out the calls it found pending with a key, once it
+    held their locks (``_PG_INSERT_EVENTS``); the callers give only the others.
     """
     if stored is None:
         conn.exec_driver_sql(_PG_UPSERT_CALLS, (_pg_call_values(calls),))
