@@ -228,6 +228,30 @@ def test_large_batches_waiting_start_more_writers_that_end_on_small_groups(
     assert len(stored_ids(sessions)) == 4 * SPLIT_EVENTS + 6
 
 
+def test_a_writer_thread_that_dies_is_replaced(
+    sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer thread ended by an unexpected error is no longer counted: the next post starts
+    another one instead of waiting for ever."""
+    writer = GroupWriter(sessions, max_threads=3)
+    real_write = writer._write
+    calls = 0
+
+    def write_once_then_die(group: Any) -> None:
+        nonlocal calls
+        calls += 1
+        real_write(group)
+        if calls == 1:
+            raise RuntimeError("writer thread bug")
+
+    monkeypatch.setattr(writer, "_write", write_once_then_die)
+    monkeypatch.setattr(threading, "excepthook", lambda args: None)  # the thread's traceback
+    assert writer.submit(batch(tokens("d1", request_id="rd"))).result(5) == IngestResult(1, 0)
+    _wait_until(lambda: writer._threads == 0, "the dead thread is uncounted")
+    assert writer.submit(batch(tokens("d2", request_id="rd"))).result(5) == IngestResult(1, 0)
+    assert {"d1", "d2"} <= stored_ids(sessions)
+
+
 def test_a_writer_connection_killed_while_idle_is_replaced_without_an_error(
     settings: Settings, is_postgres: bool
 ) -> None:

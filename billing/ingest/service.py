@@ -182,8 +182,11 @@ class CommitUnanswered(Exception):
 
 
 #: Times a group is written again when a call of it was created by a concurrent transaction after
-#: the group's snapshot (PostgreSQL, ``_CallRaced``); the last attempt numbers such events in place.
-_RACE_RETRIES = 3
+#: the group's snapshot (PostgreSQL, ``_CallRaced``); the last attempt numbers such events in place
+#: and locks those calls after the events, out of order, which can deadlock. A review's stress run
+#: (8 threads posting overlapping copies of the same calls' events) needed up to 11 attempts for a
+#: group, and deadlocked in 7 of 10 runs with 3; none in 4 runs with 1000.
+_RACE_RETRIES = 100
 
 
 class _CallRaced(Exception):
@@ -389,24 +392,24 @@ _SQLITE_INSERT_EVENTS = (
 # element's text again (ten fields of a row with its body: ≈ 70 → ≈ 32 µs of server time per event
 # for the events insert alone, measured on a group of 400).
 #
-# One statement creates the calls not seen before (``n``: numbered by the sequence; the stored
-# ones are looked up first, ``c.stored_no``, so that only new calls take a number), locks the
-# stored ones (``s``: ``FOR NO KEY UPDATE``, so that a reconciler settling one is waited for, and
-# its result seen: ``quiet`` is read from the row as it is once locked) and inserts the events
+# One statement locks the stored calls and reads their numbers (``c``: a LATERAL primary-key
+# probe per call, ``FOR NO KEY UPDATE``, so that a reconciler settling one is waited for and its
+# result seen: ``quiet`` is read from the row as it is once locked), creates the calls not seen
+# before (``n``: numbered by the sequence, so only new calls take a number) and inserts the events
 # with their call's number (``k``: the new calls and the stored ones). The calls created here and
 # the stored ones pending with a key need nothing more (``quiet``): the reconciler will read the
 # new events; only the others go through the upsert of ``_touch_calls`` (already locked here).
-# The lookups are scalar subqueries, one primary-key probe per call whatever the planner thinks
-# of the size of ``calls`` (as joins, a generic plan made while the table had no statistics
-# scanned all of it for every group); ``s`` probes the primary key with the stored ids as one
-# array. Every transaction takes its locks in one order — the new calls by request_id, then the
-# stored calls by request_id (``k`` reads ``n`` to its end before ``s``), then the events by
-# event_id (the ``ORDER BY`` reads all of ``k`` before the first event is inserted) — so
-# concurrent groups cannot deadlock (without the sort the join fed events in hash order, and a
-# test saw a deadlock's 503). A call committed by another transaction after this statement's
-# snapshot is waited for by the ``calls`` insert and then skipped, without being visible here, so
-# it is neither created nor locked, and its events get a null number: the group is rolled back
-# and written again (``_CallRaced``; a new snapshot sees that call), and only after
+# The probes are parameterized by each element, one primary-key lookup per call whatever the
+# planner thinks of the size of ``calls`` (as joins or ``= ANY(array)``, a generic plan made
+# while the table was small scanned all of it for every group: 256 ms a group at 200,000 calls).
+# Every transaction takes its locks in one order — the stored calls by request_id (the array is
+# sorted, and ``n``'s sort reads all of ``c`` before its first insert), then the new calls by
+# request_id, then the events by event_id (the ``ORDER BY`` reads all of ``k`` before the first
+# event is inserted) — so concurrent groups cannot deadlock (without the sort the join fed events
+# in hash order, and a test saw a deadlock's 503). A call committed by another transaction after
+# this statement's snapshot is waited for by the ``calls`` insert and then skipped, without being
+# visible here, so it is neither created nor locked, and its events get a null number: the group
+# is rolled back and written again (``_CallRaced``; a new snapshot sees that call), and only after
 # ``_RACE_RETRIES`` are they given the number by ``_PG_FILL_CALL_NO`` and the call locked after
 # the events, out of order.
 _CALL_COLUMNS = (

@@ -99,6 +99,7 @@ class GroupWriter:
         self._threads = 0
         self._idle = 0
         self._waiting = 0  # events in the queue
+        self._ending = 0  # threads writing their last group (still counted in ``_threads``)
 
     def close(self) -> None:
         """Release the engine this writer owns, if any (its threads end when idle)."""
@@ -138,6 +139,18 @@ class GroupWriter:
                 ).start()
 
     def _run(self) -> None:
+        ended = False
+        try:
+            self._serve()
+            ended = True
+        finally:
+            if not ended:  # an unexpected error: no longer counted, so that another one starts
+                with self._lock:
+                    self._threads -= 1
+
+    def _serve(self) -> None:
+        """Write groups until idle for ``IDLE_S``, or after a small group while other writers
+        run; uncounts this thread (under the lock) before returning."""
         while True:
             with self._lock:
                 self._idle += 1
@@ -168,12 +181,17 @@ class GroupWriter:
             with self._lock:
                 self._idle -= 1
                 self._waiting -= size
-                last = size < SPLIT_EVENTS and self._threads > 1
+                # The last group of this thread: it stays counted while it writes (the maximum
+                # holds), and at least one other thread that is not ending goes on.
+                last = size < SPLIT_EVENTS and self._threads - self._ending > 1
                 if last:
-                    self._threads -= 1
+                    self._ending += 1
             if group:
                 self._write(group)
             if last:
+                with self._lock:
+                    self._ending -= 1
+                    self._threads -= 1
                 return
 
     def _write(self, group: list[_Pending]) -> None:
