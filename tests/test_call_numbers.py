@@ -219,13 +219,9 @@ def test_postgres_a_call_committed_by_another_transaction_meanwhile(
     second statement. Either way the events carry that call's number."""
     if not is_postgres:
         pytest.skip("PostgreSQL: SQLite has one writer, so no other transaction can interleave")
+    write = {"write_group": store, "store_batch": _store_in_session}[writer]
     event = tokens("race-t", request_id="race")
-    if writer == "write_group":
-        result = post_while_held(settings, _INSERT_RACE_CALL, lambda: store(sessions, event))
-    else:
-        result = post_while_held(
-            settings, _INSERT_RACE_CALL, lambda: _store_in_session(sessions, event)
-        )
+    result = post_while_held(settings, _INSERT_RACE_CALL, lambda: write(sessions, event))
     assert result == IngestResult(1, 0)
     calls, events = numbers(sessions)
     assert calls["race"] is not None

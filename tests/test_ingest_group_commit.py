@@ -164,14 +164,16 @@ def _wait_until(condition: Callable[[], bool], what: str) -> None:
 
 
 @contextmanager
-def _writes_held(sessions: sessionmaker[Session], is_postgres: bool) -> Iterator[None]:
+def _writes_held(
+    sessions: sessionmaker[Session], settings: Settings, is_postgres: bool
+) -> Iterator[None]:
     """Block every ingest write until the block ends (SQLite: the engine's write lock;
     PostgreSQL: a lock on ``events`` that inserts wait for)."""
     if not is_postgres:
         with write_connection(sessions):
             yield
         return
-    engine = make_engine(Settings(database_url=str(sessions.kw["bind"].url)))
+    engine = make_engine(settings)
     try:
         with engine.begin() as conn:
             conn.exec_driver_sql("LOCK TABLE events IN EXCLUSIVE MODE")
@@ -197,7 +199,7 @@ def test_many_small_posts_share_one_writer_thread(sessions: sessionmaker[Session
 
 
 def test_large_batches_waiting_start_more_writers_that_end_on_small_groups(
-    sessions: sessionmaker[Session], is_postgres: bool
+    sessions: sessionmaker[Session], settings: Settings, is_postgres: bool
 ) -> None:
     """While ``SPLIT_EVENTS`` events wait for a busy writer another one starts (up to the
     maximum); a writer that then writes a small group while others run ends."""
@@ -207,7 +209,7 @@ def test_large_batches_waiting_start_more_writers_that_end_on_small_groups(
         batch(*(tokens(f"b{k}-{i}", request_id=f"rb{k}") for i in range(SPLIT_EVENTS)))
         for k in range(4)
     ]
-    with _writes_held(sessions, is_postgres):
+    with _writes_held(sessions, settings, is_postgres):
         futures = []
         for k, item in enumerate(big):
             futures.append(writer.submit(item))

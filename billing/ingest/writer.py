@@ -139,14 +139,12 @@ class GroupWriter:
                 ).start()
 
     def _run(self) -> None:
-        ended = False
         try:
             self._serve()
-            ended = True
-        finally:
-            if not ended:  # an unexpected error: no longer counted, so that another one starts
-                with self._lock:
-                    self._threads -= 1
+        except BaseException:  # an unexpected error: no longer counted, so that another starts
+            with self._lock:
+                self._threads -= 1
+            raise
 
     def _serve(self) -> None:
         """Write groups until idle for ``IDLE_S``, or after a small group while other writers
