@@ -133,6 +133,18 @@ def test_the_writer_answers_every_batch_after_its_commit(sessions: sessionmaker[
     assert len(stored_ids(sessions)) == 200
 
 
+def test_the_writer_is_busy_for_a_second_after_a_batch(sessions: sessionmaker[Session]) -> None:
+    """What the background reconciler asks before each step (short steps while busy)."""
+    writer = GroupWriter(sessions, max_threads=1)
+    assert writer.busy() is False
+    assert writer.submit(batch(tokens("busy-1"))).result(timeout=30) == IngestResult(1, 0)
+    assert writer.busy() is True
+    assert writer.busy(within_s=0.0) is False
+    time.sleep(0.2)
+    assert writer.busy(within_s=0.1) is False
+    assert writer.busy(within_s=60.0) is True
+
+
 def test_store_answers_on_the_event_loop_after_the_commit(sessions: sessionmaker[Session]) -> None:
     """``GroupWriter.store`` (what the HTTP handler awaits): each batch gets its own outcome,
     a conflicting batch its 409 error, and the others are stored."""

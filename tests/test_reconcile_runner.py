@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -10,10 +11,10 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from billing.reconcile.runner import run_pass
+from billing.reconcile.runner import BUSY_FIRST_STEP, BUSY_MIN_STEP, StepSizer, run_pass
 from billing.storage.models import Call, Event, LedgerEntry
 
 STARTED = {
@@ -121,6 +122,113 @@ def test_steps_run_at_once_settle_each_call_once(
         entries = list(session.scalars(select(LedgerEntry.request_id)))
         assert sorted(entries) == [f"c{i:03d}" for i in range(240)]
         assert session.scalar(select(Call.request_id).where(Call.settled.is_(False))) is None
+
+
+def _post_calls(client: TestClient, count: int, prefix: str) -> None:
+    events = [event for i in range(count) for event in _call(f"{prefix}{i:04d}")]
+    for start in range(0, len(events), 1000):
+        reply = client.post("/v1/events", json={"events": events[start : start + 1000]})
+        assert reply.status_code == 200
+
+
+def _steps(app: FastAPI) -> list[int]:
+    """Ledger entries per step, in order (each step books at its own clock: ``now`` is None)."""
+    with app.state.billing.sessions() as session:
+        rows = session.execute(
+            select(LedgerEntry.booked_at, func.count())
+            .group_by(LedgerEntry.booked_at)
+            .order_by(LedgerEntry.booked_at)
+        )
+        return [count for _, count in rows]
+
+
+def test_while_ingest_is_busy_a_pass_takes_short_steps(app: FastAPI, client: TestClient) -> None:
+    """Ingest waits for the step holding what it writes (SQLite's write lock, PostgreSQL's call
+    locks): while it is busy, steps are sized to ``BUSY_STEP_S``, starting at
+    ``BUSY_FIRST_STEP`` calls, instead of ``reconcile_batch_size``."""
+    _post_calls(client, 1200, "b")
+    state = app.state.billing
+    settings = state.settings.model_copy(update={"reconcile_batch_size": 4000})
+    result = run_pass(state.sessions, settings, busy=lambda: True)
+    assert (result.examined, result.settled) == (1200, 1200)
+    steps = _steps(app)
+    assert sum(steps) == 1200
+    assert steps[0] == BUSY_FIRST_STEP
+    assert len(steps) >= 2
+
+
+def test_an_idle_ingest_leaves_the_steps_whole(app: FastAPI, client: TestClient) -> None:
+    _post_calls(client, 1200, "i")
+    state = app.state.billing
+    settings = state.settings.model_copy(update={"reconcile_batch_size": 4000})
+    result = run_pass(state.sessions, settings, busy=lambda: False)
+    assert (result.examined, result.settled) == (1200, 1200)
+    assert _steps(app) == [1200]
+
+
+def test_a_background_pass_leaves_calls_made_pending_meanwhile_to_the_next(
+    app: FastAPI, client: TestClient
+) -> None:
+    """A pass with ``busy`` (the background one) takes the calls pending when it began: an event
+    arriving during the pass makes its call pending for the next pass, which takes it (with short
+    steps a pass would otherwise chase the calls still streaming, event after event)."""
+    _post_calls(client, 1, "early")
+    state = app.state.billing
+    assert run_pass(state.sessions, state.settings).settled == 1
+    _post_calls(client, 1, "late")
+    late_progress = {
+        "event_id": "early0000-t",
+        "request_id": "early0000",
+        "type": "stream.tokens",
+        "occurred_at": "2026-10-15T08:00:01Z",
+        "output_tokens_generated": 12,
+        "output_tokens_delivered": 12,
+    }
+    posted: list[int] = []
+    once = threading.Lock()
+
+    def busy() -> bool:  # PostgreSQL: called by each of the pass's threads
+        with once:
+            if not posted:  # during the pass, before its first step
+                reply = client.post("/v1/events", json={"events": [late_progress]})
+                posted.append(reply.status_code)
+        return True
+
+    result = run_pass(state.sessions, state.settings, busy=busy)
+    assert posted == [200]
+    assert (result.examined, result.settled) == (1, 1)  # "late0000" only
+    with state.sessions() as session:
+        pending = dict(session.execute(select(Call.request_id, Call.pending)).all())
+    assert pending == {"early0000": True, "late0000": False}
+    result = run_pass(state.sessions, state.settings, busy=lambda: True)
+    assert (result.examined, result.settled, result.adjusted) == (1, 0, 1)
+    with state.sessions() as session:
+        call = session.get(Call, "early0000")
+        assert call is not None
+        assert (call.pending, call.output_tokens_delivered, call.output_tokens_undelivered) == (
+            False,
+            12,
+            8,
+        )
+
+
+def test_the_step_sizer_paces_busy_steps() -> None:
+    sizer = StepSizer(4000)
+    assert (sizer.limit(False), sizer.limit(True)) == (4000, BUSY_FIRST_STEP)
+    sizer.observe(500, 0.1)  # 5,000 calls/s: 250 in 50 ms
+    assert (sizer.limit(False), sizer.limit(True)) == (4000, 250)
+    sizer.observe(250, 0.01)  # 25,000 calls/s: 1,250 in 50 ms
+    assert sizer.limit(True) == 1250
+    sizer.observe(1250, 0.001)  # more than the batch size
+    assert sizer.limit(True) == 4000
+    sizer.observe(4000, 100.0)  # never below the minimum
+    assert sizer.limit(True) == BUSY_MIN_STEP
+    sizer.observe(0, 0.0)  # an empty step tells nothing
+    assert sizer.limit(True) == BUSY_MIN_STEP
+    small = StepSizer(7)
+    assert small.limit(True) == 7
+    small.observe(7, 100.0)
+    assert small.limit(True) == 7
 
 
 def _progress_call(request_id: str) -> list[dict[str, object]]:

@@ -181,10 +181,18 @@ _ROUTERS: list[Any] = [events, calls, usage, prices, reconcile, health, exports]
 
 
 async def _reconcile_loop(state: AppState) -> None:
-    """Background passes; a failed pass is logged and retried at the next interval."""
+    """Background passes; a failed pass is logged and retried at the next interval. While this
+    app's ingest is writing, the passes take short steps (``run_pass``'s ``busy``)."""
+
+    def busy() -> bool:
+        writer = getattr(state, "ingest_writer", None)
+        return writer is not None and bool(writer.busy())
+
     while True:
         await asyncio.sleep(state.settings.reconcile_interval_s)
         try:
-            await asyncio.to_thread(run_pass, state.sessions, state.settings, state.metrics)
+            await asyncio.to_thread(
+                run_pass, state.sessions, state.settings, state.metrics, None, busy
+            )
         except Exception:
             log.exception("background reconciliation pass failed; retrying next interval")

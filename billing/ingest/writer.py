@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import queue
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 
@@ -100,6 +101,12 @@ class GroupWriter:
         self._idle = 0
         self._waiting = 0  # events in the queue
         self._ending = 0  # threads writing their last group (still counted in ``_threads``)
+        self._last_put = float("-inf")  # time.monotonic() of the latest submitted batch
+
+    def busy(self, within_s: float = 1.0) -> bool:
+        """Whether a batch was submitted in the last ``within_s`` seconds (the reconciler keeps
+        its steps short while it is, see ``billing.reconcile.runner``)."""
+        return time.monotonic() - self._last_put < within_s
 
     def close(self) -> None:
         """Release the engine this writer owns, if any (its threads end when idle)."""
@@ -128,6 +135,7 @@ class GroupWriter:
         with self._lock:
             self._queue.put(pending)
             self._waiting += len(pending.batch.events)
+            self._last_put = time.monotonic()
             if (
                 self._threads < self._max_threads
                 and self._idle == 0

@@ -55,12 +55,19 @@ class StepResult:
 
 
 def due_calls(
-    session: Session, now: datetime, settle_after_s: float, limit: int, *, lock: bool = True
+    session: Session,
+    now: datetime,
+    settle_after_s: float,
+    limit: int,
+    *,
+    lock: bool = True,
+    pending_before: datetime | None = None,
 ) -> list[str]:
     """Lock and return up to ``limit`` calls that need work: open ones whose last event arrived
-    ``settle_after_s`` seconds ago or earlier (oldest first), then pending ones (oldest first).
-    Rows locked by another reconciler are skipped. With ``lock=False`` the rows are only listed
-    (a read transaction).
+    ``settle_after_s`` seconds ago or earlier (oldest first), then pending ones (oldest first;
+    with ``pending_before``, only those pending since that instant or earlier). Rows locked by
+    another reconciler are skipped. With ``lock=False`` the rows are only listed (a read
+    transaction).
 
     Two queries, each a range of one index read in order (``calls(settled, pending,
     last_received_at, request_id)`` and ``calls(pending, last_received_at, request_id)``), so a
@@ -77,7 +84,10 @@ def due_calls(
         select(Call.request_id).where(
             Call.settled == false(), Call.pending == false(), Call.last_received_at <= cutoff
         ),
-        select(Call.request_id).where(Call.pending == true()),
+        select(Call.request_id).where(
+            Call.pending == true(),
+            *(() if pending_before is None else (Call.last_received_at <= pending_before,)),
+        ),
     ]
     found: list[str] = []
     conn = session.connection()  # Core rows: no ORM loading for thousands of ids a step
@@ -295,13 +305,14 @@ def reconcile_step(
     limit: int,
     *,
     common_in_sql: bool = True,
+    pending_before: datetime | None = None,
 ) -> StepResult:
     """Do one bounded step inside the caller's transaction (the caller commits).
 
     Returns what was done; ``examined`` is 0 when no call needed work. ``common_in_sql``: see
-    ``reconcile_calls``.
+    ``reconcile_calls``; ``pending_before``: see ``due_calls``.
     """
-    request_ids = due_calls(session, now, settle_after_s, limit)
+    request_ids = due_calls(session, now, settle_after_s, limit, pending_before=pending_before)
     return reconcile_calls(session, request_ids, now, settle_after_s, common_in_sql=common_in_sql)
 
 
