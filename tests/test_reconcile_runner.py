@@ -212,6 +212,27 @@ def test_a_background_pass_leaves_calls_made_pending_meanwhile_to_the_next(
         )
 
 
+def test_a_background_pass_takes_a_pending_call_stamped_ahead_of_its_clock(
+    app: FastAPI, client: TestClient
+) -> None:
+    """A call's ``last_received_at`` may be later than the reconciler's clock (stamped by a host
+    whose clock runs ahead, and kept when the reconciler writes it back): pending again (here as
+    a new price marks it), a background pass still takes it."""
+    _post_calls(client, 1, "ahead")
+    state = app.state.billing
+    assert run_pass(state.sessions, state.settings).settled == 1
+    with state.sessions.begin() as session:
+        session.execute(
+            update(Call)
+            .where(Call.request_id == "ahead0000")
+            .values(pending=True, last_received_at=datetime.now(UTC) + timedelta(hours=1))
+        )
+    result = run_pass(state.sessions, state.settings, busy=lambda: True)
+    assert result.examined == 1
+    with state.sessions() as session:
+        assert session.scalar(select(Call.pending).where(Call.request_id == "ahead0000")) is False
+
+
 def test_the_step_sizer_paces_busy_steps() -> None:
     sizer = StepSizer(4000)
     assert (sizer.limit(False), sizer.limit(True)) == (4000, BUSY_FIRST_STEP)

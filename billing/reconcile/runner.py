@@ -16,6 +16,7 @@ from billing.reconcile.service import (
     StepResult,
     due_calls,
     lock_call,
+    pending_horizon,
     reconcile_calls,
     reconcile_step,
 )
@@ -75,10 +76,10 @@ def run_pass(
 
     ``busy`` tells whether ingest in this process is writing; while it says so, steps are sized
     to take about ``BUSY_STEP_S`` (``StepSizer``), so that posts do not wait for long steps.
-    With ``busy`` given (the background passes), a pass takes the calls that became pending
-    before it began, not those made pending by events arriving meanwhile (with short steps it
-    would chase them: a call still streaming reconciled again after nearly every event); the
-    next pass takes those.
+    With ``busy`` given (the background passes), a pass takes the calls pending when it began
+    (up to their latest ``last_received_at``, ``pending_horizon``), not those made pending by
+    events arriving meanwhile (with short steps it would chase them: a call still streaming
+    reconciled again after nearly every event); the next pass takes those.
 
     ``now`` (timezone-aware UTC) fixes the clock for the whole pass; by default each step reads the
     current time. Each step commits on its own, so a pass killed midway leaves whole steps only.
@@ -130,13 +131,19 @@ def _run_steps(
     """Steps until one finds fewer calls due than it could take (see ``run_pass``)."""
     total = StepResult()
     sizer = StepSizer(settings.reconcile_batch_size)
-    pending_before = datetime.now(UTC) if busy is not None else None
+    pending_before = None
+    if busy is not None:
+        with read_transaction(sessions) as session:
+            # No call pending now: those made pending during the pass wait for the next one.
+            pending_before = pending_horizon(session) or datetime.min.replace(tzinfo=UTC)
     for _ in range(MAX_STEPS_PER_PASS):
         clock = now or datetime.now(UTC)
         limit = sizer.limit(busy is not None and busy())
-        started = time.monotonic()
         try:
             with write_transaction(sessions) as session:
+                # Paced from inside the transaction: not the wait for SQLite's write lock
+                # behind ingest, which would shrink every step while ingest is busy.
+                started = time.monotonic()
                 number_unnumbered(session.connection())
                 step = reconcile_step(
                     session, clock, settings.settle_after_s, limit, pending_before=pending_before

@@ -101,6 +101,15 @@ def due_calls(
     return found
 
 
+def pending_horizon(session: Session) -> datetime | None:
+    """The latest ``last_received_at`` among the calls pending now (None: none is): as
+    ``due_calls``' ``pending_before``, it takes every call pending now, whatever the clocks that
+    stamped them (a host whose clock runs ahead, a value the reconciler wrote back); a call made
+    pending later is left to the next pass unless stamped no later than that. One step of the
+    pending index."""
+    return session.scalar(select(func.max(Call.last_received_at)).where(Call.pending == true()))
+
+
 #: The numbers of the calls named by an ``IN (…)`` / ``= ANY(…)`` of request ids: a call's events
 #: are found by its number (index ``events(call_no, seq)``, see ``Event``).
 _CALL_NOS = "SELECT call_no FROM calls WHERE request_id "
