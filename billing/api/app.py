@@ -186,7 +186,7 @@ async def _reconcile_loop(state: AppState) -> None:
 
     def busy() -> bool:
         writer = getattr(state, "ingest_writer", None)
-        return writer is not None and bool(writer.busy())
+        return writer is not None and writer.busy()
 
     while True:
         await asyncio.sleep(state.settings.reconcile_interval_s)
