@@ -8,6 +8,7 @@ import ipaddress
 import json
 import logging.config
 import os
+import socket
 import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -84,6 +85,26 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _cannot_listen(host: str, port: int) -> str | None:
+    """Why ``host``:``port`` cannot be listened on now (the OS's words), or None when it can.
+
+    Bound and released at once, with ``SO_REUSEADDR`` as uvicorn binds, so ``billing serve``
+    says so in one line before it announces itself (uvicorn would report it after its startup).
+    """
+    try:
+        infos = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as error:
+        return f"cannot resolve {host}: {error}"
+    family, kind, proto, _name, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as error:
+            return error.strerror or str(error)
+    return None
+
+
 def _safe(url: str) -> str:
     """The URL without a password."""
     if "@" in url and "://" in url:
@@ -101,6 +122,12 @@ def serve(
 ) -> None:
     """Apply migrations, then serve the HTTP API with uvicorn (reconciling in the background)."""
     settings = load_settings()
+    reason = _cannot_listen(host, port)
+    if reason is not None:
+        fail(
+            f"cannot listen on {host}:{port}: {reason} (is another server using the port? "
+            "choose another with --port)"
+        )
     migrate_or_fail(settings)
     with read_transaction(_open(settings)) as session:
         tokens = token_count(session)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -182,7 +183,10 @@ def test_tokens_cli_create_list_revoke(db_url: str, app: FastAPI, client: TestCl
 
 
 def test_serve_refuses_public_interface_without_tokens(db_url: str) -> None:
-    result = _cli(["serve", "--host", "0.0.0.0", "--port", "1"], db_url)
+    with socket.socket() as probe:  # a port free now (port 1 needs root to bind)
+        probe.bind(("0.0.0.0", 0))
+        port = probe.getsockname()[1]
+    result = _cli(["serve", "--host", "0.0.0.0", "--port", str(port)], db_url)
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == [
         "billing: refusing to listen on 0.0.0.0 without API tokens: create one with "
@@ -207,3 +211,17 @@ def test_sql_is_parameterised(client: TestClient) -> None:
     assert client.post("/v1/reconcile").status_code == 200
     call = client.get("/v1/calls/auth-r1").json()
     assert call["api_key_id"] == key
+
+
+def test_serve_says_in_one_line_that_its_port_is_taken(db_url: str) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = _cli(["serve", "--port", str(port)], db_url)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"billing: cannot listen on 127.0.0.1:{port}: Address already in use "
+        "(is another server using the port? choose another with --port)"
+    )
+    assert "serving on" not in result.stderr
