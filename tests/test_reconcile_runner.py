@@ -57,7 +57,9 @@ def test_a_poisoned_call_does_not_block_the_others(
     assert result.settled == 2
     assert "call 'bad' could not be reconciled" in caplog.text
     with state.sessions() as session:
-        settled = dict(session.execute(select(Call.request_id, Call.settled)).tuples().all())
+        settled = {
+            rid: done for rid, done in session.execute(select(Call.request_id, Call.settled))
+        }
         pending = session.scalar(select(Call.pending).where(Call.request_id == "bad"))
         entries = session.scalars(select(LedgerEntry.request_id).order_by(LedgerEntry.request_id))
         assert list(entries) == ["good-1", "good-2"]
