@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import errno
 import hashlib
 import ipaddress
 import json
@@ -85,23 +86,41 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def _cannot_listen(host: str, port: int) -> str | None:
-    """Why ``host``:``port`` cannot be listened on now (the OS's words), or None when it can.
+def _authority(host: str, port: int) -> str:
+    """``host:port`` as a URL writes it (an IPv6 address in brackets)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
-    Bound and released at once, with ``SO_REUSEADDR`` as uvicorn binds, so ``billing serve``
-    says so in one line before it announces itself (uvicorn would report it after its startup).
+
+def _cannot_listen(host: str, port: int) -> str | None:
+    """Why ``host``:``port`` cannot be listened on now, as one sentence, or None when it can.
+
+    Every address ``host`` resolves to is bound and released at once, with ``SO_REUSEADDR`` as
+    uvicorn binds, so ``billing serve`` says so in one line before it migrates or announces
+    itself (uvicorn would report it after its startup). A port in use gets a hint; other errors
+    are the operating system's words.
     """
+    where = _authority(host, port)
     try:
-        infos = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)
+        infos = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
     except (OSError, UnicodeError) as error:
-        return f"cannot resolve {host}: {error}"
-    family, kind, proto, _name, address = infos[0]
-    with socket.socket(family, kind, proto) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(address)
-        except OSError as error:
-            return error.strerror or str(error)
+        return f"cannot listen on {where}: cannot resolve {host!r} ({error})"
+    for family, kind, proto, _name, address in dict.fromkeys(infos):
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:  # as asyncio's create_server binds
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(address)
+            except OSError as error:
+                reason = error.strerror or str(error)
+                if error.errno == errno.EADDRINUSE:
+                    return (
+                        f"cannot listen on {where}: {reason} (another server holds the port? "
+                        "choose another with --port)"
+                    )
+                return f"cannot listen on {where}: {reason}"
     return None
 
 
@@ -117,17 +136,16 @@ def _safe(url: str) -> str:
 @app.command()
 def serve(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    port: Annotated[int, typer.Option(help="TCP port.", min=1, max=65535)] = 8000,
     workers: Annotated[int, typer.Option(help="uvicorn worker processes.")] = 1,
 ) -> None:
     """Apply migrations, then serve the HTTP API with uvicorn (reconciling in the background)."""
     settings = load_settings()
+    if host.startswith("[") and host.endswith("]"):  # an IPv6 address as a URL writes it
+        host = host[1:-1]
     reason = _cannot_listen(host, port)
     if reason is not None:
-        fail(
-            f"cannot listen on {host}:{port}: {reason} (is another server using the port? "
-            "choose another with --port)"
-        )
+        fail(reason)
     migrate_or_fail(settings)
     with read_transaction(_open(settings)) as session:
         tokens = token_count(session)
@@ -142,8 +160,9 @@ def serve(
             "(create one with `billing tokens create --role admin`)",
             err=True,
         )
+    where = _authority(host, port)
     typer.echo(
-        f"billing: serving on http://{host}:{port} with database {_safe(settings.database_url)}",
+        f"billing: serving on http://{where} with database {_safe(settings.database_url)}",
         err=True,
     )
     uvicorn.run(

@@ -14,6 +14,7 @@ from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
 from billing.auth.tokens import ROLES, create_token, revoke_token
+from billing.cli import _cannot_listen
 from billing.storage.db import write_transaction
 
 EVENT = {
@@ -222,6 +223,37 @@ def test_serve_says_in_one_line_that_its_port_is_taken(db_url: str) -> None:
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == (
         f"billing: cannot listen on 127.0.0.1:{port}: Address already in use "
-        "(is another server using the port? choose another with --port)"
+        "(another server holds the port? choose another with --port)"
     )
     assert "serving on" not in result.stderr
+
+
+def test_serve_names_an_ipv6_address_in_brackets_and_takes_it_either_way(db_url: str) -> None:
+    try:
+        holder = socket.socket(socket.AF_INET6)
+        holder.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback on this machine")
+    with holder:
+        holder.listen()
+        port = holder.getsockname()[1]
+        for host in ("::1", "[::1]"):
+            result = _cli(["serve", "--host", host, "--port", str(port)], db_url)
+            assert result.returncode == 1
+            assert result.stderr.strip().splitlines() == [
+                f"billing: cannot listen on [::1]:{port}: Address already in use "
+                "(another server holds the port? choose another with --port)"
+            ]
+
+
+def test_serve_says_a_host_it_cannot_resolve_or_a_port_out_of_range(db_url: str) -> None:
+    reason = _cannot_listen("no-such-host.invalid", 8000)
+    assert reason is not None
+    assert reason.startswith(
+        "cannot listen on no-such-host.invalid:8000: cannot resolve 'no-such-host.invalid' ("
+    )
+    for port in ("0", "65536", "99999999999999999999"):
+        result = _cli(["serve", "--port", port], db_url)
+        assert result.returncode == 2, result.stderr
+        assert "Invalid value for '--port'" in result.stderr
+        assert "Traceback" not in result.stderr
