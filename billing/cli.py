@@ -88,16 +88,21 @@ def _is_loopback(host: str) -> bool:
 
 def _authority(host: str, port: int) -> str:
     """``host:port`` as a URL writes it (an IPv6 address in brackets)."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        ipv6 = ipaddress.ip_address(host).version == 6
+    except ValueError:
+        ipv6 = False
+    return f"[{host}]:{port}" if ipv6 else f"{host}:{port}"
 
 
-def _cannot_listen(host: str, port: int) -> str | None:
+def _cannot_listen(host: str, port: int, dual_stack: bool = False) -> str | None:
     """Why ``host``:``port`` cannot be listened on now, as one sentence, or None when it can.
 
     Every address ``host`` resolves to is bound and released at once, with ``SO_REUSEADDR`` as
     uvicorn binds, so ``billing serve`` says so in one line before it migrates or announces
     itself (uvicorn would report it after its startup). A port in use gets a hint; other errors
-    are the operating system's words.
+    are the operating system's words. ``dual_stack``: an IPv6 socket also takes IPv4, as uvicorn
+    binds with more than one worker (with one, asyncio binds IPv6 only).
     """
     where = _authority(host, port)
     try:
@@ -109,8 +114,8 @@ def _cannot_listen(host: str, port: int) -> str | None:
     for family, kind, proto, _name, address in dict.fromkeys(infos):
         with socket.socket(family, kind, proto) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:  # as asyncio's create_server binds
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0 if dual_stack else 1)
             try:
                 sock.bind(address)
             except OSError as error:
@@ -143,7 +148,7 @@ def serve(
     settings = load_settings()
     if host.startswith("[") and host.endswith("]"):  # an IPv6 address as a URL writes it
         host = host[1:-1]
-    reason = _cannot_listen(host, port)
+    reason = _cannot_listen(host, port, dual_stack=workers > 1)
     if reason is not None:
         fail(reason)
     migrate_or_fail(settings)

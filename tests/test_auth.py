@@ -257,3 +257,19 @@ def test_serve_says_a_host_it_cannot_resolve_or_a_port_out_of_range(db_url: str)
         assert result.returncode == 2, result.stderr
         assert "Invalid value for '--port'" in result.stderr
         assert "Traceback" not in result.stderr
+
+
+def test_serve_checks_the_wildcard_ipv6_address_as_its_workers_bind_it() -> None:
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 on this machine")
+    with socket.socket() as holder:
+        holder.bind(("0.0.0.0", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        # One worker: asyncio binds "::" to IPv6 only, so an IPv4 holder is no conflict; more
+        # workers: uvicorn binds one socket that takes IPv4 as well.
+        assert _cannot_listen("::", port) is None
+        assert _cannot_listen("::", port, dual_stack=True) == (
+            f"cannot listen on [::]:{port}: Address already in use "
+            "(another server holds the port? choose another with --port)"
+        )
