@@ -292,7 +292,8 @@ _CHUNK = 4000
 _SQLITE_TABLE = (
     "CREATE TABLE IF NOT EXISTS scratch.reconcile_common (request_id TEXT PRIMARY KEY, "
     "api_key_id, model, protocol, status, started_at, ended_at, arrival, usage_source, "
-    f"{', '.join(TOKEN_FIELDS)}, stop_reason, price_id, {', '.join(RATE_COLUMNS)}, cost_pusd)"
+    f"{', '.join(TOKEN_FIELDS)}, stop_reason, price_id, {', '.join(RATE_COLUMNS)}, cost_pusd, "
+    "call_rowid INTEGER)"
 )
 
 
@@ -327,7 +328,7 @@ def _settle_sqlite(
         chunk = tuple(request_ids[start : start + _CHUNK])
         shape = _shape(f"IN ({', '.join('?' * len(chunk))})")
         conn.exec_driver_sql(
-            f"INSERT INTO scratch.reconcile_common SELECT {select} "
+            f"INSERT INTO scratch.reconcile_common SELECT {select}, c.rowid "
             f"FROM ({_SQLITE_BODIES.format(shape=shape)}) AS g JOIN calls c "
             "ON c.request_id = g.request_id "
             f"JOIN prices p ON p.id = (SELECT p.id {_PRICE_IN_FORCE}) WHERE {conditions}",
@@ -352,11 +353,12 @@ def _settle_sqlite(
         no_anomaly="'[]'",
         usage_missing=f"'{_USAGE_MISSING}'",
     )
-    # The IN (…) makes SQLite look the calls up by key; with the join alone it scans calls.
+    # The IN (…) makes SQLite look the calls up by key (their rowid, kept from the join above:
+    # no second search of the request_id index); with the join alone it scans calls.
     conn.exec_driver_sql(
         f"UPDATE calls SET {sets} FROM scratch.reconcile_common f "
-        "WHERE calls.request_id = f.request_id "
-        "AND calls.request_id IN (SELECT request_id FROM scratch.reconcile_common)",
+        "WHERE calls.rowid = f.call_rowid "
+        "AND calls.rowid IN (SELECT call_rowid FROM scratch.reconcile_common)",
         (now_text,),
     )
     groups = conn.exec_driver_sql(
