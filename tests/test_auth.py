@@ -221,11 +221,10 @@ def test_serve_says_in_one_line_that_its_port_is_taken(db_url: str) -> None:
         port = holder.getsockname()[1]
         result = _cli(["serve", "--port", str(port)], db_url)
     assert result.returncode == 1
-    assert result.stderr.strip().splitlines()[-1] == (
+    assert result.stderr.strip().splitlines() == [
         f"billing: cannot listen on 127.0.0.1:{port}: Address already in use "
         "(another server holds the port? choose another with --port)"
-    )
-    assert "serving on" not in result.stderr
+    ]
 
 
 def test_serve_names_an_ipv6_address_in_brackets_and_takes_it_either_way(db_url: str) -> None:

@@ -230,9 +230,17 @@ def test_a_background_pass_takes_a_pending_call_stamped_ahead_of_its_clock(
             .values(pending=True, last_received_at=datetime.now(UTC) + timedelta(hours=1))
         )
     result = run_pass(state.sessions, state.settings, busy=lambda: True)
-    assert result.examined == 1
+    assert (result.examined, result.settled, result.adjusted) == (1, 0, 0)
     with state.sessions() as session:
-        assert session.scalar(select(Call.pending).where(Call.request_id == "ahead0000")) is False
+        call = session.get(Call, "ahead0000")
+        assert call is not None
+        assert (call.pending, call.status, call.input_tokens) == (False, "completed", 10)
+        assert (
+            call.output_tokens_billed,
+            call.output_tokens_delivered,
+            call.output_tokens_undelivered,
+        ) == (20, 0, 20)
+    assert _steps(app) == [1]  # the one settlement entry: nothing to adjust
 
 
 def test_the_step_sizer_paces_busy_steps() -> None:
