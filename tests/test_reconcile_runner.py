@@ -150,7 +150,11 @@ def test_while_ingest_is_busy_a_pass_takes_short_steps(app: FastAPI, client: Tes
     ``BUSY_FIRST_STEP`` calls, instead of ``reconcile_batch_size``."""
     _post_calls(client, 1200, "b")
     state = app.state.billing
-    settings = state.settings.model_copy(update={"reconcile_batch_size": 4000})
+    # One thread: with two (PostgreSQL's default), their first steps race for the same calls
+    # (``SKIP LOCKED``), and either may book fewer than its limit.
+    settings = state.settings.model_copy(
+        update={"reconcile_batch_size": 4000, "reconcile_threads": 1}
+    )
     result = run_pass(state.sessions, settings, busy=lambda: True)
     assert (result.examined, result.settled) == (1200, 1200)
     steps = _steps(app)
@@ -159,13 +163,26 @@ def test_while_ingest_is_busy_a_pass_takes_short_steps(app: FastAPI, client: Tes
     assert len(steps) >= 2
 
 
-def test_an_idle_ingest_leaves_the_steps_whole(app: FastAPI, client: TestClient) -> None:
+@pytest.mark.parametrize("threads", [1, 2])
+def test_an_idle_ingest_leaves_the_steps_whole(
+    app: FastAPI, client: TestClient, threads: int
+) -> None:
+    """Idle, each thread's step takes up to ``reconcile_batch_size`` calls and, finding fewer,
+    ends the thread's pass: one step with one thread; with two (PostgreSQL), the two first steps
+    share the calls between them (``SKIP LOCKED``, in whatever split the race gives)."""
     _post_calls(client, 1200, "i")
     state = app.state.billing
-    settings = state.settings.model_copy(update={"reconcile_batch_size": 4000})
+    settings = state.settings.model_copy(
+        update={"reconcile_batch_size": 4000, "reconcile_threads": threads}
+    )
     result = run_pass(state.sessions, settings, busy=lambda: False)
     assert (result.examined, result.settled) == (1200, 1200)
-    assert _steps(app) == [1200]
+    steps = _steps(app)
+    if threads == 1:
+        assert steps == [1200]
+    else:
+        assert sum(steps) == 1200
+        assert 1 <= len(steps) <= 2
 
 
 def test_a_background_pass_leaves_calls_made_pending_meanwhile_to_the_next(
