@@ -92,9 +92,10 @@ def client(app: FastAPI) -> Iterator[TestClient]:
         yield test_client
 
 
-def _free_port() -> int:
+def _free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now (the OS's pick; released before it is returned)."""
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         port: int = sock.getsockname()[1]
         return port
 

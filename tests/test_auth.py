@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from billing.auth.tokens import ROLES, create_token, revoke_token
 from billing.cli import _cannot_listen
 from billing.storage.db import write_transaction
+from tests.conftest import _free_port
 
 EVENT = {
     "event_id": "auth-e1",
@@ -184,9 +185,7 @@ def test_tokens_cli_create_list_revoke(db_url: str, app: FastAPI, client: TestCl
 
 
 def test_serve_refuses_public_interface_without_tokens(db_url: str) -> None:
-    with socket.socket() as probe:  # a port free now (port 1 needs root to bind)
-        probe.bind(("0.0.0.0", 0))
-        port = probe.getsockname()[1]
+    port = _free_port("0.0.0.0")  # free: the refusal, not the port check, must stop it
     result = _cli(["serve", "--host", "0.0.0.0", "--port", str(port)], db_url)
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == [

@@ -9,7 +9,6 @@ Source: CONTRACT "Reconciliation" (one settlement per call).
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -30,6 +29,7 @@ from billing.reconcile.runner import run_pass
 from billing.settings import Settings
 from billing.storage.db import make_engine, make_sessionmaker
 from billing.storage.models import Call, LedgerEntry
+from tests.conftest import _free_port
 from tests.test_rule import started, usage
 
 CALLS = 2000
@@ -149,13 +149,6 @@ def test_two_reconcilers_in_process_settle_each_call_once(client: TestClient, db
 
 
 # -- two `billing serve` processes on PostgreSQL ----------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @contextmanager
