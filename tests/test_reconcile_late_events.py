@@ -13,7 +13,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from billing.reconcile.rule import TOKEN_FIELDS
+from billing.dimensions import TOKEN_FIELDS
 from tests.test_reconcile_scenarios import ledger_sum, settle_due
 from tests.test_rule import disconnect, failed, started, tokens, usage
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from billing.reconcile.rule import TOKEN_FIELDS
+from billing.dimensions import TOKEN_FIELDS
 from billing.reconcile.runner import run_pass
 from tests.test_rule import started, tokens, usage
 

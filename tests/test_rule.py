@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from pydantic import TypeAdapter
 
+from billing.dimensions import TOKEN_FIELDS, Tokens
 from billing.ingest.schemas import Event
 from billing.pricing.money import pusd_to_str
 from billing.pricing.prices import PriceBook, PriceRow
@@ -22,10 +23,8 @@ from billing.reconcile.rule import (
     DELIVERED_EXCEEDS_BILLED,
     INPUT_UNKNOWN,
     STARTED_MISSING,
-    TOKEN_FIELDS,
     USAGE_MISSING,
     CallFigures,
-    Tokens,
     reconcile_call,
 )
 from billing.reconcile.service import call_cost, target_lines

@@ -17,9 +17,10 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from billing.dimensions import TOKEN_FIELDS
 from billing.ingest.schemas import StreamUsage
 from billing.pricing.prices import PriceBook
-from billing.reconcile.rule import TOKEN_FIELDS, reconcile_call
+from billing.reconcile.rule import reconcile_call
 from billing.reconcile.runner import run_pass
 from billing.reconcile.service import call_cost, target_lines
 from tests.test_rule import (

@@ -23,8 +23,8 @@ from sqlalchemy.orm import Session
 
 from billing.calllog import buckets, rollups
 from billing.calllog.usage import UsageQuery, usage_rows
+from billing.dimensions import TOKEN_FIELDS
 from billing.pricing.money import pusd_to_str
-from billing.reconcile.rule import TOKEN_FIELDS
 from billing.storage.migrate import alembic_config
 from billing.storage.models import Call, LedgerEntry
 from tests.test_calls_query import (

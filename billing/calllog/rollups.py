@@ -43,7 +43,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from billing.calllog.buckets import DAY, HOUR, LEVELS, MONTH, QUARTER, floor
-from billing.reconcile.rule import STARTED_MISSING, TOKEN_FIELDS
+from billing.dimensions import TOKEN_FIELDS
+from billing.reconcile.rule import STARTED_MISSING
 from billing.storage.models import (
     Call,
     LedgerEntry,

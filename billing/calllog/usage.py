@@ -49,9 +49,9 @@ from billing.calllog.rollups import (
     place_call,
     place_entry,
 )
+from billing.dimensions import TOKEN_FIELDS
 from billing.errors import FieldError, ValidationFailed
 from billing.pricing.money import pusd_to_str
-from billing.reconcile.rule import TOKEN_FIELDS
 from billing.storage.models import Call, LedgerEntry, UsageRollup, UsageRollupAllKeys
 from billing.storage.types import UTCDateTime
 

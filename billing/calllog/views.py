@@ -6,8 +6,8 @@ from typing import Any
 
 import orjson
 
+from billing.dimensions import TOKEN_FIELDS
 from billing.pricing.money import pusd_to_str, uusd_per_mtok_to_str
-from billing.reconcile.rule import TOKEN_FIELDS
 from billing.storage.models import Call, Event, LedgerEntry
 from billing.timefmt import rfc3339
 

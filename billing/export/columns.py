@@ -31,7 +31,7 @@ from __future__ import annotations
 from typing import Final
 
 from billing.calllog.buckets import TIME_DIMS
-from billing.reconcile.rule import TOKEN_FIELDS
+from billing.dimensions import TOKEN_FIELDS
 
 #: The token buckets, in the contract's usage-totals order.
 TOKEN_COLUMNS: Final[tuple[str, ...]] = tuple(TOKEN_FIELDS)

@@ -11,10 +11,10 @@ from pydantic import BaseModel, ConfigDict, field_validator
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from billing.dimensions import Tokens
 from billing.errors import PriceConflict
 from billing.ingest.schemas import ModelName, Timestamp
 from billing.pricing.money import parse_price, uusd_per_mtok_to_str
-from billing.reconcile.rule import Tokens
 from billing.storage.models import Price
 
 PRICE_FIELDS = (

@@ -56,6 +56,7 @@ from sqlalchemy.orm import Session
 
 from billing.calllog.buckets import QUARTER
 from billing.calllog.rollups import BOOKED, CALL_START, PICO, Deltas, Placed, Totals, floor_sql
+from billing.dimensions import TOKEN_FIELDS
 from billing.ingest.schemas import MAX_TOKENS
 from billing.reconcile.ledger import (
     ENTRY_COLUMNS,
@@ -63,7 +64,7 @@ from billing.reconcile.ledger import (
     SETTLED_COMPLETE,
     settled_timed_out,
 )
-from billing.reconcile.rule import TOKEN_FIELDS, USAGE_MISSING
+from billing.reconcile.rule import USAGE_MISSING
 from billing.storage.types import sqlite_text
 
 #: Rates at or above this (micro-USD per million tokens) go to the rule: with token counts at most

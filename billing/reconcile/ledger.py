@@ -14,8 +14,8 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from billing.dimensions import TOKEN_FIELDS, Tokens
 from billing.pricing.prices import PriceRow
-from billing.reconcile.rule import TOKEN_FIELDS, Tokens
 
 
 class LineKey(NamedTuple):

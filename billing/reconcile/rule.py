@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from billing.dimensions import Tokens
 from billing.ingest.schemas import StreamFailed, StreamStarted, StreamUsage
 from billing.reconcile.stored import AnyEvent, StoredFailed, StoredStarted, StoredUsage
 
@@ -19,78 +20,6 @@ INPUT_UNKNOWN = "input_unknown"
 USAGE_MISSING = "usage_missing"
 STARTED_MISSING = "started_missing"
 UNPRICED = "unpriced"
-
-TOKEN_FIELDS = (
-    "input_tokens",
-    "cache_read_input_tokens",
-    "cache_creation_input_tokens",
-    "output_tokens_billed",
-    "output_tokens_delivered",
-    "output_tokens_undelivered",
-    "reasoning_tokens",
-)
-
-
-@dataclass(slots=True)
-class Tokens:
-    """The billable token buckets (all integers, tokens). Adds and subtracts field by field.
-
-    A value: never changed once built (not frozen only because a frozen dataclass costs about a
-    microsecond more to build, and the reconciler builds several per call).
-    """
-
-    input_tokens: int = 0
-    cache_read_input_tokens: int = 0
-    cache_creation_input_tokens: int = 0
-    output_tokens_billed: int = 0
-    output_tokens_delivered: int = 0
-    output_tokens_undelivered: int = 0
-    reasoning_tokens: int = 0
-
-    def __add__(self, other: Tokens) -> Tokens:
-        return Tokens(
-            self.input_tokens + other.input_tokens,
-            self.cache_read_input_tokens + other.cache_read_input_tokens,
-            self.cache_creation_input_tokens + other.cache_creation_input_tokens,
-            self.output_tokens_billed + other.output_tokens_billed,
-            self.output_tokens_delivered + other.output_tokens_delivered,
-            self.output_tokens_undelivered + other.output_tokens_undelivered,
-            self.reasoning_tokens + other.reasoning_tokens,
-        )
-
-    def __sub__(self, other: Tokens) -> Tokens:
-        return Tokens(
-            self.input_tokens - other.input_tokens,
-            self.cache_read_input_tokens - other.cache_read_input_tokens,
-            self.cache_creation_input_tokens - other.cache_creation_input_tokens,
-            self.output_tokens_billed - other.output_tokens_billed,
-            self.output_tokens_delivered - other.output_tokens_delivered,
-            self.output_tokens_undelivered - other.output_tokens_undelivered,
-            self.reasoning_tokens - other.reasoning_tokens,
-        )
-
-    def __neg__(self) -> Tokens:
-        return Tokens() - self
-
-    def values(self) -> tuple[int, int, int, int, int, int, int]:
-        """The buckets in ``TOKEN_FIELDS`` order."""
-        return (
-            self.input_tokens,
-            self.cache_read_input_tokens,
-            self.cache_creation_input_tokens,
-            self.output_tokens_billed,
-            self.output_tokens_delivered,
-            self.output_tokens_undelivered,
-            self.reasoning_tokens,
-        )
-
-    def is_zero(self) -> bool:
-        """True when every bucket is 0."""
-        return not any(self.values())
-
-    def as_dict(self) -> dict[str, int]:
-        """``{field: tokens}`` in ``TOKEN_FIELDS`` order."""
-        return dict(zip(TOKEN_FIELDS, self.values(), strict=True))
 
 
 @dataclass(slots=True)

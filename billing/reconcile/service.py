@@ -20,6 +20,7 @@ from sqlalchemy import case, false, func, or_, select, true, update
 from sqlalchemy.orm import Session
 
 from billing.calllog import rollups
+from billing.dimensions import TOKEN_FIELDS, Tokens
 from billing.pricing.prices import PriceBook, PriceRow, prices_by_id
 from billing.reconcile.common import settle_common
 from billing.reconcile.ledger import (
@@ -32,7 +33,7 @@ from billing.reconcile.ledger import (
     plan_entries,
     settled_timed_out,
 )
-from billing.reconcile.rule import TOKEN_FIELDS, UNPRICED, CallFigures, Tokens, reconcile_call
+from billing.reconcile.rule import UNPRICED, CallFigures, reconcile_call
 from billing.reconcile.stored import AnyEvent, StoredTokens, check_figures, decode
 from billing.storage.models import Call, CallAttempt, LedgerEntry
 from billing.storage.types import cached_sqlite_text

@@ -1,0 +1,127 @@
+"""The billable dimensions, declared once: the token buckets that every call, attempt, ledger
+entry, rollup, usage row and CSV row carries (CONTRACT "Reconciliation", "Call log and usage
+queries", "Export").
+
+``Tokens`` below is the declaration: one field per bucket, in the order in which the API, the
+usage rows and the CSV columns list them. Each field's metadata says where the rule reads the
+bucket from (``usage``: the ``stream.usage`` field, or ``None`` for a bucket the rule derives
+from counters) and which price bills it (``price``: the column of a price, in micro-USD per
+million tokens, or ``None`` for a bucket that is information only). Everything else is derived
+from it: ``TOKEN_FIELDS``, ``BUCKETS``, ``PRICED``, the ORM columns (``billing.storage.models``),
+the ingest schema's usage fields, the rollups, the usage rows, the CSV columns and the OpenAPI
+schemas. ``docs/ARCHITECTURE.md`` ("Adding a token bucket") lists the one edit and the migration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from operator import attrgetter
+from typing import Any
+
+
+def _bucket(doc: str, *, usage: str | None = None, price: str | None = None) -> Any:
+    """A token bucket: an integer field (tokens, ≥ 0 on a call; a ledger adjustment may hold a
+    negative difference), 0 by default."""
+    return field(default=0, metadata={"doc": doc, "usage": usage, "price": price})
+
+
+@dataclass(slots=True)
+class Tokens:
+    """The billable token buckets (integers, tokens). Adds and subtracts field by field.
+
+    A value: never changed once built (not frozen only because a frozen dataclass costs more to
+    build, and the reconciler builds several per call).
+    """
+
+    input_tokens: int = _bucket(
+        "input tokens billed at the full input rate (excludes cache reads and writes)",
+        usage="input_tokens",
+        price="input_usd_per_mtok",
+    )
+    cache_read_input_tokens: int = _bucket(
+        "input tokens read from the provider's prompt cache",
+        usage="cache_read_input_tokens",
+        price="cache_read_usd_per_mtok",
+    )
+    cache_creation_input_tokens: int = _bucket(
+        "input tokens written to the provider's prompt cache",
+        usage="cache_creation_input_tokens",
+        price="cache_creation_usd_per_mtok",
+    )
+    output_tokens_billed: int = _bucket(
+        "output tokens the provider bills, including reasoning and those generated after the "
+        "client left",
+        usage="output_tokens",
+        price="output_usd_per_mtok",
+    )
+    output_tokens_delivered: int = _bucket("output tokens written to the client")
+    output_tokens_undelivered: int = _bucket(
+        "billed output tokens the client never received: max(0, billed − delivered)"
+    )
+    reasoning_tokens: int = _bucket(
+        "the part of the billed output spent on reasoning (information)", usage="reasoning_tokens"
+    )
+
+    def __add__(self, other: Tokens) -> Tokens:
+        return Tokens(*[a + b for a, b in zip(_values(self), _values(other), strict=True)])
+
+    def __sub__(self, other: Tokens) -> Tokens:
+        return Tokens(*[a - b for a, b in zip(_values(self), _values(other), strict=True)])
+
+    def __neg__(self) -> Tokens:
+        return Tokens(*[-a for a in _values(self)])
+
+    def values(self) -> tuple[int, ...]:
+        """The buckets in ``TOKEN_FIELDS`` order."""
+        return _values(self)
+
+    def is_zero(self) -> bool:
+        """True when every bucket is 0."""
+        return not any(_values(self))
+
+    def as_dict(self) -> dict[str, int]:
+        """``{field: tokens}`` in ``TOKEN_FIELDS`` order."""
+        return dict(zip(TOKEN_FIELDS, _values(self), strict=True))
+
+
+@dataclass(frozen=True, slots=True)
+class Bucket:
+    """One token bucket's facts, read off the ``Tokens`` declaration.
+
+    ``name``: the column and API field; ``doc``: what it counts; ``usage``: the ``stream.usage``
+    field the rule reads it from, or ``None`` when the rule derives it; ``price``: the price field
+    (USD per million tokens) that bills it, or ``None`` when it is not billed by itself.
+    """
+
+    name: str
+    doc: str
+    usage: str | None
+    price: str | None
+
+
+#: Every bucket, in declaration order.
+BUCKETS: tuple[Bucket, ...] = tuple(
+    Bucket(f.name, f.metadata["doc"], f.metadata["usage"], f.metadata["price"])
+    for f in fields(Tokens)
+)
+#: The bucket names (columns, API fields, CSV columns), in declaration order.
+TOKEN_FIELDS: tuple[str, ...] = tuple(b.name for b in BUCKETS)
+#: The buckets that a price bills, in declaration order.
+PRICED: tuple[Bucket, ...] = tuple(b for b in BUCKETS if b.price is not None)
+#: The price fields (USD per million tokens), in the order of ``PRICED``.
+PRICE_FIELDS: tuple[str, ...] = tuple(b.price for b in PRICED if b.price is not None)
+#: The ``stream.usage`` token fields, in declaration order.
+USAGE_FIELDS: tuple[str, ...] = tuple(b.usage for b in BUCKETS if b.usage is not None)
+
+_values = attrgetter(*TOKEN_FIELDS)
+
+
+def tokens_of(row: Any) -> Tokens:
+    """The ``Tokens`` of any object with one attribute per bucket (an ORM row, a result row)."""
+    return Tokens(*[int(v) for v in _values(row)])
+
+
+def set_tokens(row: Any, tokens: Tokens) -> None:
+    """Write ``tokens`` onto an object with one attribute per bucket (an ORM row)."""
+    for name, value in zip(TOKEN_FIELDS, _values(tokens), strict=True):
+        setattr(row, name, value)
