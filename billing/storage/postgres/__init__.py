@@ -1,0 +1,14 @@
+"""The PostgreSQL store: every room's repository in PostgreSQL's dialect (one module per room)."""
+
+from __future__ import annotations
+
+from billing.storage.store import Store
+
+STORE = Store(
+    name="postgresql",
+    ingest=None,
+    reconcile=None,
+    rollups=None,
+    calllog=None,
+    export=None,
+)

@@ -1,0 +1,14 @@
+"""The SQLite store: every room's repository in SQLite's dialect (one module per room)."""
+
+from __future__ import annotations
+
+from billing.storage.store import Store
+
+STORE = Store(
+    name="sqlite",
+    ingest=None,
+    reconcile=None,
+    rollups=None,
+    calllog=None,
+    export=None,
+)

@@ -1,0 +1,57 @@
+"""The storage interface: one ``Store`` per database, each room's SQL behind a repository.
+
+Domain code never asks which database it runs on: it asks ``store_for(bind)`` for the ``Store``
+of the engine behind a session, connection or engine, and calls the room's repository on it
+(``store_for(session).ingest.insert_events(…)``). Each room declares its repository's methods
+as a ``Protocol`` in its own ``repository.py``; ``billing.storage.sqlite`` and
+``billing.storage.postgres`` implement every one of them, one module per room, each readable top
+to bottom in its own dialect. The implementation is chosen once per dialect, the first time an
+engine of that dialect is asked for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, Engine
+from sqlalchemy.orm import Session
+
+
+@dataclass(frozen=True, slots=True)
+class Store:
+    """The repositories of one database: one attribute per room (see each room's
+    ``repository.py`` for its methods)."""
+
+    name: str
+    ingest: Any
+    reconcile: Any
+    rollups: Any
+    calllog: Any
+    export: Any
+
+
+_STORES: dict[str, Store] = {}
+
+
+def _build(dialect: str) -> Store:
+    if dialect == "sqlite":
+        from billing.storage.sqlite import STORE as SQLITE
+
+        return SQLITE
+    if dialect == "postgresql":
+        from billing.storage.postgres import STORE as POSTGRES
+
+        return POSTGRES
+    raise ValueError(f"no store for the database {dialect!r}: use SQLite or PostgreSQL")
+
+
+def store_for(bind: Session | Connection | Engine) -> Store:
+    """The ``Store`` of the database behind ``bind``; raises ``ValueError`` for a database that
+    is neither SQLite nor PostgreSQL."""
+    engine = bind.get_bind() if isinstance(bind, Session) else bind
+    dialect = engine.dialect.name
+    store = _STORES.get(dialect)
+    if store is None:
+        store = _STORES[dialect] = _build(dialect)
+    return store
