@@ -19,10 +19,14 @@ from operator import attrgetter
 from typing import Any
 
 
-def _bucket(doc: str, *, usage: str | None = None, price: str | None = None) -> Any:
+def _bucket(
+    doc: str, *, usage: str | None = None, required: bool = False, price: str | None = None
+) -> Any:
     """A token bucket: an integer field (tokens, ≥ 0 on a call; a ledger adjustment may hold a
-    negative difference), 0 by default."""
-    return field(default=0, metadata={"doc": doc, "usage": usage, "price": price})
+    negative difference), 0 by default. ``required``: ``stream.usage`` must carry ``usage``
+    (otherwise it defaults to 0)."""
+    meta = {"doc": doc, "usage": usage, "required": required, "price": price}
+    return field(default=0, metadata=meta)
 
 
 @dataclass(slots=True)
@@ -36,6 +40,7 @@ class Tokens:
     input_tokens: int = _bucket(
         "input tokens billed at the full input rate (excludes cache reads and writes)",
         usage="input_tokens",
+        required=True,
         price="input_usd_per_mtok",
     )
     cache_read_input_tokens: int = _bucket(
@@ -52,6 +57,7 @@ class Tokens:
         "output tokens the provider bills, including reasoning and those generated after the "
         "client left",
         usage="output_tokens",
+        required=True,
         price="output_usd_per_mtok",
     )
     output_tokens_delivered: int = _bucket("output tokens written to the client")
@@ -90,18 +96,22 @@ class Bucket:
 
     ``name``: the column and API field; ``doc``: what it counts; ``usage``: the ``stream.usage``
     field the rule reads it from, or ``None`` when the rule derives it; ``price``: the price field
-    (USD per million tokens) that bills it, or ``None`` when it is not billed by itself.
+    (USD per million tokens) that bills it, or ``None`` when it is not billed by itself;
+    ``required``: whether ``stream.usage`` must carry the ``usage`` field (else it is 0).
     """
 
     name: str
     doc: str
     usage: str | None
+    required: bool
     price: str | None
 
 
 #: Every bucket, in declaration order.
 BUCKETS: tuple[Bucket, ...] = tuple(
-    Bucket(f.name, f.metadata["doc"], f.metadata["usage"], f.metadata["price"])
+    Bucket(
+        f.name, f.metadata["doc"], f.metadata["usage"], f.metadata["required"], f.metadata["price"]
+    )
     for f in fields(Tokens)
 )
 #: The bucket names (columns, API fields, CSV columns), in declaration order.
@@ -110,7 +120,8 @@ TOKEN_FIELDS: tuple[str, ...] = tuple(b.name for b in BUCKETS)
 PRICED: tuple[Bucket, ...] = tuple(b for b in BUCKETS if b.price is not None)
 #: The price fields (USD per million tokens), in the order of ``PRICED``.
 PRICE_FIELDS: tuple[str, ...] = tuple(b.price for b in PRICED if b.price is not None)
-#: The ``stream.usage`` token fields, in declaration order.
+#: The ``stream.usage`` token fields, in declaration order (``required`` ones and those that
+#: default to 0).
 USAGE_FIELDS: tuple[str, ...] = tuple(b.usage for b in BUCKETS if b.usage is not None)
 
 _values = attrgetter(*TOKEN_FIELDS)
