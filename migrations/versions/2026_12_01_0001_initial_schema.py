@@ -86,7 +86,7 @@ def upgrade() -> None:
         sa.Column("error_type", sa.String(length=64), nullable=True),
         sa.Column("stop_reason", sa.String(length=64), nullable=True),
         sa.Column("anomalies", sa.JSON(), nullable=False),
-        sa.Column("call_no", sa.BigInteger(), nullable=True),
+        sa.Column("call_no", sa.BigInteger(), nullable=False),
         sa.PrimaryKeyConstraint("request_id", name="pk_calls"),
     )
     # PostgreSQL numbers new calls from this sequence (``nextval('calls_call_no_seq')``); SQLite
@@ -145,13 +145,6 @@ def upgrade() -> None:
         sa.UniqueConstraint("event_id", name="uq_events_event_id"),
     )
     op.create_index("ix_events_call_no_seq", "events", ["call_no", "seq"])
-    op.create_index(
-        "ix_events_unnumbered",
-        "events",
-        ["request_id"],
-        postgresql_where=sa.text("call_no IS NULL"),
-        sqlite_where=sa.text("call_no IS NULL"),
-    )
 
     op.create_table(
         "ledger_entries",
