@@ -60,6 +60,7 @@ class TokenColumns:
 
 for _name in TOKEN_FIELDS:
     setattr(TokenColumns, _name, _counter())
+del _name
 
 
 class Event(Base):
