@@ -87,6 +87,7 @@ _CALL_COLUMNS = (
     "error_type",
     "stop_reason",
     "anomalies",
+    "call_no",
 )
 #: The ledger columns ``_rows`` fills, in its order: those of the ORM model (the public
 #: definition of the table) less ``entry_id``, which the database numbers.
@@ -312,6 +313,7 @@ def seed(engine: Engine, n: int, keys: int, models: int) -> None:
         raw: Any = conn.connection.driver_connection
         loaded = 0
         for calls, entries in _rows(n, keys, models, seed=42):
+            calls = [(*row, loaded + i) for i, row in enumerate(calls, 1)]  # call_no
             if dialect == "sqlite":
                 for table, columns, rows in (
                     ("calls", _CALL_COLUMNS, calls),

@@ -35,11 +35,12 @@ def run_migrations_online() -> None:
 
 
 def _run(connection: object) -> None:
-    is_sqlite = connection.dialect.name == "sqlite"  # type: ignore[attr-defined]
     context.configure(
         connection=connection,  # type: ignore[arg-type]
         target_metadata=target_metadata,
-        render_as_batch=is_sqlite,
+        # Batch operations: SQLite rebuilds a table for what ALTER TABLE cannot do there; on
+        # PostgreSQL they are plain ALTER TABLE statements.
+        render_as_batch=True,
         compare_type=True,
         compare_server_default=True,
     )

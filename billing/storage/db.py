@@ -88,8 +88,8 @@ def _configure_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
         cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
         cursor.execute("PRAGMA foreign_keys=ON")
         # An in-memory database for a transaction's working tables (the reconciler's common
-        # calls, billing.reconcile.common): a TEMP table lives in a file of its own, journaled
-        # (≈ 5 % of a reconciliation step); ATTACH cannot run inside a transaction, so here.
+        # calls, billing.reconcile.common): a TEMP table lives in a file of its own, journaled;
+        # ATTACH cannot run inside a transaction, so here.
         cursor.execute("ATTACH DATABASE ':memory:' AS scratch")
         # Checkpoints run in the background (``_Checkpointer``), off the committing request's
         # path; this is only the fallback for writes that do not go through write_transaction.
@@ -208,8 +208,8 @@ def write_transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
 @contextmanager
 def write_connection(factory: sessionmaker[Session]) -> Iterator[Connection]:
     """``write_transaction`` for code that runs only driver-level statements: a ``Connection``
-    of the factory's engine instead of an ORM ``Session`` (which costs some 40 µs of CPU per
-    transaction on top), with the same locking, ``BEGIN IMMEDIATE`` and commit-or-rollback."""
+    of the factory's engine instead of an ORM ``Session`` (which costs CPU of its own per
+    transaction), with the same locking, ``BEGIN IMMEDIATE`` and commit-or-rollback."""
     bind = factory.kw["bind"]
     with bind.connect() as conn:
         conn.execution_options(sqlite_immediate=True)  # in place (SQLAlchemy 2)

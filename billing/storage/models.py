@@ -19,8 +19,9 @@ from sqlalchemy import (
     UniqueConstraint,
     text,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, MappedColumn, mapped_column
 
+from billing.dimensions import TOKEN_FIELDS
 from billing.storage.types import UTCDateTime
 
 # SQLite only makes an INTEGER PRIMARY KEY auto-increment; PostgreSQL gets a real bigint.
@@ -41,8 +42,25 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
 
 
-def _tokens() -> Mapped[int]:
-    return mapped_column(BigInteger, nullable=False, default=0, server_default=text("0"))
+def _counter(**kw: Any) -> MappedColumn[int]:
+    """A count that is never null and starts at 0 (tokens, calls, picodollars)."""
+    return mapped_column(BigInteger, nullable=False, default=0, server_default=text("0"), **kw)
+
+
+#: ``sort_order`` of a table's columns that come after its token columns (the others have 0 and
+#: come before them; the mixin's columns follow a table's own columns of the same order).
+AFTER_TOKENS = 1
+
+
+class TokenColumns:
+    """One column per token bucket (``billing.dimensions.TOKEN_FIELDS``, in its order): calls,
+    call attempts, ledger entries and both rollup tables carry them. ``BIGINT NOT NULL DEFAULT
+    0``; read and write them together with ``tokens_of`` / ``set_tokens``, or by name."""
+
+
+for _name in TOKEN_FIELDS:
+    setattr(TokenColumns, _name, _counter())
+del _name
 
 
 class Event(Base):
@@ -54,14 +72,15 @@ class Event(Base):
     arrival order. ``output_tokens_delivered`` and ``output_tokens_generated`` repeat a
     ``stream.tokens`` event's counters (tokens) from its validated body, so the reconciler folds
     a call's progress records in the database (``billing.reconcile.service.load_events``); null
-    for the other types, and for events stored before migration 0005 (read from the body).
+    for the other types.
 
-    ``call_no`` is the event's call's ``calls.call_no``, set by ingest (migration 0007 filled it
-    in for the events stored before): a call's events are found by it (index ``call_no, seq``),
-    not by ``request_id``. A call's number is given when the call is first seen, so the events
-    of the calls in flight land at the end of that index instead of at random places in an index
-    of random request ids (every random insert dirties a page of its own, which a commit writes
-    out: on SQLite the one index cost ≈ 15 µs of the writer's ≈ 55 µs per event).
+    ``call_no`` is the event's call's ``calls.call_no``, set by ingest: a call's events are found
+    by it (index ``call_no, seq``), not by ``request_id``. A call's number is given when the call
+    is first seen, so the events of the calls in flight land at the end of that index instead of
+    at random places in an index of random request ids. Nullable only because PostgreSQL's
+    ingest statement may insert an event of a call that another transaction created meanwhile
+    without its number, and then gives it the number (or rolls back) in the same transaction
+    (``billing.ingest.service``): no committed event lacks it.
     """
 
     __tablename__ = "events"
@@ -79,21 +98,10 @@ class Event(Base):
     output_tokens_generated: Mapped[int | None] = mapped_column(BigInteger)
     call_no: Mapped[int | None] = mapped_column(BigInteger)
 
-    __table_args__ = (
-        Index(None, "call_no", "seq"),
-        # Events stored without a call number (by a server older than migration 0007 still
-        # running beside newer ones): empty otherwise, so it costs ingest nothing; the reconciler
-        # finds such events through it and numbers them (``number_unnumbered``).
-        Index(
-            "ix_events_unnumbered",
-            "request_id",
-            postgresql_where=text("call_no IS NULL"),
-            sqlite_where=text("call_no IS NULL"),
-        ),
-    )
+    __table_args__ = (Index(None, "call_no", "seq"),)
 
 
-class Call(Base):
+class Call(TokenColumns, Base):
     """Per-call state: ingest bookkeeping plus the reconciler's current figures.
 
     Ingest creates the row, or sets ``pending`` (and bumps ``change_seq``) when a call that is
@@ -104,13 +112,13 @@ class Call(Base):
 
     ``call_no`` numbers calls in the order ingest first sees them (SQLite: one more than the
     largest, under the write lock; PostgreSQL: the sequence ``calls_call_no_seq``); the call's
-    events carry it (``Event.call_no``). Never null for a row written by ingest or migrated by 0007.
+    events carry it (``Event.call_no``).
     """
 
     __tablename__ = "calls"
 
     request_id: Mapped[str] = mapped_column(String(128), primary_key=True)
-    call_no: Mapped[int | None] = mapped_column(BigInteger)
+    call_no: Mapped[int] = mapped_column(BigInteger, nullable=False)
     api_key_id: Mapped[str | None] = mapped_column(String(128))
     model: Mapped[str | None] = mapped_column(String(256))
     protocol: Mapped[str | None] = mapped_column(String(40))
@@ -130,17 +138,13 @@ class Call(Base):
     settled_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     usage_source: Mapped[str | None] = mapped_column(String(16))
     attempts: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
-    input_tokens: Mapped[int] = _tokens()
-    cache_read_input_tokens: Mapped[int] = _tokens()
-    cache_creation_input_tokens: Mapped[int] = _tokens()
-    output_tokens_billed: Mapped[int] = _tokens()
-    output_tokens_delivered: Mapped[int] = _tokens()
-    output_tokens_undelivered: Mapped[int] = _tokens()
-    reasoning_tokens: Mapped[int] = _tokens()
-    cost_pusd: Mapped[int | None] = mapped_column(BigInteger)
-    error_type: Mapped[str | None] = mapped_column(String(64))
-    stop_reason: Mapped[str | None] = mapped_column(String(64))
-    anomalies: Mapped[list[str]] = mapped_column(JSON, nullable=False, default=list)
+    # The token columns (``TokenColumns``), then:
+    cost_pusd: Mapped[int | None] = mapped_column(BigInteger, sort_order=AFTER_TOKENS)
+    error_type: Mapped[str | None] = mapped_column(String(64), sort_order=AFTER_TOKENS)
+    stop_reason: Mapped[str | None] = mapped_column(String(64), sort_order=AFTER_TOKENS)
+    anomalies: Mapped[list[str]] = mapped_column(
+        JSON, nullable=False, default=list, sort_order=AFTER_TOKENS
+    )
 
     __table_args__ = (
         Index(None, "call_no", unique=True),
@@ -175,11 +179,11 @@ class Call(Base):
     )
 
 
-class CallAttempt(Base):
+class CallAttempt(TokenColumns, Base):
     """Figures of one upstream attempt of a call with more than one attempt, as last reconciled
     (CONTRACT "Reconciliation"). A call with one attempt has no row here: it is its attempt,
     and its ``calls`` row holds the same figures, model, status, usage source, error type and
-    stop reason (migration 0006 removed the rows written for such calls before)."""
+    stop reason."""
 
     __tablename__ = "call_attempts"
 
@@ -190,15 +194,9 @@ class CallAttempt(Base):
     model: Mapped[str | None] = mapped_column(String(256))
     status: Mapped[str] = mapped_column(String(32), nullable=False)
     usage_source: Mapped[str] = mapped_column(String(16), nullable=False)
-    input_tokens: Mapped[int] = _tokens()
-    cache_read_input_tokens: Mapped[int] = _tokens()
-    cache_creation_input_tokens: Mapped[int] = _tokens()
-    output_tokens_billed: Mapped[int] = _tokens()
-    output_tokens_delivered: Mapped[int] = _tokens()
-    output_tokens_undelivered: Mapped[int] = _tokens()
-    reasoning_tokens: Mapped[int] = _tokens()
-    error_type: Mapped[str | None] = mapped_column(String(64))
-    stop_reason: Mapped[str | None] = mapped_column(String(64))
+    # The token columns (``TokenColumns``), then:
+    error_type: Mapped[str | None] = mapped_column(String(64), sort_order=AFTER_TOKENS)
+    stop_reason: Mapped[str | None] = mapped_column(String(64), sort_order=AFTER_TOKENS)
 
 
 class Price(Base):
@@ -222,7 +220,7 @@ class Price(Base):
     __table_args__ = (UniqueConstraint("model", "effective_from"),)
 
 
-class LedgerEntry(Base):
+class LedgerEntry(TokenColumns, Base):
     """An immutable ledger entry: a ``settlement`` or an ``adjustment`` (CONTRACT "Reconciliation").
 
     Never updated or deleted. ``(request_id, seq)`` is unique, so a second reconciler writing the
@@ -244,19 +242,17 @@ class LedgerEntry(Base):
     protocol: Mapped[str | None] = mapped_column(String(40))
     status: Mapped[str] = mapped_column(String(32), nullable=False)
     call_started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    input_tokens: Mapped[int] = _tokens()
-    cache_read_input_tokens: Mapped[int] = _tokens()
-    cache_creation_input_tokens: Mapped[int] = _tokens()
-    output_tokens_billed: Mapped[int] = _tokens()
-    output_tokens_delivered: Mapped[int] = _tokens()
-    output_tokens_undelivered: Mapped[int] = _tokens()
-    reasoning_tokens: Mapped[int] = _tokens()
-    price_id: Mapped[int | None] = mapped_column(BigInteger)
-    input_uusd_per_mtok: Mapped[int | None] = mapped_column(BigInteger)
-    output_uusd_per_mtok: Mapped[int | None] = mapped_column(BigInteger)
-    cache_read_uusd_per_mtok: Mapped[int | None] = mapped_column(BigInteger)
-    cache_creation_uusd_per_mtok: Mapped[int | None] = mapped_column(BigInteger)
-    cost_pusd: Mapped[int | None] = mapped_column(BigInteger)
+    # The token columns (``TokenColumns``), then:
+    price_id: Mapped[int | None] = mapped_column(BigInteger, sort_order=AFTER_TOKENS)
+    input_uusd_per_mtok: Mapped[int | None] = mapped_column(BigInteger, sort_order=AFTER_TOKENS)
+    output_uusd_per_mtok: Mapped[int | None] = mapped_column(BigInteger, sort_order=AFTER_TOKENS)
+    cache_read_uusd_per_mtok: Mapped[int | None] = mapped_column(
+        BigInteger, sort_order=AFTER_TOKENS
+    )
+    cache_creation_uusd_per_mtok: Mapped[int | None] = mapped_column(
+        BigInteger, sort_order=AFTER_TOKENS
+    )
+    cost_pusd: Mapped[int | None] = mapped_column(BigInteger, sort_order=AFTER_TOKENS)
 
     __table_args__ = (
         UniqueConstraint("request_id", "seq"),
@@ -277,21 +273,15 @@ class ApiToken(Base):
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
-class _RollupTotals:
-    """The summed columns shared by both rollup tables (see ``UsageRollup``)."""
+class _RollupTotals(TokenColumns):
+    """The summed columns shared by both rollup tables (see ``UsageRollup``): the counts, the
+    token columns, then the cost and the unpriced count."""
 
-    members: Mapped[int] = _tokens()
-    calls: Mapped[int] = _tokens()
-    input_tokens: Mapped[int] = _tokens()
-    cache_read_input_tokens: Mapped[int] = _tokens()
-    cache_creation_input_tokens: Mapped[int] = _tokens()
-    output_tokens_billed: Mapped[int] = _tokens()
-    output_tokens_delivered: Mapped[int] = _tokens()
-    output_tokens_undelivered: Mapped[int] = _tokens()
-    reasoning_tokens: Mapped[int] = _tokens()
-    cost_whole_usd: Mapped[int] = _tokens()
-    cost_frac_pusd: Mapped[int] = _tokens()
-    unpriced: Mapped[int] = _tokens()
+    members: Mapped[int] = _counter()
+    calls: Mapped[int] = _counter()
+    cost_whole_usd: Mapped[int] = _counter(sort_order=AFTER_TOKENS)
+    cost_frac_pusd: Mapped[int] = _counter(sort_order=AFTER_TOKENS)
+    unpriced: Mapped[int] = _counter(sort_order=AFTER_TOKENS)
 
 
 class UsageRollup(_RollupTotals, Base):

@@ -52,8 +52,8 @@ def sqlite_text(value: datetime) -> str:
         value = value.astimezone(UTC)
     if type(value) is not datetime:  # a subclass (a test clock's, say): orjson refuses it
         return value.isoformat(" ", "microseconds")[:26]
-    # orjson writes "YYYY-MM-DDTHH:MM:SS[.ffffff]Z" (the fraction only when not zero) in half the
-    # time of ``isoformat``, which ingest pays on every event.
+    # orjson writes "YYYY-MM-DDTHH:MM:SS[.ffffff]Z" (the fraction only when not zero) faster than
+    # ``isoformat``, and ingest pays this on every event.
     text = orjson.dumps(value, option=orjson.OPT_UTC_Z).decode()
     return f"{text[1:11]} {text[12:20]}{text[20:27] if len(text) > 22 else '.000000'}"
 
