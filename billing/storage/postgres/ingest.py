@@ -16,19 +16,12 @@ import orjson
 from sqlalchemy.engine import Connection
 
 from billing.ingest.repository import CallFields, CallRaced, Inserted
+from billing.storage.ingest_columns import CALL_COLUMNS, EVENT_COLUMNS
 
 if TYPE_CHECKING:
     from billing.ingest.prepare import EventRow
 
-_EVENT_COLUMNS = (
-    "event_id, request_id, attempt, type, occurred_at, received_at, content_hash, body, "
-    "output_tokens_delivered, output_tokens_generated, call_no"
-)
-_CALL_COLUMNS = (
-    "call_no, request_id, first_received_at, last_received_at, change_seq, pending, status, "
-    "settled, attempts, anomalies, api_key_id, model, protocol, started_at, metadata"
-)
-#: A new ``calls`` row (``_CALL_COLUMNS``) from an element ``j`` of ``_call_values`` ({rid}: its
+#: A new ``calls`` row (``CALL_COLUMNS``) from an element ``j`` of ``_call_values`` ({rid}: its
 #: request_id).
 _NEW_CALL = (
     "nextval('calls_call_no_seq'), {rid}, (j->>1)::timestamptz, (j->>2)::timestamptz, 1, true, "
@@ -61,13 +54,13 @@ INSERT_EVENTS = (
     "FROM jsonb_array_elements(%s::jsonb) AS j LEFT JOIN LATERAL "
     "(SELECT call_no, pending AND api_key_id IS NOT NULL AS quiet FROM calls "
     "WHERE calls.request_id = j->>0 FOR NO KEY UPDATE) AS s ON true), "
-    f"n AS (INSERT INTO calls ({_CALL_COLUMNS}) "
+    f"n AS (INSERT INTO calls ({CALL_COLUMNS}) "
     f"SELECT {_NEW_CALL.format(rid='request_id')} FROM c WHERE stored_no IS NULL "
     'ORDER BY request_id COLLATE "C" '
     "ON CONFLICT (request_id) DO NOTHING RETURNING request_id, call_no), "
     "k AS (SELECT request_id, call_no, true AS quiet FROM n UNION ALL "
     "SELECT request_id, stored_no, quiet FROM c WHERE stored_no IS NOT NULL), "
-    f"e AS (INSERT INTO events ({_EVENT_COLUMNS}) "
+    f"e AS (INSERT INTO events ({EVENT_COLUMNS}) "
     "SELECT j->>0, j->>1, (j->>2)::integer, j->>3, (j->>4)::timestamptz, (j->>5)::timestamptz, "
     "j->>6, j->>7, (j->>8)::bigint, (j->>9)::bigint, k.call_no "
     "FROM jsonb_array_elements(%s::jsonb) AS j LEFT JOIN k ON k.request_id = j->>1 "
@@ -85,7 +78,7 @@ STORED_HASHES = "SELECT event_id, content_hash FROM events WHERE event_id = ANY(
 #: fields (api_key_id, model, protocol, started_at, metadata) only while the stored call has no
 #: key yet. A call that is pending with a key is left alone.
 UPSERT_CALLS = (
-    f"INSERT INTO calls ({_CALL_COLUMNS}) "
+    f"INSERT INTO calls ({CALL_COLUMNS}) "
     f"SELECT {_NEW_CALL.format(rid='j->>0')} FROM jsonb_array_elements(%s::jsonb) AS j "
     "ON CONFLICT (request_id) DO UPDATE SET last_received_at = excluded.last_received_at, "
     "change_seq = calls.change_seq + 1, pending = excluded.pending, "

@@ -20,6 +20,7 @@ import orjson
 from sqlalchemy.engine import Connection
 
 from billing.ingest.repository import CallFields, Inserted
+from billing.storage.ingest_columns import CALL_COLUMNS, EVENT_COLUMNS
 from billing.storage.types import sqlite_text
 
 if TYPE_CHECKING:
@@ -79,15 +80,6 @@ def _padded(ids: Sequence[str]) -> tuple[int, tuple[str | None, ...]]:
     return size, (*ids, *[None] * (size - len(ids)))
 
 
-_EVENT_COLUMNS = (
-    "event_id, request_id, attempt, type, occurred_at, received_at, content_hash, body, "
-    "output_tokens_delivered, output_tokens_generated, call_no"
-)
-_CALL_COLUMNS = (
-    "call_no, request_id, first_received_at, last_received_at, change_seq, pending, status, "
-    "settled, attempts, anomalies, api_key_id, model, protocol, started_at, metadata"
-)
-
 #: The stored calls among ``{marks}`` as one JSON array of [request_id, call_no, no key,
 #: pending], and the largest number so far: one row, because the driver gives up the GIL for
 #: every row it steps to, and the writer thread may then wait for it while the event loop
@@ -99,7 +91,7 @@ READ_CALLS = _in_lists(
 )
 #: An ``EventRow``'s values and its call's number.
 INSERT_EVENTS = _multi_row(
-    f"INSERT INTO events ({_EVENT_COLUMNS})",
+    f"INSERT INTO events ({EVENT_COLUMNS})",
     "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     " ON CONFLICT (event_id) DO NOTHING",
 )
@@ -111,7 +103,7 @@ STORED_HASHES = _in_lists("SELECT event_id, content_hash FROM events WHERE event
 #: fields of a call that already existed without a key are filled in by ``FILL_STARTED`` (a
 #: no-op for nearly every row).
 UPSERT_CALLS = _multi_row(
-    f"INSERT INTO calls ({_CALL_COLUMNS})",
+    f"INSERT INTO calls ({CALL_COLUMNS})",
     "(?, ?, ?, ?, 1, 1, 'open', 0, 0, '[]', ?, ?, ?, ?, ?)",
     " ON CONFLICT (request_id) DO UPDATE SET last_received_at = excluded.last_received_at, "
     "change_seq = calls.change_seq + 1, pending = 1 WHERE calls.pending = 0",
