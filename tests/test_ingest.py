@@ -16,9 +16,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import MetaData, func, select, text
 from sqlalchemy.exc import OperationalError
 
-from billing.ingest import service
 from billing.reconcile.runner import run_pass
 from billing.storage.models import Base, Call, Event, row_dict
+from billing.storage.store import store_for
 
 SCENARIOS = sorted((Path(__file__).parent / "fixtures" / "scenarios").glob("*.json"))
 MIB = 1024 * 1024
@@ -745,7 +745,7 @@ def test_a_database_failure_mid_batch_stores_nothing(
         inserted_before_failure.append(session.scalar(select(func.count()).select_from(Event)))
         raise OperationalError("UPDATE calls", {}, Exception("connection reset by peer"))
 
-    monkeypatch.setattr(service, "_touch_calls", broken)
+    monkeypatch.setattr(store_for(state.sessions.kw["bind"]).ingest, "touch_calls", broken)
     with TestClient(app, raise_server_exceptions=False) as client:
         reply = post(client, [tokens("b"), usage("c")])
 

@@ -36,6 +36,7 @@ from billing.ingest.validation import (
 from billing.settings import Settings
 from billing.storage.db import make_engine, make_sessionmaker
 from billing.storage.models import Call, Event
+from billing.storage.sqlite import ingest as sqlite_ingest
 from tests.test_ingest import started, tokens, usage
 
 NOW = datetime.now(UTC)
@@ -143,7 +144,7 @@ def test_rows_carry_the_values_the_old_path_computed(
         assert row.occurred_text == at.astimezone(UTC).replace(tzinfo=None).isoformat(
             " ", "microseconds"
         )
-        assert row.sqlite[7] == orjson.dumps(event.raw).decode()
+        assert row.values[7] == orjson.dumps(event.raw).decode()
     assert batch.rows[0].started is not None
     assert batch.rows[0].started[3] == json.dumps(metadata)
 
@@ -151,13 +152,13 @@ def test_rows_carry_the_values_the_old_path_computed(
 @pytest.mark.parametrize("count", [1, 15, 31, 32, 33, 100, 257, 800, 1000])
 def test_multi_row_statements_cover_every_row(count: int) -> None:
     sizes: list[int] = []
-    width = service._SQLITE_INSERT_EVENTS[1].count("?")
+    width = sqlite_ingest.INSERT_EVENTS[1].count("?")
     assert width == 11  # the ten event columns and the call number
 
     class Conn:
         def exec_driver_sql(self, sql: str, params: tuple[Any, ...]) -> Any:
             sizes.append(len(params) // width)
-            assert sql.count(service._SQLITE_INSERT_EVENTS[1]) == len(params) // width
+            assert sql.count(sqlite_ingest.INSERT_EVENTS[1]) == len(params) // width
             assert len(params) <= 32766
 
             class Result:
@@ -166,7 +167,7 @@ def test_multi_row_statements_cover_every_row(count: int) -> None:
             return Result()
 
     rows = [tuple(range(width))] * count
-    assert service._sqlite_many(Conn(), *service._SQLITE_INSERT_EVENTS, rows) == count  # type: ignore[arg-type]
+    assert sqlite_ingest._many(Conn(), sqlite_ingest.INSERT_EVENTS, rows) == count  # type: ignore[arg-type]
     assert sum(sizes) == count
     assert len(sizes) <= 8
 

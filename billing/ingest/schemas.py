@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -14,7 +14,10 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    create_model,
 )
+
+from billing.dimensions import BUCKETS
 
 PROTOCOLS = ("openai.chat_completions", "openai.responses", "anthropic.messages")
 EVENT_TYPES = (
@@ -120,19 +123,40 @@ class StreamClientDisconnected(_Event):
     output_tokens_generated: Tokens | None = None
 
 
-class StreamUsage(_Event):
+#: The ``stream.usage`` token fields, one per bucket of ``billing.dimensions`` with a ``usage``
+#: field: the required ones first, then those that default to 0, each in declaration order.
+_USAGE_TOKENS: dict[str, Any] = {
+    bucket.usage: (Tokens, ...) if bucket.required else (Tokens, 0)
+    for bucket in sorted(BUCKETS, key=lambda b: not b.required)
+    if bucket.usage is not None
+}
+if TYPE_CHECKING:
+
+    class _StreamUsageTokens(_Event):
+        """What the type checker knows of the base built below: every token field is an int."""
+
+        type: Literal["stream.usage"]
+
+        def __getattr__(self, name: str) -> int: ...
+
+else:
+    _StreamUsageTokens = create_model(
+        "_StreamUsageTokens",
+        __base__=_Event,
+        type=(Literal["stream.usage"], ...),
+        **_USAGE_TOKENS,
+    )
+
+
+class StreamUsage(_StreamUsageTokens):
     """Usage of the attempt in the contract's token semantics.
 
     ``input_tokens`` excludes cache reads and writes; ``output_tokens`` includes reasoning;
     ``source`` is ``upstream`` (the provider's count) or ``estimate`` (the gateway's count).
     """
 
-    type: Literal["stream.usage"]
-    input_tokens: Tokens
-    output_tokens: Tokens
-    cache_read_input_tokens: Tokens = 0
-    cache_creation_input_tokens: Tokens = 0
-    reasoning_tokens: Tokens = 0
+    # The token fields come from ``billing.dimensions`` (``_USAGE_TOKENS``, in the base).
+
     source: Literal["upstream", "estimate"]
     model: ModelName | None = None
     stop_reason: Label | None = None

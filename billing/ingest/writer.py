@@ -7,14 +7,14 @@ that is waiting (up to ``MAX_GROUP_EVENTS`` events) and stores them in one trans
 ``write_group``, which keeps each batch's own outcome (accepted/duplicates, or a 409 that stores
 nothing of that batch). A request is answered only after that transaction has committed.
 
-SQLite has one writer thread per engine (it has one writer anyway, and in-process queueing avoids
-the busy handler's sleeps); PostgreSQL has up to ``PG_WRITERS`` (its own group commit merges
-their flushes). A writer thread starts on demand and ends after ``IDLE_S`` without work, so an
-engine that is no longer used leaves no thread behind. A second (third) one starts only while at
-least ``SPLIT_EVENTS`` events wait for a busy writer, and ends after writing a group smaller than
-that: a transaction costs a few round trips whatever it carries, so many small posts are cheaper
-in one group than split between writers, while large batches gain from one writer's statements
-running while another's wait for the database.
+The store says how many writer threads an engine has (``IngestRepository.writers``: SQLite one,
+PostgreSQL a few, whose flushes its own group commit merges). A writer thread starts on demand
+and ends after ``IDLE_S`` without work, so an engine that is no longer used leaves no thread
+behind. A second (third) one starts only while at least ``SPLIT_EVENTS`` events wait for a
+busy writer, and ends after writing a group smaller than that: a transaction costs a few round
+trips whatever it carries, so many small posts are cheaper in one group than split between
+writers, while large batches gain from one writer's statements running while another's wait
+for the database.
 """
 
 from __future__ import annotations
@@ -34,17 +34,14 @@ from billing.ingest.outcome import settle_unanswered
 from billing.ingest.service import CommitUnanswered, IngestResult, PreparedBatch, write_group
 from billing.settings import Settings
 from billing.storage.db import make_engine, make_sessionmaker
+from billing.storage.store import store_for
 
 #: A group stops taking waiting batches once it holds this many events.
 MAX_GROUP_EVENTS = 5000
-#: Writer threads per PostgreSQL engine.
-PG_WRITERS = 3
 #: A writer thread with nothing to do for this long ends (a new one starts with the next batch).
 IDLE_S = 2.0
 #: Events waiting for a busy writer that start another one (up to the writer's maximum); one that
-#: writes a smaller group while others run ends. Measured on PostgreSQL (2 cores, 1 worker):
-#: single posts 2,600-2,900 events/s with three writers against 3,200-3,400 with one (groups of a
-#: few posts each paid their round trips); batches of 1000 22,000 with one, 23,700-26,100 with 3.
+#: writes a smaller group while others run ends (many small posts are cheaper in one group).
 SPLIT_EVENTS = 1000
 
 Outcome = IngestResult | BaseException
@@ -245,10 +242,11 @@ class GroupWriter:
 
 
 def new_writer(settings: Settings, sessions: sessionmaker[Session]) -> GroupWriter:
-    """A group writer for an app (SQLite: one thread on the app's engine, whose in-process write
-    lock it shares; PostgreSQL: ``PG_WRITERS`` threads on an engine of their own without
-    pre-ping, a round trip saved per transaction, see ``write_group``). ``close`` it after use."""
-    if settings.database_url.startswith("sqlite"):
-        return GroupWriter(sessions, 1)
-    engine = make_engine(settings, pre_ping=False, pool_size=PG_WRITERS)
-    return GroupWriter(make_sessionmaker(engine), PG_WRITERS, owned=engine)
+    """A group writer for an app with the store's ``writers`` threads: on the app's engine, whose
+    in-process write lock it shares, or on an engine of its own without pre-ping, a round trip
+    saved per transaction (see ``write_group``). ``close`` it after use."""
+    repository = store_for(sessions.kw["bind"]).ingest
+    if repository.writers_share_engine:
+        return GroupWriter(sessions, repository.writers)
+    engine = make_engine(settings, pre_ping=False, pool_size=repository.writers)
+    return GroupWriter(make_sessionmaker(engine), repository.writers, owned=engine)

@@ -12,10 +12,13 @@ engine of that dialect is asked for.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
+
+if TYPE_CHECKING:
+    from billing.ingest.repository import IngestRepository
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +27,7 @@ class Store:
     ``repository.py`` for its methods)."""
 
     name: str
-    ingest: Any
+    ingest: IngestRepository
     reconcile: Any
     rollups: Any
     calllog: Any

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from billing.storage.postgres.ingest import PostgresIngest
 from billing.storage.store import Store
 
 STORE = Store(
     name="postgresql",
-    ingest=None,
+    ingest=PostgresIngest(),
     reconcile=None,
     rollups=None,
     calllog=None,

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from billing.storage.sqlite.ingest import SqliteIngest
 from billing.storage.store import Store
 
 STORE = Store(
     name="sqlite",
-    ingest=None,
+    ingest=SqliteIngest(),
     reconcile=None,
     rollups=None,
     calllog=None,

@@ -1,0 +1,133 @@
+"""Preparing a validated batch for the writer: content hashes, repeats inside the batch, and each
+event's column values (CPU only, no database)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import orjson
+
+from billing.errors import Conflict, EventConflict
+from billing.ingest.schemas import Event, StreamStarted, StreamTokens
+from billing.ingest.validation import ParsedEvent
+from billing.storage.types import sqlite_text
+
+
+def content_hash(parsed: ParsedEvent) -> str:
+    """SHA-256 (hex) of the event's canonical validated form.
+
+    Key order, white space, a defaulted ``attempt`` and the offset an instant is written in do not
+    change it (CONTRACT "Ingest": "same content").
+    """
+    # The event's fields as pydantic's JSON form would give them (``model_dump(mode="json")``),
+    # without building that dict: every field is a str, int, None, a str -> str dict or a UTC
+    # datetime, which orjson writes exactly as pydantic does with ``Z`` for UTC (a test pins it).
+    canonical = orjson.dumps(parsed.event.__dict__, option=_CANONICAL)
+    return hashlib.sha256(canonical).hexdigest()
+
+
+_CANONICAL = orjson.OPT_SORT_KEYS | orjson.OPT_UTC_Z
+
+
+class EventRow:
+    """One event to store: the first occurrence of its ``event_id`` in its batch, with the
+    column values computed up front, on the request's side (the writer thread is the serial
+    part of ingest: it only runs the statements)."""
+
+    __slots__ = (
+        "attempt",
+        "digest",
+        "event_id",
+        "index",
+        "occurred_at",
+        "occurred_text",
+        "received",
+        "request_id",
+        "started",
+        "values",
+    )
+
+    def __init__(
+        self,
+        digest: str,
+        index: int,
+        event: Event,
+        raw: dict[str, Any],
+        received: datetime,
+        received_text: str,
+    ) -> None:
+        self.event_id = event.event_id
+        self.request_id = event.request_id
+        self.attempt = event.attempt
+        self.occurred_at = event.occurred_at
+        #: ``occurred_at`` as the fixed-format UTC text of ``sqlite_text``.
+        self.occurred_text = sqlite_text(event.occurred_at)
+        self.received = received
+        self.digest = digest
+        self.index = index
+        #: The ``events`` row: event_id, request_id, attempt, type, occurred_at, received_at (both
+        #: as ``sqlite_text``), content_hash, body (the JSON the gateway sent),
+        #: output_tokens_delivered, output_tokens_generated (the counters of a ``stream.tokens``).
+        self.values = (
+            event.event_id,
+            event.request_id,
+            event.attempt,
+            event.type,
+            self.occurred_text,
+            received_text,
+            digest,
+            orjson.dumps(raw).decode(),
+            *(
+                (event.output_tokens_delivered, event.output_tokens_generated)
+                if isinstance(event, StreamTokens)
+                else (None, None)
+            ),
+        )
+        #: For a ``stream.started``: api_key_id, model, protocol, metadata (as the JSON text the
+        #: ``calls`` row stores).
+        self.started: tuple[str, str, str, str] | None = (
+            (event.api_key_id, event.model, event.protocol, json.dumps(event.metadata))
+            if isinstance(event, StreamStarted)
+            else None
+        )
+
+
+@dataclass(frozen=True)
+class PreparedBatch:
+    """A validated batch with its content hashes, ready to be stored (see ``prepare_batch``)."""
+
+    events: Sequence[ParsedEvent]
+    now: datetime
+    rows: list[EventRow]
+
+
+def prepare_batch(batch: Sequence[ParsedEvent], now: datetime) -> PreparedBatch:
+    """Hash every event and drop repeats inside the batch (CPU only, no database).
+
+    An ``event_id`` repeated in the batch with the same content is a duplicate; with different
+    content ``EventConflict`` is raised (listing each later repeat by its index).
+    """
+    first: dict[str, EventRow] = {}
+    rows: list[EventRow] = []
+    conflicts: list[Conflict] = []
+    received_text = sqlite_text(now)
+    for index, parsed in enumerate(batch):
+        event = parsed.event
+        event_id = event.event_id
+        digest = content_hash(parsed)
+        seen = first.get(event_id)
+        if seen is not None:
+            if seen.digest != digest:
+                conflicts.append(Conflict(index, event_id))
+            continue
+        row = EventRow(digest, index, event, parsed.raw, now, received_text)
+        first[event_id] = row
+        rows.append(row)
+    if conflicts:
+        raise EventConflict(conflicts)
+    return PreparedBatch(batch, now, rows)
