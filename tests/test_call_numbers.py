@@ -1,4 +1,4 @@
-"""Call numbers (migration 0007): every call is numbered when ingest first sees it, and every
+"""Call numbers: every call is numbered when ingest first sees it, and every
 event carries its call's number, by which the reconciler and the call log find a call's events.
 
 On SQLite the number is one more than the largest (under the write lock); on PostgreSQL it comes
@@ -250,45 +250,3 @@ def test_postgres_a_post_waits_for_a_reconciler_settling_the_call_and_marks_it_p
             text("SELECT pending, change_seq FROM calls WHERE request_id = 'r'")
         ).one()
     assert (pending, change_seq) == (True, 2)
-
-
-def test_rows_written_by_a_server_before_0007_are_numbered_and_billed(
-    client: TestClient, sessions: sessionmaker[Session], settings: Settings
-) -> None:
-    """During a rolling upgrade a server of an earlier revision writes calls and events without
-    numbers: the call log still shows each call its own events, and the reconciler numbers them
-    at the start of a step and bills them (CONTRACT "Reconciliation")."""
-    events = [
-        started("a-s", request_id="a"),
-        started("b-s", request_id="b"),
-        usage("b-u", request_id="b", output_tokens=40),
-        usage("a-u", request_id="a", output_tokens=25),
-        started("c-s", request_id="c"),
-    ]
-    assert client.post("/v1/events", json={"events": events}).status_code == 200
-    # As the earlier server would have stored them: a's usage, and all of b, without numbers.
-    with sessions.begin() as session:
-        session.execute(
-            text("UPDATE events SET call_no = NULL WHERE event_id IN ('a-u', 'b-s', 'b-u')")
-        )
-        session.execute(text("UPDATE calls SET call_no = NULL WHERE request_id = 'b'"))
-    shown = {rid: client.get(f"/v1/calls/{rid}").json() for rid in ("a", "b", "c")}
-    assert sorted(e["event_id"] for e in shown["a"]["events"]) == ["a-s", "a-u"]
-    assert sorted(e["event_id"] for e in shown["b"]["events"]) == ["b-s", "b-u"]
-    assert [e["event_id"] for e in shown["c"]["events"]] == ["c-s"]
-
-    assert client.post("/v1/reconcile").status_code == 200
-    a = client.get("/v1/calls/a").json()
-    b = client.get("/v1/calls/b").json()
-    assert (a["status"], a["output_tokens_billed"]) == ("completed", 25)
-    assert (b["status"], b["output_tokens_billed"]) == ("completed", 40)
-    calls, numbered = numbers(sessions)
-    assert None not in calls.values() and len(set(calls.values())) == 3
-    assert numbered == {
-        "a-s": calls["a"],
-        "a-u": calls["a"],
-        "b-s": calls["b"],
-        "b-u": calls["b"],
-        "c-s": calls["c"],
-    }
-    check_invariants(create_engine(settings.database_url, poolclass=NullPool), rollups=False)

@@ -900,7 +900,7 @@ def test_the_auditor_catches_a_wrong_ledger(db_url: str) -> None:
                 conn.execute(
                     update(Call)
                     .where(Call.request_id == rid)
-                    .values(output_tokens_billed=Call.output_tokens_billed + 1)
+                    .values(output_tokens_billed=Call.__table__.c.output_tokens_billed + 1)
                 )
             tampered = True
         original()
