@@ -35,7 +35,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from ingest import MODELS, Databases, Lifecycles, machine, quiesce  # noqa: E402
+from common import Databases, machine, quiesce  # noqa: E402
+from lifecycles import MODELS, Lifecycles  # noqa: E402
 
 TARGET_CALLS_S = 20_000
 PG_DEFAULT = "postgresql+psycopg://postgres@127.0.0.1:5432"
