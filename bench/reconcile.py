@@ -94,8 +94,8 @@ def seed(url: str, calls: int) -> tuple[int, float]:
         # The table as autovacuum leaves it within a minute of a bulk load: statistics (without
         # any, right after 1.4 million inserts, PostgreSQL guesses that thousands of call ids
         # match a large part of events and plans the reconciler's per-call lookups as scans of
-        # the whole table: ≈ 10,000 instead of ≈ 20,000 calls/s) and the insert-triggered vacuum
-        # (else it runs during the measurement, on the same 2 cores).
+        # the whole table) and the insert-triggered vacuum (else it runs during the
+        # measurement, on the same 2 cores).
         with engine.connect() as conn:
             conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql("VACUUM ANALYZE")
     engine.dispose()
