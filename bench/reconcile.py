@@ -35,7 +35,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from ingest import MODELS, Databases, Lifecycles, machine, quiesce  # noqa: E402
+from common import Databases, machine, quiesce  # noqa: E402
+from lifecycles import MODELS, Lifecycles  # noqa: E402
 
 TARGET_CALLS_S = 20_000
 PG_DEFAULT = "postgresql+psycopg://postgres@127.0.0.1:5432"
@@ -93,8 +94,8 @@ def seed(url: str, calls: int) -> tuple[int, float]:
         # The table as autovacuum leaves it within a minute of a bulk load: statistics (without
         # any, right after 1.4 million inserts, PostgreSQL guesses that thousands of call ids
         # match a large part of events and plans the reconciler's per-call lookups as scans of
-        # the whole table: ≈ 10,000 instead of ≈ 20,000 calls/s) and the insert-triggered vacuum
-        # (else it runs during the measurement, on the same 2 cores).
+        # the whole table) and the insert-triggered vacuum (else it runs during the
+        # measurement, on the same 2 cores).
         with engine.connect() as conn:
             conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql("VACUUM ANALYZE")
     engine.dispose()

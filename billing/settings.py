@@ -21,8 +21,8 @@ class Settings(BaseSettings):
     - ``reconcile_batch_size``: calls per reconciliation step (one transaction). A pass takes
       what is due in steps of this size, so it only matters when calls wait in numbers (a
       backlog, a new price): larger steps spread each commit and the rollup rows over more
-      calls (SQLite, 200,000 calls: 2,000 ≈ 18,500, 4,000 ≈ 21,500 calls/s) and hold the
-      step's locks longer (SQLite's one write lock ≈ 0.2 s a step at 4,000: ingest waits).
+      calls and hold the step's locks longer (SQLite's one write lock: ingest waits for it;
+      bench/README.md, ``reconcile.py``, has the measurements).
     - ``reconcile_threads``: steps a PostgreSQL pass runs at once, each on its own calls (one
       waits for the database while another computes); SQLite runs one (it has one writer).
     - ``sqlite_busy_timeout_ms``: how long a SQLite writer waits for the lock before giving up.

@@ -14,7 +14,7 @@ from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
 from billing.auth.tokens import ROLES, create_token, revoke_token
-from billing.cli import _cannot_listen
+from billing.cli.serve import _cannot_listen
 from billing.storage.db import write_transaction
 from tests.conftest import _free_port
 

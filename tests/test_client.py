@@ -33,11 +33,11 @@ from billing.client import (
     BillingClient,
     ClientClosedError,
     DeliveryError,
-    _Engine,
-    _Item,
-    _Post,
-    _Sleep,
 )
+from billing.client.delivery import Post as _Post
+from billing.client.delivery import Sleep as _Sleep
+from billing.client.engine import Engine as _Engine
+from billing.client.spool import Item as _Item
 from billing.settings import Settings
 from tests.conftest import LiveServer, _free_port
 

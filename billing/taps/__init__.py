@@ -22,11 +22,12 @@ All counts are tokens, in the contract's semantics (:class:`Usage`).
 from __future__ import annotations
 
 from billing.taps.anthropic_messages import AnthropicMessagesTap
-from billing.taps.base import InputUsage, Tap, Usage
+from billing.taps.base import Tap
 from billing.taps.events import attempt_final_events, stream_failed_payload, stream_usage_payload
 from billing.taps.openai_chat import ChatCompletionsTap
 from billing.taps.openai_responses import ResponsesTap
 from billing.taps.sse import SSEDecoder, SSEEvent
+from billing.taps.usage import InputUsage, Usage
 
 __all__ = [
     "PROTOCOLS",

@@ -26,16 +26,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from billing.taps.base import (
-    InputUsage,
-    MalformedEventError,
-    Tap,
-    Usage,
-    as_dict,
-    error_from_event,
-    opt_str,
-    opt_tokens,
-)
+from billing.taps.base import Tap
+from billing.taps.fields import MalformedEventError, as_dict, error_from_event, opt_str, opt_tokens
+from billing.taps.usage import InputUsage, Usage
 
 __all__ = ["AnthropicMessagesTap"]
 
@@ -91,10 +84,6 @@ class AnthropicMessagesTap(Tap):
     """Tap for ``anthropic.messages`` streams; see the module doc for the rules."""
 
     protocol = "anthropic.messages"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._raw: dict[str, int] = {}
 
     def _on_event(self, kind: str, sse_event: str | None, data: dict[str, Any]) -> None:
         if kind == "error" or sse_event == "error" or (kind == "" and data.get("error")):

@@ -1,164 +1,38 @@
-"""Shared machinery of the stream taps: token types, the :class:`Tap` base class, helpers.
-
-Token semantics (CONTRACT.md, "Token semantics"), one for all protocols, every count in tokens:
-
-* ``input_tokens`` is input billed at the full input rate: it EXCLUDES cache reads and cache
-  writes;
-* ``cache_read_input_tokens`` / ``cache_creation_input_tokens`` are the cache reads / writes;
-* ``output_tokens`` is all billed output, INCLUDING reasoning;
-* ``reasoning_tokens`` is the part of ``output_tokens`` spent on reasoning, for information.
+"""The :class:`Tap` base class: feeding, the running account of a stream, and what it reads.
 
 A tap is fed the raw response body of one streaming upstream attempt, decodes it with
-:class:`billing.taps.sse.SSEDecoder`, and keeps a running account of what it has seen. It never
-raises on stream content: an event it cannot read is counted in :attr:`Tap.malformed_events`
-and skipped.
+:class:`billing.taps.sse.SSEDecoder`, and keeps a running account of what it has seen, in the
+contract's token semantics (:mod:`billing.taps.usage`). It never raises on stream content: an
+event it cannot read is counted in :attr:`Tap.malformed_events` and skipped.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import orjson
 
+from billing.taps.events import attempt_final_events, stream_failed_payload, stream_usage_payload
+from billing.taps.fields import MalformedEventError, normalize_error
 from billing.taps.sse import SSEDecoder, SSEEvent
+from billing.taps.usage import InputUsage, Usage
 
-__all__ = [
-    "InputUsage",
-    "MalformedEventError",
-    "Tap",
-    "Usage",
-    "as_dict",
-    "error_from_event",
-    "normalize_error",
-    "opt_str",
-    "opt_tokens",
-]
+__all__ = ["Tap"]
+
+T = TypeVar("T")
 
 
-@dataclass(frozen=True, slots=True)
-class Usage:
-    """Usage of one attempt in the contract's token semantics (all counts in tokens, >= 0).
+class _Reads(Generic[T]):
+    """A read-only attribute of a tap that returns one of its private attributes."""
 
-    ``input_tokens`` excludes cache reads and writes; ``output_tokens`` includes reasoning;
-    ``reasoning_tokens`` is a subset of ``output_tokens``.
-    """
+    def __init__(self, attr: str, doc: str) -> None:
+        self._attr = attr
+        self.__doc__ = doc
 
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cache_read_input_tokens: int = 0
-    cache_creation_input_tokens: int = 0
-    reasoning_tokens: int = 0
-
-    def as_dict(self) -> dict[str, int]:
-        """The five counts as a dict keyed by the contract's field names."""
-        return {
-            "input_tokens": self.input_tokens,
-            "cache_read_input_tokens": self.cache_read_input_tokens,
-            "cache_creation_input_tokens": self.cache_creation_input_tokens,
-            "output_tokens": self.output_tokens,
-            "reasoning_tokens": self.reasoning_tokens,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class InputUsage:
-    """The input side of a usage report (tokens), as far as the stream has reported it.
-
-    Anthropic reports it in ``message_start`` before any output; OpenAI only with the final
-    usage. Same semantics as :class:`Usage`: the three counts are disjoint.
-    """
-
-    input_tokens: int = 0
-    cache_read_input_tokens: int = 0
-    cache_creation_input_tokens: int = 0
-
-    def as_dict(self) -> dict[str, int]:
-        """The three counts as a dict keyed by the contract's field names."""
-        return {
-            "input_tokens": self.input_tokens,
-            "cache_read_input_tokens": self.cache_read_input_tokens,
-            "cache_creation_input_tokens": self.cache_creation_input_tokens,
-        }
-
-
-class MalformedEventError(Exception):
-    """Raised inside a tap when an event cannot be read; the tap counts and skips the event."""
-
-
-def as_dict(value: object, what: str) -> dict[str, Any]:
-    """``value`` as a JSON object, or :class:`MalformedEventError` naming ``what``."""
-    if isinstance(value, dict):
+    def __get__(self, tap: Tap, owner: type | None = None) -> T:
+        value: T = getattr(tap, self._attr)
         return value
-    raise MalformedEventError(f"{what} is not an object")
-
-
-def opt_tokens(obj: Mapping[str, Any], key: str) -> int | None:
-    """A token count field: ``None`` when absent or null, else a non-negative integer.
-
-    A boolean, a negative number, a non-integral number or a non-number is malformed.
-    """
-    value = obj.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise MalformedEventError(f"{key} is a boolean")
-    if isinstance(value, int):
-        if value < 0:
-            raise MalformedEventError(f"{key} is negative")
-        return value
-    if isinstance(value, float) and value.is_integer() and value >= 0:
-        return int(value)
-    raise MalformedEventError(f"{key} is not a token count")
-
-
-def opt_str(obj: Mapping[str, Any], key: str) -> str | None:
-    """A string field: ``None`` when absent, null, empty or not a string."""
-    value = obj.get(key)
-    if isinstance(value, str) and value:
-        return value
-    return None
-
-
-def normalize_error(raw: object, default_type: str = "api_error") -> dict[str, Any]:
-    """An in-stream error as a dict with at least ``type`` and ``message`` (both strings).
-
-    ``raw`` is the provider's error object (every field it has is kept) or a bare message
-    string. When it has no string ``type``, its ``code`` (as a string) stands in, else
-    ``default_type``.
-    """
-    err: dict[str, Any]
-    if isinstance(raw, dict):
-        err = dict(raw)
-    elif isinstance(raw, str):
-        err = {"message": raw}
-    else:
-        err = {}
-    etype = err.get("type")
-    if not isinstance(etype, str) or not etype:
-        code = err.get("code")
-        if isinstance(code, str) and code:
-            err["type"] = code
-        elif isinstance(code, int) and not isinstance(code, bool):
-            err["type"] = str(code)
-        else:
-            err["type"] = default_type
-    message = err.get("message")
-    if not isinstance(message, str):
-        err["message"] = "" if message is None else str(message)
-    return err
-
-
-def error_from_event(data: Mapping[str, Any]) -> object:
-    """The error object of an error event: its ``error`` member when that is an object or a
-    string, else the event itself without its ``type: "error"`` marker (OpenAI Responses'
-    flat ``{"type": "error", "code", "message", "param"}``)."""
-    inner = data.get("error")
-    if isinstance(inner, dict | str) and inner:
-        return inner
-    return {k: v for k, v in data.items() if not (k == "type" and v == "error")}
 
 
 class Tap(ABC):
@@ -199,6 +73,9 @@ class Tap(ABC):
         self._stop_reason: str | None = None
         self._model: str | None = None
         self._error: dict[str, Any] | None = None
+        # the provider's usage counts seen so far, by the protocol's own names (a later report
+        # of a count replaces it)
+        self._raw: dict[str, int] = {}
 
     # -- feeding ---------------------------------------------------------------------------
 
@@ -339,15 +216,10 @@ class Tap(ABC):
 
     # -- readable state --------------------------------------------------------------------
 
-    @property
-    def closed(self) -> bool:
-        """Whether :meth:`close` was called."""
-        return self._closed
-
-    @property
-    def done(self) -> bool:
-        """Whether the stream sent ``data: [DONE]`` (later events are ignored)."""
-        return self._done
+    closed = _Reads[bool]("_closed", "Whether :meth:`close` was called.")
+    done = _Reads[bool](
+        "_done", "Whether the stream sent ``data: [DONE]`` (later events are ignored)."
+    )
 
     @property
     def output_tokens(self) -> int:
@@ -365,35 +237,26 @@ class Tap(ABC):
         """True when :attr:`output_tokens` is (partly) counted from deltas, not reported."""
         return self._exact_output is None or self._deltas_since_exact > 0
 
-    @property
-    def content_deltas(self) -> int:
-        """Number of non-empty content deltas seen (all choices, all kinds)."""
-        return self._deltas_total
-
-    @property
-    def usage(self) -> Usage | None:
-        """The latest usage the provider reported (contract semantics), or ``None``."""
-        return self._usage
+    content_deltas = _Reads[int](
+        "_deltas_total", "Number of non-empty content deltas seen (all choices, all kinds)."
+    )
+    usage = _Reads[Usage | None](
+        "_usage", "The latest usage the provider reported (contract semantics), or ``None``."
+    )
 
     @property
     def usage_is_final(self) -> bool:
         """True when a reported usage exists and no content was generated after it."""
         return self._usage is not None and self._deltas_since_exact == 0
 
-    @property
-    def input_reported(self) -> InputUsage | None:
-        """Input, cache-read and cache-write tokens reported so far, or ``None``."""
-        return self._input
-
-    @property
-    def stop_reason(self) -> str | None:
-        """Why generation stopped, in the protocol's own words, or ``None`` if not known."""
-        return self._stop_reason
-
-    @property
-    def model(self) -> str | None:
-        """The model name the upstream reported, or ``None``."""
-        return self._model
+    input_reported = _Reads[InputUsage | None](
+        "_input", "Input, cache-read and cache-write tokens reported so far, or ``None``."
+    )
+    stop_reason = _Reads[str | None](
+        "_stop_reason",
+        "Why generation stopped, in the protocol's own words, or ``None`` if not known.",
+    )
+    model = _Reads[str | None]("_model", "The model name the upstream reported, or ``None``.")
 
     @property
     def error(self) -> dict[str, Any] | None:
@@ -401,35 +264,25 @@ class Tap(ABC):
         (strings, always present), or ``None``."""
         return None if self._error is None else dict(self._error)
 
-    @property
-    def malformed_events(self) -> int:
-        """Number of events that could not be read (bad JSON, unexpected shape)."""
-        return self._malformed
-
-    @property
-    def events_seen(self) -> int:
-        """Number of data events read (``[DONE]`` and empty data not counted)."""
-        return self._events
-
+    malformed_events = _Reads[int](
+        "_malformed", "Number of events that could not be read (bad JSON, unexpected shape)."
+    )
+    events_seen = _Reads[int](
+        "_events", "Number of data events read (``[DONE]`` and empty data not counted)."
+    )
     # -- contract payloads -----------------------------------------------------------------
 
     def usage_payload(self, *, fallback_input_tokens: int | None = None) -> dict[str, Any]:
         """The ``stream.usage`` payload for this attempt; see
         :func:`billing.taps.events.stream_usage_payload`."""
-        from billing.taps.events import stream_usage_payload
-
         return stream_usage_payload(self, fallback_input_tokens=fallback_input_tokens)
 
     def failed_payload(self) -> dict[str, Any] | None:
         """The ``stream.failed`` payload, or ``None``; see
         :func:`billing.taps.events.stream_failed_payload`."""
-        from billing.taps.events import stream_failed_payload
-
         return stream_failed_payload(self)
 
     def final_events(self, *, fallback_input_tokens: int | None = None) -> list[dict[str, Any]]:
         """The closing events of the attempt, each a payload plus its ``type``; see
         :func:`billing.taps.events.attempt_final_events`."""
-        from billing.taps.events import attempt_final_events
-
         return attempt_final_events(self, fallback_input_tokens=fallback_input_tokens)

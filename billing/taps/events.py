@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from billing.taps.usage import PAYLOAD_FIELDS, InputUsage
+
 if TYPE_CHECKING:
     from billing.taps.base import Tap
 
@@ -43,27 +45,13 @@ def stream_usage_payload(tap: Tap, *, fallback_input_tokens: int | None = None) 
         if reported is not None:
             payload.update(reported.as_dict())
         else:
-            payload.update(
-                input_tokens=fallback_input_tokens or 0,
-                cache_read_input_tokens=0,
-                cache_creation_input_tokens=0,
-            )
+            payload.update(InputUsage(fallback_input_tokens or 0).as_dict())
         payload["output_tokens"] = tap.output_tokens
         payload["reasoning_tokens"] = min(
             usage.reasoning_tokens if usage is not None else 0, tap.output_tokens
         )
         payload["source"] = "estimate"
-    ordered = {
-        key: payload[key]
-        for key in (
-            "input_tokens",
-            "output_tokens",
-            "cache_read_input_tokens",
-            "cache_creation_input_tokens",
-            "reasoning_tokens",
-            "source",
-        )
-    }
+    ordered = {key: payload[key] for key in (*PAYLOAD_FIELDS, "source")}
     if tap.model:
         ordered["model"] = tap.model
     if tap.stop_reason:

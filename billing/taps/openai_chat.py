@@ -23,14 +23,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from billing.taps.base import (
-    MalformedEventError,
-    Tap,
-    as_dict,
-    error_from_event,
-    opt_str,
-    opt_tokens,
-)
+from billing.taps.base import Tap
+from billing.taps.fields import MalformedEventError, as_dict, error_from_event, opt_str, opt_tokens
 
 __all__ = ["ChatCompletionsTap"]
 
@@ -71,10 +65,6 @@ class ChatCompletionsTap(Tap):
     """Tap for ``openai.chat_completions`` streams; see the module doc for the rules."""
 
     protocol = "openai.chat_completions"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._raw: dict[str, int] = {}
 
     def _on_event(self, kind: str, sse_event: str | None, data: dict[str, Any]) -> None:
         self._set_model(opt_str(data, "model"))

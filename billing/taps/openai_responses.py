@@ -23,13 +23,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from billing.taps.base import (
-    Tap,
-    as_dict,
-    error_from_event,
-    opt_str,
-    opt_tokens,
-)
+from billing.taps.base import Tap
+from billing.taps.fields import as_dict, error_from_event, opt_str, opt_tokens
 
 __all__ = ["ResponsesTap"]
 

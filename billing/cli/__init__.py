@@ -1,0 +1,38 @@
+"""The ``billing`` command line (typer); every command reads the same settings as the server."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from billing.cli.database import migrate, reconcile
+from billing.cli.export import export
+from billing.cli.prices import prices_app
+from billing.cli.replay import replay
+from billing.cli.serve import SWITCH_INTERVAL_S, serve, server_app, uvicorn_options
+from billing.cli.tokens import tokens_app
+
+__all__ = ["SWITCH_INTERVAL_S", "app", "main", "server_app", "uvicorn_options"]
+
+app = typer.Typer(
+    help="Streaming usage and billing accounting for LLM API gateways.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command()(serve)
+app.command()(migrate)
+app.add_typer(tokens_app, name="tokens")
+app.add_typer(prices_app, name="prices")
+app.command()(reconcile)
+app.command("export")(export)
+app.command()(replay)
+
+
+def main() -> None:
+    """Console entry point."""
+    try:
+        app()
+    except KeyboardInterrupt:  # pragma: no cover - interactive
+        sys.exit(130)

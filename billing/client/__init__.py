@@ -1,0 +1,77 @@
+"""The client a Python gateway embeds to post lifecycle events to the billing service.
+
+Two flavours with the same behaviour:
+
+* :class:`BillingClient` - synchronous API, delivery in a background thread;
+* :class:`AsyncBillingClient` - asyncio API, delivery in a background task.
+
+Typical use::
+
+    with BillingClient("http://billing:8000", token=INGEST_TOKEN, spool_path="billing.spool") as c:
+        c.send({"request_id": rid, "type": "stream.started", "api_key_id": "key_7f3a",
+                "model": "gpt-4o", "protocol": "openai.chat_completions"})
+        ...
+
+What the client guarantees (CONTRACT "Events" and "Ingest"):
+
+* ``send(event)`` never blocks on the network. It takes a contract event (a dict with the
+  envelope fields), fills ``event_id`` (``evt_<uuid4 hex>``) and ``occurred_at`` (now, RFC 3339
+  UTC with ``Z``) when they are missing, and queues it.
+* Events are posted as ``{"events": [...]}`` to ``{url}/v1/events`` in batches of up to
+  ``batch_size`` events (and under the service's 1 MiB body limit), as soon as a batch is full
+  or ``flush_interval_s`` after the oldest queued event.
+* Network errors, ``408``, ``429`` and ``5xx`` (``503`` included) are retried with exponential
+  backoff and jitter, honouring ``Retry-After``. A retry re-posts the SAME events with the SAME
+  ``event_id`` values, so the service's idempotency makes it safe (a batch stored before the
+  connection broke comes back as ``duplicates``).
+* A ``4xx`` verdict on the events is not retried: ``422`` and ``409`` name the offending
+  events, which are dropped and reported (``on_error``, the ``rejected`` counter, a log line),
+  and the rest of the batch is posted again (the service stores nothing of a refused batch, so
+  one bad event must not cost the good ones). ``413`` splits the batch; a single event that is
+  too large is rejected. Any other ``4xx`` rejects the whole batch.
+* ``401``, ``403``, ``404`` and redirects say the client is misconfigured (token or URL), not
+  that the events are wrong: they are reported and, when a spool is configured, kept in it
+  instead of being dropped, so fixing the token loses nothing.
+* Memory is bounded: past ``max_buffer`` queued events, new events go to the spool file; when
+  the service stays unreachable past the retries, everything queued goes there too. The spool
+  is an append-only JSON-lines file, replayed in order when the service answers again (see
+  :class:`billing.client.spool.Spool` for how it is rotated safely). A spool left by an earlier
+  process is replayed at start. Without ``spool_path``, overflow events are dropped and
+  reported, and events that cannot be delivered stay in memory and are tried again later.
+
+Counters (:meth:`BillingClient.stats`): ``sent`` (events given to ``send``), ``acknowledged``
+(``accepted`` + ``duplicates`` as the service answered), ``spooled`` (events written to the
+spool), ``replayed`` (events read back from the spool and acknowledged), ``rejected`` (dropped
+on a ``4xx``), ``dropped`` (lost on the client side), ``requests`` and ``retries`` (HTTP posts).
+
+How it is built: every decision (batching, retries and backoff, the spool, reading the answers)
+is made once, in the sans-IO engine (``engine.py`` on ``delivery.py``), as generators that yield
+"post this body" / "sleep this long" actions; the two clients are thin drivers that perform them
+with ``httpx.Client`` on a thread (``sync.py``) or ``httpx.AsyncClient`` on the event loop
+(``aio.py``). ``wire.py`` holds the limits of a post and reads the answers; ``spool.py`` the file.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from billing.client.aio import AsyncBillingClient
+from billing.client.errors import ClientClosedError, ClientStats, DeliveryError
+from billing.client.sync import BillingClient
+from billing.client.wire import MAX_BATCH_EVENTS, MAX_BODY_BYTES, new_event_id, utc_now
+
+__all__ = [
+    "MAX_BATCH_EVENTS",
+    "MAX_BODY_BYTES",
+    "AsyncBillingClient",
+    "BillingClient",
+    "ClientClosedError",
+    "ClientStats",
+    "DeliveryError",
+    "new_event_id",
+    "utc_now",
+]
+
+logging.getLogger("billing.client").addHandler(
+    logging.NullHandler()
+)  # a library: the application configures logging

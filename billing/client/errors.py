@@ -1,0 +1,72 @@
+"""What the client reports: the error passed to ``on_error``, the closed-client error, and the
+snapshot of its counters."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+
+class ClientClosedError(RuntimeError):
+    """``send()`` was called after ``close()``."""
+
+
+class DeliveryError(Exception):
+    """A delivery problem, passed to the ``on_error`` callback (and logged).
+
+    Attributes:
+        kind: ``"rejected"`` - the service refused the events with a ``4xx`` (they are dropped);
+            ``"refused"`` - ``401``/``403``/``404``/redirect: the client is misconfigured (events
+            kept in the spool when there is one, else dropped);
+            ``"unreachable"`` - no answer past the retries (events spooled or kept in memory);
+            ``"dropped"`` - events lost on the client side (buffer full without a spool, closed
+            before delivery without a spool);
+            ``"spool_corrupt"`` - unreadable lines skipped in the spool file.
+        status: the HTTP status, or ``None`` when there was no answer.
+        event_ids: the events concerned (may be empty for ``spool_corrupt``).
+        detail: the service's JSON answer (``{"errors": [...]}``, ``{"conflicts": [...]}``, ...)
+            when there was one, else ``None``.
+    """
+
+    def __init__(
+        self,
+        kind: Literal["rejected", "refused", "unreachable", "dropped", "spool_corrupt"],
+        message: str,
+        *,
+        status: int | None = None,
+        event_ids: Sequence[str] = (),
+        detail: Any = None,
+    ) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.status = status
+        self.event_ids = list(event_ids)
+        self.detail = detail
+
+
+@dataclass(frozen=True, slots=True)
+class ClientStats:
+    """A snapshot of a client's counters (all counts are events, except ``requests`` and
+    ``retries``, which count HTTP posts).
+
+    ``acknowledged`` = ``accepted`` + ``duplicates`` as answered by the service; an event posted
+    again after its answer was lost is acknowledged again (as a duplicate). ``pending`` is the
+    number of events held in memory, not yet acknowledged, spooled or given up.
+    """
+
+    sent: int
+    acknowledged: int
+    accepted: int
+    duplicates: int
+    spooled: int
+    replayed: int
+    rejected: int
+    dropped: int
+    requests: int
+    retries: int
+    pending: int
+
+
+OnError = Callable[[DeliveryError], None]

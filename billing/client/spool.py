@@ -1,0 +1,143 @@
+"""The spool: an append-only JSON-lines file of the events the service could not take yet."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from billing.client.wire import HEAD, TAIL
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One queued event: its sequence number (0 when read from the spool), its id, its JSON
+    bytes, and when it was queued (``time.monotonic()`` seconds)."""
+
+    seq: int
+    event_id: str
+    data: bytes
+    queued_at: float
+
+
+class Spool:
+    """The append-only JSON-lines spool: one event (compact JSON) per line.
+
+    New events are appended to ``path`` (and fsync'ed). To replay, the file is first renamed to
+    ``path + ".replay"`` (an atomic rename, so appends go on into a fresh ``path``), then read
+    in order, a batch at a time; the read position advances only after the service acknowledged
+    the batch, and the file is deleted once fully acknowledged. If the process dies mid-replay,
+    the ``.replay`` file is replayed again from its start by the next client: events already
+    stored come back as duplicates, so nothing is lost and nothing is billed twice. A line left
+    half-written by a crash is skipped and reported.
+
+    One process at a time may use a spool path. Thread-safe.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.replay_path = path.with_name(path.name + ".replay")
+        self._lock = threading.Lock()
+        self._offset = 0
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._end_with_newline(self.path)
+        self._end_with_newline(self.replay_path)
+
+    @staticmethod
+    def _end_with_newline(path: Path) -> None:
+        """Terminate a line cut short by a crash, so that the next append starts a new line."""
+        with contextlib.suppress(FileNotFoundError), open(path, "rb+") as file:
+            file.seek(0, os.SEEK_END)
+            if file.tell() == 0:
+                return
+            file.seek(-1, os.SEEK_END)
+            if file.read(1) != b"\n":
+                file.write(b"\n")
+                file.flush()
+                os.fsync(file.fileno())
+
+    def append(self, items: Iterable[Item]) -> int:
+        """Append events durably (written and fsync'ed); returns how many."""
+        lines = [item.data + b"\n" for item in items]
+        if not lines:
+            return 0
+        with self._lock, open(self.path, "ab") as file:
+            file.write(b"".join(lines))
+            file.flush()
+            os.fsync(file.fileno())
+        return len(lines)
+
+    def pending(self) -> bool:
+        """Whether the spool holds events not yet acknowledged."""
+        with self._lock:
+            return self.replay_path.exists() or _size(self.path) > 0
+
+    def read_batch(self, max_events: int, max_bytes: int) -> tuple[list[Item], int, int]:
+        """The next events to replay, in file order: ``(items, end_offset, unreadable_lines)``.
+
+        ``end_offset`` is what to pass to :meth:`commit` once the items are acknowledged.
+        Returns no items and ``end_offset`` 0 when the spool is empty.
+        """
+        with self._lock:
+            if not self.replay_path.exists():
+                if _size(self.path) == 0:
+                    return [], 0, 0
+                os.replace(self.path, self.replay_path)
+                self._offset = 0
+            offset = self._offset
+        items: list[Item] = []
+        unreadable = 0
+        size = len(HEAD) + len(TAIL)
+        with open(self.replay_path, "rb") as file:
+            file.seek(offset)
+            while len(items) < max_events:
+                line = file.readline()
+                if not line:
+                    break
+                data = line.rstrip(b"\r\n")
+                event_id = _spooled_event_id(data)
+                if event_id is None:
+                    if data.strip():
+                        unreadable += 1
+                    offset += len(line)
+                    continue
+                if items and size + len(data) + 1 > max_bytes:
+                    break
+                size += len(data) + 1
+                items.append(Item(0, event_id, data, 0.0))
+                offset += len(line)
+        return items, offset, unreadable
+
+    def commit(self, end_offset: int) -> None:
+        """Mark everything before ``end_offset`` of the replay file as acknowledged; delete the
+        file once it is all acknowledged."""
+        with self._lock:
+            self._offset = end_offset
+            if end_offset >= _size(self.replay_path):
+                with contextlib.suppress(FileNotFoundError):
+                    self.replay_path.unlink()
+                self._offset = 0
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _spooled_event_id(data: bytes) -> str | None:
+    try:
+        event = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    if isinstance(event, dict):
+        event_id = event.get("event_id")
+        if isinstance(event_id, str) and event_id:
+            return event_id
+    return None
