@@ -44,7 +44,7 @@ from sqlalchemy import Engine, create_engine, func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from billing.api.app import create_app
-from billing.calllog import rollups
+from billing.rollups import service as rollups
 from billing.calllog.cursor import Position, decode, encode
 from billing.calllog.queries import CallsQuery, list_calls
 from billing.calllog.usage import UsageQuery, usage_rows

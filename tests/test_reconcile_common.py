@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 import billing.reconcile.service as service
-from billing.calllog import rollups
+from billing.rollups import service as rollups
 from billing.ingest.service import store_batch
 from billing.ingest.validation import parse_batch
 from billing.pricing.prices import PriceIn

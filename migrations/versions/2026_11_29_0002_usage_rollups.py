@@ -16,7 +16,7 @@ from alembic import op
 from sqlalchemy.orm import Session
 
 import billing.storage.types
-from billing.calllog.rollups import rebuild
+from billing.rollups.service import rebuild
 
 revision: str = "5c1e0f3a9b27"
 down_revision: str | None = "13b58d775547"

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from billing.storage.postgres.calllog import PostgresCalllog
+from billing.storage.postgres.rollups import PostgresRollups
 from billing.storage.store import Store
 
 STORE = Store(
     name="postgresql",
     ingest=None,
     reconcile=None,
-    rollups=None,
-    calllog=None,
+    rollups=PostgresRollups(),
+    calllog=PostgresCalllog(),
     export=None,
 )

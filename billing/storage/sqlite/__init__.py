@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from billing.storage.sqlite.calllog import SqliteCalllog
+from billing.storage.sqlite.rollups import SqliteRollups
 from billing.storage.store import Store
 
 STORE = Store(
     name="sqlite",
     ingest=None,
     reconcile=None,
-    rollups=None,
-    calllog=None,
+    rollups=SqliteRollups(),
+    calllog=SqliteCalllog(),
     export=None,
 )
