@@ -44,10 +44,10 @@ from sqlalchemy import Engine, create_engine, func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from billing.api.app import create_app
-from billing.rollups import service as rollups
 from billing.calllog.cursor import Position, decode, encode
 from billing.calllog.queries import CallsQuery, list_calls
 from billing.calllog.usage import UsageQuery, usage_rows
+from billing.rollups import service as rollups
 from billing.settings import Settings
 from billing.storage.db import make_engine, make_sessionmaker, read_transaction
 from billing.storage.migrate import upgrade_to_head

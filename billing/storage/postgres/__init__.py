@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from billing.storage.postgres.calllog import PostgresCalllog
+from billing.storage.postgres.export import PostgresExport
 from billing.storage.postgres.rollups import PostgresRollups
 from billing.storage.store import Store
 
@@ -12,5 +13,5 @@ STORE = Store(
     reconcile=None,
     rollups=PostgresRollups(),
     calllog=PostgresCalllog(),
-    export=None,
+    export=PostgresExport(),
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from billing.storage.sqlite.calllog import SqliteCalllog
+from billing.storage.sqlite.export import SqliteExport
 from billing.storage.sqlite.rollups import SqliteRollups
 from billing.storage.store import Store
 
@@ -12,5 +13,5 @@ STORE = Store(
     reconcile=None,
     rollups=SqliteRollups(),
     calllog=SqliteCalllog(),
-    export=None,
+    export=SqliteExport(),
 )

@@ -24,7 +24,9 @@ PIECES = (
         "json_extract(value, '$[2]') AS lo, json_extract(value, '$[3]') AS hi "
         "FROM json_each(:runs)"
     )
-    .columns(column("seg", Integer), column("lvl", Integer), column("lo", String), column("hi", String))
+    .columns(
+        column("seg", Integer), column("lvl", Integer), column("lo", String), column("hi", String)
+    )
     .subquery("pieces")
 )
 

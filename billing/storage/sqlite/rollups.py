@@ -12,7 +12,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-
 from sqlalchemy import ColumnElement, String, case, cast, func, literal_column
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.orm import Session
@@ -79,6 +78,7 @@ def _text(expression: ColumnElement[Any]) -> str:
 _DIALECT = sqlite.dialect()
 _AT = literal_column("at")
 _BUCKET_START = literal_column("bucket_start")
+_QUARTER_OF_AT = _text(floor_sql(QUARTER, _AT))
 _KEYLESS = f"CAST(anomalies AS TEXT) LIKE '%\"{STARTED_MISSING}\"%'"
 
 EMPTY = (
@@ -90,7 +90,7 @@ EMPTY = (
 #: split into whole dollars and picodollars of a signed sum.
 REBUILD_QUARTERS = (
     f"INSERT INTO usage_rollups (basis, api_key_id, level, bucket_start, model, {_SUMMED}) "
-    f"SELECT basis, api_key_id, {QUARTER}, {_text(floor_sql(QUARTER, _AT))}, model, count(*), sum(calls), "
+    f"SELECT basis, api_key_id, {QUARTER}, {_QUARTER_OF_AT}, model, count(*), sum(calls), "
     f"{_TOKEN_SUMS}, sum(CASE WHEN cost_pusd IS NULL THEN 1 ELSE 0 END), "
     f"(sum(coalesce(cost_pusd, 0)) - (sum(coalesce(cost_pusd, 0)) % {PICO} + {PICO}) % {PICO}) "
     f"/ {PICO}, (sum(coalesce(cost_pusd, 0)) % {PICO} + {PICO}) % {PICO} "
