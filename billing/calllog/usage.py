@@ -39,6 +39,7 @@ from sqlalchemy.orm import Session
 from billing.calllog import buckets
 from billing.calllog.buckets import Segment
 from billing.calllog.params import UNTIL_AFTER_SINCE, QueryReader, parse_timestamp, parse_zone
+from billing.calllog.repository import RollupSlice
 from billing.dimensions import TOKEN_FIELDS
 from billing.errors import FieldError, ValidationFailed
 from billing.pricing.money import pusd_to_str
@@ -261,19 +262,11 @@ def _read_rollups(
     """Sum the rollup rows of every run per (segment, group-by keys), in SQL (the store's
     ``rollup_sums``), ``_RUNS_PER_QUERY`` runs per statement."""
     by_key = query.api_key_id is not None or "api_key_id" in dims
+    rows = RollupSlice(by_key, query.basis, query.api_key_id, query.model, tuple(dims))
     store = store_for(session).calllog
     width = len(dims)
     for i in range(0, len(runs), _RUNS_PER_QUERY):
-        rows = store.rollup_sums(
-            session,
-            runs[i : i + _RUNS_PER_QUERY],
-            by_key=by_key,
-            basis=query.basis,
-            api_key_id=query.api_key_id,
-            model=query.model,
-            dims=dims,
-        )
-        for seg, *row in rows:
+        for seg, *row in store.rollup_sums(session, runs[i : i + _RUNS_PER_QUERY], rows):
             *counts, whole, frac = (int(value or 0) for value in row[width:])
             # '' is how the rollups hold a null key or model
             groups.add(

@@ -30,31 +30,33 @@ PICO = 10**12
 #: The summed integer columns of a rollup row, in the order of ``Totals.values``.
 COUNT_FIELDS = ("members", "calls", *TOKEN_FIELDS, "unpriced")
 
+#: Rollup rows to add (see ``RollupsRepository``).
+Rows = Sequence[tuple[Any, ...]]
+
 
 class RollupsRepository(Protocol):
     """The rollups' statements on one database. Every method runs in the session's transaction.
 
-    Rows given to ``add_keyed`` are ``(basis, api_key_id, level, bucket_start, model,
-    *COUNT_FIELDS, cost_whole_usd, cost_frac_pusd)``, to ``add_all_keys`` the same without
-    ``api_key_id``: ``bucket_start`` an aware UTC datetime, a null key or model as ``''``, the
-    rows in key order (one lock order for every reconciler) and none all zero.
+    ``add`` takes rows ``(basis, api_key_id, level, bucket_start, model, *COUNT_FIELDS,
+    cost_whole_usd, cost_frac_pusd)`` for ``usage_rollups`` (``keyed``) and the same without
+    ``api_key_id`` for ``usage_rollups_all_keys``: ``bucket_start`` an aware UTC datetime, a null
+    key or model as ``''``, the rows in key order (one lock order for every reconciler) and none
+    all zero.
     """
 
-    def add_keyed(self, session: Session, rows: Sequence[tuple[Any, ...]]) -> None:
-        """Add ``rows`` into ``usage_rollups``, one statement: ``x = x + excluded.x``, the cost
-        with its carry."""
-
-    def add_all_keys(self, session: Session, rows: Sequence[tuple[Any, ...]]) -> None:
-        """Add ``rows`` into ``usage_rollups_all_keys``, as ``add_keyed``."""
+    def add(self, session: Session, keyed: Rows, all_keys: Rows) -> None:
+        """Add the rows into their tables, one statement per table: ``x = x + excluded.x``, the
+        cost with its carry."""
 
     def keyless_starts(self, session: Session, request_ids: Sequence[str]) -> dict[str, datetime]:
         """The start each of the key-less ``request_ids`` was rolled up under (those known)."""
 
-    def keep_keyless(
-        self, session: Session, rows: Sequence[tuple[str, datetime]], gone: Sequence[str]
-    ) -> None:
+    def keep_keyless(self, session: Session, rows: Sequence[tuple[str, datetime]]) -> None:
         """Remember ``(request_id, started_at)`` for each of ``rows`` (replacing what was
-        remembered) and forget the ``gone`` request ids."""
+        remembered); ``rows`` is not empty."""
+
+    def forget_keyless(self, session: Session, request_ids: Sequence[str]) -> None:
+        """Forget the ``request_ids`` (not empty)."""
 
     def rebuild(self, session: Session) -> None:
         """Empty the three tables and recompute them from ``calls`` (settled, with a start) and

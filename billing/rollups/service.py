@@ -165,9 +165,7 @@ class Deltas:
         all_keys: dict[tuple[Any, ...], list[int]] = {}
         for (basis, _key, level, start, model), values in keyed.items():
             _sum_into(all_keys, (basis, level, start, model), values)
-        store = store_for(session).rollups
-        store.add_keyed(session, _rows(keyed))
-        store.add_all_keys(session, _rows(all_keys))
+        store_for(session).rollups.add(session, _rows(keyed), _rows(all_keys))
 
 
 def _sum_into(
@@ -235,8 +233,11 @@ def after_step(
     for entry in entries:
         deltas.add(BOOKED, place_entry(entry))
     deltas.write(session)
-    if keyless or gone:
-        store_for(session).rollups.keep_keyless(session, keyless, gone)
+    store = store_for(session).rollups
+    if gone:
+        store.forget_keyless(session, gone)
+    if keyless:
+        store.keep_keyless(session, keyless)
 
 
 def rebuild(session: Session) -> None:
@@ -251,9 +252,9 @@ def rebuild(session: Session) -> None:
 def dump(session: Session) -> dict[str, set[tuple[Any, ...]]]:
     """Every rollup row that counts something (for checks: incremental == rebuilt)."""
     result: dict[str, set[tuple[Any, ...]]] = {}
-    for table in (UsageRollup.__table__, UsageRollupAllKeys.__table__):
-        rows = session.execute(select(table).where(table.c.members != 0))
-        result[table.name] = {tuple(row) for row in rows}
-    keyless = UsageRollupKeyless.__table__
-    result[keyless.name] = {tuple(row) for row in session.execute(select(keyless))}
+    for model in (UsageRollup, UsageRollupAllKeys):
+        rows = session.execute(select(model.__table__).where(model.members != 0))
+        result[model.__tablename__] = {tuple(row) for row in rows}
+    rows = session.execute(select(UsageRollupKeyless.__table__))
+    result[UsageRollupKeyless.__tablename__] = {tuple(row) for row in rows}
     return result

@@ -12,10 +12,15 @@ engine of that dialect is asked for.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
+
+if TYPE_CHECKING:
+    from billing.calllog.repository import CalllogRepository
+    from billing.export.repository import ExportRepository
+    from billing.rollups.repository import RollupsRepository
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,9 +31,9 @@ class Store:
     name: str
     ingest: Any
     reconcile: Any
-    rollups: Any
-    calllog: Any
-    export: Any
+    rollups: RollupsRepository
+    calllog: CalllogRepository
+    export: ExportRepository
 
 
 _STORES: dict[str, Store] = {}

@@ -14,15 +14,18 @@ from sqlalchemy import ColumnElement, func, literal_column
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
-from billing.dimensions import TOKEN_FIELDS
 from billing.reconcile.rule import STARTED_MISSING
 from billing.rollups.buckets import DAY, HOUR, MONTH, QUARTER
-from billing.rollups.repository import BOOKED, CALL_START, COUNT_FIELDS, PICO
+from billing.rollups.repository import BOOKED, CALL_START, PICO, Rows
+from billing.storage.columns import (
+    COUNT_SUMS,
+    ROLLUP_SUMMED,
+    TOKEN_SUMS,
+    TOKENS,
+    added_on_conflict,
+)
 
-_SUMMED = (*COUNT_FIELDS, "cost_whole_usd", "cost_frac_pusd")
-_TOKENS = ", ".join(TOKEN_FIELDS)
-_TOKEN_SUMS = ", ".join(f"sum({name})" for name in TOKEN_FIELDS)
-_COUNT_SUMS = ", ".join(f"sum({name})" for name in COUNT_FIELDS)
+_SUMMED = ROLLUP_SUMMED
 _KEY_TYPES = {"level": "int2", "bucket_start": "timestamptz"}
 
 
@@ -30,13 +33,9 @@ def _add(table: str, key: tuple[str, ...]) -> str:
     columns = ", ".join((*key, *_SUMMED))
     types = [_KEY_TYPES.get(name, "varchar") for name in key] + ["int8"] * len(_SUMMED)
     arrays = ", ".join(f"%b::{name}[]" for name in types)
-    counts = ", ".join(f"{c} = {table}.{c} + excluded.{c}" for c in COUNT_FIELDS)
-    frac = f"({table}.cost_frac_pusd + excluded.cost_frac_pusd)"
     return (
         f"INSERT INTO {table} ({columns}) SELECT * FROM unnest({arrays}) "
-        f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {counts}, "
-        f"cost_frac_pusd = {frac} %% {PICO}, "
-        f"cost_whole_usd = {table}.cost_whole_usd + excluded.cost_whole_usd + {frac} / {PICO}"
+        f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {added_on_conflict(table, '%%')}"
     )
 
 
@@ -67,7 +66,7 @@ def floor_sql(level: int, column: Any) -> ColumnElement[Any]:
     return func.date_trunc(literal_column(unit), column, literal_column("'UTC'"))
 
 
-_DIALECT = postgresql.dialect()
+_DIALECT = postgresql.dialect()  # type: ignore[no-untyped-call]  # untyped in SQLAlchemy
 
 
 def _text(expression: ColumnElement[Any]) -> str:
@@ -88,15 +87,15 @@ REBUILD_QUARTERS = (
     f"INSERT INTO usage_rollups (basis, api_key_id, level, bucket_start, model, "
     f"{', '.join(_SUMMED)}) "
     f"SELECT basis, api_key_id, {QUARTER}, {_QUARTER_OF_AT}, model, count(*), sum(calls), "
-    f"{_TOKEN_SUMS}, sum(CASE WHEN cost_pusd IS NULL THEN 1 ELSE 0 END), "
+    f"{TOKEN_SUMS}, sum(CASE WHEN cost_pusd IS NULL THEN 1 ELSE 0 END), "
     f"(sum(coalesce(cost_pusd, 0)) - (sum(coalesce(cost_pusd, 0)) %% {PICO} + {PICO}) "
     f"%% {PICO}) / {PICO}, (sum(coalesce(cost_pusd, 0)) %% {PICO} + {PICO}) %% {PICO} "
     f"FROM (SELECT '{CALL_START}' AS basis, started_at AS at, "
     f"CASE WHEN {_KEYLESS} THEN '' ELSE coalesce(api_key_id, '') END AS api_key_id, "
     f"CASE WHEN {_KEYLESS} THEN '' ELSE coalesce(model, '') END AS model, 1 AS calls, "
-    f"{_TOKENS}, cost_pusd FROM calls WHERE settled IS true AND started_at IS NOT NULL "
+    f"{TOKENS}, cost_pusd FROM calls WHERE settled IS true AND started_at IS NOT NULL "
     f"UNION ALL SELECT '{BOOKED}', booked_at, coalesce(api_key_id, ''), coalesce(model, ''), "
-    f"CASE WHEN kind = 'settlement' THEN 1 ELSE 0 END, {_TOKENS}, cost_pusd "
+    f"CASE WHEN kind = 'settlement' THEN 1 ELSE 0 END, {TOKENS}, cost_pusd "
     "FROM ledger_entries) AS source GROUP BY basis, api_key_id, 4, model"
 )
 #: Per coarser level: the quarters summed into its buckets.
@@ -104,7 +103,7 @@ REBUILD_LEVELS = {
     level: (
         f"INSERT INTO usage_rollups (basis, api_key_id, level, bucket_start, model, "
         f"{', '.join(_SUMMED)}) SELECT basis, api_key_id, {level}, "
-        f"{_text(floor_sql(level, literal_column('bucket_start')))}, model, {_COUNT_SUMS}, "
+        f"{_text(floor_sql(level, literal_column('bucket_start')))}, model, {COUNT_SUMS}, "
         f"sum(cost_whole_usd) + (sum(cost_frac_pusd) - sum(cost_frac_pusd) %% {PICO}) / {PICO}, "
         f"sum(cost_frac_pusd) %% {PICO} FROM usage_rollups WHERE level = {QUARTER} "
         "GROUP BY basis, api_key_id, 4, model"
@@ -113,7 +112,7 @@ REBUILD_LEVELS = {
 }
 REBUILD_ALL_KEYS = (
     f"INSERT INTO usage_rollups_all_keys (basis, level, bucket_start, model, "
-    f"{', '.join(_SUMMED)}) SELECT basis, level, bucket_start, model, {_COUNT_SUMS}, "
+    f"{', '.join(_SUMMED)}) SELECT basis, level, bucket_start, model, {COUNT_SUMS}, "
     f"sum(cost_whole_usd) + (sum(cost_frac_pusd) - sum(cost_frac_pusd) %% {PICO}) / {PICO}, "
     f"sum(cost_frac_pusd) %% {PICO} FROM usage_rollups GROUP BY basis, level, bucket_start, model"
 )
@@ -130,26 +129,21 @@ def _columns(rows: Sequence[tuple[Any, ...]]) -> tuple[list[Any], ...]:
 class PostgresRollups:
     """``RollupsRepository`` on PostgreSQL."""
 
-    def add_keyed(self, session: Session, rows: Sequence[tuple[Any, ...]]) -> None:
-        if rows:
-            session.connection().exec_driver_sql(ADD_KEYED, _columns(rows))
-
-    def add_all_keys(self, session: Session, rows: Sequence[tuple[Any, ...]]) -> None:
-        if rows:
-            session.connection().exec_driver_sql(ADD_ALL_KEYS, _columns(rows))
+    def add(self, session: Session, keyed: Rows, all_keys: Rows) -> None:
+        conn = session.connection()
+        for statement, rows in ((ADD_KEYED, keyed), (ADD_ALL_KEYS, all_keys)):
+            if rows:
+                conn.exec_driver_sql(statement, _columns(rows))
 
     def keyless_starts(self, session: Session, request_ids: Sequence[str]) -> dict[str, datetime]:
         rows = session.connection().exec_driver_sql(KEYLESS_STARTS, (list(request_ids),))
         return {request_id: started_at.astimezone(UTC) for request_id, started_at in rows}
 
-    def keep_keyless(
-        self, session: Session, rows: Sequence[tuple[str, datetime]], gone: Sequence[str]
-    ) -> None:
-        conn = session.connection()
-        if gone:
-            conn.exec_driver_sql(FORGET_KEYLESS, (list(gone),))
-        if rows:
-            conn.exec_driver_sql(KEEP_KEYLESS, _columns(rows))
+    def keep_keyless(self, session: Session, rows: Sequence[tuple[str, datetime]]) -> None:
+        session.connection().exec_driver_sql(KEEP_KEYLESS, _columns(rows))
+
+    def forget_keyless(self, session: Session, request_ids: Sequence[str]) -> None:
+        session.connection().exec_driver_sql(FORGET_KEYLESS, (list(request_ids),))
 
     def rebuild(self, session: Session) -> None:
         conn = session.connection()

@@ -14,20 +14,17 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from billing.dimensions import TOKEN_FIELDS
-from billing.export.columns import PRICE_COLUMNS
+from billing.storage.columns import LEDGER_PRICES, TOKEN_SUMS, TOKENS, TOKENS_AS_TEXT
 from billing.storage.rawcursor import fetch_chunks
 from billing.storage.types import sqlite_text
 
 _PERIOD = "FROM ledger_entries WHERE booked_at >= ? AND booked_at < ?"
-_TOKENS_TEXT = ", ".join(f"CAST({name} AS TEXT)" for name in TOKEN_FIELDS)
-_PRICES = ", ".join(name.replace("_usd_", "_uusd_") for name in PRICE_COLUMNS)
 
 COUNT = f"SELECT count(*) {_PERIOD}"
 TOTALS = (
     "SELECT count(*), sum(CASE WHEN kind = 'settlement' THEN 1 ELSE 0 END), "
     "count(*) - count(cost_pusd), sum(cost_pusd / 1000000), sum(cost_pusd % 1000000), "
-    f"{', '.join(f'sum({name})' for name in TOKEN_FIELDS)} {_PERIOD}"
+    f"{TOKEN_SUMS} {_PERIOD}"
 )
 #: ``booked_at`` as RFC 3339: microseconds only when they are not zero.
 _BOOKED_RFC3339 = (
@@ -37,11 +34,11 @@ _BOOKED_RFC3339 = (
 )
 CALLS = (
     f"SELECT CAST(entry_id AS TEXT), kind, reason, {_BOOKED_RFC3339}, request_id, api_key_id, "
-    f"model, protocol, status, {_TOKENS_TEXT}, {_PRICES}, cost_pusd {_PERIOD} "
+    f"model, protocol, status, {TOKENS_AS_TEXT}, {LEDGER_PRICES}, cost_pusd {_PERIOD} "
     "ORDER BY booked_at, entry_id"
 )
 USAGE = (
-    f"SELECT booked_at, api_key_id, model, kind, {', '.join(TOKEN_FIELDS)}, cost_pusd {_PERIOD} "
+    f"SELECT booked_at, api_key_id, model, kind, {TOKENS}, cost_pusd {_PERIOD} "
     "ORDER BY booked_at, entry_id"
 )
 

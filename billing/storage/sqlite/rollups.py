@@ -16,26 +16,26 @@ from sqlalchemy import ColumnElement, String, case, cast, func, literal_column
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.orm import Session
 
-from billing.dimensions import TOKEN_FIELDS
 from billing.reconcile.rule import STARTED_MISSING
 from billing.rollups.buckets import DAY, HOUR, MONTH, QUARTER
-from billing.rollups.repository import BOOKED, CALL_START, COUNT_FIELDS, PICO
+from billing.rollups.repository import BOOKED, CALL_START, PICO, Rows
+from billing.storage.columns import (
+    COUNT_SUMS,
+    ROLLUP_SUMMED,
+    TOKEN_SUMS,
+    TOKENS,
+    added_on_conflict,
+)
 from billing.storage.types import cached_sqlite_text
 
-_SUMMED = ", ".join((*COUNT_FIELDS, "cost_whole_usd", "cost_frac_pusd"))
-_TOKENS = ", ".join(TOKEN_FIELDS)
-_TOKEN_SUMS = ", ".join(f"sum({name})" for name in TOKEN_FIELDS)
-_COUNT_SUMS = ", ".join(f"sum({name})" for name in COUNT_FIELDS)
+_SUMMED = ", ".join(ROLLUP_SUMMED)
 
 
 def _add(table: str, key: str) -> str:
-    marks = ", ".join("?" * (key.count(",") + 1 + len(COUNT_FIELDS) + 2))
-    counts = ", ".join(f"{c} = {table}.{c} + excluded.{c}" for c in COUNT_FIELDS)
-    frac = f"({table}.cost_frac_pusd + excluded.cost_frac_pusd)"
+    marks = ", ".join("?" * (key.count(",") + 1 + len(ROLLUP_SUMMED)))
     return (
         f"INSERT INTO {table} ({key}, {_SUMMED}) VALUES ({marks}) "
-        f"ON CONFLICT ({key}) DO UPDATE SET {counts}, cost_frac_pusd = {frac} % {PICO}, "
-        f"cost_whole_usd = {table}.cost_whole_usd + excluded.cost_whole_usd + {frac} / {PICO}"
+        f"ON CONFLICT ({key}) DO UPDATE SET {added_on_conflict(table, '%')}"
     )
 
 
@@ -76,8 +76,8 @@ def _text(expression: ColumnElement[Any]) -> str:
 
 
 _DIALECT = sqlite.dialect()
-_AT = literal_column("at")
-_BUCKET_START = literal_column("bucket_start")
+_AT: ColumnElement[Any] = literal_column("at")
+_BUCKET_START: ColumnElement[Any] = literal_column("bucket_start")
 _QUARTER_OF_AT = _text(floor_sql(QUARTER, _AT))
 _KEYLESS = f"CAST(anomalies AS TEXT) LIKE '%\"{STARTED_MISSING}\"%'"
 
@@ -91,15 +91,15 @@ EMPTY = (
 REBUILD_QUARTERS = (
     f"INSERT INTO usage_rollups (basis, api_key_id, level, bucket_start, model, {_SUMMED}) "
     f"SELECT basis, api_key_id, {QUARTER}, {_QUARTER_OF_AT}, model, count(*), sum(calls), "
-    f"{_TOKEN_SUMS}, sum(CASE WHEN cost_pusd IS NULL THEN 1 ELSE 0 END), "
+    f"{TOKEN_SUMS}, sum(CASE WHEN cost_pusd IS NULL THEN 1 ELSE 0 END), "
     f"(sum(coalesce(cost_pusd, 0)) - (sum(coalesce(cost_pusd, 0)) % {PICO} + {PICO}) % {PICO}) "
     f"/ {PICO}, (sum(coalesce(cost_pusd, 0)) % {PICO} + {PICO}) % {PICO} "
     f"FROM (SELECT '{CALL_START}' AS basis, started_at AS at, "
     f"CASE WHEN {_KEYLESS} THEN '' ELSE coalesce(api_key_id, '') END AS api_key_id, "
     f"CASE WHEN {_KEYLESS} THEN '' ELSE coalesce(model, '') END AS model, 1 AS calls, "
-    f"{_TOKENS}, cost_pusd FROM calls WHERE settled IS 1 AND started_at IS NOT NULL "
+    f"{TOKENS}, cost_pusd FROM calls WHERE settled IS 1 AND started_at IS NOT NULL "
     f"UNION ALL SELECT '{BOOKED}', booked_at, coalesce(api_key_id, ''), coalesce(model, ''), "
-    f"CASE WHEN kind = 'settlement' THEN 1 ELSE 0 END, {_TOKENS}, cost_pusd "
+    f"CASE WHEN kind = 'settlement' THEN 1 ELSE 0 END, {TOKENS}, cost_pusd "
     "FROM ledger_entries) GROUP BY basis, api_key_id, 4, model"
 )
 #: Per coarser level: the quarters summed into its buckets.
@@ -107,7 +107,7 @@ REBUILD_LEVELS = {
     level: (
         f"INSERT INTO usage_rollups (basis, api_key_id, level, bucket_start, model, {_SUMMED}) "
         f"SELECT basis, api_key_id, {level}, {_text(floor_sql(level, _BUCKET_START))}, model, "
-        f"{_COUNT_SUMS}, sum(cost_whole_usd) + "
+        f"{COUNT_SUMS}, sum(cost_whole_usd) + "
         f"(sum(cost_frac_pusd) - sum(cost_frac_pusd) % {PICO}) / {PICO}, "
         f"sum(cost_frac_pusd) % {PICO} FROM usage_rollups WHERE level = {QUARTER} "
         "GROUP BY basis, api_key_id, 4, model"
@@ -116,7 +116,7 @@ REBUILD_LEVELS = {
 }
 REBUILD_ALL_KEYS = (
     f"INSERT INTO usage_rollups_all_keys (basis, level, bucket_start, model, {_SUMMED}) "
-    f"SELECT basis, level, bucket_start, model, {_COUNT_SUMS}, sum(cost_whole_usd) + "
+    f"SELECT basis, level, bucket_start, model, {COUNT_SUMS}, sum(cost_whole_usd) + "
     f"(sum(cost_frac_pusd) - sum(cost_frac_pusd) % {PICO}) / {PICO}, "
     f"sum(cost_frac_pusd) % {PICO} FROM usage_rollups GROUP BY basis, level, bucket_start, model"
 )
@@ -137,29 +137,25 @@ def _instant(text: str) -> datetime:
 class SqliteRollups:
     """``RollupsRepository`` on SQLite."""
 
-    def add_keyed(self, session: Session, rows: Sequence[tuple[Any, ...]]) -> None:
-        if rows:
-            params = [(b, k, lv, cached_sqlite_text(t), *rest) for b, k, lv, t, *rest in rows]
-            session.connection().exec_driver_sql(ADD_KEYED, params)
-
-    def add_all_keys(self, session: Session, rows: Sequence[tuple[Any, ...]]) -> None:
-        if rows:
-            params = [(b, lv, cached_sqlite_text(t), *rest) for b, lv, t, *rest in rows]
-            session.connection().exec_driver_sql(ADD_ALL_KEYS, params)
+    def add(self, session: Session, keyed: Rows, all_keys: Rows) -> None:
+        conn = session.connection()
+        if keyed:
+            params = [(b, k, lv, cached_sqlite_text(t), *rest) for b, k, lv, t, *rest in keyed]
+            conn.exec_driver_sql(ADD_KEYED, params)
+        if all_keys:
+            params = [(b, lv, cached_sqlite_text(t), *rest) for b, lv, t, *rest in all_keys]
+            conn.exec_driver_sql(ADD_ALL_KEYS, params)
 
     def keyless_starts(self, session: Session, request_ids: Sequence[str]) -> dict[str, datetime]:
         rows = session.connection().exec_driver_sql(KEYLESS_STARTS, (_json_list(request_ids),))
         return {request_id: _instant(text) for request_id, text in rows}
 
-    def keep_keyless(
-        self, session: Session, rows: Sequence[tuple[str, datetime]], gone: Sequence[str]
-    ) -> None:
-        conn = session.connection()
-        if gone:
-            conn.exec_driver_sql(FORGET_KEYLESS, (_json_list(gone),))
-        if rows:
-            params = [(request_id, cached_sqlite_text(at)) for request_id, at in rows]
-            conn.exec_driver_sql(KEEP_KEYLESS, params)
+    def keep_keyless(self, session: Session, rows: Sequence[tuple[str, datetime]]) -> None:
+        params = [(request_id, cached_sqlite_text(at)) for request_id, at in rows]
+        session.connection().exec_driver_sql(KEEP_KEYLESS, params)
+
+    def forget_keyless(self, session: Session, request_ids: Sequence[str]) -> None:
+        session.connection().exec_driver_sql(FORGET_KEYLESS, (_json_list(request_ids),))
 
     def rebuild(self, session: Session) -> None:
         conn = session.connection()
