@@ -50,6 +50,13 @@ CHUNK_ROWS = 5000
 Progress = Callable[[int], None]
 
 _NTOKENS = len(TOKEN_COLUMNS)
+#: A usage group's running totals: settlements, the token totals, the cost of its priced entries
+#: and their number. ``_usage_chunks`` adds a row's tokens by name (one per bucket, the fastest
+#: way); a new bucket needs a name there too.
+_COST, _PRICED = _NTOKENS + 1, _NTOKENS + 2
+_ACC_WIDTH = _NTOKENS + 3
+if _NTOKENS != 7:
+    raise RuntimeError("_usage_chunks adds 7 token totals: give the new bucket a name")
 
 
 def is_closed(until: datetime, now: datetime, close_lag_s: float) -> bool:
@@ -189,8 +196,9 @@ def _usage_chunks(
     buckets = Buckets(params.zone, tuple(k for k in params.group_by if k not in TEXT_KEYS))
     labels_of = buckets.labels
     pick = _group_getter(params)
-    # Per group: [settlements, 7 token totals, cost of priced entries, priced entries].
+    # Per group: [settlements, the token totals, cost of priced entries, priced entries].
     groups: dict[tuple[Any, ...], list[int]] = {}
+    width, cost_at, priced_at = _ACC_WIDTH, _COST, _PRICED
     with read_transaction(sessions) as session:
         chunks = store_for(session).export.usage_chunks
         for part in chunks(session, params.since, params.until, CHUNK_ROWS):
@@ -198,7 +206,7 @@ def _usage_chunks(
                 group = pick((*labels_of(booked), key, model))
                 acc = groups.get(group)
                 if acc is None:
-                    acc = groups[group] = [0] * 10
+                    acc = groups[group] = [0] * width
                 if kind == "settlement":
                     acc[0] += 1
                 acc[1] += a
@@ -209,8 +217,8 @@ def _usage_chunks(
                 acc[6] += f
                 acc[7] += g
                 if cost is not None:
-                    acc[8] += cost
-                    acc[9] += 1
+                    acc[cost_at] += cost
+                    acc[priced_at] += 1
             stats.entries += len(part)
             if progress is not None:
                 progress(len(part))
@@ -236,7 +244,7 @@ def _usage_chunks(
             stats.rows += len(rows)
             yield writer.encode(rows)
             rows = []
-    stats.unpriced_entries = stats.entries - sum(acc[9] for acc in groups.values())
+    stats.unpriced_entries = stats.entries - sum(acc[_PRICED] for acc in groups.values())
     stats.rows += len(rows)
     if rows:
         yield writer.encode(rows)
