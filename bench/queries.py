@@ -4,7 +4,7 @@ Seeds ``--calls`` settled calls (default 1,000,000) across ``--keys`` api keys (
 Zipf-like traffic, so the busiest key has about 13% of the calls) and ``--models`` models (10)
 over 90 days, each with its settlement ledger entry, 2% with a later adjustment, and the last
 hour's calls still open; bulk-loaded (SQLite ``executemany``, PostgreSQL ``COPY``), then the
-rollups are rebuilt with set-based SQL (``billing.calllog.rollups.rebuild``), exactly as the
+rollups are rebuilt with set-based SQL (``billing.rollups.service.rebuild``), exactly as the
 reconciler would have kept them. Then it times, calling the domain functions in-process (one
 read transaction per query, JSON included; each query's inputs are run once untimed first, so
 that the pages they need are in memory):
@@ -44,10 +44,10 @@ from sqlalchemy import Engine, create_engine, func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from billing.api.app import create_app
-from billing.calllog import rollups
 from billing.calllog.cursor import Position, decode, encode
 from billing.calllog.queries import CallsQuery, list_calls
 from billing.calllog.usage import UsageQuery, usage_rows
+from billing.rollups import service as rollups
 from billing.settings import Settings
 from billing.storage.db import make_engine, make_sessionmaker, read_transaction
 from billing.storage.migrate import upgrade_to_head

@@ -1,8 +1,8 @@
 """The shared checker of the reliability tests: what must hold in any committed state.
 
 ``check_invariants(engine)`` reads the whole database (calls, call_attempts, ledger_entries, events
-and, when their shape is the known one, the usage rollups) and raises ``AssertionError`` listing
-every broken rule (CONTRACT "Reconciliation", "Cost", "Call log and usage queries"):
+and the usage rollups) and raises ``AssertionError`` listing every broken rule (CONTRACT
+"Reconciliation", "Cost", "Call log and usage queries"):
 
 - no ``event_id`` is stored twice;
 - every call has a number (``call_no``, unique) and every event has a call and carries its number
@@ -36,40 +36,27 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, create_engine, func, inspect, select, text
+from sqlalchemy import Connection, Engine, create_engine, func, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
+from billing.dimensions import PRICED, TOKEN_FIELDS
 from billing.storage.migrate import upgrade_to_head
-from billing.storage.models import Call, CallAttempt, Event, LedgerEntry
-
-TOKEN_FIELDS = (
-    "input_tokens",
-    "cache_read_input_tokens",
-    "cache_creation_input_tokens",
-    "output_tokens_billed",
-    "output_tokens_delivered",
-    "output_tokens_undelivered",
-    "reasoning_tokens",
+from billing.storage.models import (
+    Call,
+    CallAttempt,
+    Event,
+    LedgerEntry,
+    UsageRollup,
+    UsageRollupAllKeys,
+    UsageRollupKeyless,
 )
-#: (token column, price column) pairs that make an entry's cost.
-COST_PARTS = (
-    ("input_tokens", "input_uusd_per_mtok"),
-    ("cache_read_input_tokens", "cache_read_uusd_per_mtok"),
-    ("cache_creation_input_tokens", "cache_creation_uusd_per_mtok"),
-    ("output_tokens_billed", "output_uusd_per_mtok"),
+
+#: (token column, ledger price column) pairs that make an entry's cost.
+COST_PARTS = tuple(
+    (b.name, b.price.replace("_usd_", "_uusd_")) for b in PRICED if b.price is not None
 )
 ROLLUP_COUNTS = ("members", "calls", *TOKEN_FIELDS, "unpriced")
-ROLLUP_COLUMNS = {
-    "basis",
-    "api_key_id",
-    "level",
-    "bucket_start",
-    "model",
-    *ROLLUP_COUNTS,
-    "cost_whole_usd",
-    "cost_frac_pusd",
-}
 PICO = 10**12
 STARTED_MISSING = "started_missing"
 MAX_SHOWN = 25
@@ -146,15 +133,10 @@ def check_invariants(engine: Engine, *, rollups: bool = True) -> Report:
             select(LedgerEntry).order_by(LedgerEntry.request_id, LedgerEntry.seq)
         ):
             entries[entry.request_id].append(entry)
-        keyless: dict[str, datetime] = {}
-        tables = set(inspect(conn).get_table_names())
-        if "usage_rollup_keyless" in tables:
-            from billing.storage.models import UsageRollupKeyless
-
-            keyless = {
-                r.request_id: r.started_at.astimezone(UTC)
-                for r in conn.execute(select(UsageRollupKeyless))
-            }
+        keyless = {
+            r.request_id: r.started_at.astimezone(UTC)
+            for r in conn.execute(select(UsageRollupKeyless))
+        }
         report.calls = len(calls)
         numbers = [c.call_no for c in calls.values()]
         if None in numbers:
@@ -182,7 +164,7 @@ def check_invariants(engine: Engine, *, rollups: bool = True) -> Report:
             _check_call(rid, call, attempts.get(rid, []), entries.get(rid, []), problems, report)
         report.settled = sum(1 for c in calls.values() if c.settled)
         if rollups:
-            _check_rollups(conn, tables, calls, entries, keyless, problems, report)
+            _check_rollups(conn, calls, entries, keyless, problems, report)
     if problems:
         shown = "\n  ".join(problems[:MAX_SHOWN])
         more = f"\n  … and {len(problems) - MAX_SHOWN} more" if len(problems) > MAX_SHOWN else ""
@@ -334,25 +316,12 @@ def _place(
 
 def _check_rollups(
     conn: Any,
-    tables: set[str],
     calls: dict[str, Any],
     entries: dict[str, list[Any]],
     keyless: dict[str, datetime],
     problems: list[str],
     report: Report,
 ) -> None:
-    if "usage_rollups" not in tables:
-        report.notes.append("no usage_rollups table: rollups not checked")
-        return
-    columns = {c["name"] for c in inspect(conn).get_columns("usage_rollups")}
-    if not columns >= ROLLUP_COLUMNS:
-        report.notes.append(
-            f"usage_rollups has an unknown shape (missing {sorted(ROLLUP_COLUMNS - columns)}): "
-            "rollups not checked"
-        )
-        return
-    from billing.storage.models import UsageRollup  # the shape is the known one
-
     expected: dict[tuple[Any, ...], list[int]] = {}
     for rows in entries.values():
         for e in rows:
@@ -394,26 +363,23 @@ def _check_rollups(
             )
     report.rollup_rows = len(actual)
     _diff("usage_rollups", expected, actual, problems)
-    if "usage_rollups_all_keys" in tables:
-        from billing.storage.models import UsageRollupAllKeys
-
-        summed: dict[tuple[Any, ...], list[int]] = {}
-        for (basis, _key, level, start, model), values in expected.items():
-            row = summed.setdefault((basis, level, start, model), [0] * len(values))
-            for i, v in enumerate(values):
-                row[i] += v
-        all_keys: dict[tuple[Any, ...], list[int]] = {}
-        for r in conn.execute(select(UsageRollupAllKeys)):
-            values = [int(getattr(r, n)) for n in ROLLUP_COUNTS]
-            values.append(int(r.cost_whole_usd) * PICO + int(r.cost_frac_pusd))
-            if any(values):
-                all_keys[(r.basis, r.level, r.bucket_start.astimezone(UTC), r.model)] = values
-        _diff(
-            "usage_rollups_all_keys",
-            {k: v for k, v in summed.items() if any(v)},
-            all_keys,
-            problems,
-        )
+    summed: dict[tuple[Any, ...], list[int]] = {}
+    for (basis, _key, level, start, model), values in expected.items():
+        row = summed.setdefault((basis, level, start, model), [0] * len(values))
+        for i, v in enumerate(values):
+            row[i] += v
+    all_keys: dict[tuple[Any, ...], list[int]] = {}
+    for r in conn.execute(select(UsageRollupAllKeys)):
+        values = [int(getattr(r, n)) for n in ROLLUP_COUNTS]
+        values.append(int(r.cost_whole_usd) * PICO + int(r.cost_frac_pusd))
+        if any(values):
+            all_keys[(r.basis, r.level, r.bucket_start.astimezone(UTC), r.model)] = values
+    _diff(
+        "usage_rollups_all_keys",
+        {k: v for k, v in summed.items() if any(v)},
+        all_keys,
+        problems,
+    )
 
 
 def _diff(

@@ -51,6 +51,7 @@ from billing.pricing.money import pusd_to_str, uusd_per_mtok_to_str
 from billing.reconcile.runner import run_pass
 from billing.settings import Settings, get_settings
 from billing.storage.models import LedgerEntry
+from billing.storage.store import store_for
 from billing.timefmt import rfc3339
 
 HEADER_CALLS = (
@@ -829,8 +830,12 @@ def test_driver_errors_surface_as_sqlalchemy_errors(app: FastAPI) -> None:
 
     params = parse_params("calls", DAY1["since"], DAY1["until"])
     with app.state.billing.sessions() as session:
-        rows = service._partitions(
-            session, "SELECT x FROM no_such_table WHERE :since < :until", params
+        rows = store_for(session).export._chunks(
+            session,
+            "SELECT x FROM no_such_table WHERE :since < :until",
+            params.since,
+            params.until,
+            service.CHUNK_ROWS,
         )
         with pytest.raises(DBAPIError):
             next(rows)

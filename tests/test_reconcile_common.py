@@ -17,12 +17,12 @@ import pytest
 from sqlalchemy import Engine, text
 
 import billing.reconcile.service as service
-from billing.calllog import rollups
 from billing.ingest.service import store_batch
 from billing.ingest.validation import parse_batch
 from billing.pricing.prices import PriceIn
 from billing.pricing.service import record_price
 from billing.reconcile.service import reconcile_step
+from billing.rollups import service as rollups
 from billing.settings import Settings
 from billing.storage.db import make_engine, make_sessionmaker, write_transaction
 from tests.invariants import check_invariants, scratch_database

@@ -41,11 +41,12 @@ from sqlalchemy import select, update
 
 import billing.api.events as events_api
 from billing.api.app import create_app
+from billing.dimensions import TOKEN_FIELDS
 from billing.reconcile.runner import run_pass
 from billing.settings import Settings
 from billing.storage.db import make_engine, make_sessionmaker
 from billing.storage.models import Call, CallAttempt, LedgerEntry
-from tests.invariants import TOKEN_FIELDS, check_invariants, engine_for, ledger_sums
+from tests.invariants import check_invariants, engine_for, ledger_sums
 
 SETTLE_AFTER = 300.0
 BASE = datetime(2031, 3, 3, 9, 0, tzinfo=UTC)

@@ -21,10 +21,12 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from billing.calllog import buckets, rollups
+from billing.calllog import buckets
 from billing.calllog.usage import UsageQuery, usage_rows
 from billing.dimensions import TOKEN_FIELDS
 from billing.pricing.money import pusd_to_str
+from billing.rollups import buckets as rollup_buckets
+from billing.rollups import service as rollups
 from billing.storage.migrate import alembic_config
 from billing.storage.models import Call, LedgerEntry
 from tests.test_calls_query import (
@@ -552,7 +554,7 @@ def busy(priced: TestClient) -> TestClient:
         for i in range(90):
             moment = start + timedelta(seconds=rng.randrange(days * 86400))
             if i % 7 == 0:  # some right on a quarter-hour edge, and just before one
-                moment = buckets.floor(buckets.QUARTER, moment) - timedelta(
+                moment = rollup_buckets.floor(rollup_buckets.QUARTER, moment) - timedelta(
                     microseconds=rng.choice([0, 1])
                 )
             plans.append((moment, rng.choice(["key_a", "key_b"]), rng.choice(["m1", "m2", "m3"])))
@@ -725,14 +727,14 @@ def test_cover_splits_a_range_exactly_into_the_coarsest_buckets() -> None:
             seconds=rng.randrange(400 * 86400), microseconds=rng.choice([0, 0, 1, 999_999])
         )
         if rng.random() < 0.5:
-            since = buckets.floor(buckets.QUARTER, since)
+            since = rollup_buckets.floor(rollup_buckets.QUARTER, since)
         until = since + timedelta(seconds=rng.randrange(1, 100 * 86400))
         zone = ZoneInfo(rng.choice(ZONES))
         dim = rng.choice([None, "hour", "day", "month"])
         segments = buckets.segments(dim, since, until, zone)
         assert segments[0].start == since and segments[-1].end == until
         assert all(a.end == b.start for a, b in pairwise(segments))
-        runs, windows = buckets.cover([(s.start, s.end) for s in segments])
+        runs, windows = rollup_buckets.cover([(s.start, s.end) for s in segments])
         pieces = sorted(
             [(r.start, r.end, r.seg) for r in runs] + [(w.start, w.end, w.seg) for w in windows]
         )
@@ -742,8 +744,8 @@ def test_cover_splits_a_range_exactly_into_the_coarsest_buckets() -> None:
             assert segments[seg].start <= start < end <= segments[seg].end
         assert all(len([r for r in runs if r.seg == i]) <= 7 for i in range(len(segments)))
         for run in runs:
-            assert buckets.floor(run.level, run.start) == run.start
-            assert buckets.floor(run.level, run.end) == run.end
+            assert rollup_buckets.floor(run.level, run.start) == run.start
+            assert rollup_buckets.floor(run.level, run.end) == run.end
         assert all(w.end - w.start < timedelta(minutes=15) for w in windows)
         assert len(windows) <= 2  # every zone in use today: only since/until can be off-edge
 
@@ -751,26 +753,26 @@ def test_cover_splits_a_range_exactly_into_the_coarsest_buckets() -> None:
 @pytest.mark.nodb
 def test_a_utc_month_by_day_reads_day_buckets_and_a_kolkata_one_mixes_levels() -> None:
     utc = buckets.segments("day", at("2026-03-01T00:00:00Z"), at("2026-04-01T00:00:00Z"), UTC_ZONE)
-    runs, windows = buckets.cover([(s.start, s.end) for s in utc])
+    runs, windows = rollup_buckets.cover([(s.start, s.end) for s in utc])
     assert [(r.seg, r.level, r.end - r.start) for r in runs] == [
-        (day, buckets.DAY, timedelta(days=1)) for day in range(31)
+        (day, rollup_buckets.DAY, timedelta(days=1)) for day in range(31)
     ]
     assert windows == []
-    whole, _ = buckets.cover([(at("2025-12-31T23:45:00Z"), at("2027-01-01T00:15:00Z"))])
+    whole, _ = rollup_buckets.cover([(at("2025-12-31T23:45:00Z"), at("2027-01-01T00:15:00Z"))])
     assert [(r.level, iso(r.start), iso(r.end)) for r in whole] == [
-        (buckets.QUARTER, "2025-12-31T23:45:00Z", "2026-01-01T00:00:00Z"),
-        (buckets.MONTH, "2026-01-01T00:00:00Z", "2027-01-01T00:00:00Z"),
-        (buckets.QUARTER, "2027-01-01T00:00:00Z", "2027-01-01T00:15:00Z"),
+        (rollup_buckets.QUARTER, "2025-12-31T23:45:00Z", "2026-01-01T00:00:00Z"),
+        (rollup_buckets.MONTH, "2026-01-01T00:00:00Z", "2027-01-01T00:00:00Z"),
+        (rollup_buckets.QUARTER, "2027-01-01T00:00:00Z", "2027-01-01T00:15:00Z"),
     ]
     kolkata = buckets.segments(
         "day", at("2026-03-10T18:30:00Z"), at("2026-03-12T18:30:00Z"), ZoneInfo("Asia/Kolkata")
     )
-    runs, _ = buckets.cover([(s.start, s.end) for s in kolkata])
+    runs, _ = rollup_buckets.cover([(s.start, s.end) for s in kolkata])
     assert [(r.seg, r.level, iso(r.start), iso(r.end)) for r in runs] == [
-        (0, buckets.QUARTER, "2026-03-10T18:30:00Z", "2026-03-10T19:00:00Z"),
-        (0, buckets.HOUR, "2026-03-10T19:00:00Z", "2026-03-11T18:00:00Z"),
-        (0, buckets.QUARTER, "2026-03-11T18:00:00Z", "2026-03-11T18:30:00Z"),
-        (1, buckets.QUARTER, "2026-03-11T18:30:00Z", "2026-03-11T19:00:00Z"),
-        (1, buckets.HOUR, "2026-03-11T19:00:00Z", "2026-03-12T18:00:00Z"),
-        (1, buckets.QUARTER, "2026-03-12T18:00:00Z", "2026-03-12T18:30:00Z"),
+        (0, rollup_buckets.QUARTER, "2026-03-10T18:30:00Z", "2026-03-10T19:00:00Z"),
+        (0, rollup_buckets.HOUR, "2026-03-10T19:00:00Z", "2026-03-11T18:00:00Z"),
+        (0, rollup_buckets.QUARTER, "2026-03-11T18:00:00Z", "2026-03-11T18:30:00Z"),
+        (1, rollup_buckets.QUARTER, "2026-03-11T18:30:00Z", "2026-03-11T19:00:00Z"),
+        (1, rollup_buckets.HOUR, "2026-03-11T19:00:00Z", "2026-03-12T18:00:00Z"),
+        (1, rollup_buckets.QUARTER, "2026-03-12T18:00:00Z", "2026-03-12T18:30:00Z"),
     ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import and_, false, or_, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from billing.calllog.views import call_json, event_json, ledger_entry_json
@@ -30,16 +30,8 @@ def get_call(session: Session, request_id: str) -> dict[str, Any]:
         # settled call keeps showing what its ledger holds until a pass books the late events.
         preview_call(session, call)
     events = session.scalars(
-        select(Event)
-        .where(
-            # By the call's number (the index of a call's events, see Event), and any of its
-            # events not numbered yet (stored by a server older than migration 0007).
-            or_(
-                Event.call_no == call.call_no if call.call_no is not None else false(),
-                and_(Event.call_no.is_(None), Event.request_id == request_id),
-            )
-        )
-        .order_by(Event.occurred_at, Event.seq)
+        # By the call's number: the index of a call's events (see Event).
+        select(Event).where(Event.call_no == call.call_no).order_by(Event.occurred_at, Event.seq)
     )
     entries = session.scalars(
         select(LedgerEntry).where(LedgerEntry.request_id == request_id).order_by(LedgerEntry.seq)

@@ -18,8 +18,8 @@ Source: CONTRACT "Call log and usage queries". Decisions where the contract is s
   ``api_key_id`` and ``model`` by text with null first (as the CSV export). Empty groups (no call,
   or no ledger entry) are left out.
 
-Reads only the rollups (``billing.calllog.rollups``): each local period is covered by the coarsest
-UTC buckets that fit in it (``billing.calllog.buckets.cover``); only a ``since``/``until`` off a
+Reads only the rollups (``billing.rollups``): each local period is covered by the coarsest UTC
+buckets that fit in it (``billing.rollups.buckets.cover``); only a ``since``/``until`` off a
 15-minute edge leaves a remainder of under 15 minutes, read from ``calls``/``ledger_entries`` by
 their time index.
 """
@@ -33,27 +33,21 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from sqlalchemy import Integer, and_, column, func, or_, select, text, true
+from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
 from billing.calllog import buckets
-from billing.calllog.buckets import Run, Segment, Window
+from billing.calllog.buckets import Segment
 from billing.calllog.params import UNTIL_AFTER_SINCE, QueryReader, parse_timestamp, parse_zone
-from billing.calllog.rollups import (
-    BASES,
-    CALL_START,
-    COUNT_FIELDS,
-    PICO,
-    Placed,
-    Totals,
-    place_call,
-    place_entry,
-)
+from billing.calllog.repository import RollupSlice
 from billing.dimensions import TOKEN_FIELDS
 from billing.errors import FieldError, ValidationFailed
 from billing.pricing.money import pusd_to_str
-from billing.storage.models import Call, LedgerEntry, UsageRollup, UsageRollupAllKeys
-from billing.storage.types import UTCDateTime
+from billing.rollups.buckets import Run, Window, cover
+from billing.rollups.repository import BASES, CALL_START, COUNT_FIELDS, PICO
+from billing.rollups.service import Placed, Totals, place_call, place_entry
+from billing.storage.models import Call, LedgerEntry
+from billing.storage.store import store_for
 
 UTC_ZONE = ZoneInfo("UTC")
 GROUP_BY = ("api_key_id", "model", *buckets.TIME_DIMS)
@@ -69,8 +63,6 @@ LATEST = datetime(9000, 1, 1, tzinfo=UTC)
 _RUNS_PER_QUERY = 2000
 #: Raw windows per statement (see ``_read_raw``).
 _WINDOWS_PER_QUERY = 100
-#: How SQLite holds a UTC instant (``billing.storage.types.UTCDateTime``): text in time order.
-SQLITE_TIME = "%Y-%m-%d %H:%M:%S.%f"
 
 
 @dataclass(frozen=True)
@@ -176,7 +168,7 @@ def usage_rows(session: Session, query: UsageQuery) -> list[UsageRow]:
     finest = min(times, key=buckets.TIME_DIMS.index) if times else None
     _check_size(query, finest)
     segments = buckets.segments(finest, query.since, query.until, query.tz)
-    runs, windows = buckets.cover([(s.start, s.end) for s in segments])
+    runs, windows = cover([(s.start, s.end) for s in segments])
     groups = _Groups(dims)
     _read_rollups(session, query, runs, dims, groups)
     starts = [s.start for s in segments]
@@ -267,47 +259,14 @@ def _read_rollups(
     dims: Sequence[str],
     groups: _Groups,
 ) -> None:
-    """Sum the rollup rows of every run per (segment, group-by keys), in SQL: the runs are a
-    ``VALUES`` list (seg, lvl, lo, hi) joined to the rollup table on (level, bucket range),
-    so that each run is one range of the table's primary key."""
+    """Sum the rollup rows of every run per (segment, group-by keys), in SQL (the store's
+    ``rollup_sums``), ``_RUNS_PER_QUERY`` runs per statement."""
     by_key = query.api_key_id is not None or "api_key_id" in dims
-    table = UsageRollup.__table__ if by_key else UsageRollupAllKeys.__table__
-    c = table.c
-    fixed = [c.basis == query.basis]
-    if query.api_key_id is not None:
-        fixed.append(c.api_key_id == query.api_key_id)
-    if query.model is not None:
-        fixed.append(c.model == query.model)
-    summed = (*COUNT_FIELDS, "cost_whole_usd", "cost_frac_pusd")
-    dialect = session.get_bind().dialect.name
+    rows = RollupSlice(by_key, query.basis, query.api_key_id, query.model, tuple(dims))
+    store = store_for(session).calllog
     width = len(dims)
     for i in range(0, len(runs), _RUNS_PER_QUERY):
-        pieces = _pieces(runs[i : i + _RUNS_PER_QUERY], dialect)
-        in_run = [
-            c.level == pieces.c.lvl,
-            c.bucket_start >= pieces.c.lo,
-            c.bucket_start < pieces.c.hi,
-        ]
-        if dialect == "postgresql":
-            # A plain join is hashed over every rollup row of the key; an aggregating LATERAL
-            # (one PostgreSQL cannot flatten) reads one index range per run, as SQLite does.
-            matched = (
-                select(*(c[d] for d in dims), *(func.sum(c[n]).label(n) for n in summed))
-                .where(*fixed, *in_run)
-                .group_by(*(c[d] for d in dims))
-                .lateral()
-            )
-            source: Any = pieces.join(matched, true())
-            m = matched.c
-        else:
-            source = table.join(pieces, and_(*fixed, *in_run))
-            m = c
-        statement = (
-            select(pieces.c.seg, *(m[d] for d in dims), *(func.sum(m[n]) for n in summed))
-            .select_from(source)
-            .group_by(pieces.c.seg, *(m[d] for d in dims))
-        )
-        for seg, *row in session.execute(statement):
+        for seg, *row in store.rollup_sums(session, runs[i : i + _RUNS_PER_QUERY], rows):
             *counts, whole, frac = (int(value or 0) for value in row[width:])
             # '' is how the rollups hold a null key or model
             groups.add(
@@ -315,34 +274,6 @@ def _read_rollups(
                 tuple(value or None for value in row[:width]),
                 Totals(counts, whole * PICO + frac),
             )
-
-
-def _pieces(runs: Sequence[Run], dialect: str) -> Any:
-    """The runs as a ``VALUES`` table (seg, lvl, lo, hi). Its values are integers and instants
-    this module made, written as SQL literals: a statement with hundreds of bound parameters
-    would cost more to compile than to run."""
-
-    def instant(t: datetime) -> str:
-        if dialect == "postgresql":
-            return f"TIMESTAMPTZ '{t.isoformat()}'"
-        return f"'{t.astimezone(UTC).strftime(SQLITE_TIME)}'"  # as billing.storage.types stores
-
-    rows = ", ".join(
-        f"({int(r.seg)}, {int(r.level)}, {instant(r.start)}, {instant(r.end)})" for r in runs
-    )
-    return (
-        text(
-            f"SELECT column1 AS seg, column2 AS lvl, column3 AS lo, column4 AS hi "
-            f"FROM (VALUES {rows}) AS v"
-        )
-        .columns(
-            column("seg", Integer),
-            column("lvl", Integer),
-            column("lo", UTCDateTime),
-            column("hi", UTCDateTime),
-        )
-        .subquery("pieces")
-    )
 
 
 def _read_raw(session: Session, query: UsageQuery, windows: Sequence[Window]) -> list[Placed]:

@@ -6,26 +6,33 @@ from typing import Any
 
 import orjson
 
-from billing.dimensions import TOKEN_FIELDS
+from billing.dimensions import tokens_of
 from billing.pricing.money import pusd_to_str, uusd_per_mtok_to_str
 from billing.storage.models import Call, Event, LedgerEntry
 from billing.timefmt import rfc3339
+
+
+def _stream(row: Call | LedgerEntry) -> dict[str, Any]:
+    """What a call and each of its ledger entries say of the stream, in the contract's order."""
+    return {
+        "api_key_id": row.api_key_id,
+        "model": row.model,
+        "protocol": row.protocol,
+        "status": row.status,
+    }
 
 
 def call_json(call: Call) -> dict[str, Any]:
     """The contract's call object; tokens as integers, ``cost_usd`` as an exact decimal string."""
     return {
         "request_id": call.request_id,
-        "api_key_id": call.api_key_id,
-        "model": call.model,
-        "protocol": call.protocol,
-        "status": call.status,
+        **_stream(call),
         "settled": call.settled,
         "usage_source": call.usage_source,
         "started_at": rfc3339(call.started_at),
         "ended_at": rfc3339(call.ended_at),
         "attempts": call.attempts,
-        **{name: getattr(call, name) for name in TOKEN_FIELDS},
+        **tokens_of(call).as_dict(),
         "cost_usd": pusd_to_str(call.cost_pusd),
         "error_type": call.error_type,
         "stop_reason": call.stop_reason,
@@ -51,11 +58,8 @@ def ledger_entry_json(entry: LedgerEntry) -> dict[str, Any]:
         "kind": entry.kind,
         "reason": entry.reason,
         "booked_at": rfc3339(entry.booked_at),
-        "api_key_id": entry.api_key_id,
-        "model": entry.model,
-        "protocol": entry.protocol,
-        "status": entry.status,
-        **{name: getattr(entry, name) for name in TOKEN_FIELDS},
+        **_stream(entry),
+        **tokens_of(entry).as_dict(),
         "input_usd_per_mtok": uusd_per_mtok_to_str(entry.input_uusd_per_mtok),
         "output_usd_per_mtok": uusd_per_mtok_to_str(entry.output_uusd_per_mtok),
         "cache_read_usd_per_mtok": uusd_per_mtok_to_str(entry.cache_read_uusd_per_mtok),

@@ -1,8 +1,8 @@
 """Streaming the finance exports from the ledger (CONTRACT "Export").
 
 Both exports read ``ledger_entries`` booked in ``[since, until)`` — booking time, never call
-time — in one read-only transaction, through a raw DB-API cursor (a server-side named cursor on
-PostgreSQL, SQLite's lazy cursor) fetching ``CHUNK_ROWS`` plain tuples at a time (no ORM objects):
+time — in one read-only transaction, through the store's raw cursor
+(``billing.export.repository``) fetching ``CHUNK_ROWS`` plain tuples at a time (no ORM objects):
 
 - ``calls.csv`` writes each chunk as it arrives, ordered by ``booked_at`` then ``entry_id``: memory
   stays constant whatever the number of rows.
@@ -29,25 +29,19 @@ Since every entry is immutable and booked once, the bytes of a period whose end 
 from __future__ import annotations
 
 import operator
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from queue import Full, Queue
 from typing import Any
 
-from sqlalchemy import bindparam, text
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
-from sqlalchemy.sql.elements import TextClause
 
 from billing.calllog.buckets import Buckets, hour_sort_key
-from billing.export import sql
 from billing.export.columns import CALLS_COLUMNS, TEXT_KEYS, TOKEN_COLUMNS, usage_columns
 from billing.export.csvwriter import CallsRenderer, ChunkWriter, neutralise, pusd_cell
 from billing.export.params import ExportParams
 from billing.storage.db import read_transaction
-from billing.storage.types import UTCDateTime
+from billing.storage.store import store_for
 
 #: Ledger rows fetched (and, for calls.csv, written) per chunk.
 CHUNK_ROWS = 5000
@@ -56,6 +50,13 @@ CHUNK_ROWS = 5000
 Progress = Callable[[int], None]
 
 _NTOKENS = len(TOKEN_COLUMNS)
+#: A usage group's running totals: settlements, the token totals, the cost of its priced entries
+#: and their number. ``_usage_chunks`` adds a row's tokens by name (one per bucket, the fastest
+#: way); a new bucket needs a name there too.
+_COST, _PRICED = _NTOKENS + 1, _NTOKENS + 2
+_ACC_WIDTH = _NTOKENS + 3
+if _NTOKENS != 7:
+    raise RuntimeError("_usage_chunks adds 7 token totals: give the new bucket a name")
 
 
 def is_closed(until: datetime, now: datetime, close_lag_s: float) -> bool:
@@ -97,145 +98,10 @@ class ExportStats:
         }
 
 
-_TOKENS_SQL = ", ".join(TOKEN_COLUMNS)
-_WHERE = "FROM ledger_entries WHERE booked_at >= :since AND booked_at < :until"
-_PRICES_SQL = (
-    "input_uusd_per_mtok, output_uusd_per_mtok, cache_read_uusd_per_mtok, "
-    "cache_creation_uusd_per_mtok"
-)
-
-
-def _bounded(sql_text: str) -> TextClause:
-    return text(sql_text).bindparams(
-        bindparam("since", type_=UTCDateTime()), bindparam("until", type_=UTCDateTime())
-    )
-
-
-def _calls_sql(dialect: str) -> str:
-    """The columns of ``calls.csv`` in order: ``booked_at`` as RFC 3339 text, ``entry_id`` and
-    the token counts as decimal text (the database writes integers faster than Python does),
-    the prices and the cost as integers."""
-    tokens = ", ".join(f"CAST({name} AS TEXT)" for name in TOKEN_COLUMNS)
-    return (
-        f"SELECT CAST(entry_id AS TEXT), kind, reason, {sql.rfc3339_text('booked_at', dialect)}, "
-        f"request_id, api_key_id, model, protocol, status, {tokens}, {_PRICES_SQL}, cost_pusd "
-        f"{_WHERE} ORDER BY booked_at, entry_id"
-    )
-
-
-def _usage_sql(dialect: str) -> str:
-    return (
-        f"SELECT {sql.utc_text('booked_at', dialect)}, api_key_id, model, kind, {_TOKENS_SQL}, "
-        f"cost_pusd {_WHERE} ORDER BY booked_at, entry_id"
-    )
-
-
-def _totals_query() -> TextClause:
-    # The cost is summed in two parts (cost = high * 10**6 + low, truncating division on both
-    # databases), so no SQL integer sum can overflow; the parts are added in Python.
-    tokens = ", ".join(f"sum({name})" for name in TOKEN_COLUMNS)
-    return _bounded(
-        "SELECT count(*), sum(CASE WHEN kind = 'settlement' THEN 1 ELSE 0 END), "
-        f"count(*) - count(cost_pusd), sum(cost_pusd / 1000000), sum(cost_pusd % 1000000), "
-        f"{tokens} {_WHERE}"
-    )
-
-
 def count_entries(sessions: sessionmaker[Session], params: ExportParams) -> int:
     """How many ledger entries the period holds (for a progress bar's total)."""
     with read_transaction(sessions) as session:
-        value = session.execute(
-            _bounded(f"SELECT count(*) {_WHERE}"), {"since": params.since, "until": params.until}
-        ).scalar_one()
-        return int(value)
-
-
-def _partitions(session: Session, query: str, params: ExportParams) -> Iterator[list[Any]]:
-    """The rows of ``query`` as tuples, ``CHUNK_ROWS`` at a time, from a raw DB-API cursor
-    inside the session's transaction: a server-side (named) cursor on PostgreSQL, SQLite's lazy
-    cursor otherwise. ``query`` takes ``:since`` and ``:until``. Driver errors are raised as
-    SQLAlchemy's (``OperationalError`` for an outage), as everywhere else in the service."""
-    connection = session.connection()
-    dialect = connection.dialect
-    driver: Any = connection.connection.driver_connection
-    if dialect.name == "postgresql":
-        statement = query.replace(":since", "%(since)s").replace(":until", "%(until)s")
-        bound: Any = {"since": params.since, "until": params.until}
-    else:
-        statement = query.replace(":since", "?").replace(":until", "?")
-        bound = (sql.sqlite_utc(params.since), sql.sqlite_utc(params.until))
-    try:
-        if dialect.name == "postgresql":
-            cursor = driver.cursor(name="billing_export", binary=True)
-        else:
-            cursor = driver.cursor()
-        try:
-            cursor.execute(statement, bound)
-            while rows := cursor.fetchmany(CHUNK_ROWS):
-                yield rows
-        finally:
-            cursor.close()
-    except dialect.loaded_dbapi.Error as error:
-        raise DBAPIError.instance(statement, bound, error, dialect.loaded_dbapi.Error) from error
-
-
-_DONE = object()
-
-
-def _rows(session: Session, query: str, params: ExportParams) -> Iterator[list[Any]]:
-    """The chunks of ``query``: read ahead on PostgreSQL, where the server then prepares the
-    next chunk while Python formats this one; inline on SQLite, which works in this process
-    anyway (a reader thread there only adds GIL hand-offs)."""
-    chunks = _partitions(session, query, params)
-    if session.get_bind().dialect.name == "postgresql":
-        return _prefetched(chunks)
-    return chunks
-
-
-def _prefetched(chunks: Iterator[Any], depth: int = 2) -> Iterator[Any]:
-    """``chunks``, read ahead by a thread of its own, at most ``depth`` chunks ahead.
-
-    Stopping early stops and joins the reader, which closes ``chunks`` (and so its cursor)
-    itself; its errors are raised here.
-    """
-    queue: Queue[Any] = Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def put(item: Any) -> bool:
-        while not stop.is_set():
-            try:
-                queue.put(item, timeout=0.05)
-                return True
-            except Full:
-                continue
-        return False
-
-    def read() -> None:
-        try:
-            for chunk in chunks:
-                if not put(chunk):
-                    return
-            put(_DONE)
-        except BaseException as error:
-            put(error)
-        finally:
-            close = getattr(chunks, "close", None)
-            if close is not None:
-                close()
-
-    reader = threading.Thread(target=read, name="billing-export-reader", daemon=True)
-    reader.start()
-    try:
-        while True:
-            item = queue.get()
-            if item is _DONE:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-        reader.join()
+        return store_for(session).export.count(session, params.since, params.until)
 
 
 def export_chunks(
@@ -259,7 +125,7 @@ def export_chunks(
 
 
 def _calls_totals(session: Session, params: ExportParams, stats: ExportStats) -> None:
-    row = session.execute(_totals_query(), {"since": params.since, "until": params.until}).one()
+    row = store_for(session).export.totals(session, params.since, params.until)
     entries, settlements, unpriced, high, low, *tokens = (int(v or 0) for v in row)
     stats.rows = stats.entries = entries
     stats.settlements = settlements
@@ -278,11 +144,11 @@ def _calls_chunks(
     # The header goes out with the first rows, so a failing query fails before any byte is sent.
     pending = writer.header(CALLS_COLUMNS)
     with read_transaction(sessions) as session:
-        dialect = session.get_bind().dialect.name
         if stats is not None:
             _calls_totals(session, params, stats)
         render = CallsRenderer()
-        for part in _rows(session, _calls_sql(dialect), params):
+        chunks = store_for(session).export.calls_chunks
+        for part in chunks(session, params.since, params.until, CHUNK_ROWS):
             if progress is not None:
                 progress(len(part))
             yield pending + render.chunk(part).encode("utf-8")
@@ -330,16 +196,17 @@ def _usage_chunks(
     buckets = Buckets(params.zone, tuple(k for k in params.group_by if k not in TEXT_KEYS))
     labels_of = buckets.labels
     pick = _group_getter(params)
-    # Per group: [settlements, 7 token totals, cost of priced entries, priced entries].
+    # Per group: [settlements, the token totals, cost of priced entries, priced entries].
     groups: dict[tuple[Any, ...], list[int]] = {}
+    width, cost_at, priced_at = _ACC_WIDTH, _COST, _PRICED
     with read_transaction(sessions) as session:
-        dialect = session.get_bind().dialect.name
-        for part in _rows(session, _usage_sql(dialect), params):
+        chunks = store_for(session).export.usage_chunks
+        for part in chunks(session, params.since, params.until, CHUNK_ROWS):
             for booked, key, model, kind, a, b, c, d, e, f, g, cost in part:
                 group = pick((*labels_of(booked), key, model))
                 acc = groups.get(group)
                 if acc is None:
-                    acc = groups[group] = [0] * 10
+                    acc = groups[group] = [0] * width
                 if kind == "settlement":
                     acc[0] += 1
                 acc[1] += a
@@ -350,8 +217,8 @@ def _usage_chunks(
                 acc[6] += f
                 acc[7] += g
                 if cost is not None:
-                    acc[8] += cost
-                    acc[9] += 1
+                    acc[cost_at] += cost
+                    acc[priced_at] += 1
             stats.entries += len(part)
             if progress is not None:
                 progress(len(part))
@@ -377,7 +244,7 @@ def _usage_chunks(
             stats.rows += len(rows)
             yield writer.encode(rows)
             rows = []
-    stats.unpriced_entries = stats.entries - sum(acc[9] for acc in groups.values())
+    stats.unpriced_entries = stats.entries - sum(acc[_PRICED] for acc in groups.values())
     stats.rows += len(rows)
     if rows:
         yield writer.encode(rows)

@@ -54,8 +54,6 @@ from typing import Any
 from sqlalchemy import literal_column
 from sqlalchemy.orm import Session
 
-from billing.calllog.buckets import QUARTER
-from billing.calllog.rollups import BOOKED, CALL_START, PICO, Deltas, Placed, Totals, floor_sql
 from billing.dimensions import TOKEN_FIELDS
 from billing.ingest.schemas import MAX_TOKENS
 from billing.reconcile.ledger import (
@@ -65,6 +63,10 @@ from billing.reconcile.ledger import (
     settled_timed_out,
 )
 from billing.reconcile.rule import USAGE_MISSING
+from billing.rollups.buckets import QUARTER
+from billing.rollups.repository import BOOKED, CALL_START, PICO
+from billing.rollups.service import Deltas, Placed, Totals
+from billing.storage.store import store_for
 from billing.storage.types import sqlite_text
 
 #: Rates at or above this (micro-USD per million tokens) go to the rule: with token counts at most
@@ -300,7 +302,7 @@ _SQLITE_TABLE = (
 
 def _quarter(conn: Any) -> str:
     """SQL for the 15-minute bucket of ``started_at`` (``rollups.floor_sql``, as text)."""
-    expression = floor_sql(QUARTER, literal_column("started_at"), conn.dialect.name)
+    expression = store_for(conn).rollups.floor_sql(QUARTER, literal_column("started_at"))
     return str(expression.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
 
 

@@ -19,7 +19,6 @@ from typing import Any
 from sqlalchemy import case, false, func, or_, select, true, update
 from sqlalchemy.orm import Session
 
-from billing.calllog import rollups
 from billing.dimensions import TOKEN_FIELDS, Tokens
 from billing.pricing.prices import PriceBook, PriceRow, prices_by_id
 from billing.reconcile.common import settle_common
@@ -35,6 +34,7 @@ from billing.reconcile.ledger import (
 )
 from billing.reconcile.rule import UNPRICED, CallFigures, reconcile_call
 from billing.reconcile.stored import AnyEvent, StoredTokens, check_figures, decode
+from billing.rollups import service as rollups
 from billing.storage.models import Call, CallAttempt, LedgerEntry
 from billing.storage.types import cached_sqlite_text
 

@@ -287,7 +287,7 @@ class _RollupTotals(TokenColumns):
 class UsageRollup(_RollupTotals, Base):
     """Pre-aggregated usage per (basis, api key, level, UTC bucket, model).
 
-    See billing.calllog.rollups.
+    See billing.rollups.service.
 
     ``basis`` is ``call_start`` (settled calls with their current figures, in the bucket of the
     call's start) or ``booked`` (ledger entries, in the bucket of ``booked_at``). ``level`` is the

@@ -18,7 +18,10 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
 
 if TYPE_CHECKING:
+    from billing.calllog.repository import CalllogRepository
+    from billing.export.repository import ExportRepository
     from billing.ingest.repository import IngestRepository
+    from billing.rollups.repository import RollupsRepository
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,9 +32,9 @@ class Store:
     name: str
     ingest: IngestRepository
     reconcile: Any
-    rollups: Any
-    calllog: Any
-    export: Any
+    rollups: RollupsRepository
+    calllog: CalllogRepository
+    export: ExportRepository
 
 
 _STORES: dict[str, Store] = {}

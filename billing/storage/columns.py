@@ -1,0 +1,55 @@
+"""What the SQL of both databases shares: column lists derived once from the dimensions, the
+rollups' upsert arithmetic, and the rollup rows a usage query reads (a table and its
+conditions)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import ColumnElement, Table
+
+from billing.calllog.repository import RollupSlice
+from billing.dimensions import TOKEN_FIELDS
+from billing.export.columns import PRICE_COLUMNS
+from billing.rollups.repository import COUNT_FIELDS, PICO
+from billing.storage.models import UsageRollup, UsageRollupAllKeys
+
+#: The token columns.
+TOKENS = ", ".join(TOKEN_FIELDS)
+#: The token columns as decimal text (the database writes integers faster than Python does).
+TOKENS_AS_TEXT = ", ".join(f"CAST({name} AS TEXT)" for name in TOKEN_FIELDS)
+#: The sums of the token columns.
+TOKEN_SUMS = ", ".join(f"sum({name})" for name in TOKEN_FIELDS)
+#: The ledger's price columns (micro-USD per million tokens), in the order of the CSV's.
+LEDGER_PRICES = ", ".join(name.replace("_usd_", "_uusd_") for name in PRICE_COLUMNS)
+#: The summed columns of a rollup row.
+ROLLUP_SUMMED = (*COUNT_FIELDS, "cost_whole_usd", "cost_frac_pusd")
+#: The sums of a rollup row's counts.
+COUNT_SUMS = ", ".join(f"sum({name})" for name in COUNT_FIELDS)
+
+
+def added_on_conflict(table: str, mod: str) -> str:
+    """The ``SET`` list of an upsert that adds a row into the rollup ``table``: every count
+    summed, the cost with its carry into whole dollars; ``mod`` is SQL's ``%`` as the driver
+    wants it written."""
+    counts = ", ".join(f"{c} = {table}.{c} + excluded.{c}" for c in COUNT_FIELDS)
+    frac = f"({table}.cost_frac_pusd + excluded.cost_frac_pusd)"
+    return (
+        f"{counts}, cost_frac_pusd = {frac} {mod} {PICO}, "
+        f"cost_whole_usd = {table}.cost_whole_usd + excluded.cost_whole_usd + {frac} / {PICO}"
+    )
+
+
+_KEYED: Table = UsageRollup.__table__  # type: ignore[assignment]
+_ALL_KEYS: Table = UsageRollupAllKeys.__table__  # type: ignore[assignment]
+
+
+def rollup_slice(rows: RollupSlice) -> tuple[Table, list[ColumnElement[Any]]]:
+    """The rollup table ``rows`` reads and its conditions other than the bucket range."""
+    table = _KEYED if rows.by_key else _ALL_KEYS
+    where = [table.c.basis == rows.basis]
+    if rows.api_key_id is not None:
+        where.append(table.c.api_key_id == rows.api_key_id)
+    if rows.model is not None:
+        where.append(table.c.model == rows.model)
+    return table, where

@@ -1,0 +1,156 @@
+"""The usage rollups on PostgreSQL (``billing.rollups.repository.RollupsRepository``).
+
+Statements run on the raw driver (psycopg: ``%s``/``%b`` placeholders, ``%%`` for a literal
+``%``); rows are added as one array per column, unnested into a single upsert.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import ColumnElement, func, literal_column
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.orm import Session
+
+from billing.reconcile.rule import STARTED_MISSING
+from billing.rollups.buckets import DAY, HOUR, MONTH, QUARTER
+from billing.rollups.repository import BOOKED, CALL_START, PICO, Rows
+from billing.storage.columns import (
+    COUNT_SUMS,
+    ROLLUP_SUMMED,
+    TOKEN_SUMS,
+    TOKENS,
+    added_on_conflict,
+)
+
+_SUMMED = ROLLUP_SUMMED
+_KEY_TYPES = {"level": "int2", "bucket_start": "timestamptz"}
+
+
+def _add(table: str, key: tuple[str, ...]) -> str:
+    columns = ", ".join((*key, *_SUMMED))
+    types = [_KEY_TYPES.get(name, "varchar") for name in key] + ["int8"] * len(_SUMMED)
+    arrays = ", ".join(f"%b::{name}[]" for name in types)
+    return (
+        f"INSERT INTO {table} ({columns}) SELECT * FROM unnest({arrays}) "
+        f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {added_on_conflict(table, '%%')}"
+    )
+
+
+ADD_KEYED = _add("usage_rollups", ("basis", "api_key_id", "level", "bucket_start", "model"))
+ADD_ALL_KEYS = _add("usage_rollups_all_keys", ("basis", "level", "bucket_start", "model"))
+
+KEYLESS_STARTS = (
+    "SELECT request_id, started_at FROM usage_rollup_keyless WHERE request_id = ANY(%s)"
+)
+FORGET_KEYLESS = "DELETE FROM usage_rollup_keyless WHERE request_id = ANY(%s)"
+KEEP_KEYLESS = (
+    "INSERT INTO usage_rollup_keyless (request_id, started_at) "
+    "SELECT * FROM unnest(%s::varchar[], %s::timestamptz[]) "
+    "ON CONFLICT (request_id) DO UPDATE SET started_at = excluded.started_at"
+)
+
+
+def floor_sql(level: int, column: Any) -> ColumnElement[Any]:
+    """SQL for ``billing.rollups.buckets.floor(level, column)``: ``date_bin`` for 15 minutes,
+    ``date_trunc`` in UTC for the others."""
+    if level == QUARTER:
+        return func.date_bin(
+            literal_column("interval '15 minutes'"),
+            column,
+            literal_column("timestamptz '2000-01-01 00:00:00+00'"),
+        )
+    unit = {HOUR: "'hour'", DAY: "'day'", MONTH: "'month'"}[level]
+    return func.date_trunc(literal_column(unit), column, literal_column("'UTC'"))
+
+
+_DIALECT = postgresql.dialect()  # type: ignore[no-untyped-call]  # untyped in SQLAlchemy
+
+
+def _text(expression: ColumnElement[Any]) -> str:
+    return str(expression.compile(dialect=_DIALECT, compile_kwargs={"literal_binds": True}))
+
+
+_KEYLESS = f"CAST(anomalies AS TEXT) LIKE '%%\"{STARTED_MISSING}\"%%'"
+_QUARTER_OF_AT = _text(floor_sql(QUARTER, literal_column("at")))
+
+EMPTY = (
+    "DELETE FROM usage_rollups",
+    "DELETE FROM usage_rollups_all_keys",
+    "DELETE FROM usage_rollup_keyless",
+)
+#: Settled calls (call_start) and ledger entries (booked), summed per 15-minute bucket; the cost
+#: split into whole dollars and picodollars of a signed sum.
+REBUILD_QUARTERS = (
+    f"INSERT INTO usage_rollups (basis, api_key_id, level, bucket_start, model, "
+    f"{', '.join(_SUMMED)}) "
+    f"SELECT basis, api_key_id, {QUARTER}, {_QUARTER_OF_AT}, model, count(*), sum(calls), "
+    f"{TOKEN_SUMS}, sum(CASE WHEN cost_pusd IS NULL THEN 1 ELSE 0 END), "
+    f"(sum(coalesce(cost_pusd, 0)) - (sum(coalesce(cost_pusd, 0)) %% {PICO} + {PICO}) "
+    f"%% {PICO}) / {PICO}, (sum(coalesce(cost_pusd, 0)) %% {PICO} + {PICO}) %% {PICO} "
+    f"FROM (SELECT '{CALL_START}' AS basis, started_at AS at, "
+    f"CASE WHEN {_KEYLESS} THEN '' ELSE coalesce(api_key_id, '') END AS api_key_id, "
+    f"CASE WHEN {_KEYLESS} THEN '' ELSE coalesce(model, '') END AS model, 1 AS calls, "
+    f"{TOKENS}, cost_pusd FROM calls WHERE settled IS true AND started_at IS NOT NULL "
+    f"UNION ALL SELECT '{BOOKED}', booked_at, coalesce(api_key_id, ''), coalesce(model, ''), "
+    f"CASE WHEN kind = 'settlement' THEN 1 ELSE 0 END, {TOKENS}, cost_pusd "
+    "FROM ledger_entries) AS source GROUP BY basis, api_key_id, 4, model"
+)
+#: Per coarser level: the quarters summed into its buckets.
+REBUILD_LEVELS = {
+    level: (
+        f"INSERT INTO usage_rollups (basis, api_key_id, level, bucket_start, model, "
+        f"{', '.join(_SUMMED)}) SELECT basis, api_key_id, {level}, "
+        f"{_text(floor_sql(level, literal_column('bucket_start')))}, model, {COUNT_SUMS}, "
+        f"sum(cost_whole_usd) + (sum(cost_frac_pusd) - sum(cost_frac_pusd) %% {PICO}) / {PICO}, "
+        f"sum(cost_frac_pusd) %% {PICO} FROM usage_rollups WHERE level = {QUARTER} "
+        "GROUP BY basis, api_key_id, 4, model"
+    )
+    for level in (HOUR, DAY, MONTH)
+}
+REBUILD_ALL_KEYS = (
+    f"INSERT INTO usage_rollups_all_keys (basis, level, bucket_start, model, "
+    f"{', '.join(_SUMMED)}) SELECT basis, level, bucket_start, model, {COUNT_SUMS}, "
+    f"sum(cost_whole_usd) + (sum(cost_frac_pusd) - sum(cost_frac_pusd) %% {PICO}) / {PICO}, "
+    f"sum(cost_frac_pusd) %% {PICO} FROM usage_rollups GROUP BY basis, level, bucket_start, model"
+)
+REBUILD_KEYLESS = (
+    "INSERT INTO usage_rollup_keyless (request_id, started_at) SELECT request_id, started_at "
+    f"FROM calls WHERE settled IS true AND started_at IS NOT NULL AND {_KEYLESS}"
+)
+
+
+def _columns(rows: Sequence[tuple[Any, ...]]) -> tuple[list[Any], ...]:
+    return tuple(list(column) for column in zip(*rows, strict=True))
+
+
+class PostgresRollups:
+    """``RollupsRepository`` on PostgreSQL."""
+
+    def add(self, session: Session, keyed: Rows, all_keys: Rows) -> None:
+        conn = session.connection()
+        for statement, rows in ((ADD_KEYED, keyed), (ADD_ALL_KEYS, all_keys)):
+            if rows:
+                conn.exec_driver_sql(statement, _columns(rows))
+
+    def keyless_starts(self, session: Session, request_ids: Sequence[str]) -> dict[str, datetime]:
+        rows = session.connection().exec_driver_sql(KEYLESS_STARTS, (list(request_ids),))
+        return {request_id: started_at.astimezone(UTC) for request_id, started_at in rows}
+
+    def keep_keyless(self, session: Session, rows: Sequence[tuple[str, datetime]]) -> None:
+        session.connection().exec_driver_sql(KEEP_KEYLESS, _columns(rows))
+
+    def forget_keyless(self, session: Session, request_ids: Sequence[str]) -> None:
+        session.connection().exec_driver_sql(FORGET_KEYLESS, (list(request_ids),))
+
+    def rebuild(self, session: Session) -> None:
+        conn = session.connection()
+        for statement in (*EMPTY, REBUILD_QUARTERS, *REBUILD_LEVELS.values()):
+            conn.exec_driver_sql(statement)
+        conn.exec_driver_sql(REBUILD_ALL_KEYS)
+        conn.exec_driver_sql(REBUILD_KEYLESS)
+
+    def floor_sql(self, level: int, column: Any) -> ColumnElement[Any]:
+        return floor_sql(level, column)

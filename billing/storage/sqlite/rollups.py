@@ -1,0 +1,171 @@
+"""The usage rollups on SQLite (``billing.rollups.repository.RollupsRepository``).
+
+SQLite keeps a UTC instant as text ``YYYY-MM-DD HH:MM:SS.ffffff`` (``billing.storage.types``):
+a bucket's start is a prefix of that text completed with zeros, and statements on the raw driver
+bind instants as that text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+from sqlalchemy import ColumnElement, String, case, cast, func, literal_column
+from sqlalchemy.dialects import sqlite
+from sqlalchemy.orm import Session
+
+from billing.reconcile.rule import STARTED_MISSING
+from billing.rollups.buckets import DAY, HOUR, MONTH, QUARTER
+from billing.rollups.repository import BOOKED, CALL_START, PICO, Rows
+from billing.storage.columns import (
+    COUNT_SUMS,
+    ROLLUP_SUMMED,
+    TOKEN_SUMS,
+    TOKENS,
+    added_on_conflict,
+)
+from billing.storage.types import cached_sqlite_text
+
+_SUMMED = ", ".join(ROLLUP_SUMMED)
+
+
+def _add(table: str, key: str) -> str:
+    marks = ", ".join("?" * (key.count(",") + 1 + len(ROLLUP_SUMMED)))
+    return (
+        f"INSERT INTO {table} ({key}, {_SUMMED}) VALUES ({marks}) "
+        f"ON CONFLICT ({key}) DO UPDATE SET {added_on_conflict(table, '%')}"
+    )
+
+
+ADD_KEYED = _add("usage_rollups", "basis, api_key_id, level, bucket_start, model")
+ADD_ALL_KEYS = _add("usage_rollups_all_keys", "basis, level, bucket_start, model")
+
+KEYLESS_STARTS = (
+    "SELECT request_id, started_at FROM usage_rollup_keyless "
+    "WHERE request_id IN (SELECT value FROM json_each(?))"
+)
+FORGET_KEYLESS = (
+    "DELETE FROM usage_rollup_keyless WHERE request_id IN (SELECT value FROM json_each(?))"
+)
+KEEP_KEYLESS = (
+    "INSERT INTO usage_rollup_keyless (request_id, started_at) VALUES (?, ?) "
+    "ON CONFLICT (request_id) DO UPDATE SET started_at = excluded.started_at"
+)
+
+
+def floor_sql(level: int, column: Any) -> ColumnElement[Any]:
+    """SQL for ``billing.rollups.buckets.floor(level, column)``: the stored text's prefix."""
+    text = cast(column, String)
+    if level == QUARTER:
+        minute = func.substr(text, 15, 2)
+        quarter = case(
+            (minute < "15", "00"), (minute < "30", "15"), (minute < "45", "30"), else_="45"
+        )
+        return func.substr(text, 1, 14) + quarter + ":00.000000"
+    if level == HOUR:
+        return func.substr(text, 1, 13) + ":00:00.000000"
+    if level == DAY:
+        return func.substr(text, 1, 10) + " 00:00:00.000000"
+    return func.substr(text, 1, 7) + "-01 00:00:00.000000"
+
+
+def _text(expression: ColumnElement[Any]) -> str:
+    return str(expression.compile(dialect=_DIALECT, compile_kwargs={"literal_binds": True}))
+
+
+_DIALECT = sqlite.dialect()
+_AT: ColumnElement[Any] = literal_column("at")
+_BUCKET_START: ColumnElement[Any] = literal_column("bucket_start")
+_QUARTER_OF_AT = _text(floor_sql(QUARTER, _AT))
+_KEYLESS = f"CAST(anomalies AS TEXT) LIKE '%\"{STARTED_MISSING}\"%'"
+
+EMPTY = (
+    "DELETE FROM usage_rollups",
+    "DELETE FROM usage_rollups_all_keys",
+    "DELETE FROM usage_rollup_keyless",
+)
+#: Settled calls (call_start) and ledger entries (booked), summed per 15-minute bucket; the cost
+#: split into whole dollars and picodollars of a signed sum.
+REBUILD_QUARTERS = (
+    f"INSERT INTO usage_rollups (basis, api_key_id, level, bucket_start, model, {_SUMMED}) "
+    f"SELECT basis, api_key_id, {QUARTER}, {_QUARTER_OF_AT}, model, count(*), sum(calls), "
+    f"{TOKEN_SUMS}, sum(CASE WHEN cost_pusd IS NULL THEN 1 ELSE 0 END), "
+    f"(sum(coalesce(cost_pusd, 0)) - (sum(coalesce(cost_pusd, 0)) % {PICO} + {PICO}) % {PICO}) "
+    f"/ {PICO}, (sum(coalesce(cost_pusd, 0)) % {PICO} + {PICO}) % {PICO} "
+    f"FROM (SELECT '{CALL_START}' AS basis, started_at AS at, "
+    f"CASE WHEN {_KEYLESS} THEN '' ELSE coalesce(api_key_id, '') END AS api_key_id, "
+    f"CASE WHEN {_KEYLESS} THEN '' ELSE coalesce(model, '') END AS model, 1 AS calls, "
+    f"{TOKENS}, cost_pusd FROM calls WHERE settled IS 1 AND started_at IS NOT NULL "
+    f"UNION ALL SELECT '{BOOKED}', booked_at, coalesce(api_key_id, ''), coalesce(model, ''), "
+    f"CASE WHEN kind = 'settlement' THEN 1 ELSE 0 END, {TOKENS}, cost_pusd "
+    "FROM ledger_entries) GROUP BY basis, api_key_id, 4, model"
+)
+#: Per coarser level: the quarters summed into its buckets.
+REBUILD_LEVELS = {
+    level: (
+        f"INSERT INTO usage_rollups (basis, api_key_id, level, bucket_start, model, {_SUMMED}) "
+        f"SELECT basis, api_key_id, {level}, {_text(floor_sql(level, _BUCKET_START))}, model, "
+        f"{COUNT_SUMS}, sum(cost_whole_usd) + "
+        f"(sum(cost_frac_pusd) - sum(cost_frac_pusd) % {PICO}) / {PICO}, "
+        f"sum(cost_frac_pusd) % {PICO} FROM usage_rollups WHERE level = {QUARTER} "
+        "GROUP BY basis, api_key_id, 4, model"
+    )
+    for level in (HOUR, DAY, MONTH)
+}
+REBUILD_ALL_KEYS = (
+    f"INSERT INTO usage_rollups_all_keys (basis, level, bucket_start, model, {_SUMMED}) "
+    f"SELECT basis, level, bucket_start, model, {COUNT_SUMS}, sum(cost_whole_usd) + "
+    f"(sum(cost_frac_pusd) - sum(cost_frac_pusd) % {PICO}) / {PICO}, "
+    f"sum(cost_frac_pusd) % {PICO} FROM usage_rollups GROUP BY basis, level, bucket_start, model"
+)
+REBUILD_KEYLESS = (
+    "INSERT INTO usage_rollup_keyless (request_id, started_at) SELECT request_id, started_at "
+    f"FROM calls WHERE settled IS 1 AND started_at IS NOT NULL AND {_KEYLESS}"
+)
+
+
+def _json_list(values: Sequence[str]) -> str:
+    return orjson.dumps(list(values)).decode()
+
+
+def _instant(text: str) -> datetime:
+    return datetime.fromisoformat(text).replace(tzinfo=UTC)
+
+
+class SqliteRollups:
+    """``RollupsRepository`` on SQLite."""
+
+    def add(self, session: Session, keyed: Rows, all_keys: Rows) -> None:
+        conn = session.connection()
+        if keyed:
+            params = [(b, k, lv, cached_sqlite_text(t), *rest) for b, k, lv, t, *rest in keyed]
+            conn.exec_driver_sql(ADD_KEYED, params)
+        if all_keys:
+            params = [(b, lv, cached_sqlite_text(t), *rest) for b, lv, t, *rest in all_keys]
+            conn.exec_driver_sql(ADD_ALL_KEYS, params)
+
+    def keyless_starts(self, session: Session, request_ids: Sequence[str]) -> dict[str, datetime]:
+        rows = session.connection().exec_driver_sql(KEYLESS_STARTS, (_json_list(request_ids),))
+        return {request_id: _instant(text) for request_id, text in rows}
+
+    def keep_keyless(self, session: Session, rows: Sequence[tuple[str, datetime]]) -> None:
+        params = [(request_id, cached_sqlite_text(at)) for request_id, at in rows]
+        session.connection().exec_driver_sql(KEEP_KEYLESS, params)
+
+    def forget_keyless(self, session: Session, request_ids: Sequence[str]) -> None:
+        session.connection().exec_driver_sql(FORGET_KEYLESS, (_json_list(request_ids),))
+
+    def rebuild(self, session: Session) -> None:
+        conn = session.connection()
+        for statement in EMPTY:
+            conn.exec_driver_sql(statement)
+        conn.exec_driver_sql(REBUILD_QUARTERS)
+        for statement in REBUILD_LEVELS.values():
+            conn.exec_driver_sql(statement)
+        conn.exec_driver_sql(REBUILD_ALL_KEYS)
+        conn.exec_driver_sql(REBUILD_KEYLESS)
+
+    def floor_sql(self, level: int, column: Any) -> ColumnElement[Any]:
+        return floor_sql(level, column)
