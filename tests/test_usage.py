@@ -16,7 +16,6 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
-from alembic import command
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -27,7 +26,6 @@ from billing.dimensions import TOKEN_FIELDS
 from billing.pricing.money import pusd_to_str
 from billing.rollups import buckets as rollup_buckets
 from billing.rollups import service as rollups
-from billing.storage.migrate import alembic_config
 from billing.storage.models import Call, LedgerEntry
 from tests.test_calls_query import (
     M1_PRICE,
@@ -679,18 +677,6 @@ def test_groupings_filters_and_odd_periods_match_the_source_rows(
 
 def test_rollups_kept_by_the_reconciler_equal_rebuilt_ones(busy: TestClient) -> None:
     assert_rollups_rebuild_alike(busy)
-
-
-def test_the_upgrade_fills_the_rollups_of_existing_calls(busy: TestClient, db_url: str) -> None:
-    """A database that had calls before the rollups existed gets them at the upgrade."""
-    with busy.app.state.billing.sessions() as session:  # type: ignore[attr-defined]
-        kept = rollups.dump(session)
-    assert kept["usage_rollups"]
-    config = alembic_config(db_url)
-    command.downgrade(config, "13b58d775547")  # the initial schema: no rollups
-    command.upgrade(config, "head")
-    with busy.app.state.billing.sessions() as session:  # type: ignore[attr-defined]
-        assert rollups.dump(session) == kept
 
 
 def test_usage_over_http_matches_the_domain_function(busy: TestClient, session: Session) -> None:
