@@ -35,7 +35,7 @@ from billing.auth.tokens import create_token, list_tokens, revoke_token, token_c
 from billing.errors import BillingError, ValidationFailed
 from billing.export.params import KINDS, parse_params
 from billing.export.service import ExportStats, count_entries, export_chunks, period_label
-from billing.pricing.prices import PriceIn
+from billing.pricing.schemas import PriceIn
 from billing.pricing.service import record_price
 from billing.reconcile.runner import run_pass
 from billing.replay import DEFAULT_URL, ReplayError, fetch_call

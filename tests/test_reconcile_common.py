@@ -20,7 +20,7 @@ import billing.reconcile.service as service
 from billing.calllog import rollups
 from billing.ingest.service import store_batch
 from billing.ingest.validation import parse_batch
-from billing.pricing.prices import PriceIn
+from billing.pricing.schemas import PriceIn
 from billing.pricing.service import record_price
 from billing.reconcile.service import reconcile_step
 from billing.settings import Settings

@@ -7,70 +7,50 @@ from typing import Annotated, Any
 import orjson
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
-from starlette.concurrency import run_in_threadpool
 
-from billing.api.state import AppState, get_state
+from billing.api.errors import error_responses
+from billing.api.openapi import query_parameters
+from billing.api.state import AppState, get_state, read
 from billing.auth.guard import allow
-from billing.calllog.queries import CallsQuery, list_calls, parse_calls_query
+from billing.calllog.queries import list_calls, parse_calls_query
+from billing.calllog.schemas import CallDetail, CallsPage, CallsParams
 from billing.calllog.service import get_call
-from billing.storage.db import read_transaction
 
 router = APIRouter()
-
-_PARAMETERS = [
-    ("api_key_id", "only calls of this api key"),
-    ("model", "only calls of this model"),
-    ("status", "only calls in this status: open, completed, client_disconnected, failed"),
-    ("since", "calls started at or after this instant (RFC 3339 with an offset)"),
-    ("until", "calls started before this instant (RFC 3339 with an offset)"),
-    ("limit", "calls per page, 1 to 1000 (default 100)"),
-    ("cursor", "next_cursor of the previous page"),
-]
-
-
-def _list(state: AppState, query: CallsQuery) -> bytes:
-    with read_transaction(state.sessions) as session:
-        return orjson.dumps(list_calls(session, query).as_json())
 
 
 @router.get(
     "/v1/calls",
     summary="The call log, newest first, one page at a time",
     dependencies=[Depends(allow("read"))],
-    responses={422: {"description": "an unknown, repeated or malformed parameter"}},
-    openapi_extra={
-        "parameters": [
-            {
-                "name": name,
-                "in": "query",
-                "required": False,
-                "description": text,
-                "schema": {"type": "string"},
-            }
-            for name, text in _PARAMETERS
-        ]
+    responses={
+        200: {"model": CallsPage, "description": "a page of calls"},
+        **error_responses(
+            401, 403, 422, 503, described={422: "an unknown, repeated or malformed parameter"}
+        ),
     },
+    openapi_extra=query_parameters(CallsParams),
 )
 async def calls(request: Request, state: Annotated[AppState, Depends(get_state)]) -> Response:
     """``{"data": [call, …], "next_cursor": …}``; pass ``next_cursor`` as ``cursor`` for the next
     page (null: no more calls now)."""
     query = parse_calls_query(request.query_params.multi_items())
-    body = await run_in_threadpool(_list, state, query)
+    body = await read(state, lambda session: orjson.dumps(list_calls(session, query).as_json()))
     return Response(body, media_type="application/json")
-
-
-def _read_call(state: AppState, request_id: str) -> dict[str, Any]:
-    with read_transaction(state.sessions) as session:
-        return get_call(session, request_id)
 
 
 @router.get(
     "/v1/calls/{request_id:path}",
     summary="One call with its events and ledger entries",
     dependencies=[Depends(allow("read"))],
+    response_model=None,
+    responses={
+        200: {"model": CallDetail, "description": "the call"},
+        **error_responses(401, 403, 404, 422, 503, described={404: "no such call"}),
+    },
 )
 async def call_detail(
     request_id: str, state: Annotated[AppState, Depends(get_state)]
 ) -> dict[str, Any]:
     """The call object, its events in order and its ledger entries; 404 for an unknown call."""
-    return await run_in_threadpool(_read_call, state, request_id)
+    return await read(state, lambda session: get_call(session, request_id))

@@ -9,13 +9,15 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from billing.api.state import AppState, get_state
+from billing.api.errors import error_responses
+from billing.api.state import AppState, get_state, read
 from billing.auth.guard import allow
 from billing.calllog.params import query_problems
 from billing.errors import ValidationFailed
-from billing.pricing.prices import PriceIn, PriceRow, list_prices
+from billing.pricing.prices import PriceRow, list_prices
+from billing.pricing.schemas import PriceIn, PriceList, PriceOut
 from billing.pricing.service import record_price
-from billing.storage.db import read_transaction, write_transaction
+from billing.storage.db import write_transaction
 
 router = APIRouter()
 
@@ -29,7 +31,19 @@ def _post(state: AppState, price: PriceIn) -> tuple[PriceRow, bool]:
     "/v1/prices",
     summary="Add a model price effective from a time",
     dependencies=[Depends(allow())],
-    responses={200: {}, 201: {}, 409: {}, 422: {}},
+    response_model=None,
+    responses={
+        200: {"model": PriceOut, "description": "the same price was already stored"},
+        201: {"model": PriceOut, "description": "the price, stored"},
+        **error_responses(
+            401,
+            403,
+            409,
+            422,
+            503,
+            described={409: "a different price exists for this model and effective_from"},
+        ),
+    },
 )
 async def post_price(
     price: PriceIn, state: Annotated[AppState, Depends(get_state)]
@@ -40,21 +54,25 @@ async def post_price(
     return JSONResponse(row.as_json(), status_code=201 if created else 200)
 
 
-def _list(state: AppState, model: str | None) -> list[PriceRow]:
-    with read_transaction(state.sessions) as session:
-        return list_prices(session, model)
-
-
-@router.get("/v1/prices", summary="List prices", dependencies=[Depends(allow("read"))])
+@router.get(
+    "/v1/prices",
+    summary="List prices",
+    dependencies=[Depends(allow("read"))],
+    response_model=None,
+    responses={
+        200: {"model": PriceList, "description": "prices by model, then effective_from"},
+        **error_responses(401, 403, 422, 503),
+    },
+)
 async def get_prices(
     request: Request,
     state: Annotated[AppState, Depends(get_state)],
-    model: Annotated[str | None, Query(max_length=256)] = None,
+    model: Annotated[str | None, Query(max_length=256, description="only this model")] = None,
 ) -> dict[str, Any]:
     """``{"data": [price, …]}`` by model then ``effective_from``. An unknown or repeated query
     parameter is a 422 (as on the other queries): never a silently ignored filter."""
     problems = query_problems(request.query_params.multi_items(), ("model",))
     if problems:
         raise ValidationFailed(problems)
-    rows = await run_in_threadpool(_list, state, model)
+    rows = await read(state, lambda session: list_prices(session, model))
     return {"data": [row.as_json() for row in rows]}

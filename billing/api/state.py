@@ -1,15 +1,22 @@
-"""What every handler needs from the running app: settings, engine, sessions, metrics."""
+"""What every handler needs from the running app: settings, engine, sessions, metrics; and the
+one way a handler reads the database."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from fastapi import Request
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
 
 from billing.metrics import Metrics
 from billing.settings import Settings
+from billing.storage.db import read_transaction
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -26,3 +33,13 @@ def get_state(request: Request) -> AppState:
     """FastAPI dependency: the app's ``AppState``."""
     state: AppState = request.app.state.billing
     return state
+
+
+async def read(state: AppState, work: Callable[[Session], T]) -> T:
+    """``work(session)`` in a read-only transaction, in the thread pool (off the event loop)."""
+
+    def run() -> T:
+        with read_transaction(state.sessions) as session:
+            return work(session)
+
+    return await run_in_threadpool(run)
