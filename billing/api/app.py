@@ -162,9 +162,8 @@ def create_app(settings: Settings | None = None, *, background: bool = False) ->
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-            writer = getattr(state, "ingest_writer", None)
-            if writer is not None:
-                writer.close()
+            if state.ingest_writer is not None:
+                state.ingest_writer.close()
             engine.dispose()
 
     app = _App(
@@ -191,7 +190,7 @@ async def _reconcile_loop(state: AppState) -> None:
     app's ingest is writing, the passes take short steps (``run_pass``'s ``busy``)."""
 
     def busy() -> bool:
-        writer = getattr(state, "ingest_writer", None)
+        writer = state.ingest_writer
         return writer is not None and writer.busy()
 
     while True:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 from datetime import UTC, datetime
 
 import orjson
@@ -22,7 +21,6 @@ from billing.errors import BillingError, BodyTimeout, EventConflict, TooLarge
 from billing.ingest.schemas import Event
 from billing.ingest.service import IngestResult, PreparedBatch, prepare_batch
 from billing.ingest.validation import MAX_BATCH, MAX_BODY_BYTES, parse_batch
-from billing.ingest.writer import GroupWriter, new_writer
 
 router = APIRouter()
 
@@ -34,12 +32,12 @@ PATH = "/v1/events"
 #: pool, so that a 1000-event batch does not stall the loop for the length of its validation.
 INLINE_PARSE_BYTES = 64 * 1024
 
-_writer_lock = threading.Lock()
 
-
+# The route reads its body itself (``parse_batch``: the contract's 422 messages, and speed); this
+# model declares the body in OpenAPI.
 class EventBatch(BaseModel):
-    """The body of ``POST /v1/events``: 1 to 1000 events, at most 1 MiB. ``parse_batch`` reads it
-    (this model declares it): any event type, in any order."""
+    """The body of ``POST /v1/events``: 1 to 1000 events of any type, in any order; at most
+    1 MiB."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -93,18 +91,6 @@ async def ingest_guard(request: Request, _declared: DeclaresBearer = None) -> No
 
 
 ingest_guard.allowed_roles = _allow_ingest.allowed_roles  # type: ignore[attr-defined]
-
-
-def writer_of(state: AppState) -> GroupWriter:
-    """The app's group-commit writer (created on first use)."""
-    writer: GroupWriter | None = getattr(state, "ingest_writer", None)
-    if writer is None:
-        with _writer_lock:
-            writer = getattr(state, "ingest_writer", None)
-            if writer is None:
-                writer = new_writer(state.settings, state.sessions)
-                state.ingest_writer = writer  # type: ignore[attr-defined]
-    return writer
 
 
 def prepare(body: bytes, now: datetime) -> PreparedBatch:
@@ -164,7 +150,7 @@ async def _ingest(request: Request, state: AppState) -> IngestResult:
             batch = prepare(body, now)
         else:
             batch = await run_in_threadpool(prepare, body, now)
-        result = await writer_of(state).store(batch)
+        result = await state.writer().store(batch)
     except BillingError as error:
         _count_rejected(state, error)
         raise

@@ -3,8 +3,9 @@ one way a handler reads the database."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from fastapi import Request
@@ -12,6 +13,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
+from billing.ingest.writer import GroupWriter, new_writer
 from billing.metrics import Metrics
 from billing.settings import Settings
 from billing.storage.db import read_transaction
@@ -21,12 +23,25 @@ T = TypeVar("T")
 
 @dataclass
 class AppState:
-    """Per-app resources, created by ``create_app`` and disposed at shutdown."""
+    """Per-app resources, created by ``create_app`` and disposed at shutdown; the ingest writer
+    is created by the first post (``writer()``)."""
 
     settings: Settings
     engine: Engine
     sessions: sessionmaker[Session]
     metrics: Metrics
+    ingest_writer: GroupWriter | None = None
+    _writer_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def writer(self) -> GroupWriter:
+        """The app's group-commit writer (``billing.ingest.writer``), created on first use."""
+        writer = self.ingest_writer
+        if writer is None:
+            with self._writer_lock:
+                writer = self.ingest_writer
+                if writer is None:
+                    writer = self.ingest_writer = new_writer(self.settings, self.sessions)
+        return writer
 
 
 def get_state(request: Request) -> AppState:
