@@ -11,6 +11,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
 import schemathesis
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
@@ -133,6 +134,7 @@ def test_token_and_price_fields_come_from_the_dimensions(app: FastAPI) -> None:
         assert set(RATE_FIELDS) <= set(schemas[name]["properties"]), name
 
 
+@pytest.mark.nodb
 def test_the_query_models_declare_what_the_parsers_read() -> None:
     assert tuple(CallsParams.model_fields) == queries.PARAMETERS
     assert tuple(UsageParams.model_fields) == usage.PARAMETERS

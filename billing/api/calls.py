@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
-import orjson
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 
-from billing.api.errors import error_responses
+from billing.api.errors import answers
 from billing.api.openapi import query_parameters
-from billing.api.state import AppState, get_state, read
+from billing.api.state import AppState, get_state, read, read_json
 from billing.auth.guard import allow
 from billing.calllog.queries import list_calls, parse_calls_query
 from billing.calllog.schemas import CallDetail, CallsPage, CallsParams
@@ -23,34 +22,24 @@ router = APIRouter()
     "/v1/calls",
     summary="The call log, newest first, one page at a time",
     dependencies=[Depends(allow("read"))],
-    responses={
-        200: {"model": CallsPage, "description": "a page of calls"},
-        **error_responses(
-            401, 403, 422, 503, described={422: "an unknown, repeated or malformed parameter"}
-        ),
-    },
+    responses=answers(401, 403, 422, 503, ok={200: (CallsPage, "a page of calls")}),
     openapi_extra=query_parameters(CallsParams),
 )
 async def calls(request: Request, state: Annotated[AppState, Depends(get_state)]) -> Response:
     """``{"data": [call, …], "next_cursor": …}``; pass ``next_cursor`` as ``cursor`` for the next
-    page (null: no more calls now)."""
+    page (null: no more calls now). 422 for an unknown, repeated or malformed parameter."""
     query = parse_calls_query(request.query_params.multi_items())
-    body = await read(state, lambda session: orjson.dumps(list_calls(session, query).as_json()))
-    return Response(body, media_type="application/json")
+    return await read_json(state, lambda session: list_calls(session, query).as_json())
 
 
 @router.get(
     "/v1/calls/{request_id:path}",
     summary="One call with its events and ledger entries",
     dependencies=[Depends(allow("read"))],
-    response_model=None,
-    responses={
-        200: {"model": CallDetail, "description": "the call"},
-        **error_responses(401, 403, 404, 422, 503, described={404: "no such call"}),
-    },
+    responses=answers(401, 403, 404, 422, 503, ok={200: (CallDetail, "the call")}),
 )
 async def call_detail(
     request_id: str, state: Annotated[AppState, Depends(get_state)]
-) -> dict[str, Any]:
+) -> JSONResponse:
     """The call object, its events in order and its ledger entries; 404 for an unknown call."""
-    return await read(state, lambda session: get_call(session, request_id))
+    return JSONResponse(await read(state, lambda session: get_call(session, request_id)))

@@ -94,16 +94,20 @@ _HEADERS: dict[int, dict[str, Any]] = {
 }
 
 
-def error_responses(
-    *statuses: int,
+def answers(
+    *errors: int,
+    ok: Mapping[int, tuple[type[BaseModel], str]] | None = None,
     conflict: type[BaseModel] = ErrorBody,
     described: Mapping[int, str] | None = None,
 ) -> dict[int | str, dict[str, Any]]:
-    """The OpenAPI ``responses`` of a route's error ``statuses``: 422 as ``ValidationErrors``, 409
-    as ``conflict``, every other one as ``ErrorBody``; ``described`` replaces the default
-    sentence of a status."""
-    responses: dict[int | str, dict[str, Any]] = {}
-    for status in statuses:
+    """A route's OpenAPI ``responses``: each ``ok`` status as its (model, description), each of
+    the ``errors`` statuses as its error shape (422 ``ValidationErrors``, 409 ``conflict``, any
+    other ``ErrorBody``) with its default sentence, or the one in ``described``."""
+    responses: dict[int | str, dict[str, Any]] = {
+        status: {"model": model, "description": description}
+        for status, (model, description) in (ok or {}).items()
+    }
+    for status in errors:
         model = ValidationErrors if status == 422 else conflict if status == 409 else ErrorBody
         response: dict[str, Any] = {
             "model": model,

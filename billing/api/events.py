@@ -13,7 +13,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
-from billing.api.errors import HANDLED, ConflictBody, domain_error, error_responses, render
+from billing.api.errors import HANDLED, ConflictBody, answers, domain_error, render
 from billing.api.openapi import request_body
 from billing.api.state import AppState
 from billing.auth.guard import DeclaresBearer, allow
@@ -115,7 +115,7 @@ def _count_stored(state: AppState, result: IngestResult) -> None:
     response_model=IngestReply,
     summary="Ingest a batch of 1–1000 lifecycle events",
     dependencies=[Depends(ingest_guard)],
-    responses=error_responses(
+    responses=answers(
         401,
         403,
         408,

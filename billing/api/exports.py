@@ -11,7 +11,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from billing.api.errors import error_responses
+from billing.api.errors import answers
 from billing.api.openapi import query_parameters
 from billing.api.state import AppState, get_state
 from billing.auth.guard import allow
@@ -43,7 +43,7 @@ def _route(params: type[BaseModel], header: str) -> dict[str, Any]:
                     }
                 },
             },
-            **error_responses(401, 403, 422, 503),
+            **answers(401, 403, 422, 503),
         },
     }
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from billing.api.errors import error_responses
+from billing.api.errors import answers
 from billing.api.state import AppState, get_state, read
 from billing.auth.guard import allow
 from billing.calllog.params import query_problems
@@ -31,19 +31,18 @@ def _post(state: AppState, price: PriceIn) -> tuple[PriceRow, bool]:
     "/v1/prices",
     summary="Add a model price effective from a time",
     dependencies=[Depends(allow())],
-    response_model=None,
-    responses={
-        200: {"model": PriceOut, "description": "the same price was already stored"},
-        201: {"model": PriceOut, "description": "the price, stored"},
-        **error_responses(
-            401,
-            403,
-            409,
-            422,
-            503,
-            described={409: "a different price exists for this model and effective_from"},
-        ),
-    },
+    responses=answers(
+        401,
+        403,
+        409,
+        422,
+        503,
+        ok={
+            200: (PriceOut, "the same price was already stored"),
+            201: (PriceOut, "the price, stored"),
+        },
+        described={409: "a different price exists for this model and effective_from"},
+    ),
 )
 async def post_price(
     price: PriceIn, state: Annotated[AppState, Depends(get_state)]
@@ -58,21 +57,17 @@ async def post_price(
     "/v1/prices",
     summary="List prices",
     dependencies=[Depends(allow("read"))],
-    response_model=None,
-    responses={
-        200: {"model": PriceList, "description": "prices by model, then effective_from"},
-        **error_responses(401, 403, 422, 503),
-    },
+    responses=answers(401, 403, 422, 503, ok={200: (PriceList, "by model, then effective_from")}),
 )
 async def get_prices(
     request: Request,
     state: Annotated[AppState, Depends(get_state)],
     model: Annotated[str | None, Query(max_length=256, description="only this model")] = None,
-) -> dict[str, Any]:
+) -> JSONResponse:
     """``{"data": [price, …]}`` by model then ``effective_from``. An unknown or repeated query
     parameter is a 422 (as on the other queries): never a silently ignored filter."""
     problems = query_problems(request.query_params.multi_items(), ("model",))
     if problems:
         raise ValidationFailed(problems)
     rows = await read(state, lambda session: list_prices(session, model))
-    return {"data": [row.as_json() for row in rows]}
+    return JSONResponse({"data": [row.as_json() for row in rows]})

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends
 from starlette.concurrency import run_in_threadpool
 
-from billing.api.errors import error_responses
+from billing.api.errors import answers
 from billing.api.state import AppState, get_state
 from billing.auth.guard import allow
 from billing.reconcile.runner import run_pass
@@ -20,7 +20,7 @@ router = APIRouter()
     "/v1/reconcile",
     summary="Run one reconciliation pass now",
     dependencies=[Depends(allow())],
-    responses=error_responses(401, 403, 503),
+    responses=answers(401, 403, 503),
 )
 async def reconcile_now(state: Annotated[AppState, Depends(get_state)]) -> PassReply:
     """Settles what is due and books adjustments for late events; answers what it did."""

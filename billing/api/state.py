@@ -6,9 +6,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from fastapi import Request
+import orjson
+from fastapi import Request, Response
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
@@ -58,3 +59,9 @@ async def read(state: AppState, work: Callable[[Session], T]) -> T:
             return work(session)
 
     return await run_in_threadpool(run)
+
+
+async def read_json(state: AppState, work: Callable[[Session], Any]) -> Response:
+    """``read(state, work)``'s answer as a JSON response (orjson, in the thread pool too)."""
+    body = await read(state, lambda session: orjson.dumps(work(session)))
+    return Response(body, media_type="application/json")
