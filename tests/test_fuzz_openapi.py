@@ -25,11 +25,26 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
+from billing.api.errors import ConflictBody, ErrorBody, ValidationErrors, render
 from billing.auth.guard import TokenCache
 from billing.auth.tokens import create_token
 from billing.calllog import queries, usage
 from billing.calllog.schemas import CallsParams, UsageParams
 from billing.dimensions import BUCKETS
+from billing.errors import (
+    BillingError,
+    BodyTimeout,
+    Conflict,
+    EventConflict,
+    FieldError,
+    Forbidden,
+    NotFound,
+    PriceConflict,
+    TooLarge,
+    Unauthorized,
+    Unavailable,
+    ValidationFailed,
+)
 from billing.export.params import PARAMETERS as EXPORT_PARAMETERS
 from billing.export.schemas import CallsCsvParams, UsageCsvParams
 from billing.pricing.rates import RATE_FIELDS
@@ -229,3 +244,22 @@ def _assert_declared(app: FastAPI, method: str, route: str, response: Any) -> No
     _declared(app, method, route, response.status_code).model_validate_json(response.content)
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
     schema[route.replace(":path", "")][method].validate_response(response)
+
+
+@pytest.mark.nodb
+def test_every_error_body_has_its_declared_shape() -> None:
+    shaped: list[tuple[type[BaseModel], BillingError]] = [
+        (ErrorBody, TooLarge("too large")),
+        (ErrorBody, BodyTimeout("too slow")),
+        (ErrorBody, NotFound("no such call")),
+        (ErrorBody, PriceConflict("a different price")),
+        (ErrorBody, Unauthorized("no token")),
+        (ErrorBody, Forbidden("not this role")),
+        (ErrorBody, Unavailable(5)),
+        (ValidationErrors, ValidationFailed([FieldError(None, "query.x", "is unknown")])),
+        (ConflictBody, EventConflict([Conflict(0, "e1")])),
+    ]
+    for model, error in shaped:
+        model.model_validate(error.body())
+    assert render(Unavailable(5)).headers["retry-after"] == "5"
+    assert render(Unauthorized("no token")).headers["www-authenticate"] == "Bearer"
