@@ -46,7 +46,7 @@ def seed(url: str, calls: int) -> tuple[int, float]:
     """Store ``calls`` complete lifecycles through the ingest path; returns (events, seconds)."""
     from billing.ingest.service import prepare_batch, write_group
     from billing.ingest.validation import parse_batch
-    from billing.pricing.prices import PriceIn
+    from billing.pricing.schemas import PriceIn
     from billing.pricing.service import record_price
     from billing.settings import Settings
     from billing.storage.db import make_engine, make_sessionmaker, write_transaction

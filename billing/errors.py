@@ -84,6 +84,21 @@ class EventConflict(BillingError):
         }
 
 
+class Unauthorized(BillingError):
+    """401: no token, or a token that is unknown or revoked."""
+
+    status = 401
+
+    def headers(self) -> dict[str, str]:
+        return {"WWW-Authenticate": "Bearer"}
+
+
+class Forbidden(BillingError):
+    """403: a valid token whose role may not call this endpoint."""
+
+    status = 403
+
+
 class NotFound(BillingError):
     """404 with a sentence naming what was not found."""
 

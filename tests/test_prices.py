@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,9 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from billing.dimensions import PRICED, Tokens
+from billing.pricing.prices import PriceRow
+from billing.pricing.rates import RATES
 from tests.test_reconcile_late_events import (
     assert_ledger_is_the_call,
     figures,
@@ -410,3 +414,27 @@ def test_listing_prices_refuses_unknown_and_repeated_parameters(
     response = client.get(f"/v1/prices{query}")
     assert response.status_code == 422, response.text
     assert response.json() == {"errors": [{"index": None, "path": path, "message": message}]}
+
+
+@pytest.mark.nodb
+def test_a_price_row_bills_each_priced_bucket_at_its_own_rate() -> None:
+    # The rates come from billing.dimensions: each priced bucket at the rate its `price` names.
+    assert {r.bucket.name for r in RATES} == {b.name for b in PRICED}
+    assert [r.field for r in RATES] == [
+        "input_usd_per_mtok",
+        "output_usd_per_mtok",
+        "cache_read_usd_per_mtok",
+        "cache_creation_usd_per_mtok",
+    ]
+    rates = [7 + 1000 * i for i in range(len(RATES))]
+    row = PriceRow(1, "m1", datetime(2026, 1, 1, tzinfo=UTC), *rates)
+    for i, rate in enumerate(RATES):
+        assert getattr(row, rate.name) == rates[i]
+        alone = Tokens(**{rate.bucket.name: 3})
+        assert row.cost_pusd(alone) == 3 * rates[i]
+    everything = Tokens(*range(1, 1 + len(Tokens.__dataclass_fields__)))
+    assert row.cost_pusd(everything) == sum(
+        getattr(everything, r.bucket.name) * rates[i] for i, r in enumerate(RATES)
+    )
+    assert list(row.as_json()) == ["model", "effective_from", *(r.field for r in RATES)]
+    assert row == PriceRow(1, "m1", datetime(2026, 1, 1, tzinfo=UTC), *rates)

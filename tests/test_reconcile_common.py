@@ -19,7 +19,7 @@ from sqlalchemy import Engine, text
 import billing.reconcile.service as service
 from billing.ingest.service import store_batch
 from billing.ingest.validation import parse_batch
-from billing.pricing.prices import PriceIn
+from billing.pricing.schemas import PriceIn
 from billing.pricing.service import record_price
 from billing.reconcile.service import reconcile_step
 from billing.rollups import service as rollups

@@ -11,12 +11,12 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
 from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from billing.api import calls, errors, events, exports, health, prices, reconcile, usage
+from billing.api.openapi import hoist_definitions
 from billing.api.state import AppState
 from billing.auth.guard import TokenCache
 from billing.errors import FieldError, ValidationFailed
@@ -109,10 +109,16 @@ class _App(FastAPI):
                 error = ValidationFailed(
                     [FieldError(None, nul, "must not contain NUL characters (%00)")]
                 )
-                response = JSONResponse(error.body(), status_code=error.status)
-                await response(scope, receive, send)
+                await errors.render(error)(scope, receive, send)
                 return
         await super().__call__(scope, receive, send)
+
+    def openapi(self) -> dict[str, Any]:
+        """The schema, with the body models of the routes that read their bodies themselves
+        (``billing.api.openapi.request_body``) under ``components``."""
+        if self.openapi_schema is None:
+            hoist_definitions(super().openapi())
+        return self.openapi_schema  # type: ignore[return-value]
 
 
 def _nul_in(scope: Scope) -> str | None:
@@ -156,9 +162,8 @@ def create_app(settings: Settings | None = None, *, background: bool = False) ->
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-            writer = getattr(state, "ingest_writer", None)
-            if writer is not None:
-                writer.close()
+            if state.ingest_writer is not None:
+                state.ingest_writer.close()
             engine.dispose()
 
     app = _App(
@@ -185,7 +190,7 @@ async def _reconcile_loop(state: AppState) -> None:
     app's ingest is writing, the passes take short steps (``run_pass``'s ``busy``)."""
 
     def busy() -> bool:
-        writer = getattr(state, "ingest_writer", None)
+        writer = state.ingest_writer
         return writer is not None and writer.busy()
 
     while True:

@@ -2,75 +2,44 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
-import orjson
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import Response
-from starlette.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, Response
 
-from billing.api.state import AppState, get_state
+from billing.api.errors import answers
+from billing.api.openapi import query_parameters
+from billing.api.state import AppState, get_state, read, read_json
 from billing.auth.guard import allow
-from billing.calllog.queries import CallsQuery, list_calls, parse_calls_query
+from billing.calllog.queries import list_calls, parse_calls_query
+from billing.calllog.schemas import CallDetail, CallsPage, CallsParams
 from billing.calllog.service import get_call
-from billing.storage.db import read_transaction
 
 router = APIRouter()
-
-_PARAMETERS = [
-    ("api_key_id", "only calls of this api key"),
-    ("model", "only calls of this model"),
-    ("status", "only calls in this status: open, completed, client_disconnected, failed"),
-    ("since", "calls started at or after this instant (RFC 3339 with an offset)"),
-    ("until", "calls started before this instant (RFC 3339 with an offset)"),
-    ("limit", "calls per page, 1 to 1000 (default 100)"),
-    ("cursor", "next_cursor of the previous page"),
-]
-
-
-def _list(state: AppState, query: CallsQuery) -> bytes:
-    with read_transaction(state.sessions) as session:
-        return orjson.dumps(list_calls(session, query).as_json())
 
 
 @router.get(
     "/v1/calls",
     summary="The call log, newest first, one page at a time",
     dependencies=[Depends(allow("read"))],
-    responses={422: {"description": "an unknown, repeated or malformed parameter"}},
-    openapi_extra={
-        "parameters": [
-            {
-                "name": name,
-                "in": "query",
-                "required": False,
-                "description": text,
-                "schema": {"type": "string"},
-            }
-            for name, text in _PARAMETERS
-        ]
-    },
+    responses=answers(401, 403, 422, 503, ok={200: (CallsPage, "a page of calls")}),
+    openapi_extra=query_parameters(CallsParams),
 )
 async def calls(request: Request, state: Annotated[AppState, Depends(get_state)]) -> Response:
     """``{"data": [call, …], "next_cursor": …}``; pass ``next_cursor`` as ``cursor`` for the next
-    page (null: no more calls now)."""
+    page (null: no more calls now). 422 for an unknown, repeated or malformed parameter."""
     query = parse_calls_query(request.query_params.multi_items())
-    body = await run_in_threadpool(_list, state, query)
-    return Response(body, media_type="application/json")
-
-
-def _read_call(state: AppState, request_id: str) -> dict[str, Any]:
-    with read_transaction(state.sessions) as session:
-        return get_call(session, request_id)
+    return await read_json(state, lambda session: list_calls(session, query).as_json())
 
 
 @router.get(
     "/v1/calls/{request_id:path}",
     summary="One call with its events and ledger entries",
     dependencies=[Depends(allow("read"))],
+    responses=answers(401, 403, 404, 422, 503, ok={200: (CallDetail, "the call")}),
 )
 async def call_detail(
     request_id: str, state: Annotated[AppState, Depends(get_state)]
-) -> dict[str, Any]:
+) -> JSONResponse:
     """The call object, its events in order and its ledger entries; 404 for an unknown call."""
-    return await run_in_threadpool(_read_call, state, request_id)
+    return JSONResponse(await read(state, lambda session: get_call(session, request_id)))

@@ -1,12 +1,21 @@
-"""One place that renders every error as JSON with its status (never a 500 for client input)."""
+"""Every error answer: the one renderer (``render``), the mapping of exceptions to domain errors
+(``domain_error``), the handlers that use them, and the error shapes OpenAPI declares.
+
+The shapes (CONTRACT "Ingest", "Who may do what"): ``{"error": sentence}`` for every status,
+``{"errors": [{"index", "path", "message"}]}`` for 422, and ``{"error", "conflicts": [{"index",
+"event_id"}]}`` for a reused ``event_id`` (409 on ``POST /v1/events``).
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException
 
@@ -24,42 +33,161 @@ from billing.storage.db import is_unavailable
 log = logging.getLogger("billing.api")
 
 
-def _render(error: BillingError) -> JSONResponse:
+class ErrorBody(BaseModel):
+    """Any error but 422 and an event conflict: one sentence saying what to do."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    error: str
+
+
+class FieldProblem(BaseModel):
+    """One problem of a 422: the event's ``index`` in the batch (null for a query parameter or a
+    whole body), where it is (``events[1].occurred_at``, ``query.since``, ``body``), a sentence."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    index: int | None
+    path: str
+    message: str
+
+
+class ValidationErrors(BaseModel):
+    """422: every problem of the request at once."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    errors: list[FieldProblem] = Field(min_length=1)
+
+
+class ConflictItem(BaseModel):
+    """An ``event_id`` already stored (or earlier in the batch) with different content."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    index: int
+    event_id: str
+
+
+class ConflictBody(BaseModel):
+    """409 on ``POST /v1/events``: nothing of the batch was stored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    error: str
+    conflicts: list[ConflictItem] = Field(min_length=1)
+
+
+_DESCRIPTIONS = {
+    401: "no bearer token, or one that is unknown or revoked",
+    403: "the token's role may not call this endpoint",
+    404: "not found",
+    408: "the request body did not arrive in full in time",
+    409: "a conflict with what is stored",
+    413: "the request is too large",
+    422: "the request is malformed: every problem is listed",
+    503: "the database is unavailable; retry after Retry-After seconds",
+}
+_HEADERS: dict[int, dict[str, Any]] = {
+    401: {"WWW-Authenticate": {"description": "Bearer", "schema": {"type": "string"}}},
+    503: {"Retry-After": {"description": "seconds", "schema": {"type": "integer"}}},
+}
+
+
+def answers(
+    *errors: int,
+    ok: Mapping[int, tuple[type[BaseModel], str]] | None = None,
+    conflict: type[BaseModel] = ErrorBody,
+    described: Mapping[int, str] | None = None,
+) -> dict[int | str, dict[str, Any]]:
+    """A route's OpenAPI ``responses``: each ``ok`` status as its (model, description), each of
+    the ``errors`` statuses as its error shape (422 ``ValidationErrors``, 409 ``conflict``, any
+    other ``ErrorBody``) with its default sentence, or the one in ``described``."""
+    responses: dict[int | str, dict[str, Any]] = {
+        status: {"model": model, "description": description}
+        for status, (model, description) in (ok or {}).items()
+    }
+    for status in errors:
+        model = ValidationErrors if status == 422 else conflict if status == 409 else ErrorBody
+        response: dict[str, Any] = {
+            "model": model,
+            "description": (described or {}).get(status, _DESCRIPTIONS[status]),
+        }
+        if status in _HEADERS:
+            response["headers"] = _HEADERS[status]
+        responses[status] = response
+    return responses
+
+
+class RoutingError(BillingError):
+    """A status the framework answers by itself (404 for an unknown path, 405 for a method the
+    path does not take), in the shape of every other error."""
+
+    def __init__(self, status: int, message: str, headers: Mapping[str, str] | None) -> None:
+        super().__init__(message)
+        self.status = status
+        self._headers = dict(headers or {})
+
+    def headers(self) -> dict[str, str]:
+        return self._headers
+
+
+def render(error: BillingError) -> JSONResponse:
+    """The response for any error: its JSON body, status and headers."""
     return JSONResponse(error.body(), status_code=error.status, headers=error.headers())
 
 
-def install(app: FastAPI, retry_after_s: int) -> None:
-    """Register the handlers: domain errors, query validation (422), database outages (503)."""
-
-    @app.exception_handler(BillingError)
-    async def _billing_error(_request: Request, error: BillingError) -> JSONResponse:
-        return _render(error)
-
-    @app.exception_handler(RequestValidationError)
-    async def _request_invalid(_request: Request, error: RequestValidationError) -> JSONResponse:
-        errors = []
-        for item in error.errors():
-            loc = [str(part) for part in item.get("loc", ())]
-            if item.get("type") == "json_invalid":
-                loc = loc[:1]  # FastAPI adds the character position, which is not a field
-            path = ".".join(loc) if loc else "request"
-            errors.append(FieldError(None, path, plain_message(item)))
-        return _render(ValidationFailed(errors))
-
-    @app.exception_handler(HTTPException)
-    async def _http_error(_request: Request, error: HTTPException) -> JSONResponse:
-        return JSONResponse(
-            {"error": str(error.detail)}, status_code=error.status_code, headers=error.headers
-        )
-
-    @app.exception_handler(CommitOutcomeUnknown)
-    async def _outcome_unknown(_request: Request, _error: CommitOutcomeUnknown) -> JSONResponse:
+def domain_error(error: Exception, retry_after_s: int) -> BillingError | None:
+    """The domain error to answer for ``error``: itself for a ``BillingError``, 503 for a
+    database that is unavailable (with ``OUTCOME_UNKNOWN`` when a COMMIT's outcome is unknown);
+    None for anything else (a bug: it propagates and the server answers 500)."""
+    if isinstance(error, BillingError):
+        return error
+    if isinstance(error, CommitOutcomeUnknown):
         log.warning("database unavailable during COMMIT; outcome unknown")
-        return _render(Unavailable(retry_after_s, OUTCOME_UNKNOWN))
+        return Unavailable(retry_after_s, OUTCOME_UNKNOWN)
+    if isinstance(error, SQLAlchemyError) and is_unavailable(error):
+        log.warning("database unavailable: %s", type(error).__name__)
+        return Unavailable(retry_after_s)
+    return None
 
-    @app.exception_handler(SQLAlchemyError)
-    async def _database_error(_request: Request, error: SQLAlchemyError) -> JSONResponse:
-        if is_unavailable(error):
-            log.warning("database unavailable: %s", type(error).__name__)
-            return _render(Unavailable(retry_after_s))
-        raise error
+
+#: The exceptions ``domain_error`` may turn into an answer.
+HANDLED: tuple[type[Exception], ...] = (BillingError, CommitOutcomeUnknown, SQLAlchemyError)
+
+
+def request_invalid(error: RequestValidationError) -> ValidationFailed:
+    """FastAPI's validation of a body or parameter (``POST /v1/prices``, ``GET /v1/prices``) as
+    the service's 422, in its words."""
+    errors = []
+    for item in error.errors():
+        loc = [str(part) for part in item.get("loc", ())]
+        if item.get("type") == "json_invalid":
+            loc = loc[:1]  # FastAPI adds the character position, which is not a field
+        path = ".".join(loc) if loc else "request"
+        errors.append(FieldError(None, path, plain_message(item)))
+    return ValidationFailed(errors)
+
+
+def install(app: FastAPI, retry_after_s: int) -> None:
+    """Register the handlers: domain errors, request validation (422), routing errors, database
+    outages (503); each answers through ``render``."""
+
+    async def _domain(_request: Request, error: Exception) -> JSONResponse:
+        answer = domain_error(error, retry_after_s)
+        if answer is None:
+            raise error
+        return render(answer)
+
+    async def _request_invalid(_request: Request, error: Exception) -> JSONResponse:
+        assert isinstance(error, RequestValidationError)
+        return render(request_invalid(error))
+
+    async def _routing(_request: Request, error: Exception) -> JSONResponse:
+        assert isinstance(error, HTTPException)
+        return render(RoutingError(error.status_code, str(error.detail), error.headers))
+
+    for kind in HANDLED:
+        app.add_exception_handler(kind, _domain)
+    app.add_exception_handler(RequestValidationError, _request_invalid)
+    app.add_exception_handler(HTTPException, _routing)

@@ -3,37 +3,27 @@
 from __future__ import annotations
 
 import asyncio
-import logging
-import threading
 from datetime import UTC, datetime
 
 import orjson
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel
-from sqlalchemy.exc import SQLAlchemyError
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
+from billing.api.errors import HANDLED, ConflictBody, answers, domain_error, render
+from billing.api.openapi import request_body
 from billing.api.state import AppState
-from billing.auth.guard import allow
-from billing.errors import (
-    OUTCOME_UNKNOWN,
-    BillingError,
-    BodyTimeout,
-    CommitOutcomeUnknown,
-    EventConflict,
-    TooLarge,
-    Unavailable,
-)
-from billing.ingest.service import IngestResult, PreparedBatch, prepare_batch
-from billing.ingest.validation import MAX_BODY_BYTES, parse_batch
-from billing.ingest.writer import GroupWriter, new_writer
-from billing.storage.db import is_unavailable
+from billing.auth.guard import DeclaresBearer, allow
+from billing.errors import BillingError, BodyTimeout, EventConflict, TooLarge
+from billing.ingest.prepare import PreparedBatch, prepare_batch
+from billing.ingest.schemas import Event
+from billing.ingest.service import IngestResult
+from billing.ingest.validation import MAX_BATCH, MAX_BODY_BYTES, parse_batch
 
 router = APIRouter()
-log = logging.getLogger("billing.api")
 
 #: The route answered by ``serve_ingest`` (see ``billing.api.app``'s middleware).
 PATH = "/v1/events"
@@ -43,14 +33,27 @@ PATH = "/v1/events"
 #: pool, so that a 1000-event batch does not stall the loop for the length of its validation.
 INLINE_PARSE_BYTES = 64 * 1024
 
-_writer_lock = threading.Lock()
+
+# The route reads its body itself (``parse_batch``: the contract's 422 messages, and speed); this
+# model declares the body in OpenAPI.
+class EventBatch(BaseModel):
+    """The body of ``POST /v1/events``: 1 to 1000 events of any type, in any order; at most
+    1 MiB."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    events: list[Event] = Field(min_length=1, max_length=MAX_BATCH)
 
 
 class IngestReply(BaseModel):
     """``accepted`` + ``duplicates`` = the number of events sent."""
 
-    accepted: int
-    duplicates: int
+    model_config = ConfigDict(extra="forbid")
+
+    accepted: int = Field(ge=0, description="events newly stored")
+    duplicates: int = Field(
+        ge=0, description="events already stored, or repeated in the batch, with the same content"
+    )
 
 
 async def read_body(request: Request, timeout_s: float, limit: int = MAX_BODY_BYTES) -> bytes:
@@ -81,7 +84,7 @@ async def read_body(request: Request, timeout_s: float, limit: int = MAX_BODY_BY
 _allow_ingest = allow("ingest")
 
 
-async def ingest_guard(request: Request) -> None:
+async def ingest_guard(request: Request, _declared: DeclaresBearer = None) -> None:
     """``allow("ingest")`` as an async dependency: FastAPI runs a plain ``def`` dependency in the
     thread pool, two thread hops per post; the check is a cache lookup (it reads the token table
     at most once per cache period), so it runs on the event loop."""
@@ -89,18 +92,6 @@ async def ingest_guard(request: Request) -> None:
 
 
 ingest_guard.allowed_roles = _allow_ingest.allowed_roles  # type: ignore[attr-defined]
-
-
-def writer_of(state: AppState) -> GroupWriter:
-    """The app's group-commit writer (created on first use)."""
-    writer: GroupWriter | None = getattr(state, "ingest_writer", None)
-    if writer is None:
-        with _writer_lock:
-            writer = getattr(state, "ingest_writer", None)
-            if writer is None:
-                writer = new_writer(state.settings, state.sessions)
-                state.ingest_writer = writer  # type: ignore[attr-defined]
-    return writer
 
 
 def prepare(body: bytes, now: datetime) -> PreparedBatch:
@@ -125,7 +116,22 @@ def _count_stored(state: AppState, result: IngestResult) -> None:
     response_model=IngestReply,
     summary="Ingest a batch of 1–1000 lifecycle events",
     dependencies=[Depends(ingest_guard)],
-    responses={409: {}, 413: {}, 422: {}, 503: {}},
+    responses=answers(
+        401,
+        403,
+        408,
+        409,
+        413,
+        422,
+        503,
+        conflict=ConflictBody,
+        described={
+            409: "an event_id reused with different content; nothing was stored",
+            413: "more than 1000 events or a body over 1 MiB",
+            422: "invalid events, each listed by index and path; nothing was stored",
+        },
+    ),
+    openapi_extra=request_body(EventBatch, "1 to 1000 events of any type, in any order"),
 )
 async def post_events(request: Request) -> Response:
     """Store a batch atomically and idempotently; see CONTRACT "Ingest".
@@ -145,7 +151,7 @@ async def _ingest(request: Request, state: AppState) -> IngestResult:
             batch = prepare(body, now)
         else:
             batch = await run_in_threadpool(prepare, body, now)
-        result = await writer_of(state).store(batch)
+        result = await state.writer().store(batch)
     except BillingError as error:
         _count_rejected(state, error)
         raise
@@ -157,36 +163,27 @@ def _reply(result: IngestResult) -> bytes:
     return orjson.dumps({"accepted": result.accepted, "duplicates": result.duplicates})
 
 
-def _render(error: BillingError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status, headers=error.headers())
-
-
 async def serve_ingest(scope: Scope, receive: Receive, send: Send, state: AppState) -> int:
     """``POST /v1/events`` in full, as an ASGI call without the framework's middleware, routing
     and dependency machinery; returns the status answered.
 
     The app sends this one hot route here (``billing.api.app``): the same guard, the same
-    handler, and the same error rendering as the exception handlers of ``billing.api.errors`` (a
-    domain error as its JSON body and status, an unavailable database as 503 with
-    ``Retry-After``); any other exception propagates as it would from the route (a 500).
+    handler, and the same errors as the exception handlers of ``billing.api.errors``
+    (``domain_error``, ``render``); any other exception propagates as it would from the route (a
+    500).
     """
     request = Request(scope, receive)
     try:
         _allow_ingest(request)
         result = await _ingest(request, state)
-    except BillingError as error:
-        response = _render(error)
     except ClientDisconnect:
         # The client hung up before its body arrived: nothing was stored, nobody to answer.
         return 499
-    except CommitOutcomeUnknown:
-        log.warning("database unavailable during COMMIT; outcome unknown")
-        response = _render(Unavailable(state.settings.db_retry_after_s, OUTCOME_UNKNOWN))
-    except SQLAlchemyError as error:
-        if not is_unavailable(error):
+    except HANDLED as error:
+        answer = domain_error(error, state.settings.db_retry_after_s)
+        if answer is None:
             raise
-        log.warning("database unavailable: %s", type(error).__name__)
-        response = _render(Unavailable(state.settings.db_retry_after_s))
+        response = render(answer)
     else:
         body = _reply(result)
         await send(

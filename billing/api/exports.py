@@ -4,22 +4,48 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Any
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
+from billing.api.errors import answers
+from billing.api.openapi import query_parameters
 from billing.api.state import AppState, get_state
 from billing.auth.guard import allow
+from billing.export.columns import CALLS_COLUMNS, USAGE_TOTAL_COLUMNS
 from billing.export.params import ExportParams, Kind, parse_params
+from billing.export.schemas import CallsCsvParams, UsageCsvParams
 from billing.export.service import export_chunks, period_label
 
 router = APIRouter()
 
 _CSV = "text/csv; charset=utf-8"
-_SINCE = Query(description="Start of the period (inclusive), RFC 3339 with offset.")
-_UNTIL = Query(description="End of the period (exclusive), RFC 3339 with offset.")
+
+
+def _route(params: type[BaseModel], header: str) -> dict[str, Any]:
+    """The declarations both exports share: the ``export`` role, ``params`` as the query, a CSV
+    answer whose header row is ``header``, and the errors."""
+    return {
+        "response_class": StreamingResponse,
+        "dependencies": [Depends(allow("export"))],
+        "openapi_extra": query_parameters(params),
+        "responses": {
+            200: {
+                "description": f"CSV with one header row: {header}",
+                "content": {"text/csv": {"schema": {"type": "string"}}},
+                "headers": {
+                    "X-Billing-Period": {
+                        "description": "closed, or provisional while the period may still change",
+                        "schema": {"type": "string", "enum": ["closed", "provisional"]},
+                    }
+                },
+            },
+            **answers(401, 403, 422, 503),
+        },
+    }
 
 
 def _start(state: AppState, params: ExportParams) -> tuple[bytes, Iterator[bytes]]:
@@ -33,7 +59,18 @@ def _stream(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
     yield from rest
 
 
-async def _respond(state: AppState, params: ExportParams) -> StreamingResponse:
+async def _export(request: Request, kind: Kind) -> StreamingResponse:
+    """Check the query string (``parse_params``), then stream the export."""
+    query = request.query_params
+    params = parse_params(
+        kind,
+        query.get("since"),
+        query.get("until"),
+        query.get("group_by") if kind == "usage" else None,
+        query.get("tz") if kind == "usage" else None,
+        query.multi_items(),
+    )
+    state = get_state(request)
     period = period_label(params, datetime.now(UTC), state.settings.close_lag_s)
     first, rest = await run_in_threadpool(_start, state, params)
     return StreamingResponse(
@@ -47,52 +84,23 @@ async def _respond(state: AppState, params: ExportParams) -> StreamingResponse:
     )
 
 
-async def _export(
-    request: Request,
-    kind: Kind,
-    since: str | None,
-    until: str | None,
-    group_by: str | None = None,
-    tz: str | None = None,
-) -> StreamingResponse:
-    query = request.query_params.multi_items()
-    params = parse_params(kind, since, until, group_by, tz, query)
-    return await _respond(get_state(request), params)
-
-
 @router.get(
     "/v1/exports/usage.csv",
     summary="Usage per group booked in [since, until), as CSV",
-    response_class=StreamingResponse,
-    responses={200: {"content": {"text/csv": {}}}, 422: {}},
-    dependencies=[Depends(allow("export"))],
+    **_route(UsageCsvParams, f"the group_by keys, then {','.join(USAGE_TOTAL_COLUMNS)}"),
 )
-async def usage_csv(
-    request: Request,
-    since: Annotated[str | None, _SINCE] = None,
-    until: Annotated[str | None, _UNTIL] = None,
-    group_by: Annotated[
-        str | None, Query(description="Comma list of api_key_id, model, hour, day, month.")
-    ] = None,
-    tz: Annotated[str | None, Query(description="IANA zone where buckets begin.")] = None,
-) -> StreamingResponse:
+async def usage_csv(request: Request) -> StreamingResponse:
     """One row per group (default ``day,api_key_id,model``): group columns, ``calls`` and the token
     totals, ``cost_usd``; ``X-Billing-Period: closed|provisional``. See ``billing.export``."""
-    return await _export(request, "usage", since, until, group_by, tz)
+    return await _export(request, "usage")
 
 
 @router.get(
     "/v1/exports/calls.csv",
     summary="Ledger entries booked in [since, until), as CSV",
-    response_class=StreamingResponse,
-    responses={200: {"content": {"text/csv": {}}}, 422: {}},
-    dependencies=[Depends(allow("export"))],
+    **_route(CallsCsvParams, ",".join(CALLS_COLUMNS)),
 )
-async def calls_csv(
-    request: Request,
-    since: Annotated[str | None, _SINCE] = None,
-    until: Annotated[str | None, _UNTIL] = None,
-) -> StreamingResponse:
+async def calls_csv(request: Request) -> StreamingResponse:
     """One row per ledger entry, by ``booked_at`` then ``entry_id``, with its prices and cost;
     ``X-Billing-Period: closed|provisional``. See ``billing.export``."""
-    return await _export(request, "calls", since, until)
+    return await _export(request, "calls")

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ConfigDict
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 
@@ -16,7 +17,37 @@ from billing.storage.migrate import current_revision, head_revision
 router = APIRouter()
 
 
-@router.get("/healthz", summary="The process is up")
+class Healthy(BaseModel):
+    """The process serves."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    status: Literal["ok"]
+
+
+class Ready(BaseModel):
+    """The database is reachable and at the migration head."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    status: Literal["ready"]
+
+
+class NotReady(BaseModel):
+    """The database is unreachable or not at the migration head; ``reason`` says which."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    status: Literal["not ready"]
+    reason: str
+
+
+@router.get(
+    "/healthz",
+    summary="The process is up",
+    response_model=None,
+    responses={200: {"model": Healthy, "description": "the process serves"}},
+)
 async def healthz() -> dict[str, str]:
     """Always ``{"status": "ok"}`` while the process serves."""
     return {"status": "ok"}
@@ -33,7 +64,14 @@ def _readiness(state: AppState) -> tuple[bool, str]:
     return True, "ok"
 
 
-@router.get("/readyz", summary="Database reachable and at the migration head")
+@router.get(
+    "/readyz",
+    summary="Database reachable and at the migration head",
+    responses={
+        200: {"model": Ready, "description": "ready to serve"},
+        503: {"model": NotReady, "description": "not ready, and why"},
+    },
+)
 async def readyz(state: Annotated[AppState, Depends(get_state)]) -> JSONResponse:
     """200 ``{"status": "ready"}``, or 503 with the reason."""
     ready, reason = await run_in_threadpool(_readiness, state)
@@ -42,7 +80,12 @@ async def readyz(state: Annotated[AppState, Depends(get_state)]) -> JSONResponse
     return JSONResponse({"status": "not ready", "reason": reason}, status_code=503)
 
 
-@router.get("/metrics", summary="Prometheus metrics")
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}},
+)
 async def metrics(state: Annotated[AppState, Depends(get_state)]) -> Response:
     """Prometheus text format."""
     body = await run_in_threadpool(generate_latest, state.metrics.registry)

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from billing.api.state import AppState, get_state
+from billing.api.errors import answers
+from billing.api.state import AppState, get_state, read
 from billing.auth.guard import allow
 from billing.calllog.params import query_problems
 from billing.errors import ValidationFailed
-from billing.pricing.prices import PriceIn, PriceRow, list_prices
+from billing.pricing.prices import PriceRow, list_prices
+from billing.pricing.schemas import PriceIn, PriceList, PriceOut
 from billing.pricing.service import record_price
-from billing.storage.db import read_transaction, write_transaction
+from billing.storage.db import write_transaction
 
 router = APIRouter()
 
@@ -29,7 +31,18 @@ def _post(state: AppState, price: PriceIn) -> tuple[PriceRow, bool]:
     "/v1/prices",
     summary="Add a model price effective from a time",
     dependencies=[Depends(allow())],
-    responses={200: {}, 201: {}, 409: {}, 422: {}},
+    responses=answers(
+        401,
+        403,
+        409,
+        422,
+        503,
+        ok={
+            200: (PriceOut, "the same price was already stored"),
+            201: (PriceOut, "the price, stored"),
+        },
+        described={409: "a different price exists for this model and effective_from"},
+    ),
 )
 async def post_price(
     price: PriceIn, state: Annotated[AppState, Depends(get_state)]
@@ -40,21 +53,21 @@ async def post_price(
     return JSONResponse(row.as_json(), status_code=201 if created else 200)
 
 
-def _list(state: AppState, model: str | None) -> list[PriceRow]:
-    with read_transaction(state.sessions) as session:
-        return list_prices(session, model)
-
-
-@router.get("/v1/prices", summary="List prices", dependencies=[Depends(allow("read"))])
+@router.get(
+    "/v1/prices",
+    summary="List prices",
+    dependencies=[Depends(allow("read"))],
+    responses=answers(401, 403, 422, 503, ok={200: (PriceList, "by model, then effective_from")}),
+)
 async def get_prices(
     request: Request,
     state: Annotated[AppState, Depends(get_state)],
-    model: Annotated[str | None, Query(max_length=256)] = None,
-) -> dict[str, Any]:
+    model: Annotated[str | None, Query(max_length=256, description="only this model")] = None,
+) -> JSONResponse:
     """``{"data": [price, …]}`` by model then ``effective_from``. An unknown or repeated query
     parameter is a 422 (as on the other queries): never a silently ignored filter."""
     problems = query_problems(request.query_params.multi_items(), ("model",))
     if problems:
         raise ValidationFailed(problems)
-    rows = await run_in_threadpool(_list, state, model)
-    return {"data": [row.as_json() for row in rows]}
+    rows = await read(state, lambda session: list_prices(session, model))
+    return JSONResponse({"data": [row.as_json() for row in rows]})

@@ -5,28 +5,22 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends
-from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
+from billing.api.errors import answers
 from billing.api.state import AppState, get_state
 from billing.auth.guard import allow
 from billing.reconcile.runner import run_pass
+from billing.reconcile.schemas import PassReply
 
 router = APIRouter()
-
-
-class PassReply(BaseModel):
-    """Calls examined, newly settled, and adjustment entries written by the pass."""
-
-    examined: int
-    settled: int
-    adjusted: int
 
 
 @router.post(
     "/v1/reconcile",
     summary="Run one reconciliation pass now",
     dependencies=[Depends(allow())],
+    responses=answers(401, 403, 503),
 )
 async def reconcile_now(state: Annotated[AppState, Depends(get_state)]) -> PassReply:
     """Settles what is due and books adjustments for late events; answers what it did."""

@@ -11,29 +11,29 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Annotated
 
-from fastapi import Request
+from fastapi import Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 
 from billing.auth.tokens import hash_token, role_of, token_count
-from billing.errors import BillingError
+from billing.errors import Forbidden, Unauthorized
 
 CACHE_TTL_S = 2.0
 
-
-class Unauthorized(BillingError):
-    """401: no token, or a token that is unknown or revoked."""
-
-    status = 401
-
-    def headers(self) -> dict[str, str]:
-        return {"WWW-Authenticate": "Bearer"}
-
-
-class Forbidden(BillingError):
-    """403: a valid token whose role may not call this endpoint."""
-
-    status = 403
+#: The bearer scheme as OpenAPI declares it on every guarded route. It never refuses a request
+#: itself (``auto_error=False``): the guard reads the header and answers 401/403 in its words.
+BEARER = HTTPBearer(
+    scheme_name="bearer",
+    description=(
+        "An API token (`billing tokens create --role ROLE`) sent as 'Authorization: Bearer "
+        "<token>'. Until the first token is created the service is open."
+    ),
+    auto_error=False,
+)
+#: A guard's parameter that declares ``BEARER`` (FastAPI passes the parsed header; unused).
+DeclaresBearer = Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)]
 
 
 class TokenCache:
@@ -78,7 +78,7 @@ def allow(*roles: str) -> Callable[..., None]:
     """A dependency that lets ``roles`` (and ``admin``) through; 401/403 otherwise."""
     allowed = frozenset(roles) | {"admin"}
 
-    def guard(request: Request) -> None:
+    def guard(request: Request, _declared: DeclaresBearer = None) -> None:
         cache: TokenCache = request.app.state.tokens
         if not cache.auth_enabled():
             return

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from billing.cli.common import fail, load_settings, migrate_or_fail, open_sessions
 from billing.errors import BillingError
-from billing.pricing.prices import PriceIn
+from billing.pricing.schemas import PriceIn
 from billing.pricing.service import record_price
 from billing.storage.db import write_transaction
 

@@ -2,94 +2,92 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
+from operator import attrgetter, mul
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, field_validator
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from billing.dimensions import Tokens
 from billing.errors import PriceConflict
-from billing.ingest.schemas import ModelName, Timestamp
-from billing.pricing.money import parse_price, uusd_per_mtok_to_str
+from billing.pricing.money import uusd_per_mtok_to_str
+from billing.pricing.rates import RATE_COLUMNS, RATE_FIELDS, RATE_NAMES, RATED_BUCKETS
+from billing.pricing.schemas import PriceIn
 from billing.storage.models import Price
-
-PRICE_FIELDS = (
-    "input_usd_per_mtok",
-    "output_usd_per_mtok",
-    "cache_read_usd_per_mtok",
-    "cache_creation_usd_per_mtok",
-)
+from billing.timefmt import rfc3339
 
 
-class PriceIn(BaseModel):
-    """A price as posted (``POST /v1/prices``, ``billing prices load``); prices in USD per Mtok.
+def _getter(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
+    """``attrgetter(*names)`` that answers a tuple for a single name too."""
+    if len(names) == 1:
+        (name,) = names
+        return lambda obj: (getattr(obj, name),)
+    return attrgetter(*names)
 
-    Each price field is a decimal string (or integer) with at most 6 decimal places; it is held
-    here as micro-USD per million tokens.
+
+#: A ``Tokens``'s billed buckets, in ``RATES`` order.
+_rated_tokens = _getter(RATED_BUCKETS)
+#: A stored ``Price``'s rates (its columns), in ``RATES`` order.
+_stored_rates = _getter(RATE_COLUMNS)
+#: A ``PriceIn``'s rates, in ``RATES`` order.
+_posted_rates = _getter(RATE_FIELDS)
+
+
+class PriceRow:
+    """A stored price: ``id``, ``model``, ``effective_from`` and its ``rates`` in micro-USD per
+    million tokens in ``billing.pricing.rates.RATES`` order, each also an attribute named after
+    its rate (``input``, ``output``, ``cache_read``, ``cache_creation``). A value: never changed
+    once built. ``PriceRow(id, model, effective_from, *rates)``.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    __slots__ = ("effective_from", "id", "model", "rates", *RATE_NAMES)
 
-    model: ModelName
-    effective_from: Timestamp
-    input_usd_per_mtok: int
-    output_usd_per_mtok: int
-    cache_read_usd_per_mtok: int
-    cache_creation_usd_per_mtok: int
+    def __init__(self, id: int, model: str, effective_from: datetime, *rates: int) -> None:
+        if len(rates) != len(RATE_NAMES):
+            raise TypeError(f"a price has {len(RATE_NAMES)} rates ({', '.join(RATE_NAMES)})")
+        self.id = id
+        self.model = model
+        self.effective_from = effective_from
+        self.rates: tuple[int, ...] = rates
+        for name, rate in zip(RATE_NAMES, rates, strict=True):
+            setattr(self, name, rate)
 
-    @field_validator(*PRICE_FIELDS, mode="before")
-    @classmethod
-    def _exact(cls, value: object) -> int:
-        return parse_price(value)
+    if TYPE_CHECKING:
 
+        def __getattr__(self, name: str) -> int:
+            """A rate by its name (``price.input``): micro-USD per million tokens."""
 
-@dataclass(frozen=True)
-class PriceRow:
-    """A stored price: its id and the four rates in micro-USD per million tokens."""
+    def _key(self) -> tuple[Any, ...]:
+        return (self.id, self.model, self.effective_from, self.rates)
 
-    id: int
-    model: str
-    effective_from: datetime
-    input: int
-    output: int
-    cache_read: int
-    cache_creation: int
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PriceRow) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        rates = ", ".join(f"{n}={r}" for n, r in zip(RATE_NAMES, self.rates, strict=True))
+        return f"PriceRow(id={self.id}, model={self.model!r}, {self.effective_from}, {rates})"
 
     def cost_pusd(self, tokens: Tokens) -> int:
-        """The exact cost of ``tokens`` at these rates, in picodollars."""
-        return (
-            tokens.input_tokens * self.input
-            + tokens.cache_read_input_tokens * self.cache_read
-            + tokens.cache_creation_input_tokens * self.cache_creation
-            + tokens.output_tokens_billed * self.output
-        )
+        """The exact cost of ``tokens`` at these rates, in picodollars (a rate in micro-USD per
+        million tokens is the price of one token in picodollars)."""
+        return sum(map(mul, _rated_tokens(tokens), self.rates))
 
     def as_json(self) -> dict[str, Any]:
-        """The API form: prices as decimal strings in USD per million tokens."""
+        """The API form: rates as decimal strings in USD per million tokens."""
         return {
             "model": self.model,
-            "effective_from": self.effective_from.isoformat().replace("+00:00", "Z"),
-            "input_usd_per_mtok": uusd_per_mtok_to_str(self.input),
-            "output_usd_per_mtok": uusd_per_mtok_to_str(self.output),
-            "cache_read_usd_per_mtok": uusd_per_mtok_to_str(self.cache_read),
-            "cache_creation_usd_per_mtok": uusd_per_mtok_to_str(self.cache_creation),
+            "effective_from": rfc3339(self.effective_from),
+            **{f: uusd_per_mtok_to_str(r) for f, r in zip(RATE_FIELDS, self.rates, strict=True)},
         }
 
 
 def _row(price: Price) -> PriceRow:
-    return PriceRow(
-        price.id,
-        price.model,
-        price.effective_from,
-        price.input_uusd_per_mtok,
-        price.output_uusd_per_mtok,
-        price.cache_read_uusd_per_mtok,
-        price.cache_creation_uusd_per_mtok,
-    )
+    return PriceRow(price.id, price.model, price.effective_from, *_stored_rates(price))
 
 
 def add_price(session: Session, price: PriceIn, now: datetime) -> tuple[PriceRow, bool]:
@@ -103,15 +101,10 @@ def add_price(session: Session, price: PriceIn, now: datetime) -> tuple[PriceRow
             Price.model == price.model, Price.effective_from == price.effective_from
         )
     )
-    rates = (
-        price.input_usd_per_mtok,
-        price.output_usd_per_mtok,
-        price.cache_read_usd_per_mtok,
-        price.cache_creation_usd_per_mtok,
-    )
+    rates = _posted_rates(price)
     if existing is not None:
         row = _row(existing)
-        if (row.input, row.output, row.cache_read, row.cache_creation) != rates:
+        if row.rates != rates:
             raise PriceConflict(
                 f"a different price for {price.model!r} effective from "
                 f"{price.effective_from.isoformat()} exists; prices are versioned: post a new "
@@ -121,11 +114,8 @@ def add_price(session: Session, price: PriceIn, now: datetime) -> tuple[PriceRow
     stored = Price(
         model=price.model,
         effective_from=price.effective_from,
-        input_uusd_per_mtok=rates[0],
-        output_uusd_per_mtok=rates[1],
-        cache_read_uusd_per_mtok=rates[2],
-        cache_creation_uusd_per_mtok=rates[3],
         created_at=now,
+        **dict(zip(RATE_COLUMNS, rates, strict=True)),
     )
     session.add(stored)
     session.flush()

@@ -6,7 +6,8 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from billing.pricing.prices import PriceIn, PriceRow, add_price
+from billing.pricing.prices import PriceRow, add_price
+from billing.pricing.schemas import PriceIn
 from billing.reconcile.service import mark_model_pending
 
 

@@ -1,0 +1,30 @@
+"""The shapes of the finance exports (CONTRACT "Export"): their query parameters.
+
+``billing.export.params.parse_params`` reads the query string; these models declare it in
+OpenAPI. The answers are CSV (``billing.export.columns`` lists the columns).
+"""
+
+from __future__ import annotations
+
+from pydantic import AwareDatetime, BaseModel, Field
+
+from billing.export.columns import DEFAULT_GROUP_BY, GROUP_KEYS
+
+
+class CallsCsvParams(BaseModel):
+    """The query of ``GET /v1/exports/calls.csv``: the period ``[since, until)`` of booking."""
+
+    since: AwareDatetime = Field(description="start (inclusive), RFC 3339 with an offset")
+    until: AwareDatetime = Field(description="end (exclusive), RFC 3339 with an offset")
+
+
+class UsageCsvParams(CallsCsvParams):
+    """The query of ``GET /v1/exports/usage.csv``: the period, the groups and their zone."""
+
+    group_by: str | None = Field(
+        None,
+        description=(
+            f"comma list of {', '.join(GROUP_KEYS)} (default {','.join(DEFAULT_GROUP_BY)})"
+        ),
+    )
+    tz: str | None = Field(None, description="IANA zone where hours, days and months begin")
