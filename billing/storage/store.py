@@ -12,10 +12,13 @@ engine of that dialect is asked for.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
+
+if TYPE_CHECKING:
+    from billing.reconcile.repository import ReconcileRepository
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +28,7 @@ class Store:
 
     name: str
     ingest: Any
-    reconcile: Any
+    reconcile: ReconcileRepository
     rollups: Any
     calllog: Any
     export: Any

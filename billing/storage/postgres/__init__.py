@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from billing.storage.postgres.reconcile import PostgresReconcile
 from billing.storage.store import Store
 
 STORE = Store(
     name="postgresql",
     ingest=None,
-    reconcile=None,
+    reconcile=PostgresReconcile(),
     rollups=None,
     calllog=None,
     export=None,

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from billing.storage.sqlite.reconcile import SqliteReconcile
 from billing.storage.store import Store
 
 STORE = Store(
     name="sqlite",
     ingest=None,
-    reconcile=None,
+    reconcile=SqliteReconcile(),
     rollups=None,
     calllog=None,
     export=None,
