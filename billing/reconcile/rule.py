@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from billing.dimensions import Tokens
+from billing.dimensions import BUCKETS, Tokens
 from billing.ingest.schemas import StreamFailed, StreamStarted, StreamUsage
 from billing.reconcile.stored import AnyEvent, StoredFailed, StoredStarted, StoredUsage
 
@@ -69,6 +69,17 @@ class CallFigures:
     anomalies: tuple[str, ...] = field(default=())
 
 
+#: The output buckets, which the rule derives from the usage and the counters (below).
+_DERIVED = ("output_tokens_billed", "output_tokens_delivered", "output_tokens_undelivered")
+#: ``(bucket, stream.usage field)`` of every other bucket with a usage field: the usage's count
+#: as it is (0 without usage; the input from ``stream.started`` when it has one).
+_PASSED_THROUGH = tuple(
+    (bucket.name, bucket.usage)
+    for bucket in BUCKETS
+    if bucket.usage is not None and bucket.name not in _DERIVED
+)
+
+
 def _usage_key(usage: StreamUsage | StoredUsage) -> tuple[datetime, int, str]:
     # The latest occurred_at wins; ties go to the larger output_tokens, then the larger event_id.
     return (usage.occurred_at, usage.output_tokens, usage.event_id)
@@ -124,17 +135,12 @@ def _attempt_figures(number: int, events: list[AnyEvent], call_model: str | None
         billed = max(estimate.output_tokens if estimate else 0, generated, delivered)
     usage = upstream or estimate
     if usage is not None:
-        input_tokens = usage.input_tokens
-        cache_read = usage.cache_read_input_tokens
-        cache_creation = usage.cache_creation_input_tokens
-        reasoning = usage.reasoning_tokens
+        passed = {name: getattr(usage, field) for name, field in _PASSED_THROUGH}
+    elif first_started is not None and first_started.input_tokens is not None:
+        passed = {"input_tokens": first_started.input_tokens}
     else:
-        cache_read = cache_creation = reasoning = 0
-        if first_started is not None and first_started.input_tokens is not None:
-            input_tokens = first_started.input_tokens
-        else:
-            input_tokens = 0
-            anomalies.add(INPUT_UNKNOWN)
+        passed = {}
+        anomalies.add(INPUT_UNKNOWN)
 
     if last_failure is not None:
         status = "failed"
@@ -143,13 +149,10 @@ def _attempt_figures(number: int, events: list[AnyEvent], call_model: str | None
     else:
         status = "completed"
     tokens = Tokens(
-        input_tokens,
-        cache_read,
-        cache_creation,
-        billed,
-        delivered,
-        max(0, billed - delivered),
-        reasoning,
+        **passed,
+        output_tokens_billed=billed,
+        output_tokens_delivered=delivered,
+        output_tokens_undelivered=max(0, billed - delivered),
     )
     return AttemptFigures(
         attempt=number,
