@@ -65,29 +65,22 @@ from billing.storage.store import store_for
 
 _ENVELOPE = ("type", "event_id", "request_id", "occurred_at", "attempt")
 
+
+def _fields(names: str) -> frozenset[str]:
+    """The envelope's fields and the space-separated ``names``."""
+    return frozenset((*_ENVELOPE, *names.split()))
+
+
 #: The event types the fast path settles calls of, and the fields of each that its statements
 #: read or may ignore (the rule ignores them too for a call of this shape: the started's
 #: ``input_tokens`` counts only without usage, the usage's ``model`` never).
 HANDLED: dict[type[BaseModel], frozenset[str]] = {
-    StreamStarted: frozenset(
-        (*_ENVELOPE, "api_key_id", "model", "protocol", "input_tokens", "metadata")
-    ),
-    StreamTokens: frozenset((*_ENVELOPE, "output_tokens_generated", "output_tokens_delivered")),
-    StreamClientDisconnected: frozenset(
-        (*_ENVELOPE, "output_tokens_delivered", "output_tokens_generated")
-    ),
-    StreamUsage: frozenset(
-        (
-            *_ENVELOPE,
-            "input_tokens",
-            "output_tokens",
-            "cache_read_input_tokens",
-            "cache_creation_input_tokens",
-            "reasoning_tokens",
-            "source",
-            "model",
-            "stop_reason",
-        )
+    StreamStarted: _fields("api_key_id model protocol input_tokens metadata"),
+    StreamTokens: _fields("output_tokens_generated output_tokens_delivered"),
+    StreamClientDisconnected: _fields("output_tokens_delivered output_tokens_generated"),
+    StreamUsage: _fields(
+        "input_tokens output_tokens cache_read_input_tokens cache_creation_input_tokens "
+        "reasoning_tokens source model stop_reason"
     ),
 }
 

@@ -36,6 +36,10 @@ FoldRow = tuple[str, int, DriverTime, DriverTime, int, int, DriverTime]
 #: ``(api_key_id, model, quarter (aware UTC), calls, *token sums, whole USD, picodollars)``: the
 #: rollup contributions of the calls the fast path settled, per key, model and quarter hour.
 GroupRow = tuple[Any, ...]
+#: The reasons of a settlement with upstream usage and of one on the clock.
+Reasons = tuple[str, str]
+#: The calls the fast path settled, and their ``GroupRow``s.
+Settled = tuple[list[str], list[GroupRow]]
 
 
 class ReconcileRepository(Protocol):
@@ -50,16 +54,11 @@ class ReconcileRepository(Protocol):
         ...
 
     def due_calls(
-        self,
-        session: Session,
-        cutoff: datetime,
-        limit: int,
-        *,
-        lock: bool,
-        pending_before: datetime | None,
+        self, session: Session, cutoff: datetime, limit: int, lock: bool, before: datetime | None
     ) -> list[str]:
         """Up to ``limit`` calls that need work (open ones quiet since ``cutoff``, then pending
-        ones), oldest first, locked unless ``lock`` is false (rows locked elsewhere skipped)."""
+        ones, those pending since ``before`` or earlier when given), oldest first, locked unless
+        ``lock`` is false (rows locked elsewhere skipped)."""
         ...
 
     def pending_horizon(self, session: Session) -> datetime | None:
@@ -110,14 +109,9 @@ class ReconcileRepository(Protocol):
         ...
 
     def settle_common(
-        self,
-        session: Session,
-        request_ids: Sequence[str],
-        now: datetime,
-        cutoff: datetime,
-        reasons: tuple[str, str],
-    ) -> tuple[list[str], list[GroupRow]]:
-        """The fast path (``billing.reconcile.common``): settle the calls of the common shape
-        that settle now, write their rows and settlement entries (``reasons``: upstream,
-        estimate); returns the calls settled and their rollup contributions (``GroupRow``)."""
+        self, session: Session, ids: Sequence[str], now: datetime, cutoff: datetime, why: Reasons
+    ) -> Settled:
+        """The fast path (``billing.reconcile.common``): settle those of ``ids`` of the common
+        shape that settle now, write their rows and settlement entries (``why``: ``Reasons``);
+        returns the calls settled and their rollup contributions."""
         ...

@@ -30,8 +30,8 @@ MAX_STEPS_PER_PASS = 10_000
 
 #: While ingest is busy, a step is sized to take about this long (seconds): ingest waits for the
 #: steps that hold what it writes (SQLite: the write lock; PostgreSQL: the locks of the step's
-#: calls), so a step of ``reconcile_batch_size`` calls (0.3-0.5 s on 2 cores under load) set the
-#: p99 of ingest posts. Smaller steps cost more per call (each has a fixed cost: its commit, the
+#: calls), so a whole step of ``reconcile_batch_size`` calls sets the p99 of ingest posts.
+#: Smaller steps cost more per call (each has a fixed cost: its commit, the
 #: rollup rows), so they are used only while ingest is busy.
 BUSY_STEP_S = 0.05
 #: The first step while busy, and the smallest (calls).

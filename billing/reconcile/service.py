@@ -93,9 +93,7 @@ def due_calls(
     the order they started waiting).
     """
     cutoff = now - timedelta(seconds=settle_after_s)
-    return _repo(session).due_calls(
-        session, cutoff, limit, lock=lock, pending_before=pending_before
-    )
+    return _repo(session).due_calls(session, cutoff, limit, lock, pending_before)
 
 
 def pending_horizon(session: Session) -> datetime | None:
@@ -225,24 +223,23 @@ def preview_call(session: Session, call: Call) -> None:
     _apply(call, fig, call_cost(lines), call.settled, call.settled_at or datetime.now(UTC))
 
 
+#: The attributes of a ``Call`` that are the figures' own.
+_AS_FIGURED: tuple[str, ...] = ("api_key_id", "model", "protocol", "started_at", "ended_at")
+_AS_FIGURED += ("usage_source", "error_type", "stop_reason")
+
+
 def _apply(call: Call, fig: CallFigures, cost: int | None, settle: bool, now: datetime) -> None:
-    call.api_key_id = fig.api_key_id
-    call.model = fig.model
-    call.protocol = fig.protocol
+    for name in _AS_FIGURED:
+        setattr(call, name, getattr(fig, name))
     call.metadata_ = fig.metadata
-    call.started_at = fig.started_at
-    call.ended_at = fig.ended_at
     call.status = fig.status if settle else "open"
     if settle and not call.settled:
         call.settled = True
         call.settled_at = now
-    call.usage_source = fig.usage_source
     call.attempts = len(fig.attempts)
     set_tokens(call, fig.tokens)
     call.cost_pusd = cost
     call.anomalies = anomalies_of(fig, cost)
-    call.error_type = fig.error_type
-    call.stop_reason = fig.stop_reason
     call.pending = False
 
 

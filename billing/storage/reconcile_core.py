@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from billing.dimensions import TOKEN_FIELDS
 from billing.reconcile.ledger import REVERSAL_PREFIX
-from billing.reconcile.repository import Update
+from billing.reconcile.repository import BodyRow, FoldRow, StateRow, Update
 from billing.storage.models import Call, CallAttempt, LedgerEntry
 
 if TYPE_CHECKING:
@@ -33,16 +33,30 @@ _LAST_REVERSAL = func.max(
 
 
 class CoreReconcile:
-    """The methods of ``ReconcileRepository`` that read the same on both databases."""
+    """The methods of ``ReconcileRepository`` that read the same on both databases; a database's
+    class gives the statements ``states``, ``bodies`` and ``folds`` (in its dialect, one list or
+    array of request ids each) and ``fetch`` (their rows for any number of calls)."""
+
+    states: str
+    bodies: str
+    folds: str
+
+    def fetch(self, session: Session, statement: str, request_ids: Sequence[str]) -> list[Any]:
+        raise NotImplementedError
+
+    def read_states(self, session: Session, request_ids: Sequence[str]) -> list[StateRow]:
+        return self.fetch(session, self.states, request_ids)
+
+    def read_events(
+        self, session: Session, request_ids: Sequence[str]
+    ) -> tuple[list[BodyRow], list[FoldRow]]:
+        return (
+            self.fetch(session, self.bodies, request_ids),
+            self.fetch(session, self.folds, request_ids),
+        )
 
     def due_calls(
-        self,
-        session: Session,
-        cutoff: datetime,
-        limit: int,
-        *,
-        lock: bool,
-        pending_before: datetime | None,
+        self, session: Session, cutoff: datetime, limit: int, lock: bool, before: datetime | None
     ) -> list[str]:
         """Two queries, each a range of one index read in order (``calls(settled, pending,
         last_received_at, request_id)`` and ``calls(pending, last_received_at, request_id)``),
@@ -57,7 +71,7 @@ class CoreReconcile:
             ),
             select(Call.request_id).where(
                 Call.pending == true(),
-                *(() if pending_before is None else (Call.last_received_at <= pending_before,)),
+                *(() if before is None else (Call.last_received_at <= before,)),
             ),
         ]
         found: list[str] = []

@@ -18,18 +18,9 @@ from sqlalchemy.orm import Session
 
 from billing.dimensions import TOKEN_FIELDS
 from billing.reconcile.ledger import ENTRY_COLUMNS
-from billing.reconcile.repository import BodyRow, FoldRow, StateRow, Update
+from billing.reconcile.repository import Update
+from billing.storage import reconcile_core as core
 from billing.storage.postgres.settle_common import PostgresSettleCommon
-from billing.storage.reconcile_core import (
-    ATTEMPT_COLUMNS,
-    CALL_IDENTITY,
-    CALL_SET,
-    CHUNK,
-    CoreReconcile,
-    attempt_rows,
-    call_values,
-    had_attempts,
-)
 
 if TYPE_CHECKING:
     from billing.reconcile.entries import Entry
@@ -79,7 +70,7 @@ _CALL_TYPES = {
     "started_at": "timestamptz",
     "request_id": "varchar",
 }
-_UPDATED = (*CALL_SET, *CALL_IDENTITY)
+_UPDATED = (*core.CALL_SET, *core.CALL_IDENTITY)
 
 
 def _set(name: str) -> str:
@@ -101,7 +92,7 @@ UPDATE_CALLS = (
 )
 
 DELETE_ATTEMPTS = "DELETE FROM call_attempts WHERE request_id = ANY(%b::varchar[])"
-COPY_ATTEMPTS = f"COPY call_attempts ({', '.join(ATTEMPT_COLUMNS)}) FROM STDIN"
+COPY_ATTEMPTS = f"COPY call_attempts ({', '.join(core.ATTEMPT_COLUMNS)}) FROM STDIN"
 COPY_ENTRIES = f"COPY ledger_entries ({', '.join(ENTRY_COLUMNS)}) FROM STDIN"
 
 
@@ -114,8 +105,8 @@ def _fetch(session: Session, statement: str, request_ids: Sequence[str]) -> list
     cursor = session.connection().connection.cursor()
     rows: list[Any] = []
     try:
-        for start in range(0, len(request_ids), CHUNK):
-            cursor.execute(statement, (list(request_ids[start : start + CHUNK]),))
+        for start in range(0, len(request_ids), core.CHUNK):
+            cursor.execute(statement, (list(request_ids[start : start + core.CHUNK]),))
             rows.extend(cursor.fetchall())
     finally:
         cursor.close()
@@ -136,8 +127,11 @@ def _copy(session: Session, statement: str, rows: Sequence[tuple[Any, ...]]) -> 
         cursor.close()
 
 
-class PostgresReconcile(PostgresSettleCommon, CoreReconcile):
+class PostgresReconcile(PostgresSettleCommon, core.CoreReconcile):
     """``ReconcileRepository`` on PostgreSQL."""
+
+    states, bodies, folds = READ_STATES, EVENT_BODIES, FOLD_TOKENS
+    fetch = staticmethod(_fetch)
 
     def utc(self, value: datetime) -> datetime:
         return value if value.tzinfo is UTC else value.astimezone(UTC)
@@ -145,23 +139,12 @@ class PostgresReconcile(PostgresSettleCommon, CoreReconcile):
     def driver_time(self, value: datetime) -> Any:
         return value
 
-    def read_states(self, session: Session, request_ids: Sequence[str]) -> list[StateRow]:
-        return _fetch(session, READ_STATES, request_ids)
-
-    def read_events(
-        self, session: Session, request_ids: Sequence[str]
-    ) -> tuple[list[BodyRow], list[FoldRow]]:
-        return (
-            _fetch(session, EVENT_BODIES, request_ids),
-            _fetch(session, FOLD_TOKENS, request_ids),
-        )
-
     def write_calls(self, session: Session, updates: Sequence[Update], now: datetime) -> None:
         if not updates:
             return
         rows = [
             (
-                *call_values(new, fig, now, _same),
+                *core.call_values(new, fig, now, _same),
                 new.api_key_id,
                 new.model,
                 new.started_at,
@@ -173,10 +156,10 @@ class PostgresReconcile(PostgresSettleCommon, CoreReconcile):
         session.connection().exec_driver_sql(UPDATE_CALLS, columns)
 
     def write_attempts(self, session: Session, updates: Sequence[Update]) -> None:
-        stale = had_attempts(updates)
+        stale = core.had_attempts(updates)
         if stale:
             session.connection().exec_driver_sql(DELETE_ATTEMPTS, (stale,))
-        _copy(session, COPY_ATTEMPTS, attempt_rows(updates))
+        _copy(session, COPY_ATTEMPTS, core.attempt_rows(updates))
 
     def write_entries(self, session: Session, entries: Sequence[Entry]) -> None:
         rows = [entry.row(entry.booked_at, _same) for entry in entries]

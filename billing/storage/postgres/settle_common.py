@@ -19,6 +19,7 @@ from billing.calllog.rollups import PICO
 from billing.dimensions import TOKEN_FIELDS
 from billing.ingest.schemas import MAX_TOKENS
 from billing.reconcile.ledger import ENTRY_COLUMNS, RATE_COLUMNS
+from billing.reconcile.repository import Reasons, Settled
 from billing.reconcile.rule import USAGE_MISSING
 
 #: Rates at or above this (micro-USD per million tokens) go to the rule: with token counts at most
@@ -211,25 +212,20 @@ class PostgresSettleCommon:
     """``ReconcileRepository.settle_common`` on PostgreSQL."""
 
     def settle_common(
-        self,
-        session: Session,
-        request_ids: Sequence[str],
-        now: datetime,
-        cutoff: datetime,
-        reasons: tuple[str, str],
-    ) -> tuple[list[str], list[Any]]:
-        if not request_ids:
+        self, session: Session, ids: Sequence[str], now: datetime, cutoff: datetime, why: Reasons
+    ) -> Settled:
+        if not ids:
             return [], []
         conn = session.connection()
         conn.exec_driver_sql(WORK_MEM)
         rows = conn.exec_driver_sql(
             SETTLE,
             {
-                "ids": list(request_ids),
+                "ids": list(ids),
                 "now": now,
                 "cutoff": cutoff,
-                "complete": reasons[0],
-                "timed_out": reasons[1],
+                "complete": why[0],
+                "timed_out": why[1],
             },
         ).all()
         settled: list[str] = []

@@ -15,17 +15,8 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.orm import Session
 
 from billing.reconcile.ledger import ENTRY_COLUMNS
-from billing.reconcile.repository import BodyRow, FoldRow, StateRow, Update
-from billing.storage.reconcile_core import (
-    ATTEMPT_COLUMNS,
-    CALL_IDENTITY,
-    CALL_SET,
-    CHUNK,
-    CoreReconcile,
-    attempt_rows,
-    call_values,
-    had_attempts,
-)
+from billing.reconcile.repository import Update
+from billing.storage import reconcile_core as core
 from billing.storage.sqlite.settle_common import SqliteSettleCommon, with_ids
 from billing.storage.types import cached_sqlite_text
 
@@ -57,9 +48,9 @@ GROUP BY call_no, attempt
 
 _SET = ", ".join(
     "settled_at = COALESCE(calls.settled_at, ?)" if name == "settled_at" else f"{name} = ?"
-    for name in CALL_SET
+    for name in core.CALL_SET
 )
-_SET_IDENTITY = ", ".join(f"{name} = ?" for name in CALL_IDENTITY)
+_SET_IDENTITY = ", ".join(f"{name} = ?" for name in core.CALL_IDENTITY)
 
 #: A call's new figures (parameters: ``call_values``, then request_id).
 UPDATE_CALL = f"UPDATE calls SET {_SET}, pending = false WHERE request_id = ?"
@@ -70,8 +61,8 @@ UPDATE_CALL_AND_IDENTITY = (
 
 DELETE_ATTEMPTS = "DELETE FROM call_attempts WHERE request_id IN ({ids})"
 INSERT_ATTEMPT = (
-    f"INSERT INTO call_attempts ({', '.join(ATTEMPT_COLUMNS)}) "
-    f"VALUES ({', '.join('?' * len(ATTEMPT_COLUMNS))})"
+    f"INSERT INTO call_attempts ({', '.join(core.ATTEMPT_COLUMNS)}) "
+    f"VALUES ({', '.join('?' * len(core.ATTEMPT_COLUMNS))})"
 )
 INSERT_ENTRY = (
     f"INSERT INTO ledger_entries ({', '.join(ENTRY_COLUMNS)}) "
@@ -89,8 +80,8 @@ def _fetch(session: Session, statement: str, request_ids: Sequence[str]) -> list
     cursor = session.connection().connection.cursor()
     rows: list[Any] = []
     try:
-        for start in range(0, len(request_ids), CHUNK):
-            chunk = tuple(request_ids[start : start + CHUNK])
+        for start in range(0, len(request_ids), core.CHUNK):
+            chunk = tuple(request_ids[start : start + core.CHUNK])
             cursor.execute(with_ids(statement, len(chunk)), chunk)
             rows.extend(cursor.fetchall())
     finally:
@@ -98,25 +89,17 @@ def _fetch(session: Session, statement: str, request_ids: Sequence[str]) -> list
     return rows
 
 
-class SqliteReconcile(SqliteSettleCommon, CoreReconcile):
+class SqliteReconcile(SqliteSettleCommon, core.CoreReconcile):
     """``ReconcileRepository`` on SQLite."""
+
+    states, bodies, folds = READ_STATES, EVENT_BODIES, FOLD_TOKENS
+    fetch = staticmethod(_fetch)
 
     def utc(self, value: Any) -> datetime:
         return datetime.fromisoformat(value + "+00:00")  # naive UTC text: parsed with its offset
 
     def driver_time(self, value: datetime) -> Any:
         return cached_sqlite_text(value)
-
-    def read_states(self, session: Session, request_ids: Sequence[str]) -> list[StateRow]:
-        return _fetch(session, READ_STATES, request_ids)
-
-    def read_events(
-        self, session: Session, request_ids: Sequence[str]
-    ) -> tuple[list[BodyRow], list[FoldRow]]:
-        return (
-            _fetch(session, EVENT_BODIES, request_ids),
-            _fetch(session, FOLD_TOKENS, request_ids),
-        )
 
     def write_calls(self, session: Session, updates: Sequence[Update], now: datetime) -> None:
         # SQLite rewrites the index entries of every column a SET names, even to the same value:
@@ -125,7 +108,7 @@ class SqliteReconcile(SqliteSettleCommon, CoreReconcile):
         changed: list[tuple[Any, ...]] = []
         now_text = _text(now)
         for old, new, fig in updates:
-            values = call_values(new, fig, now_text, _text)
+            values = core.call_values(new, fig, now_text, _text)
             identity = (new.api_key_id, new.model, _text(new.started_at))
             if old.stored[1:] == identity:
                 plain.append((*values, new.request_id))
@@ -139,11 +122,11 @@ class SqliteReconcile(SqliteSettleCommon, CoreReconcile):
 
     def write_attempts(self, session: Session, updates: Sequence[Update]) -> None:
         conn = session.connection()
-        stale = had_attempts(updates)
-        for start in range(0, len(stale), CHUNK):
-            chunk = tuple(stale[start : start + CHUNK])
+        stale = core.had_attempts(updates)
+        for start in range(0, len(stale), core.CHUNK):
+            chunk = tuple(stale[start : start + core.CHUNK])
             conn.exec_driver_sql(with_ids(DELETE_ATTEMPTS, len(chunk)), chunk)
-        rows = attempt_rows(updates)
+        rows = core.attempt_rows(updates)
         if rows:
             conn.exec_driver_sql(INSERT_ATTEMPT, rows)
 

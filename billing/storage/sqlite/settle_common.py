@@ -13,7 +13,6 @@ import json
 import sqlite3
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -21,6 +20,7 @@ from billing.calllog.rollups import PICO
 from billing.dimensions import TOKEN_FIELDS
 from billing.ingest.schemas import MAX_TOKENS
 from billing.reconcile.ledger import ENTRY_COLUMNS, RATE_COLUMNS
+from billing.reconcile.repository import Reasons, Settled
 from billing.reconcile.rule import USAGE_MISSING
 from billing.storage.types import sqlite_text
 
@@ -232,27 +232,22 @@ class SqliteSettleCommon:
     """``ReconcileRepository.settle_common`` on SQLite."""
 
     def settle_common(
-        self,
-        session: Session,
-        request_ids: Sequence[str],
-        now: datetime,
-        cutoff: datetime,
-        reasons: tuple[str, str],
-    ) -> tuple[list[str], list[Any]]:
-        if not SQLITE_SUPPORTED or not request_ids:
+        self, session: Session, ids: Sequence[str], now: datetime, cutoff: datetime, why: Reasons
+    ) -> Settled:
+        if not SQLITE_SUPPORTED or not ids:
             return [], []
         conn = session.connection()
         now_text = sqlite_text(now)
         cutoff_text = sqlite_text(cutoff)
         conn.exec_driver_sql(SCRATCH_TABLE)
         conn.exec_driver_sql(CLEAR_SCRATCH)
-        for start in range(0, len(request_ids), CHUNK):
-            chunk = tuple(request_ids[start : start + CHUNK])
+        for start in range(0, len(ids), CHUNK):
+            chunk = tuple(ids[start : start + CHUNK])
             conn.exec_driver_sql(with_ids(GATHER, len(chunk)), (*chunk, cutoff_text))
         settled = list(conn.exec_driver_sql(SETTLED).scalars())
         if not settled:
             return [], []
-        conn.exec_driver_sql(INSERT_ENTRIES, (*reasons, now_text))
+        conn.exec_driver_sql(INSERT_ENTRIES, (*why, now_text))
         conn.exec_driver_sql(UPDATE_CALLS, (now_text,))
         groups = [
             (key, model, datetime.fromisoformat(quarter + "+00:00"), *sums)
