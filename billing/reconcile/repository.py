@@ -45,6 +45,10 @@ Settled = tuple[list[str], list[GroupRow]]
 class ReconcileRepository(Protocol):
     """The reconciler's reads and writes of one database, inside the caller's transaction."""
 
+    #: Whether steps may run at once in several threads (each locks its calls); False where the
+    #: database has one writer at a time.
+    steps_at_once: bool
+
     def utc(self, value: DriverTime) -> datetime:
         """A timestamp as the driver returned it, as an aware UTC ``datetime``."""
         ...

@@ -22,6 +22,7 @@ from billing.reconcile.service import (
 )
 from billing.settings import Settings
 from billing.storage.db import is_unavailable, read_transaction, write_transaction
+from billing.storage.store import store_for
 
 log = logging.getLogger("billing.reconcile")
 
@@ -83,14 +84,15 @@ def run_pass(
 
     ``now`` (timezone-aware UTC) fixes the clock for the whole pass; by default each step reads the
     current time. Each step commits on its own, so a pass killed midway leaves whole steps only.
-    On PostgreSQL ``settings.reconcile_threads`` threads run steps at once: each step locks its
+    Where the database runs steps at once (``ReconcileRepository.steps_at_once``: PostgreSQL),
+    ``settings.reconcile_threads`` threads run steps at once: each step locks its
     calls (``FOR UPDATE SKIP LOCKED``), so no call is in two steps, and the rollup rows are
     locked in one order (no deadlock). Returns the totals of the pass; raises the database's
     error when it is unavailable.
     """
     threads = settings.reconcile_threads
-    dialect = getattr(getattr(sessions.kw.get("bind"), "dialect", None), "name", "sqlite")
-    if threads <= 1 or dialect == "sqlite":
+    bind = sessions.kw.get("bind")
+    if threads <= 1 or bind is None or not store_for(bind).reconcile.steps_at_once:
         total = _run_steps(sessions, settings, metrics, now, busy)
     else:
         results: list[StepResult] = []

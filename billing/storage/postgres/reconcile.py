@@ -130,6 +130,7 @@ def _copy(session: Session, statement: str, rows: Sequence[tuple[Any, ...]]) -> 
 class PostgresReconcile(PostgresSettleCommon, core.CoreReconcile):
     """``ReconcileRepository`` on PostgreSQL."""
 
+    steps_at_once = True  # each step locks its calls: FOR UPDATE SKIP LOCKED
     states, bodies, folds = READ_STATES, EVENT_BODIES, FOLD_TOKENS
     fetch = staticmethod(_fetch)
 

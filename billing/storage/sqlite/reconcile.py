@@ -92,6 +92,7 @@ def _fetch(session: Session, statement: str, request_ids: Sequence[str]) -> list
 class SqliteReconcile(SqliteSettleCommon, core.CoreReconcile):
     """``ReconcileRepository`` on SQLite."""
 
+    steps_at_once = False  # one writer at a time
     states, bodies, folds = READ_STATES, EVENT_BODIES, FOLD_TOKENS
     fetch = staticmethod(_fetch)
 
