@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
+from operator import attrgetter
 
-from billing.dimensions import BUCKETS, Tokens
+from billing.dimensions import BUCKETS, Tokens, tokens_builder
 from billing.ingest.schemas import StreamFailed, StreamStarted, StreamUsage
 from billing.reconcile.stored import AnyEvent, StoredFailed, StoredStarted, StoredUsage
 
@@ -75,13 +76,12 @@ class CallFigures:
 
 #: The output buckets, which the rule derives from the usage and the counters (below).
 _DERIVED = ("output_tokens_billed", "output_tokens_delivered", "output_tokens_undelivered")
-#: ``(bucket, stream.usage field)`` of every other bucket with a usage field: the usage's count
-#: as it is (0 without usage; the input from ``stream.started`` when it has one).
-_PASSED_THROUGH = tuple(
-    (bucket.name, bucket.usage)
-    for bucket in BUCKETS
-    if bucket.usage is not None and bucket.name not in _DERIVED
-)
+#: Every other bucket with a ``stream.usage`` field takes the usage's count as it is (0 without
+#: usage; the input from ``stream.started`` when it has one).
+_PASSED = tuple(b for b in BUCKETS if b.usage is not None and b.name not in _DERIVED)
+_usage_counts = attrgetter(*(b.usage for b in _PASSED if b.usage is not None))
+_from_usage = tokens_builder((*(b.name for b in _PASSED), *_DERIVED))
+_from_started = tokens_builder(("input_tokens", *_DERIVED))
 
 
 def _usage_key(usage: StreamUsage | StoredUsage) -> tuple[datetime, int, str]:
@@ -138,12 +138,13 @@ def _attempt_figures(number: int, events: list[AnyEvent], call_model: str | None
     else:
         billed = max(estimate.output_tokens if estimate else 0, generated, delivered)
     usage = upstream or estimate
+    undelivered = max(0, billed - delivered)
     if usage is not None:
-        passed = {name: getattr(usage, field) for name, field in _PASSED_THROUGH}
+        tokens = _from_usage(*_usage_counts(usage), billed, delivered, undelivered)
     elif first_started is not None and first_started.input_tokens is not None:
-        passed = {"input_tokens": first_started.input_tokens}
+        tokens = _from_started(first_started.input_tokens, billed, delivered, undelivered)
     else:
-        passed = {}
+        tokens = _from_started(0, billed, delivered, undelivered)
         anomalies.add(INPUT_UNKNOWN)
 
     if last_failure is not None:
@@ -152,12 +153,6 @@ def _attempt_figures(number: int, events: list[AnyEvent], call_model: str | None
         status = "client_disconnected"
     else:
         status = "completed"
-    tokens = Tokens(
-        **passed,
-        output_tokens_billed=billed,
-        output_tokens_delivered=delivered,
-        output_tokens_undelivered=max(0, billed - delivered),
-    )
     return AttemptFigures(
         attempt=number,
         model=first_started.model if first_started else call_model,
