@@ -498,9 +498,9 @@ def test_an_old_sqlite_leaves_every_call_to_the_rule(
     every call as it would anyway."""
     if is_postgres:
         pytest.skip("SQLite's library version only")
-    import billing.reconcile.common as common
+    import billing.storage.sqlite.settle_common as sqlite_settle_common
 
-    monkeypatch.setattr(common, "SQLITE_SUPPORTED", False)
+    monkeypatch.setattr(sqlite_settle_common, "SQLITE_SUPPORTED", False)
     with_sql, rule_only = two_databases
     first, later, _common_calls = _world(4, 60)
     now = T0 + timedelta(hours=2)

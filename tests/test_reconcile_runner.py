@@ -311,13 +311,12 @@ def _progress_call(request_id: str) -> list[dict[str, object]]:
     ]
 
 
-def test_progress_records_are_folded_alike_with_or_without_their_counter_columns(
+def test_progress_records_are_folded_to_the_contracts_figures(
     app: FastAPI, client: TestClient
 ) -> None:
     """Ingest copies a ``stream.tokens`` event's counters into the ``events`` columns the
-    reconciler folds in SQL; rows stored before those columns existed (nulls) are read from
-    their bodies, and both give the contract's figures (attempts summed; the failed attempt
-    billed its largest counter, the cut one its upstream usage)."""
+    reconciler folds in SQL, which gives the contract's figures (attempts summed; the failed
+    attempt billed its largest counter, the cut one its upstream usage)."""
     events = _progress_call("p-new") + _progress_call("p-old") + _progress_call("p-mixed")
     assert client.post("/v1/events", json={"events": events}).json() == {
         "accepted": 27,
@@ -331,12 +330,6 @@ def test_progress_records_are_folded_alike_with_or_without_their_counter_columns
             ).where(Event.request_id == "p-new")
         )
         columns = {event_id: (delivered, generated) for event_id, delivered, generated in stored}
-        # As stored before migration 0005: every row of p-old, one row of p-mixed.
-        session.execute(
-            update(Event)
-            .where((Event.request_id == "p-old") | (Event.event_id == "p-mixed-3"))
-            .values(output_tokens_delivered=None, output_tokens_generated=None)
-        )
     assert columns == {
         "p-new-1": (None, None),
         "p-new-2": (10, 10),

@@ -2,6 +2,10 @@
 
 Source: CONTRACT "Reconciliation". Upstream usage is authoritative; usage and counters are
 snapshots (the largest or latest wins, never summed within an attempt); attempts are summed.
+
+This is the rule. ``billing.reconcile.common`` restates it in SQL for the most frequent shape of
+call (``is_common``); ``tests/test_reconcile_common_property.py`` proves the two agree over calls
+generated from the event schemas, on SQLite and PostgreSQL.
 """
 
 from __future__ import annotations
@@ -9,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
+from operator import attrgetter
 
-from billing.dimensions import Tokens
+from billing.dimensions import BUCKETS, Tokens, tokens_builder
 from billing.ingest.schemas import StreamFailed, StreamStarted, StreamUsage
 from billing.reconcile.stored import AnyEvent, StoredFailed, StoredStarted, StoredUsage
 
@@ -69,6 +74,16 @@ class CallFigures:
     anomalies: tuple[str, ...] = field(default=())
 
 
+#: The output buckets, which the rule derives from the usage and the counters (below).
+_DERIVED = ("output_tokens_billed", "output_tokens_delivered", "output_tokens_undelivered")
+#: Every other bucket with a ``stream.usage`` field takes the usage's count as it is (0 without
+#: usage; the input from ``stream.started`` when it has one).
+_PASSED = tuple(b for b in BUCKETS if b.usage is not None and b.name not in _DERIVED)
+_usage_counts = attrgetter(*(b.usage for b in _PASSED if b.usage is not None))
+_from_usage = tokens_builder((*(b.name for b in _PASSED), *_DERIVED))
+_from_started = tokens_builder(("input_tokens", *_DERIVED))
+
+
 def _usage_key(usage: StreamUsage | StoredUsage) -> tuple[datetime, int, str]:
     # The latest occurred_at wins; ties go to the larger output_tokens, then the larger event_id.
     return (usage.occurred_at, usage.output_tokens, usage.event_id)
@@ -123,18 +138,14 @@ def _attempt_figures(number: int, events: list[AnyEvent], call_model: str | None
     else:
         billed = max(estimate.output_tokens if estimate else 0, generated, delivered)
     usage = upstream or estimate
+    undelivered = max(0, billed - delivered)
     if usage is not None:
-        input_tokens = usage.input_tokens
-        cache_read = usage.cache_read_input_tokens
-        cache_creation = usage.cache_creation_input_tokens
-        reasoning = usage.reasoning_tokens
+        tokens = _from_usage(*_usage_counts(usage), billed, delivered, undelivered)
+    elif first_started is not None and first_started.input_tokens is not None:
+        tokens = _from_started(first_started.input_tokens, billed, delivered, undelivered)
     else:
-        cache_read = cache_creation = reasoning = 0
-        if first_started is not None and first_started.input_tokens is not None:
-            input_tokens = first_started.input_tokens
-        else:
-            input_tokens = 0
-            anomalies.add(INPUT_UNKNOWN)
+        tokens = _from_started(0, billed, delivered, undelivered)
+        anomalies.add(INPUT_UNKNOWN)
 
     if last_failure is not None:
         status = "failed"
@@ -142,15 +153,6 @@ def _attempt_figures(number: int, events: list[AnyEvent], call_model: str | None
         status = "client_disconnected"
     else:
         status = "completed"
-    tokens = Tokens(
-        input_tokens,
-        cache_read,
-        cache_creation,
-        billed,
-        delivered,
-        max(0, billed - delivered),
-        reasoning,
-    )
     return AttemptFigures(
         attempt=number,
         model=first_started.model if first_started else call_model,

@@ -22,6 +22,7 @@ from billing.reconcile.service import (
 )
 from billing.settings import Settings
 from billing.storage.db import is_unavailable, read_transaction, write_transaction
+from billing.storage.store import store_for
 
 log = logging.getLogger("billing.reconcile")
 
@@ -30,8 +31,8 @@ MAX_STEPS_PER_PASS = 10_000
 
 #: While ingest is busy, a step is sized to take about this long (seconds): ingest waits for the
 #: steps that hold what it writes (SQLite: the write lock; PostgreSQL: the locks of the step's
-#: calls), so a step of ``reconcile_batch_size`` calls (0.3-0.5 s on 2 cores under load) set the
-#: p99 of ingest posts. Smaller steps cost more per call (each has a fixed cost: its commit, the
+#: calls), so a whole step of ``reconcile_batch_size`` calls sets the p99 of ingest posts.
+#: Smaller steps cost more per call (each has a fixed cost: its commit, the
 #: rollup rows), so they are used only while ingest is busy.
 BUSY_STEP_S = 0.05
 #: The first step while busy, and the smallest (calls).
@@ -83,14 +84,15 @@ def run_pass(
 
     ``now`` (timezone-aware UTC) fixes the clock for the whole pass; by default each step reads the
     current time. Each step commits on its own, so a pass killed midway leaves whole steps only.
-    On PostgreSQL ``settings.reconcile_threads`` threads run steps at once: each step locks its
+    Where the database runs steps at once (``ReconcileRepository.steps_at_once``: PostgreSQL),
+    ``settings.reconcile_threads`` threads run steps at once: each step locks its
     calls (``FOR UPDATE SKIP LOCKED``), so no call is in two steps, and the rollup rows are
     locked in one order (no deadlock). Returns the totals of the pass; raises the database's
     error when it is unavailable.
     """
     threads = settings.reconcile_threads
-    dialect = getattr(getattr(sessions.kw.get("bind"), "dialect", None), "name", "sqlite")
-    if threads <= 1 or dialect == "sqlite":
+    bind = sessions.kw.get("bind")
+    if threads <= 1 or bind is None or not store_for(bind).reconcile.steps_at_once:
         total = _run_steps(sessions, settings, metrics, now, busy)
     else:
         results: list[StepResult] = []

@@ -1,105 +1,79 @@
 """Stored events read back cheaply for reconciliation.
 
 Every stored event was validated by ingest against ``billing.ingest.schemas`` before it was
-committed, so the reconciler does not need pydantic to read it again (that cost ~9 µs an event,
-more than all the rest of a call's reconciliation). ``decode`` parses the body with orjson and
-wraps the dict in a light object of the event's type that the rule reads like the pydantic model
-(same attribute names, same defaults). Bodies that no longer look like what ingest accepted (a
-manual repair, say) still fail their call: a body that is not JSON, has an unknown type or a
-timestamp Python does not read the way pydantic does goes through the full pydantic validation
-(which returns the model or raises); a missing field raises in the rule; and ``check_figures``
-refuses figures built from a value of the wrong type (a float token count: money is never
-float).
+committed, so the reconciler does not need pydantic to read it again. ``decode`` parses the body
+with orjson and wraps the dict in a light object of the event's type that the rule reads like
+the pydantic model (same attribute names, same defaults: each class is made from its model's
+``model_fields``). Bodies that no longer look like what ingest accepted (a manual repair, say)
+still fail their call: a body that is not JSON, has an unknown type or a timestamp Python does
+not read the way pydantic does goes through the full pydantic validation (which returns the
+model or raises); a missing field raises in the rule; and ``check_figures`` refuses figures
+built from a value of the wrong type (a float token count: money is never float).
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, get_args
 
 import orjson
-from pydantic import TypeAdapter
+from pydantic import BaseModel, TypeAdapter
 
 from billing.ingest.schemas import Event as EventModel
+from billing.ingest.schemas import (
+    StreamClientDisconnected,
+    StreamFailed,
+    StreamStarted,
+    StreamTokens,
+    StreamUsage,
+)
 
 if TYPE_CHECKING:
     from billing.reconcile.rule import CallFigures
 
 
 class _Stored:
-    """Envelope fields; subclasses add their type's fields and defaults (as class attributes)."""
-
-    event_id: str
-    request_id: str
-    occurred_at: datetime
-    attempt: int = 1
+    """Envelope fields; each event type's class adds its fields' defaults (class attributes)."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.__dict__!r})"
 
 
-class StoredStarted(_Stored):
-    """A stored ``stream.started`` (CONTRACT "Events"): the call's key, model, protocol."""
-
-    type: Literal["stream.started"]
-    api_key_id: str
-    model: str
-    protocol: str
-    input_tokens: int | None = None
-    metadata: dict[str, str] | None = None
+#: The event models of the discriminated union ``billing.ingest.schemas.Event``.
+_MODELS: tuple[type[BaseModel], ...] = get_args(get_args(EventModel)[0])
 
 
-class StoredTokens(_Stored):
-    """A stored ``stream.tokens``: cumulative output tokens generated and delivered so far."""
-
-    type: Literal["stream.tokens"]
-    output_tokens_generated: int
-    output_tokens_delivered: int
-
-
-class StoredClientDisconnected(_Stored):
-    """A stored ``stream.client_disconnected``: output tokens delivered when the client left."""
-
-    type: Literal["stream.client_disconnected"]
-    output_tokens_delivered: int
-    output_tokens_generated: int | None = None
+def _light(model: type[BaseModel]) -> tuple[str, type[_Stored]]:
+    """The event type name and the light class of one event model: the model's attribute names
+    with the defaults of its optional fields (read from ``model_fields``)."""
+    (kind,) = get_args(model.model_fields["type"].annotation)
+    defaults = {
+        name: info.default for name, info in model.model_fields.items() if not info.is_required()
+    }
+    name = "Stored" + model.__name__.removeprefix("Stream")
+    doc = f"A stored ``{kind}`` read back (see ``{model.__name__}``)."
+    return str(kind), type(name, (_Stored,), {"__doc__": doc, **defaults})
 
 
-class StoredUsage(_Stored):
-    """A stored ``stream.usage``: the attempt's final token counts (``source`` upstream or
-    estimate)."""
+_CLASSES: dict[str, type[_Stored]] = dict(_light(model) for model in _MODELS)
 
-    type: Literal["stream.usage"]
-    input_tokens: int
-    output_tokens: int
-    cache_read_input_tokens: int = 0
-    cache_creation_input_tokens: int = 0
-    reasoning_tokens: int = 0
-    source: Literal["upstream", "estimate"]
-    model: str | None = None
-    stop_reason: str | None = None
-
-
-class StoredFailed(_Stored):
-    """A stored ``stream.failed``: the attempt ended with ``error_type``."""
-
-    type: Literal["stream.failed"]
-    error_type: str
-    message: str | None = None
-    output_tokens_generated: int | None = None
-
+if TYPE_CHECKING:
+    # A stored event reads like its model: same attributes, same types.
+    StoredStarted = StreamStarted
+    StoredTokens = StreamTokens
+    StoredClientDisconnected = StreamClientDisconnected
+    StoredUsage = StreamUsage
+    StoredFailed = StreamFailed
+else:
+    StoredStarted = _CLASSES["stream.started"]
+    StoredTokens = _CLASSES["stream.tokens"]
+    StoredClientDisconnected = _CLASSES["stream.client_disconnected"]
+    StoredUsage = _CLASSES["stream.usage"]
+    StoredFailed = _CLASSES["stream.failed"]
 
 StoredEvent = StoredStarted | StoredTokens | StoredClientDisconnected | StoredUsage | StoredFailed
 #: What the rule reads: an event as validated by ingest, or one read back from storage.
 AnyEvent = EventModel | StoredEvent
-
-_CLASSES: dict[str, type[_Stored]] = {
-    "stream.started": StoredStarted,
-    "stream.tokens": StoredTokens,
-    "stream.client_disconnected": StoredClientDisconnected,
-    "stream.usage": StoredUsage,
-    "stream.failed": StoredFailed,
-}
 
 _model_adapter: TypeAdapter[EventModel] = TypeAdapter(EventModel)
 

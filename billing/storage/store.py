@@ -12,7 +12,7 @@ engine of that dialect is asked for.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from billing.calllog.repository import CalllogRepository
     from billing.export.repository import ExportRepository
     from billing.ingest.repository import IngestRepository
+    from billing.reconcile.repository import ReconcileRepository
     from billing.rollups.repository import RollupsRepository
 
 
@@ -31,7 +32,7 @@ class Store:
 
     name: str
     ingest: IngestRepository
-    reconcile: Any
+    reconcile: ReconcileRepository
     rollups: RollupsRepository
     calllog: CalllogRepository
     export: ExportRepository

@@ -5,13 +5,14 @@ from __future__ import annotations
 from billing.storage.sqlite.calllog import SqliteCalllog
 from billing.storage.sqlite.export import SqliteExport
 from billing.storage.sqlite.ingest import SqliteIngest
+from billing.storage.sqlite.reconcile import SqliteReconcile
 from billing.storage.sqlite.rollups import SqliteRollups
 from billing.storage.store import Store
 
 STORE = Store(
     name="sqlite",
     ingest=SqliteIngest(),
-    reconcile=None,
+    reconcile=SqliteReconcile(),
     rollups=SqliteRollups(),
     calllog=SqliteCalllog(),
     export=SqliteExport(),
