@@ -82,8 +82,3 @@ class IngestRepository(Protocol):
         makes new calls findable by key before their first pass.
         """
         ...
-
-    def number_unnumbered(self, conn: Connection) -> int:
-        """Number the events (and their calls) stored without a call number, and mark those
-        calls pending; returns how many calls were repaired (at most 500 per call; usually 0)."""
-        ...

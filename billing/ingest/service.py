@@ -31,7 +31,6 @@ __all__ = [
     "IngestResult",
     "PreparedBatch",
     "content_hash",
-    "number_unnumbered",
     "prepare_batch",
     "store_batch",
     "write_group",
@@ -247,15 +246,3 @@ def _call_fields(new_events: Sequence[tuple[EventRow, int]]) -> CallFields:
                 call[2] = row
                 call[3] = batch_no
     return calls
-
-
-def number_unnumbered(conn: Connection) -> int:
-    """Number the events (and their calls) stored without a call number, and mark those calls
-    pending; returns how many calls were repaired (usually 0: one probe of an empty index).
-
-    Only a server of an earlier revision running beside this one stores such rows: its
-    ``calls`` rows and events have no ``call_no``, and the reconciler, which reads a call's
-    events by number, would not see them. Run at the start of every reconciliation step, in its
-    transaction (``billing.reconcile.runner``), so a call is numbered before the step reads it.
-    """
-    return store_for(conn).ingest.number_unnumbered(conn)

@@ -10,7 +10,6 @@ from datetime import UTC, datetime
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from billing.ingest.service import number_unnumbered
 from billing.metrics import Metrics
 from billing.reconcile.service import (
     StepResult,
@@ -146,7 +145,6 @@ def _run_steps(
                 # Paced from inside the transaction: not the wait for SQLite's write lock
                 # behind ingest, which would shrink every step while ingest is busy.
                 started = time.monotonic()
-                number_unnumbered(session.connection())
                 step = reconcile_step(
                     session, clock, settings.settle_after_s, limit, pending_before=pending_before
                 )

@@ -95,25 +95,6 @@ UPSERT_CALLS = (
     "WHERE NOT calls.pending OR (calls.api_key_id IS NULL AND excluded.api_key_id IS NOT NULL)"
 )
 
-#: Calls repaired per step by ``number_unnumbered``.
-_UNNUMBERED_LIMIT = 500
-UNNUMBERED = (
-    f"SELECT DISTINCT request_id FROM events WHERE call_no IS NULL LIMIT {_UNNUMBERED_LIMIT}"
-)
-NUMBER_CALLS = (
-    "UPDATE calls SET call_no = nextval('calls_call_no_seq') "
-    "WHERE request_id = ANY(%s) AND call_no IS NULL"
-)
-NUMBER_EVENTS = (
-    "UPDATE events SET call_no = calls.call_no FROM calls "
-    "WHERE events.call_no IS NULL AND events.request_id = ANY(%s) "
-    "AND calls.request_id = events.request_id"
-)
-MARK_PENDING = (
-    "UPDATE calls SET pending = true, change_seq = change_seq + 1 "
-    "WHERE request_id = ANY(%s) AND NOT pending"
-)
-
 _TO_JSON = orjson.OPT_UTC_Z
 
 
@@ -169,13 +150,3 @@ class PostgresIngest:
         are locked (``INSERT_EVENTS``), so the upsert only marks calls pending or fills in a
         key."""
         conn.exec_driver_sql(UPSERT_CALLS, (_call_values(calls),))
-
-    def number_unnumbered(self, conn: Connection) -> int:
-        request_ids = sorted(conn.exec_driver_sql(UNNUMBERED).scalars())
-        if not request_ids:
-            return 0
-        ids = (request_ids,)
-        conn.exec_driver_sql(NUMBER_CALLS, ids)
-        conn.exec_driver_sql(NUMBER_EVENTS, ids)
-        conn.exec_driver_sql(MARK_PENDING, ids)
-        return len(request_ids)

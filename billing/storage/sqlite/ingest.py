@@ -113,27 +113,6 @@ FILL_STARTED = (
     "WHERE request_id = ? AND api_key_id IS NULL"
 )
 
-#: Calls repaired per step by ``number_unnumbered``.
-_UNNUMBERED_LIMIT = 500
-UNNUMBERED = (
-    f"SELECT DISTINCT request_id FROM events WHERE call_no IS NULL LIMIT {_UNNUMBERED_LIMIT}"
-)
-BARE_CALLS = _in_lists(
-    "SELECT request_id FROM calls WHERE request_id IN ({marks}) AND call_no IS NULL "
-    "ORDER BY request_id"
-)
-TOP_CALL_NO = "SELECT max(call_no) FROM calls"
-SET_CALL_NO = "UPDATE calls SET call_no = ? WHERE request_id = ?"
-NUMBER_EVENTS = _in_lists(
-    "UPDATE events SET call_no = "
-    "(SELECT calls.call_no FROM calls WHERE calls.request_id = events.request_id) "
-    "WHERE call_no IS NULL AND request_id IN ({marks})"
-)
-MARK_PENDING = _in_lists(
-    "UPDATE calls SET pending = 1, change_seq = change_seq + 1 WHERE request_id IN ({marks}) "
-    "AND pending = 0"
-)
-
 
 class _StoredCalls:
     """What a group reads of its calls before inserting (``SqliteIngest._read_calls``)."""
@@ -244,16 +223,3 @@ class SqliteIngest:
         # none.
         if fill:
             conn.exec_driver_sql(FILL_STARTED, fill)
-
-    def number_unnumbered(self, conn: Connection) -> int:
-        request_ids = sorted(conn.exec_driver_sql(UNNUMBERED).scalars())
-        if not request_ids:
-            return 0
-        size, ids = _padded(request_ids)
-        bare = list(conn.exec_driver_sql(BARE_CALLS[size], ids).scalars())
-        if bare:
-            top = conn.exec_driver_sql(TOP_CALL_NO).scalar() or 0
-            conn.exec_driver_sql(SET_CALL_NO, [(top + n, rid) for n, rid in enumerate(bare, 1)])
-        conn.exec_driver_sql(NUMBER_EVENTS[size], ids)
-        conn.exec_driver_sql(MARK_PENDING[size], ids)
-        return len(request_ids)
