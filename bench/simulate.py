@@ -1,5 +1,5 @@
-"""The long run of the seeded simulation (tests/test_simulation.py): many seeds, each on a fresh
-database; a failing seed is printed with the command that replays it.
+"""The long run of the seeded simulation (tests/system/test_simulation.py): many seeds, each on
+a fresh database; a failing seed is printed with the command that replays it.
 
     python bench/simulate.py --seeds 200                 # seeds 1..200 on SQLite files
     python bench/simulate.py --seed 1234                 # replay one seed
@@ -30,7 +30,7 @@ from sqlalchemy.pool import NullPool  # noqa: E402
 from billing.storage.migrate import upgrade_to_head  # noqa: E402
 from billing.storage.models import Base  # noqa: E402
 from tests.invariants import scratch_database  # noqa: E402
-from tests.test_simulation import SimulationFailure, run_seed  # noqa: E402
+from tests.system.test_simulation import SimulationFailure, run_seed  # noqa: E402
 
 
 def _truncate(url: str) -> None:

@@ -15,8 +15,10 @@ import pytest
 
 from billing.replay import ReplayError, replay
 from billing.taps import open_tap
+from tests.client.test_client import ROOT, ServeProcess
 from tests.conftest import LiveServer, _free_port
-from tests.test_client import ROOT, ServeProcess
+
+pytestmark = pytest.mark.slow
 
 SSE = Path(__file__).parent / "fixtures" / "sse"
 SEEDS = sorted(SSE.glob("seed_*.sse"))

@@ -4,8 +4,8 @@ Source: CONTRACT "Reconciliation". Upstream usage is authoritative; usage and co
 snapshots (the largest or latest wins, never summed within an attempt); attempts are summed.
 
 This is the rule. ``billing.reconcile.common`` restates it in SQL for the most frequent shape of
-call (``is_common``); ``tests/test_reconcile_common_property.py`` proves the two agree over calls
-generated from the event schemas, on SQLite and PostgreSQL.
+call (``is_common``); ``tests/reconcile/test_reconcile_common_property.py`` proves the two agree
+over calls generated from the event schemas, on SQLite and PostgreSQL.
 """
 
 from __future__ import annotations

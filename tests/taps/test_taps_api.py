@@ -248,6 +248,7 @@ _KEYS = st.sampled_from(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(
     payloads=st.lists(st.dictionaries(_KEYS, _JSON, max_size=5), max_size=6),

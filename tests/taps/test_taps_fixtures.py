@@ -105,6 +105,7 @@ def test_one_byte_pieces(path: Path, expected: dict[str, Any]) -> None:
     assert state(tap) == state(run(expected["protocol"], [raw]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("path", "expected"), CASES, ids=IDS)
 def test_split_in_two(path: Path, expected: dict[str, Any]) -> None:
     raw = path.read_bytes()

@@ -1,0 +1,161 @@
+"""The migrations build exactly the schema of the models, both ways, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, inspect, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
+
+from billing.api.app import create_app
+from billing.settings import Settings
+from billing.storage.migrate import alembic_config, head_revision
+from billing.storage.models import Base
+from tests.conftest import PG_URL, pg_admin_url
+
+
+@pytest.fixture
+def fresh_url(tmp_path: Path) -> Iterator[str]:
+    """An empty database of its own: a new SQLite file, or a new PostgreSQL database."""
+    if not PG_URL:
+        yield f"sqlite:///{tmp_path / 'fresh.db'}"
+        return
+    name = f"billing_mig_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(pg_admin_url(PG_URL), isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def _tables(url: str) -> set[str]:
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        return set(inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def _schema_diff(url: str) -> list[object]:
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            context = MigrationContext.configure(
+                conn, opts={"compare_type": True, "compare_server_default": True}
+            )
+            return list(compare_metadata(context, Base.metadata))
+    finally:
+        engine.dispose()
+
+
+def _revision(url: str) -> str | None:
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+    finally:
+        engine.dispose()
+
+
+def test_upgrade_downgrade_upgrade_matches_the_models(fresh_url: str) -> None:
+    config = alembic_config(fresh_url)
+    model_tables = {table.name for table in Base.metadata.sorted_tables}
+    assert "events" in model_tables and "calls" in model_tables
+
+    command.upgrade(config, "head")
+    assert _tables(fresh_url) == model_tables | {"alembic_version"}
+    assert _revision(fresh_url) == head_revision()
+    assert _schema_diff(fresh_url) == []
+
+    command.downgrade(config, "base")
+    assert _tables(fresh_url) <= {"alembic_version"}
+    assert _revision(fresh_url) is None
+
+    command.upgrade(config, "head")
+    assert _tables(fresh_url) == model_tables | {"alembic_version"}
+    assert _revision(fresh_url) == head_revision()
+    assert _schema_diff(fresh_url) == []
+
+
+def test_an_empty_database_differs_from_the_models(fresh_url: str) -> None:
+    """The comparison above can fail: on an unmigrated database it finds every table missing."""
+    added = {
+        diff[1].name
+        for diff in _schema_diff(fresh_url)
+        if isinstance(diff, tuple) and diff[0] == "add_table"
+    }
+    assert added == {table.name for table in Base.metadata.sorted_tables}
+
+
+def _billing_command() -> list[str]:
+    script = shutil.which("billing", path=str(Path(sys.executable).parent))
+    return [script] if script else [sys.executable, "-c", "from billing.cli import main; main()"]
+
+
+def _clean_env(**settings: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BILLING_")}
+    env.update(settings)
+    return env
+
+
+@pytest.mark.slow
+def test_readyz_is_503_before_and_200_after_billing_migrate(fresh_url: str, tmp_path: Path) -> None:
+    app = create_app(Settings(database_url=fresh_url))
+    with TestClient(app) as client:
+        before = client.get("/readyz")
+        assert before.status_code == 503, before.text
+        assert before.json()["status"] != "ready"
+
+        done = subprocess.run(
+            [*_billing_command(), "migrate"],
+            env=_clean_env(BILLING_DATABASE_URL=fresh_url),
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == ""
+
+        after = client.get("/readyz")
+        assert after.status_code == 200, after.text
+        assert after.json() == {"status": "ready"}
+        assert client.get("/healthz").status_code == 200
+
+    # Migrating again is a no-op that succeeds.
+    again = subprocess.run(
+        [*_billing_command(), "migrate"],
+        env=_clean_env(BILLING_DATABASE_URL=fresh_url),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert again.returncode == 0, again.stderr
+    assert _schema_diff(fresh_url) == []
+    assert not (tmp_path / "billing.db").exists()  # the URL given was used, not the default
+
+
+def test_readyz_is_503_when_the_database_is_behind_head(fresh_url: str) -> None:
+    command.upgrade(alembic_config(fresh_url), "head")
+    command.downgrade(alembic_config(fresh_url), "base")
+    with TestClient(create_app(Settings(database_url=fresh_url))) as client:
+        reply = client.get("/readyz")
+    assert reply.status_code == 503, reply.text
+    assert "billing migrate" in reply.json()["reason"]
