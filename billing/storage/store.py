@@ -12,6 +12,7 @@ engine of that dialect is asked for.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib import import_module
 from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, Engine
@@ -41,16 +42,18 @@ class Store:
 _STORES: dict[str, Store] = {}
 
 
+#: The package of each database's implementations, by SQLAlchemy dialect name.
+_PACKAGES = {"sqlite": "billing.storage.sqlite", "postgresql": "billing.storage.postgres"}
+#: The rooms, as ``Store`` names them: each package has a module of that name.
+_ROOMS = ("ingest", "reconcile", "rollups", "calllog", "export")
+
+
 def _build(dialect: str) -> Store:
-    if dialect == "sqlite":
-        from billing.storage.sqlite import STORE as SQLITE
-
-        return SQLITE
-    if dialect == "postgresql":
-        from billing.storage.postgres import STORE as POSTGRES
-
-        return POSTGRES
-    raise ValueError(f"no store for the database {dialect!r}: use SQLite or PostgreSQL")
+    package = _PACKAGES.get(dialect)
+    if package is None:
+        raise ValueError(f"no store for the database {dialect!r}: use SQLite or PostgreSQL")
+    rooms = {room: import_module(f"{package}.{room}").REPOSITORY for room in _ROOMS}
+    return Store(name=dialect, **rooms)
 
 
 def store_for(bind: Session | Connection | Engine) -> Store:

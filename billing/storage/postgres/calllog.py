@@ -61,3 +61,7 @@ class PostgresCalllog:
             "hi": [r.end for r in runs],
         }
         return session.execute(statement, bound)
+
+
+#: This room's repository in the store (``billing.storage.store``).
+REPOSITORY = PostgresCalllog()

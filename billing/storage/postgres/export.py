@@ -124,3 +124,7 @@ def _prefetched(chunks: Iterator[Any]) -> Iterator[Any]:
     finally:
         stop.set()
         reader.join()
+
+
+#: This room's repository in the store (``billing.storage.store``).
+REPOSITORY = PostgresExport()

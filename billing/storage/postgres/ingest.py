@@ -150,3 +150,7 @@ class PostgresIngest:
         are locked (``INSERT_EVENTS``), so the upsert only marks calls pending or fills in a
         key."""
         conn.exec_driver_sql(UPSERT_CALLS, (_call_values(calls),))
+
+
+#: This room's repository in the store (``billing.storage.store``).
+REPOSITORY = PostgresIngest()

@@ -166,3 +166,7 @@ class PostgresReconcile(PostgresSettleCommon, core.CoreReconcile):
         rows = [entry.row(entry.booked_at, _same) for entry in entries]
         rows.sort(key=operator.itemgetter(0, 1))  # by request_id, seq
         _copy(session, COPY_ENTRIES, rows)
+
+
+#: This room's repository in the store (``billing.storage.store``).
+REPOSITORY = PostgresReconcile()

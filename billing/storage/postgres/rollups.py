@@ -126,8 +126,15 @@ def _columns(rows: Sequence[tuple[Any, ...]]) -> tuple[list[Any], ...]:
     return tuple(list(column) for column in zip(*rows, strict=True))
 
 
+#: ``rebuild``: empty the rollup tables, then fill them again from the calls and the ledger.
+REBUILD = (*EMPTY, REBUILD_QUARTERS, *REBUILD_LEVELS.values(), REBUILD_ALL_KEYS, REBUILD_KEYLESS)
+
+
 class PostgresRollups:
     """``RollupsRepository`` on PostgreSQL."""
+
+    def floor_sql(self, level: int, column: Any) -> ColumnElement[Any]:
+        return floor_sql(level, column)
 
     def add(self, session: Session, keyed: Rows, all_keys: Rows) -> None:
         conn = session.connection()
@@ -147,10 +154,9 @@ class PostgresRollups:
 
     def rebuild(self, session: Session) -> None:
         conn = session.connection()
-        for statement in (*EMPTY, REBUILD_QUARTERS, *REBUILD_LEVELS.values()):
+        for statement in REBUILD:
             conn.exec_driver_sql(statement)
-        conn.exec_driver_sql(REBUILD_ALL_KEYS)
-        conn.exec_driver_sql(REBUILD_KEYLESS)
 
-    def floor_sql(self, level: int, column: Any) -> ColumnElement[Any]:
-        return floor_sql(level, column)
+
+#: This room's repository in the store (``billing.storage.store``).
+REPOSITORY = PostgresRollups()

@@ -45,3 +45,7 @@ class SqliteCalllog:
         )
         bound = [[r.seg, r.level, sqlite_text(r.start), sqlite_text(r.end)] for r in runs]
         return session.execute(statement, {"runs": orjson.dumps(bound).decode()})
+
+
+#: This room's repository in the store (``billing.storage.store``).
+REPOSITORY = SqliteCalllog()

@@ -76,3 +76,7 @@ class SqliteExport:
 
 def _cursor(driver: Any) -> Any:
     return driver.cursor()
+
+
+#: This room's repository in the store (``billing.storage.store``).
+REPOSITORY = SqliteExport()

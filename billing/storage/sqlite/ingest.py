@@ -223,3 +223,7 @@ class SqliteIngest:
         # none.
         if fill:
             conn.exec_driver_sql(FILL_STARTED, fill)
+
+
+#: This room's repository in the store (``billing.storage.store``).
+REPOSITORY = SqliteIngest()

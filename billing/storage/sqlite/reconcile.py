@@ -139,3 +139,7 @@ class SqliteReconcile(SqliteSettleCommon, core.CoreReconcile):
         session.connection().exec_driver_sql(
             INSERT_ENTRY, [entry.row(booked.get(entry.booked_at), _text) for entry in entries]
         )
+
+
+#: This room's repository in the store (``billing.storage.store``).
+REPOSITORY = SqliteReconcile()

@@ -134,8 +134,15 @@ def _instant(text: str) -> datetime:
     return datetime.fromisoformat(text).replace(tzinfo=UTC)
 
 
+#: ``rebuild``: empty the rollup tables, then fill them again from the calls and the ledger.
+REBUILD = (*EMPTY, REBUILD_QUARTERS, *REBUILD_LEVELS.values(), REBUILD_ALL_KEYS, REBUILD_KEYLESS)
+
+
 class SqliteRollups:
     """``RollupsRepository`` on SQLite."""
+
+    def floor_sql(self, level: int, column: Any) -> ColumnElement[Any]:
+        return floor_sql(level, column)
 
     def add(self, session: Session, keyed: Rows, all_keys: Rows) -> None:
         conn = session.connection()
@@ -159,13 +166,9 @@ class SqliteRollups:
 
     def rebuild(self, session: Session) -> None:
         conn = session.connection()
-        for statement in EMPTY:
+        for statement in REBUILD:
             conn.exec_driver_sql(statement)
-        conn.exec_driver_sql(REBUILD_QUARTERS)
-        for statement in REBUILD_LEVELS.values():
-            conn.exec_driver_sql(statement)
-        conn.exec_driver_sql(REBUILD_ALL_KEYS)
-        conn.exec_driver_sql(REBUILD_KEYLESS)
 
-    def floor_sql(self, level: int, column: Any) -> ColumnElement[Any]:
-        return floor_sql(level, column)
+
+#: This room's repository in the store (``billing.storage.store``).
+REPOSITORY = SqliteRollups()
