@@ -8,6 +8,7 @@ import orjson
 
 from billing.dimensions import tokens_of
 from billing.pricing.money import pusd_to_str, uusd_per_mtok_to_str
+from billing.pricing.rates import RATES
 from billing.storage.models import Call, Event, LedgerEntry
 from billing.timefmt import rfc3339
 
@@ -60,9 +61,6 @@ def ledger_entry_json(entry: LedgerEntry) -> dict[str, Any]:
         "booked_at": rfc3339(entry.booked_at),
         **_stream(entry),
         **tokens_of(entry).as_dict(),
-        "input_usd_per_mtok": uusd_per_mtok_to_str(entry.input_uusd_per_mtok),
-        "output_usd_per_mtok": uusd_per_mtok_to_str(entry.output_uusd_per_mtok),
-        "cache_read_usd_per_mtok": uusd_per_mtok_to_str(entry.cache_read_uusd_per_mtok),
-        "cache_creation_usd_per_mtok": uusd_per_mtok_to_str(entry.cache_creation_uusd_per_mtok),
+        **{rate.field: uusd_per_mtok_to_str(getattr(entry, rate.column)) for rate in RATES},
         "cost_usd": pusd_to_str(entry.cost_pusd),
     }

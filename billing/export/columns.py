@@ -32,6 +32,7 @@ from typing import Final
 
 from billing.calllog.buckets import TIME_DIMS
 from billing.dimensions import TOKEN_FIELDS
+from billing.pricing.rates import RATE_FIELDS
 
 #: The token buckets, in the contract's usage-totals order.
 TOKEN_COLUMNS: Final[tuple[str, ...]] = tuple(TOKEN_FIELDS)
@@ -46,12 +47,7 @@ DEFAULT_GROUP_BY: Final[tuple[str, ...]] = ("day", "api_key_id", "model")
 USAGE_TOTAL_COLUMNS: Final[tuple[str, ...]] = ("calls", *TOKEN_COLUMNS, "cost_usd")
 
 #: The prices used, per entry, as in ``GET /v1/calls/{request_id}`` ``ledger_entries``.
-PRICE_COLUMNS: Final[tuple[str, ...]] = (
-    "input_usd_per_mtok",
-    "output_usd_per_mtok",
-    "cache_read_usd_per_mtok",
-    "cache_creation_usd_per_mtok",
-)
+PRICE_COLUMNS: Final[tuple[str, ...]] = RATE_FIELDS
 
 #: Every column of ``calls.csv``, in order.
 CALLS_COLUMNS: Final[tuple[str, ...]] = (

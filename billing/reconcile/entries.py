@@ -8,8 +8,12 @@ from typing import Any
 
 from billing.dimensions import TOKEN_FIELDS, Tokens, set_tokens
 from billing.pricing.prices import PriceBook
+from billing.pricing.rates import RATES
 from billing.reconcile.ledger import Line, LineKey, NewEntry
 from billing.reconcile.rule import UNPRICED, CallFigures
+
+#: The rates of an unpriced entry.
+_NO_RATES: tuple[None, ...] = (None,) * len(RATES)
 
 
 def target_lines(figures: CallFigures, book: PriceBook) -> list[Line]:
@@ -102,9 +106,6 @@ class Entry:
             time(self.call_started_at),
             *self.tokens.values(),
             price.id if price else None,
-            price.input if price else None,
-            price.output if price else None,
-            price.cache_read if price else None,
-            price.cache_creation if price else None,
+            *(price.rates if price else _NO_RATES),
             self.cost_pusd,
         )

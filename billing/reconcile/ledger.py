@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 from billing.dimensions import TOKEN_FIELDS, Tokens
 from billing.pricing.prices import PriceRow
+from billing.pricing.rates import RATE_COLUMNS
 
 
 class LineKey(NamedTuple):
@@ -87,13 +88,6 @@ def settled_timed_out(settle_after_s: float) -> str:
     return f"settled: no event for {settle_after_s:g} s"
 
 
-#: A ledger line's rates (``ledger_entries``, ``prices``): micro-USD per million tokens.
-RATE_COLUMNS = (
-    "input_uusd_per_mtok",
-    "output_uusd_per_mtok",
-    "cache_read_uusd_per_mtok",
-    "cache_creation_uusd_per_mtok",
-)
 #: The columns a new ledger entry is written with (``entry_id`` is the database's), in order.
 ENTRY_COLUMNS = (
     "request_id",

@@ -22,6 +22,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, MappedColumn, mapped_column
 
 from billing.dimensions import TOKEN_FIELDS
+from billing.pricing.rates import RATE_COLUMNS
 from billing.storage.types import UTCDateTime
 
 # SQLite only makes an INTEGER PRIMARY KEY auto-increment; PostgreSQL gets a real bigint.
@@ -60,6 +61,21 @@ class TokenColumns:
 
 for _name in TOKEN_FIELDS:
     setattr(TokenColumns, _name, _counter())
+
+
+class PriceRates:
+    """One column per rate of a price (``billing.pricing.rates.RATE_COLUMNS``, in its order):
+    micro-USD per million tokens, ``BIGINT NOT NULL``; read them with ``PriceRow``."""
+
+
+class EntryRates:
+    """The rates a ledger entry was booked at (``RATE_COLUMNS``), after its ``price_id``; null
+    when the entry is unpriced."""
+
+
+for _name in RATE_COLUMNS:
+    setattr(PriceRates, _name, mapped_column(BigInteger, nullable=False))
+    setattr(EntryRates, _name, mapped_column(BigInteger, sort_order=AFTER_TOKENS + 1))
 del _name
 
 
@@ -199,7 +215,7 @@ class CallAttempt(TokenColumns, Base):
     stop_reason: Mapped[str | None] = mapped_column(String(64), sort_order=AFTER_TOKENS)
 
 
-class Price(Base):
+class Price(PriceRates, Base):
     """A model's price from ``effective_from`` on, in micro-USD per million tokens.
 
     Micro-USD per million tokens is numerically picodollars per token, so ``tokens × price`` is an
@@ -211,16 +227,13 @@ class Price(Base):
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     model: Mapped[str] = mapped_column(String(256), nullable=False)
     effective_from: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
-    input_uusd_per_mtok: Mapped[int] = mapped_column(BigInteger, nullable=False)
-    output_uusd_per_mtok: Mapped[int] = mapped_column(BigInteger, nullable=False)
-    cache_read_uusd_per_mtok: Mapped[int] = mapped_column(BigInteger, nullable=False)
-    cache_creation_uusd_per_mtok: Mapped[int] = mapped_column(BigInteger, nullable=False)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    # The rate columns (``PriceRates``), then:
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False, sort_order=1)
 
     __table_args__ = (UniqueConstraint("model", "effective_from"),)
 
 
-class LedgerEntry(TokenColumns, Base):
+class LedgerEntry(TokenColumns, EntryRates, Base):
     """An immutable ledger entry: a ``settlement`` or an ``adjustment`` (CONTRACT "Reconciliation").
 
     Never updated or deleted. ``(request_id, seq)`` is unique, so a second reconciler writing the
@@ -244,15 +257,8 @@ class LedgerEntry(TokenColumns, Base):
     call_started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # The token columns (``TokenColumns``), then:
     price_id: Mapped[int | None] = mapped_column(BigInteger, sort_order=AFTER_TOKENS)
-    input_uusd_per_mtok: Mapped[int | None] = mapped_column(BigInteger, sort_order=AFTER_TOKENS)
-    output_uusd_per_mtok: Mapped[int | None] = mapped_column(BigInteger, sort_order=AFTER_TOKENS)
-    cache_read_uusd_per_mtok: Mapped[int | None] = mapped_column(
-        BigInteger, sort_order=AFTER_TOKENS
-    )
-    cache_creation_uusd_per_mtok: Mapped[int | None] = mapped_column(
-        BigInteger, sort_order=AFTER_TOKENS
-    )
-    cost_pusd: Mapped[int | None] = mapped_column(BigInteger, sort_order=AFTER_TOKENS)
+    # The rates used (``EntryRates``), then:
+    cost_pusd: Mapped[int | None] = mapped_column(BigInteger, sort_order=AFTER_TOKENS + 2)
 
     __table_args__ = (
         UniqueConstraint("request_id", "seq"),

@@ -19,7 +19,8 @@ import json
 
 from billing.dimensions import TOKEN_FIELDS, USAGE_FIELDS
 from billing.ingest.schemas import MAX_TOKENS
-from billing.reconcile.ledger import ENTRY_COLUMNS, RATE_COLUMNS
+from billing.pricing.rates import RATE_COLUMNS
+from billing.reconcile.ledger import ENTRY_COLUMNS
 from billing.reconcile.rule import USAGE_MISSING
 from billing.rollups.repository import PICO
 
