@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
 from billing.dimensions import TOKEN_FIELDS
+from billing.pricing.rates import RATES
 
 #: First characters that make a spreadsheet treat a cell as a formula (OWASP "CSV injection").
 FORMULA_STARTS: Final[frozenset[str]] = frozenset("=+-@\t\r")
@@ -123,10 +124,33 @@ class ChunkWriter:
         return self.encode([columns])
 
 
-#: ``CallsRenderer.chunk`` names each token cell of a row (one name per bucket, the fastest
-#: unpacking); a new bucket needs a name there too.
-if len(TOKEN_FIELDS) != 7:
-    raise RuntimeError("CallsRenderer.chunk unpacks 7 token cells: give the new bucket a name")
+#: The token and price cells of a ``calls.csv`` row: after the nine identity cells, before the cost.
+_NTOKENS = len(TOKEN_FIELDS)
+_TOKENS_AT = 9
+_PRICES_AT = _TOKENS_AT + _NTOKENS
+_NPRICES = len(RATES)
+_TOKEN_NAMES = [f"t{i}" for i in range(_NTOKENS)]
+_PRICE_NAMES = [f"p{i}" for i in range(_NPRICES)]
+
+# ``CallsRenderer.chunk`` names every cell of a row (the fastest unpacking and formatting in
+# CPython), so it is written out once here from the buckets and rates, as ``dataclasses`` writes
+# ``__init__``.
+_CHUNK_SOURCE = f"""
+def chunk(self, rows):
+    t = self._texts
+    p = self._prices
+    q = csv_cell
+    money = pusd_cell
+    lines = [
+        f"{{eid}},{{t[kind]}},{{t[reason]}},{{booked}},{{q(rid)}},{{t[key]}},{{t[model]}},"
+        f"{{t[proto]}},{{t[status]}},{"".join("{" + n + "}," for n in _TOKEN_NAMES)}"
+        f"{"".join("{p[" + n + "]}," for n in _PRICE_NAMES)}{{money(cost) or ''}}"
+        for (eid, kind, reason, booked, rid, key, model, proto, status,
+             {", ".join(_TOKEN_NAMES + _PRICE_NAMES)}, cost) in rows
+    ]
+    lines.append("")
+    return "\\r\\n".join(lines)
+"""
 
 
 class CallsRenderer:
@@ -146,29 +170,19 @@ class CallsRenderer:
     @staticmethod
     def cells(row: Sequence[Any]) -> tuple[Any, ...]:
         """The cells of one row as ``csv.writer`` would receive them (the reference rendering)."""
-        (eid, kind, reason, booked, rid, key, model, proto, status, *tokens,
-         p_in, p_out, p_cr, p_cc, cost) = row  # fmt: skip
+        eid, kind, reason, booked, rid, key, model, proto, status = row[:_TOKENS_AT]
         return (
             eid, neutralise(kind), neutralise(reason), booked, neutralise(rid), neutralise(key),
-            neutralise(model), neutralise(proto), neutralise(status), *tokens,
-            price_cell(p_in), price_cell(p_out), price_cell(p_cr), price_cell(p_cc),
-            pusd_cell(cost),
+            neutralise(model), neutralise(proto), neutralise(status), *row[_TOKENS_AT:_PRICES_AT],
+            *(price_cell(p) for p in row[_PRICES_AT : _PRICES_AT + _NPRICES]),
+            pusd_cell(row[_PRICES_AT + _NPRICES]),
         )  # fmt: skip
 
     def chunk(self, rows: Sequence[Sequence[Any]]) -> str:
-        """The CSV text of ``rows``, each line ending with CRLF."""
-        t = self._texts
-        p = self._prices
-        q = csv_cell
-        money = pusd_cell
-        lines = [
-            f"{eid},{t[kind]},{t[reason]},{booked},{q(rid)},{t[key]},{t[model]},"
-            f"{t[proto]},{t[status]},{a},{b},{c},{d},{e},{f},{g},"
-            f"{p[p_in]},{p[p_out]},{p[p_cr]},{p[p_cc]},{money(cost) or ''}"
-            for (
-                eid, kind, reason, booked, rid, key, model, proto, status, a, b, c, d, e, f, g,
-                p_in, p_out, p_cr, p_cc, cost,
-            ) in rows
-        ]  # fmt: skip
-        lines.append("")
-        return "\r\n".join(lines)
+        """The CSV text of ``rows``, each line ending with CRLF (``_CHUNK_SOURCE``)."""
+        return _chunk(self, rows)
+
+
+_namespace: dict[str, Any] = {"csv_cell": csv_cell, "pusd_cell": pusd_cell}
+exec(_CHUNK_SOURCE, _namespace)
+_chunk: Callable[[CallsRenderer, Sequence[Sequence[Any]]], str] = _namespace["chunk"]
