@@ -40,7 +40,8 @@ from sqlalchemy import Connection, Engine, create_engine, func, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
-from billing.dimensions import PRICED, TOKEN_FIELDS
+from billing.dimensions import TOKEN_FIELDS
+from billing.pricing.rates import RATES
 from billing.storage.migrate import upgrade_to_head
 from billing.storage.models import (
     Call,
@@ -53,9 +54,7 @@ from billing.storage.models import (
 )
 
 #: (token column, ledger price column) pairs that make an entry's cost.
-COST_PARTS = tuple(
-    (b.name, b.price.replace("_usd_", "_uusd_")) for b in PRICED if b.price is not None
-)
+COST_PARTS = tuple((rate.bucket.name, rate.column) for rate in RATES)
 ROLLUP_COUNTS = ("members", "calls", *TOKEN_FIELDS, "unpriced")
 PICO = 10**12
 STARTED_MISSING = "started_missing"

@@ -10,7 +10,7 @@ from sqlalchemy import ColumnElement, Table
 
 from billing.calllog.repository import RollupSlice
 from billing.dimensions import TOKEN_FIELDS
-from billing.export.columns import PRICE_COLUMNS
+from billing.pricing.rates import RATE_COLUMNS
 from billing.rollups.repository import COUNT_FIELDS, PICO
 from billing.storage.models import UsageRollup, UsageRollupAllKeys
 
@@ -21,7 +21,7 @@ TOKENS_AS_TEXT = ", ".join(f"CAST({name} AS TEXT)" for name in TOKEN_FIELDS)
 #: The sums of the token columns.
 TOKEN_SUMS = ", ".join(f"sum({name})" for name in TOKEN_FIELDS)
 #: The ledger's price columns (micro-USD per million tokens), in the order of the CSV's.
-LEDGER_PRICES = ", ".join(name.replace("_usd_", "_uusd_") for name in PRICE_COLUMNS)
+LEDGER_PRICES = ", ".join(RATE_COLUMNS)
 #: The summed columns of a rollup row.
 ROLLUP_SUMMED = (*COUNT_FIELDS, "cost_whole_usd", "cost_frac_pusd")
 #: The sums of a rollup row's counts.

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 import schemathesis
 from fastapi import FastAPI
-from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from pydantic import BaseModel
@@ -49,6 +48,7 @@ from billing.export.params import PARAMETERS as EXPORT_PARAMETERS
 from billing.export.schemas import CallsCsvParams, UsageCsvParams
 from billing.pricing.rates import RATE_FIELDS
 from billing.storage.db import write_transaction
+from tests.auth.test_auth import _api_routes
 from tests.builders import started, tokens
 from tests.builders import usage as usage_event
 
@@ -157,16 +157,6 @@ def test_the_query_models_declare_what_the_parsers_read() -> None:
     assert tuple(UsageParams.model_fields) == usage.PARAMETERS
     assert tuple(UsageCsvParams.model_fields) == EXPORT_PARAMETERS["usage"]
     assert tuple(CallsCsvParams.model_fields) == EXPORT_PARAMETERS["calls"]
-
-
-def _api_routes(routes: list[Any]) -> list[APIRoute]:
-    found: list[APIRoute] = []
-    for route in routes:
-        if isinstance(route, APIRoute):
-            found.append(route)
-        elif hasattr(route, "original_router"):  # FastAPI's included routers
-            found.extend(_api_routes(route.original_router.routes))
-    return found
 
 
 def _declared(app: FastAPI, method: str, path: str, status: int) -> type[BaseModel]:
