@@ -15,6 +15,18 @@ Rules, from Anthropic's API docs ("Streaming Messages", "Prompt caching", "Exten
 * ``content_block_delta`` with a non-empty ``text_delta``, ``input_json_delta`` or
   ``thinking_delta`` (or an unknown delta type carrying text) counts as one estimated output
   token; ``signature_delta`` and ``citations_delta`` do not;
+* ``usage.cache_creation.ephemeral_1h_input_tokens`` is the one-hour part of the cache writes
+  (``cache_creation_input_tokens``, or the sum of the per-TTL breakdown when only that is
+  sent); ``usage.service_tier`` is the tier that served the message; every counter of
+  ``usage.server_tool_use`` (``web_search_requests``, ``web_fetch_requests``, …) is a unit of
+  that name;
+* ``message_delta.usage.iterations`` (server-side compaction, the advisor tool): the
+  top-level counts cover only part of the work (after a compaction, only the final
+  iteration), so when a non-empty ``iterations`` list is sent, the attempt's usage is the sum,
+  field by field, of every iteration billed at the call's model - those without a ``model``
+  or with the message's own ``model`` (types ``compaction`` and ``message``) - and each
+  iteration with another ``model`` (``advisor_message``, a fallback model's iteration) goes
+  to ``other_models`` under that model; the reasoning count stays the top-level one;
 * errors: an ``error`` event, ``{"type": "error", "error": {"type", "message"}}``, e.g.
   ``overloaded_error`` or ``api_error``.
 
@@ -27,8 +39,16 @@ from __future__ import annotations
 from typing import Any
 
 from billing.taps.base import Tap
-from billing.taps.fields import MalformedEventError, as_dict, error_from_event, opt_str, opt_tokens
-from billing.taps.usage import InputUsage, Usage
+from billing.taps.fields import (
+    MalformedEventError,
+    as_dict,
+    error_from_event,
+    opt_str,
+    opt_tier,
+    opt_tokens,
+    opt_units,
+)
+from billing.taps.usage import USAGE_INCONSISTENT, InputUsage, OtherModelUsage, Usage, build_input
 
 __all__ = ["AnthropicMessagesTap"]
 
@@ -38,25 +58,36 @@ _DELTA_TEXT_FIELD = {
     "thinking_delta": "thinking",
 }
 _UNCOUNTED_DELTAS = frozenset({"signature_delta", "citations_delta"})
-_INPUT_KEYS = ("input", "cache_read", "cache_creation")
+_INPUT_KEYS = ("input", "cache_read", "cache_creation", "cache_creation_1h")
+#: Iteration types billed at the message's own model when the message reports no model.
+_OWN_MODEL_ITERATIONS = frozenset({"compaction", "message"})
 
 
-def _read_usage(usage: dict[str, Any]) -> dict[str, int]:
-    """The token fields present in an Anthropic usage object (absent or null ones left out)."""
+def _read_counts(usage: dict[str, Any]) -> dict[str, int | None]:
+    """The token counts of a usage object or of one of its iterations (``None``: absent)."""
     found: dict[str, int | None] = {
         "input": opt_tokens(usage, "input_tokens"),
         "cache_read": opt_tokens(usage, "cache_read_input_tokens"),
         "cache_creation": opt_tokens(usage, "cache_creation_input_tokens"),
+        "cache_creation_1h": None,
         "output": opt_tokens(usage, "output_tokens"),
-        "reasoning": None,
     }
-    if found["cache_creation"] is None:
-        # only the per-TTL breakdown: its sum is the cache write count
-        breakdown = usage.get("cache_creation")
-        if isinstance(breakdown, dict):
+    breakdown = usage.get("cache_creation")
+    if breakdown is not None:
+        breakdown = as_dict(breakdown, "cache_creation")
+        found["cache_creation_1h"] = opt_tokens(breakdown, "ephemeral_1h_input_tokens")
+        if found["cache_creation"] is None:
+            # only the per-TTL breakdown: its sum is the cache write count
             parts = [opt_tokens(breakdown, key) for key in breakdown]
             if any(part is not None for part in parts):
                 found["cache_creation"] = sum(part or 0 for part in parts)
+    return found
+
+
+def _read_usage(usage: dict[str, Any]) -> dict[str, int]:
+    """The token fields present in an Anthropic usage object (absent or null ones left out)."""
+    found = _read_counts(usage)
+    found["reasoning"] = None
     details = usage.get("output_tokens_details")
     if details is not None:
         details = as_dict(details, "output_tokens_details")
@@ -85,6 +116,13 @@ class AnthropicMessagesTap(Tap):
 
     protocol = "anthropic.messages"
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._reported_units: dict[str, int] = {}
+        # the latest usage.iterations, split: sums billed at the message's model, and the
+        # iterations of other models; None until a message_delta sends a non-empty list
+        self._iterations: tuple[dict[str, int], list[OtherModelUsage], bool] | None = None
+
     def _on_event(self, kind: str, sse_event: str | None, data: dict[str, Any]) -> None:
         if kind == "error" or sse_event == "error" or (kind == "" and data.get("error")):
             self._set_error(error_from_event(data))
@@ -106,8 +144,12 @@ class AnthropicMessagesTap(Tap):
         usage = message.get("usage")
         if usage is None:
             return
-        fields = _read_usage(as_dict(usage, "message_start.message.usage"))
-        # output_tokens here is a placeholder inside the running count: not recorded
+        usage = as_dict(usage, "message_start.message.usage")
+        fields = _read_usage(usage)
+        self._set_service_tier(opt_tier(usage))
+        self._reported_units.update(opt_units(usage, "server_tool_use"))
+        # output_tokens here is a placeholder inside the running count: not recorded; neither
+        # are iterations: the final ones come with message_delta
         for key in _INPUT_KEYS:
             if key in fields:
                 self._raw[key] = fields[key]
@@ -121,25 +163,89 @@ class AnthropicMessagesTap(Tap):
         usage = data.get("usage")
         if usage is None:
             return
-        fields = _read_usage(as_dict(usage, "message_delta.usage"))
+        usage = as_dict(usage, "message_delta.usage")
+        fields = _read_usage(usage)
+        self._set_service_tier(opt_tier(usage))
+        if "server_tool_use" in usage:
+            self._reported_units = opt_units(usage, "server_tool_use")  # a snapshot: replaces
+        iterations = usage.get("iterations")
+        if iterations is not None:
+            if not isinstance(iterations, list):
+                raise MalformedEventError("usage.iterations is not a list")
+            if iterations:
+                self._iterations = self._split_iterations(iterations)
         self._raw.update(fields)  # a cumulative snapshot: repeated fields replace
-        if "output" in self._raw:
-            inp = self._input_usage()
-            self._set_usage(
-                Usage(
-                    input_tokens=inp.input_tokens,
-                    output_tokens=self._raw["output"],
-                    cache_read_input_tokens=inp.cache_read_input_tokens,
-                    cache_creation_input_tokens=inp.cache_creation_input_tokens,
-                    reasoning_tokens=self._raw.get("reasoning", 0),
-                )
-            )
+        if "output" in self._raw or self._iterations is not None:
+            self._set_usage(self._usage_now())
         elif any(key in self._raw for key in _INPUT_KEYS):
             self._set_input(self._input_usage())
 
+    def _split_iterations(
+        self, iterations: list[Any]
+    ) -> tuple[dict[str, int], list[OtherModelUsage], bool]:
+        """The iterations' counts billed at the message's model (summed, field by field), the
+        iterations of other models, and whether a count was negative (taken as 0)."""
+        own = dict.fromkeys(
+            ("input", "cache_read", "cache_creation", "cache_creation_1h", "output"), 0
+        )
+        others: list[OtherModelUsage] = []
+        negative = False
+        for raw in iterations:
+            iteration = as_dict(raw, "usage.iterations[]")
+            counts = _read_counts(iteration)
+            clean = {key: value or 0 for key, value in counts.items()}
+            if any(value < 0 for value in clean.values()):
+                negative = True
+                clean = {key: max(0, value) for key, value in clean.items()}
+            model = opt_str(iteration, "model")
+            if (
+                model is None
+                or model == self.model
+                or (self.model is None and iteration.get("type") in _OWN_MODEL_ITERATIONS)
+            ):
+                for key in own:
+                    own[key] += clean[key]
+            else:
+                others.append(
+                    OtherModelUsage(
+                        model,
+                        input_tokens=clean["input"],
+                        output_tokens=clean["output"],
+                        cache_read_input_tokens=clean["cache_read"],
+                        cache_creation_input_tokens=clean["cache_creation"],
+                    )
+                )
+        return own, others, negative
+
+    def _usage_now(self) -> Usage:
+        raw = self._raw
+        if self._iterations is None:
+            counts = {key: raw.get(key) for key in (*_INPUT_KEYS, "output")}
+            others: list[OtherModelUsage] = []
+            anomalies: tuple[str, ...] = ()
+        else:
+            own, others, negative = self._iterations
+            counts = dict(own)
+            anomalies = (USAGE_INCONSISTENT,) if negative else ()
+        return self._build_usage(
+            input_tokens=counts["input"],
+            output_tokens=counts["output"],
+            cache_read=counts["cache_read"],
+            cache_creation=counts["cache_creation"],
+            cache_creation_1h=counts["cache_creation_1h"],
+            reasoning=raw.get("reasoning"),
+            input_includes_cache=False,
+            units=self._reported_units,
+            other_models=tuple(others),
+            anomalies=anomalies,
+        )
+
     def _input_usage(self) -> InputUsage:
-        return InputUsage(
-            input_tokens=self._raw.get("input", 0),
-            cache_read_input_tokens=self._raw.get("cache_read", 0),
-            cache_creation_input_tokens=self._raw.get("cache_creation", 0),
+        raw = self._raw
+        return build_input(
+            input_tokens=raw.get("input"),
+            cache_read=raw.get("cache_read"),
+            cache_creation=raw.get("cache_creation"),
+            cache_creation_1h=raw.get("cache_creation_1h"),
+            input_includes_cache=False,
         )

@@ -9,6 +9,7 @@ event it cannot read is counted in :attr:`Tap.malformed_events` and skipped.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import replace
 from typing import Any, ClassVar, Generic, TypeVar
 
 import orjson
@@ -16,7 +17,7 @@ import orjson
 from billing.taps.events import attempt_final_events, stream_failed_payload, stream_usage_payload
 from billing.taps.fields import MalformedEventError, normalize_error
 from billing.taps.sse import SSEDecoder, SSEEvent
-from billing.taps.usage import InputUsage, Usage
+from billing.taps.usage import InputUsage, OtherModelUsage, Usage, build_input, build_usage
 
 __all__ = ["Tap"]
 
@@ -46,6 +47,8 @@ class Tap(ABC):
       arguments, reasoning/thinking), in which case :attr:`output_tokens_is_estimate` is true;
     * :attr:`usage` - the usage the provider reported (:class:`Usage`), or ``None``;
     * :attr:`input_reported` - the input side reported so far (:class:`InputUsage`), or ``None``;
+    * :attr:`service_tier` - the tier the upstream says it served, or ``None``;
+    * :attr:`units` - the billable non-token units seen so far (``{"web_search_requests": 3}``);
     * :attr:`stop_reason`, :attr:`model`, :attr:`error`, :attr:`malformed_events`.
 
     The stream ends at ``data: [DONE]`` or at end of input, never at a finish reason: usage
@@ -73,6 +76,10 @@ class Tap(ABC):
         self._stop_reason: str | None = None
         self._model: str | None = None
         self._error: dict[str, Any] | None = None
+        self._service_tier: str | None = None
+        # units counted from the stream's own items (not from a usage report), e.g. the
+        # Responses API's web_search_call output items
+        self._stream_units: dict[str, int] = {}
         # the provider's usage counts seen so far, by the protocol's own names (a later report
         # of a count replaces it)
         self._raw: dict[str, int] = {}
@@ -150,34 +157,87 @@ class Tap(ABC):
     def _set_openai_usage(
         self,
         input_total: int | None,
-        cached: int,
-        cache_write: int,
+        cached: int | None,
+        cache_write: int | None,
         output: int | None,
-        reasoning: int,
+        reasoning: int | None,
+        units: dict[str, int] | None = None,
     ) -> None:
         """Record an OpenAI-style usage, whose input total includes cache reads and writes.
 
         Converts to the contract's semantics (CONTRACT "Token semantics"): ``input_tokens =
-        total − cached − cache_write``. A usage without input only updates the output count; one
-        without output only records the input.
+        total − cached − cache_write``, with contradictions corrected and flagged by
+        :func:`billing.taps.usage.build_usage` (cached above the total: cache read = the total,
+        input 0). A usage without input only updates the output count; one without output only
+        records the input. ``units``: units the usage reports (name → count).
         """
         if input_total is None:
             if output is not None:
-                self._set_exact_output(output)
+                self._set_exact_output(max(0, output))
             return
-        input_tokens = max(0, input_total - cached - cache_write)
         if output is None:
-            self._set_input(InputUsage(input_tokens, cached, cache_write))
+            self._set_input(
+                build_input(
+                    input_tokens=input_total,
+                    cache_read=cached,
+                    cache_creation=cache_write,
+                    input_includes_cache=True,
+                )
+            )
             return
         self._set_usage(
-            Usage(
-                input_tokens=input_tokens,
+            self._build_usage(
+                input_tokens=input_total,
                 output_tokens=output,
-                cache_read_input_tokens=cached,
-                cache_creation_input_tokens=cache_write,
-                reasoning_tokens=reasoning,
+                cache_read=cached,
+                cache_creation=cache_write,
+                reasoning=reasoning,
+                input_includes_cache=True,
+                units=units,
             )
         )
+
+    def _build_usage(
+        self,
+        *,
+        input_tokens: int | None,
+        output_tokens: int | None,
+        input_includes_cache: bool,
+        cache_read: int | None = None,
+        cache_creation: int | None = None,
+        cache_creation_1h: int | None = None,
+        reasoning: int | None = None,
+        units: dict[str, int] | None = None,
+        other_models: tuple[OtherModelUsage, ...] = (),
+        anomalies: tuple[str, ...] = (),
+    ) -> Usage:
+        """A :class:`Usage` from the provider's raw counts (see
+        :func:`billing.taps.usage.build_usage`), with the served tier seen so far and the units
+        counted from the stream (a unit the usage itself reports wins)."""
+        return build_usage(
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            cache_read=cache_read,
+            cache_creation=cache_creation,
+            cache_creation_1h=cache_creation_1h,
+            reasoning=reasoning,
+            input_includes_cache=input_includes_cache,
+            service_tier=self._service_tier,
+            units={**self._stream_units, **(units or {})},
+            other_models=other_models,
+            anomalies=anomalies,
+        )
+
+    def _set_service_tier(self, tier: str | None) -> None:
+        """Record the tier the upstream says it served (a later report replaces it)."""
+        if tier:
+            self._service_tier = tier
+            if self._usage is not None and self._usage.service_tier != tier:
+                self._usage = replace(self._usage, service_tier=tier)
+
+    def _set_stream_unit(self, name: str, count: int) -> None:
+        """Record a unit counted from the stream's own items (a running count)."""
+        self._stream_units[name] = count
 
     def _set_exact_output(self, output_tokens: int) -> None:
         """Record a running or final output count reported by the stream (a snapshot)."""
@@ -188,11 +248,7 @@ class Tap(ABC):
         """Record a usage reported by the provider; it replaces any earlier report."""
         self._usage = usage
         self._set_exact_output(usage.output_tokens)
-        self._input = InputUsage(
-            input_tokens=usage.input_tokens,
-            cache_read_input_tokens=usage.cache_read_input_tokens,
-            cache_creation_input_tokens=usage.cache_creation_input_tokens,
-        )
+        self._input = usage.input
 
     def _set_input(self, input_usage: InputUsage) -> None:
         self._input = input_usage
@@ -257,6 +313,19 @@ class Tap(ABC):
         "Why generation stopped, in the protocol's own words, or ``None`` if not known.",
     )
     model = _Reads[str | None]("_model", "The model name the upstream reported, or ``None``.")
+    service_tier = _Reads[str | None](
+        "_service_tier",
+        "The service tier the upstream says it SERVED (never the one asked for), or ``None``.",
+    )
+
+    @property
+    def units(self) -> dict[str, int]:
+        """Billable non-token units seen so far (name → count > 0): those the latest usage
+        reports, else those counted from the stream's items."""
+        units = {name: count for name, count in self._stream_units.items() if count > 0}
+        if self._usage is not None:
+            units.update(self._usage.units)
+        return units
 
     @property
     def error(self) -> dict[str, Any] | None:

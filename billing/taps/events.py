@@ -9,12 +9,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from billing.taps.usage import PAYLOAD_FIELDS, InputUsage
+from billing.taps.usage import TOKEN_FIELDS
 
 if TYPE_CHECKING:
     from billing.taps.base import Tap
 
 __all__ = ["attempt_final_events", "stream_failed_payload", "stream_usage_payload"]
+
+#: Token fields that a payload carries only when they are not 0 (v2 dimensions: a payload
+#: without them is the v1 shape).
+_WHEN_NOT_ZERO = frozenset({"cache_creation_1h_input_tokens"})
 
 
 def stream_usage_payload(tap: Tap, *, fallback_input_tokens: int | None = None) -> dict[str, Any]:
@@ -22,10 +26,15 @@ def stream_usage_payload(tap: Tap, *, fallback_input_tokens: int | None = None) 
 
     Shape::
 
-        {"input_tokens": int, "output_tokens": int, "cache_read_input_tokens": int,
-         "cache_creation_input_tokens": int, "reasoning_tokens": int,
-         "source": "upstream" | "estimate", "model": str (when reported),
-         "stop_reason": str (when known)}
+        {"input_tokens": int (see below), "output_tokens": int,
+         "cache_read_input_tokens": int, "cache_creation_input_tokens": int,
+         "reasoning_tokens": int, "cache_creation_1h_input_tokens": int (when > 0),
+         "source": "upstream" | "estimate",
+         "service_tier": str (when the upstream said which tier served it),
+         "units": {name: int > 0} (when any), "other_models": [{"model", "input_tokens",
+         "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"}] (when
+         any), "anomalies": ["usage_inconsistent"] (when the upstream's figures contradicted
+         themselves), "model": str (when reported), "stop_reason": str (when known)}
 
     ``source`` is ``upstream`` when the provider reported a usage and no content was generated
     after it (:attr:`Tap.usage_is_final`); its counts are then the provider's. Otherwise it is
@@ -33,25 +42,47 @@ def stream_usage_payload(tap: Tap, *, fallback_input_tokens: int | None = None) 
     count plus the deltas after it, or one token per content delta; never Anthropic's
     ``message_start`` placeholder), and the input side is whatever the stream reported
     (:attr:`Tap.input_reported`, e.g. Anthropic's ``message_start``), else
-    ``fallback_input_tokens`` (the gateway's own count), else 0.
+    ``fallback_input_tokens`` (the gateway's own count) as ``input_tokens``, else the input
+    side is LEFT OUT: not known, so the service takes ``stream.started.input_tokens`` (CONTRACT
+    "Usage dimensions (v2)": an estimate never replaces a known input with 0).
     """
     payload: dict[str, Any] = {}
     usage = tap.usage
+    anomalies: list[str] = []
+    other_models: list[dict[str, Any]] = []
     if usage is not None and tap.usage_is_final:
         payload.update(usage.as_dict())
-        payload["source"] = "upstream"
+        source = "upstream"
     else:
         reported = tap.input_reported
         if reported is not None:
             payload.update(reported.as_dict())
-        else:
-            payload.update(InputUsage(fallback_input_tokens or 0).as_dict())
+            anomalies.extend(reported.anomalies)
+        elif fallback_input_tokens is not None:
+            payload["input_tokens"] = fallback_input_tokens
         payload["output_tokens"] = tap.output_tokens
         payload["reasoning_tokens"] = min(
             usage.reasoning_tokens if usage is not None else 0, tap.output_tokens
         )
-        payload["source"] = "estimate"
-    ordered = {key: payload[key] for key in (*PAYLOAD_FIELDS, "source")}
+        source = "estimate"
+    if usage is not None:
+        other_models = [entry.as_dict() for entry in usage.other_models]
+        anomalies.extend(usage.anomalies)
+    ordered: dict[str, Any] = {
+        key: payload[key]
+        for key in TOKEN_FIELDS
+        if key in payload and (payload[key] or key not in _WHEN_NOT_ZERO)
+    }
+    ordered["source"] = source
+    if tap.service_tier:
+        ordered["service_tier"] = tap.service_tier
+    units = tap.units
+    if units:
+        ordered["units"] = units
+    if other_models:
+        ordered["other_models"] = other_models
+    if anomalies:
+        ordered["anomalies"] = list(dict.fromkeys(anomalies))
     if tap.model:
         ordered["model"] = tap.model
     if tap.stop_reason:

@@ -3,8 +3,10 @@ on a shape they cannot read, and the normal form of an in-stream error."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
+
+from billing.taps.usage import is_unit_name
 
 __all__ = [
     "MalformedEventError",
@@ -12,7 +14,9 @@ __all__ = [
     "error_from_event",
     "normalize_error",
     "opt_str",
+    "opt_tier",
     "opt_tokens",
+    "opt_units",
 ]
 
 
@@ -28,9 +32,12 @@ def as_dict(value: object, what: str) -> dict[str, Any]:
 
 
 def opt_tokens(obj: Mapping[str, Any], key: str) -> int | None:
-    """A token count field: ``None`` when absent or null, else a non-negative integer.
+    """A token count field: ``None`` when absent or null, else an integer.
 
-    A boolean, a negative number, a non-integral number or a non-number is malformed.
+    A NEGATIVE count is returned as it is: the usage builder (:func:`billing.taps.usage.
+    build_usage`) makes it 0 and flags the usage ``usage_inconsistent``, keeping every other
+    field (CONTRACT "Reading upstream usage (taps)"). A boolean, a non-integral number or a
+    non-number is malformed.
     """
     value = obj.get(key)
     if value is None:
@@ -38,12 +45,48 @@ def opt_tokens(obj: Mapping[str, Any], key: str) -> int | None:
     if isinstance(value, bool):
         raise MalformedEventError(f"{key} is a boolean")
     if isinstance(value, int):
-        if value < 0:
-            raise MalformedEventError(f"{key} is negative")
         return value
-    if isinstance(value, float) and value.is_integer() and value >= 0:
+    if isinstance(value, float) and value.is_integer():
         return int(value)
     raise MalformedEventError(f"{key} is not a token count")
+
+
+def opt_units(
+    obj: Mapping[str, Any], key: str, names: Iterable[str] | None = None
+) -> dict[str, int]:
+    """The counters object ``obj[key]`` (Anthropic ``server_tool_use``, OpenRouter
+    ``server_tool_use_details``) as units: name → count (may be negative, see
+    :func:`opt_tokens`), in the provider's order.
+
+    ``names``: only these counters (``None``: every counter whose name is a valid unit name).
+    Absent or null: ``{}``. Not an object, or a counter that is not a count: malformed.
+    """
+    raw = obj.get(key)
+    if raw is None:
+        return {}
+    counters = as_dict(raw, key)
+    wanted = None if names is None else set(names)
+    units: dict[str, int] = {}
+    for name in counters:
+        if (wanted is None and is_unit_name(name)) or (wanted is not None and name in wanted):
+            value = opt_tokens(counters, name)
+            if value is not None:
+                units[name] = value
+    return units
+
+
+def opt_tier(obj: Mapping[str, Any], key: str = "service_tier") -> str | None:
+    """A served service tier (``default``, ``priority``, ``flex``, ``standard``, …; 1–32
+    characters), or ``None``.
+
+    ``auto`` is left out: it is a value a client asks for, which OpenAI echoes until the response
+    says which tier served it (a Responses stream: ``auto`` in ``response.created``, ``default``
+    in ``response.completed``), never a tier that served a call.
+    """
+    value = obj.get(key)
+    if isinstance(value, str) and 1 <= len(value) <= 32 and value != "auto":
+        return value
+    return None
 
 
 def opt_str(obj: Mapping[str, Any], key: str) -> str | None:

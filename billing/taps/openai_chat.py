@@ -16,7 +16,16 @@ include_usage``) and the OpenAI-compatible providers seen in the wild:
   ``input_tokens = prompt_tokens - cached - cache writes``; ``completion_tokens`` includes
   ``completion_tokens_details.reasoning_tokens``. Some providers send a cumulative usage on
   every chunk: each one is a snapshot that replaces the previous (fields it omits are kept);
+* ``service_tier`` on the chunk (OpenAI sends it on every chunk) is the tier that served the
+  request (``default``, ``priority``, ``flex``, …; ``auto`` is a requested value, not a served
+  one, and is left out);
+* OpenRouter's ``usage.server_tool_use_details.web_search_requests`` is the unit
+  ``web_search_requests`` (its ``tool_calls_*`` counters count the same searches again and
+  are not billed by themselves);
 * in-stream errors: a chunk with an ``error`` member, or an ``event: error`` block.
+
+Cached tokens above ``prompt_tokens`` or a negative count are corrected and flagged
+``usage_inconsistent`` (:mod:`billing.taps.usage`), never dropped.
 """
 
 from __future__ import annotations
@@ -24,11 +33,21 @@ from __future__ import annotations
 from typing import Any
 
 from billing.taps.base import Tap
-from billing.taps.fields import MalformedEventError, as_dict, error_from_event, opt_str, opt_tokens
+from billing.taps.fields import (
+    MalformedEventError,
+    as_dict,
+    error_from_event,
+    opt_str,
+    opt_tier,
+    opt_tokens,
+    opt_units,
+)
 
 __all__ = ["ChatCompletionsTap"]
 
 _TEXT_FIELDS = ("content", "refusal", "reasoning_content", "reasoning")
+#: OpenRouter's billed server-tool counters (``usage.server_tool_use_details``).
+_OPENROUTER_UNITS = ("web_search_requests",)
 
 
 def _nonempty(value: object) -> bool:
@@ -66,8 +85,13 @@ class ChatCompletionsTap(Tap):
 
     protocol = "openai.chat_completions"
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._reported_units: dict[str, int] = {}
+
     def _on_event(self, kind: str, sse_event: str | None, data: dict[str, Any]) -> None:
         self._set_model(opt_str(data, "model"))
+        self._set_service_tier(opt_tier(data))
         if _nonempty(data.get("error")) or kind == "error" or sse_event == "error":
             self._set_error(error_from_event(data))
 
@@ -121,13 +145,19 @@ class ChatCompletionsTap(Tap):
                 as_dict(details, "completion_tokens_details"), "reasoning_tokens"
             )
 
+        units = opt_units(usage, "server_tool_use_details", _OPENROUTER_UNITS)
+
         for key, value in found.items():
             if value is not None:
                 self._raw[key] = value
+        self._reported_units.update(units)
 
         raw = self._raw
-        prompt = raw.get("prompt")
-        cached = raw.get("cached", 0)
-        cache_write = raw.get("cache_write", 0)
-        completion = raw.get("completion")
-        self._set_openai_usage(prompt, cached, cache_write, completion, raw.get("reasoning", 0))
+        self._set_openai_usage(
+            raw.get("prompt"),
+            raw.get("cached"),
+            raw.get("cache_write"),
+            raw.get("completion"),
+            raw.get("reasoning"),
+            units=self._reported_units,
+        )

@@ -15,6 +15,11 @@ Rules, from the OpenAI API reference ("Streaming events" of the Responses API):
 * every ``response.*.delta`` event with a non-empty ``delta`` (output text, refusal,
   function-call arguments, reasoning text and summaries, …) counts as one estimated output
   token; ``response.audio.delta`` is left out, its ``transcript`` twin is counted;
+* ``response.service_tier`` is the tier that served the response: ``response.created`` echoes
+  the requested value (``auto``, left out), the terminal response says which tier served it;
+* every ``web_search_call`` output item (``response.output_item.added`` / ``.done`` and the
+  terminal response's ``output``, counted once per item id) is one unit
+  ``web_search_requests``: OpenAI bills web search per tool call;
 * errors: an ``error`` event (``{"type": "error", "code", "message", "param"}``, or with a
   nested ``error`` object), and a ``failed`` response's ``response.error``.
 """
@@ -24,7 +29,14 @@ from __future__ import annotations
 from typing import Any
 
 from billing.taps.base import Tap
-from billing.taps.fields import as_dict, error_from_event, opt_str, opt_tokens
+from billing.taps.fields import (
+    MalformedEventError,
+    as_dict,
+    error_from_event,
+    opt_str,
+    opt_tier,
+    opt_tokens,
+)
 
 __all__ = ["ResponsesTap"]
 
@@ -36,12 +48,18 @@ _TERMINAL_KINDS = {
     "response.cancelled": "cancelled",
 }
 _UNCOUNTED_DELTAS = frozenset({"response.audio.delta"})
+#: Output item types billed per item, and the unit each one counts as.
+_ITEM_UNITS = {"web_search_call": "web_search_requests"}
 
 
 class ResponsesTap(Tap):
     """Tap for ``openai.responses`` streams; see the module doc for the rules."""
 
     protocol = "openai.responses"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._items: dict[str, set[object]] = {}  # unit -> the output items counted for it
 
     def _on_event(self, kind: str, sse_event: str | None, data: dict[str, Any]) -> None:
         response = data.get("response")
@@ -52,6 +70,9 @@ class ResponsesTap(Tap):
         ):
             self._set_error(error_from_event(data))
             return
+        item = data.get("item")
+        if kind.startswith("response.output_item.") and item is not None:
+            self._on_item(as_dict(item, "item"), data.get("output_index"))
         if response is not None:
             self._on_response(kind, as_dict(response, "response"))
         elif kind in _TERMINAL_KINDS:
@@ -68,9 +89,15 @@ class ResponsesTap(Tap):
 
     def _on_response(self, kind: str, response: dict[str, Any]) -> None:
         self._set_model(opt_str(response, "model"))
+        self._set_service_tier(opt_tier(response))
         status = opt_str(response, "status") or _TERMINAL_KINDS.get(kind)
         if status is not None and status not in _NOT_STOPPED:
             self._set_stop_reason(status)
+        output = response.get("output")
+        if isinstance(output, list):
+            for index, item in enumerate(output):
+                if isinstance(item, dict):
+                    self._on_item(item, index)
         usage = response.get("usage")
         if usage is not None:
             self._on_usage(as_dict(usage, "response.usage"))
@@ -78,24 +105,30 @@ class ResponsesTap(Tap):
             error = response.get("error")
             self._set_error(error if error else {"message": "response failed"})
 
+    def _on_item(self, item: dict[str, Any], output_index: object) -> None:
+        unit = _ITEM_UNITS.get(item.get("type"))  # type: ignore[arg-type]
+        if unit is None:
+            return
+        item_id = item.get("id")
+        key: object = item_id if isinstance(item_id, str) and item_id else ("at", output_index)
+        if key == ("at", None):
+            raise MalformedEventError("an output item without id or output_index")
+        seen = self._items.setdefault(unit, set())
+        seen.add(key)
+        self._set_stream_unit(unit, len(seen))
+
     def _on_usage(self, usage: dict[str, Any]) -> None:
         input_total = opt_tokens(usage, "input_tokens")
         output = opt_tokens(usage, "output_tokens")
-        cached = 0
-        cache_write = 0
-        reasoning = 0
+        cached = cache_write = reasoning = None
         details = usage.get("input_tokens_details")
         if details is not None:
             details = as_dict(details, "input_tokens_details")
-            cached = opt_tokens(details, "cached_tokens") or 0
-            cache_write = (
-                opt_tokens(details, "cache_write_tokens")
-                or opt_tokens(details, "cache_creation_tokens")
-                or 0
-            )
+            cached = opt_tokens(details, "cached_tokens")
+            cache_write = opt_tokens(details, "cache_write_tokens")
+            if cache_write is None:
+                cache_write = opt_tokens(details, "cache_creation_tokens")
         details = usage.get("output_tokens_details")
         if details is not None:
-            reasoning = (
-                opt_tokens(as_dict(details, "output_tokens_details"), "reasoning_tokens") or 0
-            )
+            reasoning = opt_tokens(as_dict(details, "output_tokens_details"), "reasoning_tokens")
         self._set_openai_usage(input_total, cached, cache_write, output, reasoning)

@@ -1,36 +1,90 @@
-"""What a tap reports, in the contract's token semantics (CONTRACT.md, "Token semantics"), one
-for all protocols, every count in tokens:
+"""What a tap reports, in the contract's token semantics (CONTRACT.md, "Token semantics" and
+"Usage dimensions (v2)"), one for all protocols, every count in tokens:
 
 * ``input_tokens`` is input billed at the full input rate: it EXCLUDES cache reads and cache
   writes;
 * ``cache_read_input_tokens`` / ``cache_creation_input_tokens`` are the cache reads / writes;
+  ``cache_creation_1h_input_tokens`` is the part of the writes made with a one-hour lifetime;
 * ``output_tokens`` is all billed output, INCLUDING reasoning;
-* ``reasoning_tokens`` is the part of ``output_tokens`` spent on reasoning, for information.
+* ``reasoning_tokens`` is the part of ``output_tokens`` spent on reasoning, for information;
+* ``service_tier`` is the tier the upstream says it served, ``units`` the billable non-token
+  units (``{"web_search_requests": 3}``), ``other_models`` the tokens billed at another model's
+  rates inside the attempt, ``anomalies`` what was wrong with the upstream's figures.
 
-The field names are the ``stream.usage`` token fields (``billing.dimensions.USAGE_FIELDS``);
-each tap translates its provider's fields into them.
+The token field names are the ``stream.usage`` fields (``billing.dimensions.USAGE_FIELDS`` is a
+subset of :data:`TOKEN_FIELDS`); each tap translates its provider's fields into them.
+
+The provider's figures go through :func:`build_usage` / :func:`build_input`, which keep what is
+valid of a figure that contradicts itself and flag it :data:`USAGE_INCONSISTENT` (CONTRACT
+"Reading upstream usage (taps)"): a negative count is 0 (every other field kept); cached tokens
+above an inclusive prompt count are the prompt count (input 0); one-hour writes above the writes
+are the writes; reasoning above the output is the output. A usage is never dropped for them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, fields
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
 
-from billing.dimensions import USAGE_FIELDS
+__all__ = [
+    "MAX_OTHER_MODELS",
+    "MAX_UNITS",
+    "TOKEN_FIELDS",
+    "USAGE_INCONSISTENT",
+    "InputUsage",
+    "OtherModelUsage",
+    "Usage",
+    "build_input",
+    "build_usage",
+    "is_unit_name",
+]
 
-__all__ = ["InputUsage", "Usage"]
+#: The anomaly code of an upstream figure that contradicts itself (CONTRACT "Usage dimensions").
+USAGE_INCONSISTENT = "usage_inconsistent"
+#: At most this many ``units`` entries and ``other_models`` entries in one ``stream.usage``.
+MAX_UNITS = 16
+MAX_OTHER_MODELS = 8
+
+_UNIT_NAME = re.compile(r"[a-z0-9_]{1,64}")
 
 
-def _counts(usage: object, names: Iterable[str]) -> dict[str, int]:
-    return {name: getattr(usage, name) for name in names}
+def is_unit_name(name: object) -> bool:
+    """Whether ``name`` is a valid unit name of ``stream.usage.units`` (``[a-z0-9_]{1,64}``)."""
+    return isinstance(name, str) and _UNIT_NAME.fullmatch(name) is not None
+
+
+def _counts(obj: object, names: Iterable[str]) -> dict[str, int]:
+    return {name: getattr(obj, name) for name in names}
+
+
+@dataclass(frozen=True, slots=True)
+class OtherModelUsage:
+    """Tokens billed at another model's rates inside one attempt (Anthropic ``usage.iterations``
+    of another ``model``, e.g. ``advisor_message``); same semantics as :class:`Usage`."""
+
+    model: str
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_input_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        """The ``stream.usage.other_models[]`` entry: ``{"model", "input_tokens",
+        "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"}``."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """Usage of one attempt in the contract's token semantics (all counts in tokens, >= 0).
+    """Usage of one attempt in the contract's semantics (counts in tokens, >= 0).
 
     ``input_tokens`` excludes cache reads and writes; ``output_tokens`` includes reasoning;
-    ``reasoning_tokens`` is a subset of ``output_tokens``.
+    ``reasoning_tokens`` is a subset of ``output_tokens`` and ``cache_creation_1h_input_tokens``
+    of ``cache_creation_input_tokens``. ``units`` maps a unit name to a count > 0 (not to be
+    changed: the value is shared); ``other_models`` is at most one entry per model; ``anomalies``
+    holds :data:`USAGE_INCONSISTENT` when the provider's figures had to be corrected.
     """
 
     input_tokens: int = 0
@@ -38,10 +92,27 @@ class Usage:
     cache_read_input_tokens: int = 0
     cache_creation_input_tokens: int = 0
     reasoning_tokens: int = 0
+    cache_creation_1h_input_tokens: int = 0
+    service_tier: str | None = None
+    units: Mapping[str, int] = field(default_factory=dict)
+    other_models: tuple[OtherModelUsage, ...] = ()
+    anomalies: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, int]:
-        """The counts as a dict keyed by the ``stream.usage`` fields, in ``USAGE_FIELDS`` order."""
-        return _counts(self, USAGE_FIELDS)
+        """The token counts as a dict keyed by the ``stream.usage`` fields (:data:`TOKEN_FIELDS`
+        order)."""
+        return _counts(self, TOKEN_FIELDS)
+
+    @property
+    def input(self) -> InputUsage:
+        """The input side of this usage."""
+        return InputUsage(
+            self.input_tokens,
+            self.cache_read_input_tokens,
+            self.cache_creation_input_tokens,
+            self.cache_creation_1h_input_tokens,
+            self.anomalies,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,18 +120,164 @@ class InputUsage:
     """The input side of a usage report (tokens), as far as the stream has reported it.
 
     Anthropic reports it in ``message_start`` before any output; OpenAI only with the final
-    usage. Same semantics as :class:`Usage`: the three counts are disjoint.
+    usage. Same semantics as :class:`Usage`: the three first counts are disjoint.
     """
 
     input_tokens: int = 0
     cache_read_input_tokens: int = 0
     cache_creation_input_tokens: int = 0
+    cache_creation_1h_input_tokens: int = 0
+    anomalies: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, int]:
-        """The three counts as a dict keyed by the ``stream.usage`` fields."""
-        return _counts(self, _INPUT_FIELDS)
+        """The counts as a dict keyed by the ``stream.usage`` fields (:data:`INPUT_FIELDS`)."""
+        return _counts(self, INPUT_FIELDS)
 
 
-_INPUT_FIELDS = tuple(f.name for f in fields(InputUsage))
-#: The ``stream.usage`` token fields in the order a tap's payload lists them.
-PAYLOAD_FIELDS = tuple(f.name for f in fields(Usage))
+#: The ``stream.usage`` token fields a tap reports, in the order its payload lists them.
+TOKEN_FIELDS: tuple[str, ...] = (
+    "input_tokens",
+    "output_tokens",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+    "reasoning_tokens",
+    "cache_creation_1h_input_tokens",
+)
+#: The input-side token fields (:class:`InputUsage`).
+INPUT_FIELDS: tuple[str, ...] = (
+    "input_tokens",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+    "cache_creation_1h_input_tokens",
+)
+
+
+class _Check:
+    """Collects whether any figure had to be corrected while building one usage."""
+
+    def __init__(self, anomalies: Iterable[str] = ()) -> None:
+        self.anomalies = list(dict.fromkeys(anomalies))
+
+    def flag(self) -> None:
+        if USAGE_INCONSISTENT not in self.anomalies:
+            self.anomalies.append(USAGE_INCONSISTENT)
+
+    def count(self, value: int | None) -> int:
+        """``value`` as a count: ``None`` is 0; a negative count is 0, flagged."""
+        if value is None:
+            return 0
+        if value < 0:
+            self.flag()
+            return 0
+        return value
+
+    def at_most(self, value: int, limit: int) -> int:
+        """``value``, or ``limit`` (flagged) when it is above it."""
+        if value > limit:
+            self.flag()
+            return limit
+        return value
+
+
+def _input_side(
+    check: _Check,
+    input_tokens: int | None,
+    cache_read: int | None,
+    cache_creation: int | None,
+    cache_creation_1h: int | None,
+    input_includes_cache: bool,
+) -> tuple[int, int, int, int]:
+    total = check.count(input_tokens)
+    read = check.count(cache_read)
+    write = check.count(cache_creation)
+    if input_includes_cache:
+        # OpenAI's prompt count includes the cache reads (and writes where reported): what is
+        # above it was never reported as input, so it is cut to what the prompt holds
+        read = check.at_most(read, total)
+        write = check.at_most(write, total - read)
+        total -= read + write
+    write_1h = check.at_most(check.count(cache_creation_1h), write)
+    return total, read, write, write_1h
+
+
+def build_input(
+    *,
+    input_tokens: int | None,
+    cache_read: int | None = None,
+    cache_creation: int | None = None,
+    cache_creation_1h: int | None = None,
+    input_includes_cache: bool,
+    anomalies: Iterable[str] = (),
+) -> InputUsage:
+    """An :class:`InputUsage` from a provider's raw counts (``None``: not reported, 0).
+
+    ``input_includes_cache``: the provider's ``input_tokens`` includes the cache reads and
+    writes (OpenAI's ``prompt_tokens``), else the three counts are disjoint (Anthropic).
+    Contradictions are corrected and flagged as the module doc says.
+    """
+    check = _Check(anomalies)
+    counts = _input_side(
+        check, input_tokens, cache_read, cache_creation, cache_creation_1h, input_includes_cache
+    )
+    return InputUsage(*counts, anomalies=tuple(check.anomalies))
+
+
+def build_usage(
+    *,
+    input_tokens: int | None,
+    output_tokens: int | None,
+    cache_read: int | None = None,
+    cache_creation: int | None = None,
+    cache_creation_1h: int | None = None,
+    reasoning: int | None = None,
+    input_includes_cache: bool,
+    service_tier: str | None = None,
+    units: Mapping[str, int] | None = None,
+    other_models: Iterable[OtherModelUsage] = (),
+    anomalies: Iterable[str] = (),
+) -> Usage:
+    """A :class:`Usage` from a provider's raw counts (``None``: not reported, 0); see
+    :func:`build_input` for the input side. ``units``: raw unit counts (a negative one is 0,
+    flagged; 0 counts are left out); ``other_models``: entries whose counts may be negative
+    (0, flagged), merged per model in order of first appearance, at most
+    :data:`MAX_OTHER_MODELS` models."""
+    check = _Check(anomalies)
+    counts = _input_side(
+        check, input_tokens, cache_read, cache_creation, cache_creation_1h, input_includes_cache
+    )
+    output = check.count(output_tokens)
+    reasoning_tokens = check.at_most(check.count(reasoning), output)
+    clean_units: dict[str, int] = {}
+    for name, value in (units or {}).items():
+        count = check.count(value)
+        if count and len(clean_units) < MAX_UNITS:
+            clean_units[name] = count
+    return Usage(
+        input_tokens=counts[0],
+        output_tokens=output,
+        cache_read_input_tokens=counts[1],
+        cache_creation_input_tokens=counts[2],
+        reasoning_tokens=reasoning_tokens,
+        cache_creation_1h_input_tokens=counts[3],
+        service_tier=service_tier,
+        units=clean_units,
+        other_models=_merge_models(check, other_models),
+        anomalies=tuple(check.anomalies),
+    )
+
+
+def _merge_models(check: _Check, entries: Iterable[OtherModelUsage]) -> tuple[OtherModelUsage, ...]:
+    merged: dict[str, list[int]] = {}
+    for entry in entries:
+        values = [
+            check.count(entry.input_tokens),
+            check.count(entry.output_tokens),
+            check.count(entry.cache_read_input_tokens),
+            check.count(entry.cache_creation_input_tokens),
+        ]
+        if entry.model not in merged:
+            if len(merged) == MAX_OTHER_MODELS:
+                continue
+            merged[entry.model] = [0, 0, 0, 0]
+        merged[entry.model] = [a + b for a, b in zip(merged[entry.model], values, strict=True)]
+    return tuple(OtherModelUsage(model, *values) for model, values in merged.items())

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from billing.dimensions import USAGE_FIELDS
 from billing.taps import (
     PROTOCOLS,
     AnthropicMessagesTap,
@@ -71,12 +72,15 @@ def test_usage_is_frozen() -> None:
         "cache_creation_input_tokens": 0,
         "output_tokens": 2,
         "reasoning_tokens": 0,
+        "cache_creation_1h_input_tokens": 0,
     }
     assert InputUsage(3, 2, 1).as_dict() == {
         "input_tokens": 3,
         "cache_read_input_tokens": 2,
         "cache_creation_input_tokens": 1,
+        "cache_creation_1h_input_tokens": 0,
     }
+    assert set(USAGE_FIELDS) <= set(usage.as_dict())  # every stream.usage token field
 
 
 def test_fresh_tap_state() -> None:
@@ -88,15 +92,18 @@ def test_fresh_tap_state() -> None:
     assert tap.stop_reason is None
     assert tap.error is None
     assert tap.malformed_events == 0
+    # nothing reported: the input is not known, so it is left out (never 0)
     assert stream_usage_payload(tap) == {
-        "input_tokens": 0,
         "output_tokens": 0,
-        "cache_read_input_tokens": 0,
-        "cache_creation_input_tokens": 0,
         "reasoning_tokens": 0,
         "source": "estimate",
     }
-    assert stream_usage_payload(tap, fallback_input_tokens=77)["input_tokens"] == 77
+    assert stream_usage_payload(tap, fallback_input_tokens=77) == {
+        "input_tokens": 77,
+        "output_tokens": 0,
+        "reasoning_tokens": 0,
+        "source": "estimate",
+    }
     assert stream_failed_payload(tap) is None
     assert attempt_final_events(tap) == [{"type": "stream.usage", **stream_usage_payload(tap)}]
 
@@ -184,7 +191,6 @@ def test_malformed_event_counted_and_usage_after_it_kept(protocol: str, bad: str
         ("openai.chat_completions", {"choices": [{"delta": {"tool_calls": {}}}]}),
         ("openai.chat_completions", {"choices": [], "usage": "lots"}),
         ("openai.chat_completions", {"choices": [], "usage": {"prompt_tokens": "10"}}),
-        ("openai.chat_completions", {"choices": [], "usage": {"prompt_tokens": -1}}),
         ("openai.chat_completions", {"choices": [], "usage": {"completion_tokens": True}}),
         ("openai.responses", {"type": "response.completed", "response": []}),
         ("openai.responses", {"type": "response.completed"}),
@@ -424,7 +430,11 @@ def test_anthropic_reasoning_and_cache_creation_breakdown() -> None:
     }
     tap = run("anthropic.messages", data(start) + data(delta))
     assert tap.usage == Usage(
-        input_tokens=5, output_tokens=90, cache_creation_input_tokens=120, reasoning_tokens=60
+        input_tokens=5,
+        output_tokens=90,
+        cache_creation_input_tokens=120,
+        reasoning_tokens=60,
+        cache_creation_1h_input_tokens=20,
     )
     assert tap.model == "claude-x"
 
@@ -472,7 +482,7 @@ def test_chat_groq_x_groq_usage() -> None:
 def test_chat_input_only_usage_is_input_reported() -> None:
     tap = run("openai.chat_completions", data({"choices": [], "usage": {"prompt_tokens": 20}}))
     assert tap.usage is None
-    assert tap.input_reported == InputUsage(20, 0, 0)
+    assert tap.input_reported == InputUsage(20, 0, 0, 0)
     assert tap.usage_payload()["input_tokens"] == 20
 
 

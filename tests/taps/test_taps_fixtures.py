@@ -56,20 +56,33 @@ def state(tap: Tap) -> tuple[Any, ...]:
     )
 
 
+#: v2 dimensions an expected.json entry may leave out, with the value that means "none".
+V2_DEFAULTS: dict[str, Any] = {
+    "service_tier": None,
+    "units": {},
+    "other_models": [],
+    "anomalies": [],
+}
+
+
 def check(tap: Tap, expected: dict[str, Any]) -> None:
+    payload = tap.usage_payload()
     if expected["usage"] is None:
         assert tap.usage is None
-        assert tap.usage_payload()["source"] == "estimate"
+        assert payload["source"] == "estimate"
     else:
         assert tap.usage is not None
-        assert tap.usage.as_dict() == expected["usage"]
-        payload = tap.usage_payload()
+        tokens = {"cache_creation_1h_input_tokens": 0, **expected["usage"]}
+        assert tap.usage.as_dict() == tokens
         assert payload["source"] == "upstream"
-        assert {k: payload[k] for k in expected["usage"]} == expected["usage"]
+        assert {k: payload.get(k, 0) for k in tokens} == tokens
+    for key, none in V2_DEFAULTS.items():
+        assert payload.get(key, none) == expected.get(key, none), key
+    assert tap.service_tier == expected.get("service_tier")
     if "input_reported" in expected:
         assert tap.input_reported is not None
-        assert tap.input_reported.as_dict() == expected["input_reported"]
-        payload = tap.usage_payload()
+        reported = {"cache_creation_1h_input_tokens": 0, **expected["input_reported"]}
+        assert tap.input_reported.as_dict() == reported
         for key, value in expected["input_reported"].items():
             assert payload[key] == value
     assert tap.stop_reason == expected["stop_reason"]
