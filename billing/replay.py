@@ -5,7 +5,7 @@ small chunks, as if it came off the upstream socket, and the lifecycle events a 
 emit are posted through :class:`billing.client.BillingClient`:
 
 1. ``stream.started`` (``model``: the one given, else the model the stream reports, else
-   ``"unknown"``);
+   ``"unknown"``; ``input_tokens``: the gateway's own count of the input, when given);
 2. ``stream.tokens`` progress every ``progress_every`` generated tokens (cumulative generated
    and delivered counts, by the tap's count; by default every 16 tokens, or every eighth of the
    stream when it is longer, so a replay stays a handful of events);
@@ -15,7 +15,9 @@ emit are posted through :class:`billing.client.BillingClient`:
 4. a last ``stream.tokens`` with the final counts (without a disconnect, delivered = generated:
    a stream that ends normally delivered everything);
 5. the tap's closing events: ``stream.usage`` (``source: upstream`` when the stream carried a
-   final usage, else the tap's estimate) and ``stream.failed`` when the stream carried an error.
+   final usage, else the tap's estimate, which leaves the input out when the stream did not
+   report it: the service then bills ``stream.started.input_tokens``) and ``stream.failed``
+   when the stream carried an error.
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ def replay(
     model: str | None = None,
     request_id: str | None = None,
     disconnect_after: int | None = None,
+    input_tokens: int | None = None,
     chunk_size: int = 64,
     progress_every: int | None = None,
     timeout_s: float = 30.0,
@@ -94,6 +97,8 @@ def replay(
         request_id: the call's id; default ``replay-<uuid4 hex>``.
         disconnect_after: the client leaves once this many output tokens were delivered (tap's
             count); ``None``: the client stays to the end.
+        input_tokens: the gateway's own count of the input tokens, sent as
+            ``stream.started.input_tokens`` (``None``: not sent).
         chunk_size: bytes fed to the tap at a time (>= 1).
         progress_every: generated tokens between two ``stream.tokens`` progress events (>= 1);
             default ``max(16, total / 8)``.
@@ -119,6 +124,8 @@ def replay(
         raise ReplayError(f"cannot read {source}: {error.strerror or error}") from None
     if disconnect_after is not None and disconnect_after < 0:
         raise ReplayError("--disconnect-after must be a token count >= 0")
+    if input_tokens is not None and input_tokens < 0:
+        raise ReplayError("--input-tokens must be a token count >= 0")
     if chunk_size < 1 or (progress_every is not None and progress_every < 1):
         raise ReplayError("chunk_size and progress_every must be >= 1")
     request_id = request_id or f"replay-{uuid.uuid4().hex}"
@@ -155,6 +162,7 @@ def replay(
             model=model,
             request_id=request_id,
             disconnect_after=disconnect_after,
+            input_tokens=input_tokens,
             chunk_size=chunk_size,
             progress_every=progress_every,
         )
@@ -176,6 +184,7 @@ def _play(
     model: str,
     request_id: str,
     disconnect_after: int | None,
+    input_tokens: int | None,
     chunk_size: int,
     progress_every: int,
 ) -> list[dict[str, Any]]:
@@ -192,7 +201,15 @@ def _play(
         send(event)
         events.append(event)
 
-    post({"type": "stream.started", "api_key_id": api_key_id, "model": model, "protocol": protocol})
+    started: dict[str, Any] = {
+        "type": "stream.started",
+        "api_key_id": api_key_id,
+        "model": model,
+        "protocol": protocol,
+    }
+    if input_tokens is not None:
+        started["input_tokens"] = input_tokens
+    post(started)
     tap = open_tap(protocol)
     reported = 0
     disconnected = False

@@ -32,6 +32,13 @@ def replay(
             help="The client leaves once N output tokens were delivered (by the tap's count).",
         ),
     ] = None,
+    input_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--input-tokens",
+            help="The gateway's own input token count (sent as stream.started.input_tokens).",
+        ),
+    ] = None,
     url: Annotated[str, typer.Option(help="The billing service.")] = DEFAULT_URL,
     token: Annotated[
         str | None,
@@ -50,6 +57,7 @@ def replay(
             model=model,
             request_id=request_id,
             disconnect_after=disconnect_after,
+            input_tokens=input_tokens,
         )
     except ReplayError as error:
         fail(str(error))

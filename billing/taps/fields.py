@@ -84,7 +84,7 @@ def opt_tier(obj: Mapping[str, Any], key: str = "service_tier") -> str | None:
     in ``response.completed``), never a tier that served a call.
     """
     value = obj.get(key)
-    if isinstance(value, str) and 1 <= len(value) <= 32 and value != "auto":
+    if isinstance(value, str) and 1 <= len(value) <= 32 and value.isprintable() and value != "auto":
         return value
     return None
 
