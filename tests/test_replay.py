@@ -254,6 +254,12 @@ def test_replayed_fixture_bills_the_expected_usage(
     call = settle_and_get(http, request_id)
     usage = expected["usage"]
     error = expected["error"]
+    # the v2 dimensions the tap read, as the service stored them (CONTRACT "Usage dimensions")
+    (stored,) = [e for e in call["events"] if e["type"] == "stream.usage"]
+    assert stored.get("service_tier") == expected.get("service_tier")
+    assert stored.get("units", {}) == expected.get("units", {})
+    assert stored.get("other_models", []) == expected.get("other_models", [])
+    assert stored.get("anomalies", []) == expected.get("anomalies", [])
     assert ("stream.failed" in [e["type"] for e in events]) is (error is not None)
     if usage is not None:
         assert call["settled"] is True
@@ -282,3 +288,135 @@ def test_replayed_fixture_bills_the_expected_usage(
         reported = expected.get("input_reported")
         if reported is not None:
             assert call["input_tokens"] == reported["input_tokens"]
+
+
+# -- v2 usage dimensions end to end --------------------------------------------------------------
+
+NO_USAGE = SSE / "real" / "03_chat_gpt35_toolcalls_no_usage.sse"
+
+
+def test_an_estimate_without_input_bills_the_gateways_input_count(
+    live_server: LiveServer, http: httpx.Client
+) -> None:
+    """A stream that ends without usage: the tap's estimate leaves the input out, and the
+    gateway's own count (``stream.started.input_tokens``) is billed, never 0."""
+    request_id, events = replay(
+        NO_USAGE,
+        protocol="openai.chat_completions",
+        api_key_id="k",
+        url=live_server.url,
+        input_tokens=500,
+    )
+    assert events[0]["input_tokens"] == 500
+    assert events[-1]["source"] == "estimate" and "input_tokens" not in events[-1]
+    call = settle_and_get(http, request_id)
+    assert call["input_tokens"] == 500
+    assert "input_unknown" not in call["anomalies"]
+    # without the gateway's count the input is not known: 0, and said so
+    request_id, events = replay(
+        NO_USAGE, protocol="openai.chat_completions", api_key_id="k", url=live_server.url
+    )
+    assert "input_tokens" not in events[0]
+    call = settle_and_get(http, request_id)
+    assert call["input_tokens"] == 0
+    assert "input_unknown" in call["anomalies"]
+
+
+def test_cli_replay_input_tokens(serve: ServeProcess) -> None:
+    done = run_cli(
+        "replay",
+        str(NO_USAGE),
+        "--protocol",
+        "openai.chat_completions",
+        "--api-key-id",
+        "key_in",
+        "--input-tokens",
+        "321",
+        "--url",
+        serve.url,
+    )
+    assert done.returncode == 0, done.stderr
+    call = json.loads(done.stdout.partition("\n")[2])
+    assert call["input_tokens"] == 321
+    assert call["events"][0]["input_tokens"] == 321
+    bad = run_cli(
+        "replay",
+        str(NO_USAGE),
+        "--protocol",
+        "openai.chat_completions",
+        "--api-key-id",
+        "key_in",
+        "--input-tokens",
+        "-1",
+        "--url",
+        serve.url,
+    )
+    assert bad.returncode != 0 and "--input-tokens" in bad.stderr
+
+
+def _chat(usage: dict[str, Any]) -> str:
+    chunks = [
+        {"id": "c", "object": "chat.completion.chunk", "model": "gpt-x", "choices": choices}
+        for choices in (
+            [{"index": 0, "delta": {"content": "Hi"}, "finish_reason": None}],
+            [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+        )
+    ]
+    chunks.append({"id": "c", "object": "chat.completion.chunk", "choices": [], "usage": usage})
+    return "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize(
+    ("usage", "billed"),
+    [
+        (
+            {
+                "prompt_tokens": 300,
+                "completion_tokens": 12,
+                "prompt_tokens_details": {"cached_tokens": 450},
+            },
+            {"input_tokens": 0, "cache_read_input_tokens": 300, "output_tokens_billed": 12},
+        ),
+        (
+            {"prompt_tokens": 300, "completion_tokens": -12},
+            {"input_tokens": 300, "cache_read_input_tokens": 0, "output_tokens_billed": 0},
+        ),
+    ],
+    ids=["cached-above-prompt", "negative-output"],
+)
+def test_contradictory_upstream_figures_are_billed_as_far_as_valid_and_flagged(
+    usage: dict[str, Any],
+    billed: dict[str, int],
+    tmp_path: Path,
+    live_server: LiveServer,
+    http: httpx.Client,
+) -> None:
+    path = tmp_path / "contradictory.sse"
+    path.write_text(_chat(usage))
+    request_id, events = replay(
+        path, protocol="openai.chat_completions", api_key_id="k", url=live_server.url
+    )
+    assert events[-1]["source"] == "upstream"
+    assert events[-1]["anomalies"] == ["usage_inconsistent"]
+    call = settle_and_get(http, request_id)
+    assert call["settled"] is True and call["usage_source"] == "upstream"
+    assert {key: call[key] for key in billed} == billed
+    assert "usage_inconsistent" in call["anomalies"]
+
+
+def test_compaction_iterations_are_billed_as_their_sum(
+    live_server: LiveServer, http: httpx.Client
+) -> None:
+    """The real compaction transcript: the top-level usage says 612 input and 2819 output
+    tokens (the final iteration only); the call bills both iterations."""
+    request_id, events = replay(
+        SSE / "real" / "26_anthropic_compaction_iterations.sse",
+        protocol="anthropic.messages",
+        api_key_id="k",
+        url=live_server.url,
+    )
+    usage = events[-1]
+    assert (usage["input_tokens"], usage["output_tokens"]) == (60997, 3341)
+    call = settle_and_get(http, request_id)
+    assert (call["input_tokens"], call["output_tokens_billed"]) == (60997, 3341)
+    assert (call["output_tokens_delivered"], call["output_tokens_undelivered"]) == (3341, 0)
