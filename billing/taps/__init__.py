@@ -16,7 +16,9 @@ Typical use by a gateway::
     for payload in tap.final_events():   # stream.usage (+ stream.failed)
         send(envelope | payload)
 
-All counts are tokens, in the contract's semantics (:class:`Usage`).
+All counts are tokens, in the contract's semantics (:class:`Usage`); the v2 dimensions (CONTRACT
+"Usage dimensions (v2)": one-hour cache writes, the served tier, units, other models' tokens,
+``usage_inconsistent``) are read by each tap and built by :mod:`billing.taps.usage`.
 """
 
 from __future__ import annotations
@@ -27,13 +29,14 @@ from billing.taps.events import attempt_final_events, stream_failed_payload, str
 from billing.taps.openai_chat import ChatCompletionsTap
 from billing.taps.openai_responses import ResponsesTap
 from billing.taps.sse import SSEDecoder, SSEEvent
-from billing.taps.usage import InputUsage, Usage
+from billing.taps.usage import InputUsage, OtherModelUsage, Usage
 
 __all__ = [
     "PROTOCOLS",
     "AnthropicMessagesTap",
     "ChatCompletionsTap",
     "InputUsage",
+    "OtherModelUsage",
     "ResponsesTap",
     "SSEDecoder",
     "SSEEvent",

@@ -28,6 +28,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from billing.ingest.schemas import (
+    MAX_OTHER_MODELS,
+    MAX_UNITS,
+    UNIT_NAME_PATTERN,
+    USAGE_INCONSISTENT,
+)
+
 __all__ = [
     "MAX_OTHER_MODELS",
     "MAX_UNITS",
@@ -41,13 +48,9 @@ __all__ = [
     "is_unit_name",
 ]
 
-#: The anomaly code of an upstream figure that contradicts itself (CONTRACT "Usage dimensions").
-USAGE_INCONSISTENT = "usage_inconsistent"
-#: At most this many ``units`` entries and ``other_models`` entries in one ``stream.usage``.
-MAX_UNITS = 16
-MAX_OTHER_MODELS = 8
-
-_UNIT_NAME = re.compile(r"[a-z0-9_]{1,64}")
+# USAGE_INCONSISTENT (the anomaly code), MAX_UNITS / MAX_OTHER_MODELS (entries of one
+# stream.usage) and the unit name pattern are the ingest schema's: a tap posts what it accepts.
+_UNIT_NAME = re.compile(UNIT_NAME_PATTERN)
 
 
 def is_unit_name(name: object) -> bool:
