@@ -73,8 +73,7 @@ def _read_counts(usage: dict[str, Any]) -> dict[str, int | None]:
         "output": opt_tokens(usage, "output_tokens"),
     }
     breakdown = usage.get("cache_creation")
-    if breakdown is not None:
-        breakdown = as_dict(breakdown, "cache_creation")
+    if isinstance(breakdown, dict):
         found["cache_creation_1h"] = opt_tokens(breakdown, "ephemeral_1h_input_tokens")
         if found["cache_creation"] is None:
             # only the per-TTL breakdown: its sum is the cache write count
@@ -169,11 +168,12 @@ class AnthropicMessagesTap(Tap):
         if "server_tool_use" in usage:
             self._reported_units = opt_units(usage, "server_tool_use")  # a snapshot: replaces
         iterations = usage.get("iterations")
-        if iterations is not None:
-            if not isinstance(iterations, list):
-                raise MalformedEventError("usage.iterations is not a list")
-            if iterations:
+        if iterations:
+            try:
                 self._iterations = self._split_iterations(iterations)
+            except MalformedEventError:
+                # counted as malformed, but the top-level usage of the event is still billed
+                self._mark_malformed()
         self._raw.update(fields)  # a cumulative snapshot: repeated fields replace
         if "output" in self._raw or self._iterations is not None:
             self._set_usage(self._usage_now())
@@ -181,10 +181,16 @@ class AnthropicMessagesTap(Tap):
             self._set_input(self._input_usage())
 
     def _split_iterations(
-        self, iterations: list[Any]
+        self, iterations: object
     ) -> tuple[dict[str, int], list[OtherModelUsage], bool]:
         """The iterations' counts billed at the message's model (summed, field by field), the
-        iterations of other models, and whether a count was negative (taken as 0)."""
+        iterations of other models, and whether a count was negative (taken as 0).
+
+        Raises:
+            MalformedEventError: ``iterations`` is not a list of usage objects.
+        """
+        if not isinstance(iterations, list):
+            raise MalformedEventError("usage.iterations is not a list")
         own = dict.fromkeys(
             ("input", "cache_read", "cache_creation", "cache_creation_1h", "output"), 0
         )

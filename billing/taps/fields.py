@@ -59,19 +59,23 @@ def opt_units(
     :func:`opt_tokens`), in the provider's order.
 
     ``names``: only these counters (``None``: every counter whose name is a valid unit name).
-    Absent or null: ``{}``. Not an object, or a counter that is not a count: malformed.
+    Lenient on purpose: a counters object that is not an object, or a counter that is not a
+    count, is left out rather than making the event (and the token usage it carries) unreadable.
     """
-    raw = obj.get(key)
-    if raw is None:
+    counters = obj.get(key)
+    if not isinstance(counters, dict):
         return {}
-    counters = as_dict(raw, key)
     wanted = None if names is None else set(names)
     units: dict[str, int] = {}
-    for name in counters:
-        if (wanted is None and is_unit_name(name)) or (wanted is not None and name in wanted):
-            value = opt_tokens(counters, name)
-            if value is not None:
-                units[name] = value
+    for name, value in counters.items():
+        if wanted is None and not is_unit_name(name):
+            continue
+        if wanted is not None and name not in wanted:
+            continue
+        if isinstance(value, int) and not isinstance(value, bool):
+            units[name] = value
+        elif isinstance(value, float) and value.is_integer():
+            units[name] = int(value)
     return units
 
 

@@ -106,7 +106,8 @@ class ResponsesTap(Tap):
             self._set_error(error if error else {"message": "response failed"})
 
     def _on_item(self, item: dict[str, Any], output_index: object) -> None:
-        unit = _ITEM_UNITS.get(item.get("type"))  # type: ignore[arg-type]
+        kind = item.get("type")
+        unit = _ITEM_UNITS.get(kind) if isinstance(kind, str) else None
         if unit is None:
             return
         item_id = item.get("id")

@@ -502,3 +502,44 @@ def test_responses_cached_above_the_input_is_the_input_and_flagged() -> None:
         service_tier="default",
         anomalies=("usage_inconsistent",),
     )
+
+
+@pytest.mark.parametrize(
+    "iterations",
+    ["many", [1, 2], [{"type": "message", "input_tokens": "x", "output_tokens": 3}]],
+    ids=["not-a-list", "not-objects", "bad-count"],
+)
+def test_unreadable_iterations_keep_the_top_level_usage(iterations: Any) -> None:
+    sse = message_start({"input_tokens": 12}) + message_delta(
+        {"output_tokens": 30, "iterations": iterations}
+    )
+    tap = read("anthropic.messages", sse)
+    assert tap.malformed_events == 1
+    assert tap.usage == Usage(input_tokens=12, output_tokens=30)
+    assert tap.usage_payload()["source"] == "upstream"
+
+
+def test_unreadable_server_tool_use_keeps_the_usage() -> None:
+    sse = message_start({"input_tokens": 12, "cache_creation": "n/a"}) + message_delta(
+        {
+            "output_tokens": 30,
+            "server_tool_use": {"web_search_requests": "two", "web_fetch_requests": 1, "X": 4},
+        }
+    )
+    tap = read("anthropic.messages", sse)
+    assert tap.malformed_events == 0
+    assert tap.usage == Usage(input_tokens=12, output_tokens=30, units={"web_fetch_requests": 1})
+    sse = message_start({"input_tokens": 12}) + message_delta(
+        {"output_tokens": 30, "server_tool_use": [3]}
+    )
+    assert read("anthropic.messages", sse).usage == Usage(input_tokens=12, output_tokens=30)
+
+
+def test_a_negative_unit_is_left_out_and_flagged() -> None:
+    sse = message_start({"input_tokens": 12}) + message_delta(
+        {"output_tokens": 30, "server_tool_use": {"web_search_requests": -2}}
+    )
+    payload = read("anthropic.messages", sse).usage_payload()
+    assert "units" not in payload
+    assert payload["anomalies"] == INCONSISTENT
+    assert (payload["input_tokens"], payload["output_tokens"]) == (12, 30)
