@@ -10,10 +10,14 @@ OpenRouter ``server_tool_use_details``), with figures of our own; each one is al
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from billing.ingest.validation import parse_batch
 from billing.taps import Tap, open_tap
 from billing.taps.usage import OtherModelUsage, Usage
 
@@ -543,3 +547,89 @@ def test_a_negative_unit_is_left_out_and_flagged() -> None:
     assert "units" not in payload
     assert payload["anomalies"] == INCONSISTENT
     assert (payload["input_tokens"], payload["output_tokens"]) == (12, 30)
+
+
+# -- whatever the upstream says, the tap's events pass ingest ------------------------------------
+
+_COUNT = st.one_of(st.none(), st.integers(-(10**6), 10**7))
+_TIER = st.one_of(st.none(), st.sampled_from(["auto", "default", "priority", "flex", "x" * 40]))
+
+
+def _usage_object() -> st.SearchStrategy[dict[str, Any]]:
+    fields = st.fixed_dictionaries(
+        {},
+        optional={
+            "input_tokens": _COUNT,
+            "output_tokens": _COUNT,
+            "cache_read_input_tokens": _COUNT,
+            "cache_creation_input_tokens": _COUNT,
+            "cache_creation": st.fixed_dictionaries(
+                {},
+                optional={"ephemeral_5m_input_tokens": _COUNT, "ephemeral_1h_input_tokens": _COUNT},
+            ),
+            "service_tier": _TIER,
+            "server_tool_use": st.dictionaries(
+                st.sampled_from(["web_search_requests", "web_fetch_requests", "Bad-Name"]), _COUNT
+            ),
+        },
+    )
+    iterations = st.lists(
+        st.fixed_dictionaries(
+            {
+                "type": st.sampled_from(["compaction", "message", "advisor_message"]),
+                "input_tokens": _COUNT,
+                "output_tokens": _COUNT,
+            },
+            optional={
+                "model": st.sampled_from(["claude-main-1", "claude-advisor-9", "claude-other"]),
+                "cache_read_input_tokens": _COUNT,
+            },
+        ),
+        max_size=12,
+    )
+    return st.builds(lambda f, i: {**f, "iterations": i} if i else f, fields, iterations)
+
+
+def _chat_usage() -> st.SearchStrategy[dict[str, Any]]:
+    return st.fixed_dictionaries(
+        {"prompt_tokens": _COUNT, "completion_tokens": _COUNT},
+        optional={
+            "prompt_tokens_details": st.fixed_dictionaries(
+                {"cached_tokens": _COUNT}, optional={"cache_write_tokens": _COUNT}
+            ),
+            "completion_tokens_details": st.fixed_dictionaries({"reasoning_tokens": _COUNT}),
+            "server_tool_use_details": st.fixed_dictionaries({"web_search_requests": _COUNT}),
+        },
+    )
+
+
+def _post(tap: Tap) -> None:
+    now = datetime.now(UTC)
+    events = [
+        {
+            "event_id": f"e{i}",
+            "request_id": "r",
+            "occurred_at": now.isoformat(),
+            **payload,
+        }
+        for i, payload in enumerate(tap.final_events())
+    ]
+    parse_batch(json.dumps({"events": events}).encode(), now)  # raises on any 422
+
+
+@settings(max_examples=150, deadline=None)
+@given(start=_usage_object(), delta=_usage_object(), cut=st.booleans())
+def test_anthropic_events_always_pass_ingest(
+    start: dict[str, Any], delta: dict[str, Any], cut: bool
+) -> None:
+    sse = message_start(start) + text("x") + ("" if cut else message_delta(delta))
+    tap = read("anthropic.messages", sse)
+    _post(tap)
+
+
+@settings(max_examples=150, deadline=None)
+@given(usage=_chat_usage(), tier=_TIER, cut=st.booleans())
+def test_chat_events_always_pass_ingest(usage: dict[str, Any], tier: str | None, cut: bool) -> None:
+    last = chunk(choices=[], usage=usage, service_tier=tier)
+    tap = read("openai.chat_completions", chunk(choices=choice("x")) + ("" if cut else last))
+    _post(tap)
