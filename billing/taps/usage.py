@@ -97,7 +97,7 @@ class Usage:
     reasoning_tokens: int = 0
     cache_creation_1h_input_tokens: int = 0
     service_tier: str | None = None
-    units: Mapping[str, int] = field(default_factory=dict)
+    units: Mapping[str, int] = field(default_factory=dict, hash=False)
     other_models: tuple[OtherModelUsage, ...] = ()
     anomalies: tuple[str, ...] = ()
 
