@@ -8,7 +8,7 @@ says.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -72,9 +72,10 @@ def bar_chart(
     title: str,
     periods: Sequence[str],
     series: Sequence[tuple[str, Sequence[str | int | None]]],
+    short: Callable[[str], str] = str,
 ) -> Chart:
     """A chart of ``series`` (name, one value per period: an exact decimal string, an int or
-    None for unknown) over ``periods``; the axis runs from 0 to the largest value. Unknown
+    None for unknown) over ``periods`` (labelled under the bars by ``short(period)``); the axis runs from 0 to the largest value. Unknown
     values draw no bar and are listed in ``missing`` as "period (series)"."""
     values = [[None if v is None else Decimal(v) for v in vals] for _, vals in series]
     top = max((v for vals in values for v in vals if v is not None), default=Decimal(0))
@@ -105,7 +106,7 @@ def bar_chart(
             )
     every = max(1, -(-len(periods) // MAX_LABELS))
     ticks = [
-        Tick(_n(LEFT + slot * p + slot / 2), period)
+        Tick(_n(LEFT + slot * p + slot / 2), short(period))
         for p, period in enumerate(periods)
         if p % every == 0
     ]

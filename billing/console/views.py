@@ -114,7 +114,8 @@ def usage_view(session: Session, items: Items) -> dict[str, Any]:
     period = query.group_by[0]
     rows = [row.as_json() for row in usage_rows(session, query)]
     periods = [str(row[period]) for row in rows]
-    cost = bar_chart("Cost (USD)", periods, [("cost_usd", [r["cost_usd"] for r in rows])])
+    short = _short_hour if period == "hour" else _short_day
+    cost = bar_chart("Cost (USD)", periods, [("cost_usd", [r["cost_usd"] for r in rows])], short)
     tokens = bar_chart(
         "Tokens",
         periods,
@@ -122,6 +123,7 @@ def usage_view(session: Session, items: Items) -> dict[str, Any]:
             ("input_tokens", [r["input_tokens"] for r in rows]),
             ("output_tokens_billed", [r["output_tokens_billed"] for r in rows]),
         ],
+        short,
     )
     return {
         "period": period,
@@ -129,6 +131,16 @@ def usage_view(session: Session, items: Items) -> dict[str, Any]:
         "fields": TOTAL_FIELDS,
         "charts": [cost, tokens],
     }
+
+
+def _short_hour(label: str) -> str:
+    """``2026-10-15T05:00:00+05:30`` → ``10-15 05:00`` (the table keeps the full label)."""
+    return label[5:16].replace("T", " ")
+
+
+def _short_day(label: str) -> str:
+    """``2026-10-15`` → ``10-15``."""
+    return label[5:]
 
 
 def exports_view(items: Items, now: datetime, close_lag_s: float) -> dict[str, Any]:
