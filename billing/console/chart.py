@@ -75,8 +75,9 @@ def bar_chart(
     short: Callable[[str], str] = str,
 ) -> Chart:
     """A chart of ``series`` (name, one value per period: an exact decimal string, an int or
-    None for unknown) over ``periods`` (labelled under the bars by ``short(period)``); the axis runs from 0 to the largest value. Unknown
-    values draw no bar and are listed in ``missing`` as "period (series)"."""
+    None for unknown) over ``periods`` (labelled under the bars by ``short(period)``); the axis
+    runs from 0 to the largest value. Unknown values draw no bar and are listed in ``missing``
+    as "period (series)"."""
     values = [[None if v is None else Decimal(v) for v in vals] for _, vals in series]
     top = max((v for vals in values for v in vals if v is not None), default=Decimal(0))
     scale = HEIGHT / top if top > 0 else Decimal(0)
