@@ -8,7 +8,7 @@ says.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -71,15 +71,18 @@ class Chart:
 def bar_chart(
     title: str,
     periods: Sequence[str],
-    series: Sequence[tuple[str, Sequence[str | int | None]]],
+    series: Sequence[tuple[str, Mapping[str, str | int | None]]],
     short: Callable[[str], str] = str,
 ) -> Chart:
-    """A chart of ``series`` (name, one value per period: an exact decimal string, an int or
-    None for unknown) over ``periods`` (labelled under the bars by ``short(period)``); the axis
-    runs from 0 to the largest value. Unknown values draw no bar and are listed in ``missing``
-    as "period (series)"."""
-    values = [[None if v is None else Decimal(v) for v in vals] for _, vals in series]
-    top = max((v for vals in values for v in vals if v is not None), default=Decimal(0))
+    """A chart of ``series`` (name, value by period: an exact decimal string, an int, or None for
+    unknown) over the time axis ``periods`` (every period, in order, labelled under the bars by
+    ``short(period)``); the axis runs from 0 to the largest value. A period a series has no value
+    for (no usage) has no bar; an unknown value has none either and is listed in ``missing`` as
+    "period (series)"."""
+    top = max(
+        (Decimal(v) for _, by_period in series for v in by_period.values() if v is not None),
+        default=Decimal(0),
+    )
     scale = HEIGHT / top if top > 0 else Decimal(0)
     slot = WIDTH / max(len(periods), 1)
     gap = slot / 10 if len(periods) > 1 else Decimal(0)
@@ -87,12 +90,14 @@ def bar_chart(
     bars: list[Bar] = []
     missing: list[str] = []
     for p, period in enumerate(periods):
-        for s, (name, raw) in enumerate(series):
-            value = values[s][p]
-            if value is None:
+        for s, (name, by_period) in enumerate(series):
+            if period not in by_period:
+                continue
+            raw = by_period[period]
+            if raw is None:
                 missing.append(f"{period} ({name})")
                 continue
-            height = max(value, Decimal(0)) * scale
+            height = max(Decimal(raw), Decimal(0)) * scale
             bars.append(
                 Bar(
                     x=_n(LEFT + slot * p + gap / 2 + bar_width * s),
@@ -101,7 +106,7 @@ def bar_chart(
                     height=_n(height),
                     period=period,
                     series=name,
-                    value=str(raw[p]),
+                    value=str(raw),
                     index=s,
                 )
             )

@@ -12,9 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from sqlalchemy.orm import Session
 
+from billing.calllog import buckets
 from billing.calllog.params import parse_zone
 from billing.calllog.queries import STATUSES, list_calls, parse_calls_query
 from billing.calllog.service import get_call
@@ -36,6 +38,8 @@ CHART_PERIODS = ("day", "hour")
 #: Zones offered in the usage form's list (any IANA zone may be typed).
 ZONES: tuple[str, ...] = ("UTC", "America/New_York", "America/Los_Angeles", "Europe/London")
 ZONES += ("Europe/Berlin", "Asia/Kolkata", "Asia/Tokyo", "Asia/Singapore", "Australia/Sydney")
+#: The most periods a chart's time axis shows, empty ones included (a month by hour is 744).
+MAX_AXIS = 1000
 #: Fields of an event shown as its identity rather than its details.
 _EVENT_IDENTITY = ("event_id", "request_id", "type", "occurred_at", "received_at")
 
@@ -113,15 +117,19 @@ def usage_view(session: Session, items: Items) -> dict[str, Any]:
         )
     period = query.group_by[0]
     rows = [row.as_json() for row in usage_rows(session, query)]
-    periods = [str(row[period]) for row in rows]
+    axis = _axis(period, query.since, query.until, query.tz, [str(r[period]) for r in rows])
     short = _short_hour if period == "hour" else _short_day
-    cost = bar_chart("Cost (USD)", periods, [("cost_usd", [r["cost_usd"] for r in rows])], short)
+
+    def by_period(field: str) -> dict[str, Any]:
+        return {str(row[period]): row[field] for row in rows}
+
+    cost = bar_chart("Cost (USD)", axis, [("cost_usd", by_period("cost_usd"))], short)
     tokens = bar_chart(
         "Tokens",
-        periods,
+        axis,
         [
-            ("input_tokens", [r["input_tokens"] for r in rows]),
-            ("output_tokens_billed", [r["output_tokens_billed"] for r in rows]),
+            ("input_tokens", by_period("input_tokens")),
+            ("output_tokens_billed", by_period("output_tokens_billed")),
         ],
         short,
     )
@@ -131,6 +139,19 @@ def usage_view(session: Session, items: Items) -> dict[str, Any]:
         "fields": TOTAL_FIELDS,
         "charts": [cost, tokens],
     }
+
+
+def _axis(
+    period: str, since: datetime, until: datetime, zone: ZoneInfo, shown: list[str]
+) -> list[str]:
+    """The chart's time axis: every local hour or day of ``[since, until)`` (empty ones too, so
+    that gaps show), or only the ``shown`` periods when there would be more than
+    ``MAX_AXIS`` of them."""
+    length = timedelta(hours=1) if period == "hour" else timedelta(days=1)
+    if (until - since) / length > MAX_AXIS:
+        return shown
+    starts = buckets.period_starts(period, since, until, zone)
+    return [buckets.label(period, at, zone) for at in starts]
 
 
 def _short_hour(label: str) -> str:

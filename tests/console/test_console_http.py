@@ -328,6 +328,9 @@ def test_the_usage_table_holds_exactly_the_numbers_of_v1_usage(
     bars = re.findall(r'class="bar bar-cost_usd" data-period="([^"]+)" data-value="([^"]+)"', body)
     assert bars == [(r["hour"], r["cost_usd"]) for r in rows]
     assert 'data-value="' + str(rows[-1]["output_tokens_billed"]) + '"' in body
+    # the time axis holds the local hours without calls too (48 hours, labelled every 4th)
+    ticks = re.findall(r'class="label">(\d\d-\d\d \d\d:\d\d)</text>', body)
+    assert ticks[:2] == ["10-15 00:00", "10-15 04:00"] and ticks[-1] == "10-16 20:00"
 
 
 def test_the_console_exports_are_the_api_exports(
