@@ -190,17 +190,21 @@ async def budgets(request: Request) -> Response:
 
 
 def drift_rows(session: Session, items: list[tuple[str, str]]) -> list[dict[str, Any]] | None:
-    """``GET /v1/drift``'s rows for the query ``items``; None while drift is not built (#26)."""
+    """``GET /v1/drift``'s rows for the query ``items``; None while drift is not built (#26).
+
+    Wiring it: ``return drift_service(session, parse_query(items))`` with
+    ``billing.drift.schemas.parse_query`` and ``billing.drift.service.drift_rows``."""
     return None
 
 
 @router.get("/drift")
 async def drift(request: Request) -> Response:
-    """The drift table (``GET /v1/drift``'s parameters), mismatches first."""
+    """The drift table (``GET /v1/drift``'s parameters; the last 7 UTC days by default),
+    mismatches first."""
     viewer = _gate(request, "drift")
     if isinstance(viewer, Response):
         return viewer
-    items = _items(request)
+    items = views.period_defaults(_items(request), datetime.now(UTC), days=7)
     return await _show(
         request,
         viewer,
@@ -218,7 +222,7 @@ async def exports(request: Request) -> Response:
     if isinstance(viewer, Response):
         return viewer
     now = datetime.now(UTC)
-    items = views.export_defaults(_items(request), now)
+    items = views.period_defaults(_items(request), now, days=1)
     lag = get_state(request).settings.close_lag_s
     return await _show(
         request,

@@ -177,13 +177,13 @@ def exports_view(items: Items, now: datetime, close_lag_s: float) -> dict[str, A
     }
 
 
-def export_defaults(items: Items, now: datetime) -> list[tuple[str, str]]:
-    """``items`` with yesterday (UTC) as the default period."""
+def period_defaults(items: Items, now: datetime, days: int) -> list[tuple[str, str]]:
+    """``items`` with the last ``days`` whole UTC days (today excluded) as the default period."""
     given = dict(items)
     filled = list(items)
     today = now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     if "since" not in given:
-        filled.append(("since", rfc3339(today - timedelta(days=1)) or ""))
+        filled.append(("since", rfc3339(today - timedelta(days=days)) or ""))
     if "until" not in given:
         filled.append(("until", rfc3339(today) or ""))
     return filled

@@ -363,6 +363,9 @@ def test_budgets_and_drift_say_they_are_not_built(
 
 
 def test_the_drift_template_puts_mismatches_first() -> None:
+    """Rows in the shape of CONTRACT "Provider reports and drift" (``delta_pct`` per field, as
+    the drift room answers it)."""
+
     def row(day: str, status: str, ours: int, theirs: int) -> dict[str, object]:
         figures = {
             "requests": 1,
@@ -372,13 +375,16 @@ def test_the_drift_template_puts_mismatches_first() -> None:
             "output_tokens": 0,
             "cost_usd": "0.5",
         }
+        delta = {k: 0 for k in figures} | {"input_tokens": theirs - ours, "cost_usd": "0"}
+        pct = {k: "0" for k in figures} | {"input_tokens": str(100 * (theirs - ours) // ours)}
         return {
+            "provider": "anthropic",
             "day": day,
             "model": "<m>",
             "ours": figures,
             "theirs": {**figures, "input_tokens": theirs},
-            "delta": {k: 0 for k in figures} | {"input_tokens": theirs - ours},
-            "delta_pct": "0" if ours == theirs else "10",
+            "delta": delta,
+            "delta_pct": pct,
             "status": status,
         }
 
@@ -386,11 +392,13 @@ def test_the_drift_template_puts_mismatches_first() -> None:
     context = {"viewer": None, "current": "drift", **drift_view(rows)}
     body = page("drift.html", context).replace('<table class="drift">', '<table id="d">')
     shown = table(body, "d")
-    assert [r[0] for r in shown.rows] == ["2026-10-02", "2026-10-01"]
-    assert shown.rows[0][1] == "&lt;m&gt;" or shown.rows[0][1] == "<m>"
-    assert "<m>" not in body
-    assert shown.rows[0][2] == "drift (10 %)"
-    assert shown.rows[0][6:9] == ["10", "11", "1"]
+    assert [r[:4] for r in shown.rows] == [
+        ["anthropic", "2026-10-02", "<m>", "drift"],
+        ["anthropic", "2026-10-01", "<m>", "match"],
+    ]
+    assert "&lt;m&gt;" in body and "<m>" not in body
+    # requests: ours, theirs, delta; then input_tokens with its percentage
+    assert shown.rows[0][4:10] == ["1", "1", "0 (0 %)", "10", "11", "1 (10 %)"]
 
 
 def test_docs_serve_swagger_ui_from_the_package(client: TestClient) -> None:
