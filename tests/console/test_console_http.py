@@ -153,6 +153,9 @@ def test_pages_need_the_roles_of_the_api_they_show(
             status = seeded.get(path, follow_redirects=False).status_code
             assert status == (200 if role in roles | {"admin"} else 403), (role, path, status)
     seeded.cookies.clear()
+    sign_in(seeded, tokens["ingest"])
+    assert "which may post events\nonly: no console page" in seeded.get("/console/sign-in").text
+    seeded.cookies.clear()
     for path in expected:
         response = seeded.get(path, follow_redirects=False)
         assert response.status_code == 303, path
