@@ -19,6 +19,7 @@ from billing.api import calls, errors, events, exports, health, prices, reconcil
 from billing.api.openapi import hoist_definitions
 from billing.api.state import AppState
 from billing.auth.guard import TokenCache
+from billing.console import install as install_console
 from billing.errors import FieldError, ValidationFailed
 from billing.metrics import Metrics
 from billing.reconcile.runner import run_pass
@@ -171,12 +172,16 @@ def create_app(settings: Settings | None = None, *, background: bool = False) ->
         version="1",
         summary="Streaming usage and billing accounting for LLM API gateways",
         lifespan=lifespan,
+        # /docs is served from the package's own Swagger UI files (billing.console.docs).
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.billing = state
     app.state.tokens = TokenCache(sessions)
     errors.install(app, settings.db_retry_after_s)
     for module in _ROUTERS:
         app.include_router(module.router)
+    install_console(app)
     app.latency = _Latency(state.metrics)
     app.add_middleware(_LatencyMiddleware, latency=app.latency)
     return app

@@ -1,0 +1,178 @@
+"""Benchmark of the console's pages: each page's server time on a seeded database.
+
+Seeds ``--calls`` settled calls (default 1,000,000) exactly as ``bench/queries.py`` does (its
+``seed``: Zipf-like keys, 10 models, 90 days, ledger entries, rollups rebuilt), then requests each
+console page in-process through the ASGI app (Starlette's TestClient: routing, the read
+transaction, the domain services, Jinja2 rendering; no sockets), with no token configured (the
+console is open, as on loopback), and prints p50/p95/p99 per page. Target: p95 under 100 ms for
+every page (CONTRACT "Console (v2)"). Figures go to ``bench/README.md``.
+
+    python bench/console.py                      # SQLite file $TMPDIR/billing-bench-console.db
+    BILLING_DATABASE_URL=postgresql+psycopg://postgres@127.0.0.1:5432/bench python bench/console.py
+    python bench/console.py --calls 20000 --iterations 20           # a smoke run
+    python bench/console.py --reuse               # keep an already seeded database
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from urllib.parse import quote, urlencode
+
+from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, func, select, text
+from sqlalchemy.orm import Session, sessionmaker
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from queries import END, seed, timed  # noqa: E402
+
+from billing.api.app import create_app  # noqa: E402
+from billing.calllog.queries import list_calls, parse_calls_query  # noqa: E402
+from billing.settings import Settings  # noqa: E402
+from billing.storage.db import make_engine, make_sessionmaker, read_transaction  # noqa: E402
+from billing.storage.migrate import upgrade_to_head  # noqa: E402
+from billing.storage.models import Call  # noqa: E402
+
+TARGET_MS = 100.0
+
+
+def _iso(at: object) -> str:
+    return str(at).replace(" ", "T").replace("+00:00", "Z")
+
+
+def _deep_cursor(sessions: sessionmaker[Session], key: str, pages: int = 49) -> tuple[int, str]:
+    """The cursor of page ``pages + 1`` of ``key``'s calls (walked as a client would; fewer
+    pages on a small database), and that page's number."""
+    cursor: str | None = None
+    walked = 0
+    with read_transaction(sessions) as session:
+        while walked < pages:
+            items = [("api_key_id", key)] + ([("cursor", cursor)] if cursor else [])
+            page = list_calls(session, parse_calls_query(items))
+            if page.next_cursor is None:
+                break
+            cursor, walked = page.next_cursor, walked + 1
+    assert cursor is not None, f"{key} has a single page of calls"
+    return walked + 1, cursor
+
+
+def run(url: str, iterations: int) -> None:
+    settings = Settings(database_url=url)
+    engine = make_engine(settings)
+    sessions = make_sessionmaker(engine)
+    with sessions() as session:
+        counts = [
+            (key, count)
+            for key, count in session.execute(
+                select(Call.api_key_id, func.count())
+                .group_by(Call.api_key_id)
+                .order_by(func.count().desc())
+            )
+            if key is not None
+        ]
+        rng = random.Random(11)
+        # random calls to open: request ids sampled by call number
+        top = session.scalar(select(func.max(Call.call_no))) or 1
+        numbers = [rng.randint(1, top) for _ in range(iterations)]
+        call_ids = list(session.scalars(select(Call.request_id).where(Call.call_no.in_(numbers))))
+    engine.dispose()
+    busiest = counts[0][0]
+    keys = [key for key, _ in counts]
+    randoms = [rng.choice(keys) for _ in range(iterations)]
+    print(
+        f"{engine.dialect.name}: {sum(c for _, c in counts):,} calls; busiest key {busiest} "
+        f"({counts[0][1]:,} calls)"
+    )
+    deep, cursor_deep = _deep_cursor(sessions, busiest)
+    month = {"since": _iso(END - timedelta(days=30)), "until": _iso(END)}
+    week = {"since": _iso(END - timedelta(days=7)), "until": _iso(END)}
+    app = create_app(settings)
+    with TestClient(app) as client:
+
+        def page(make: Callable[[int], str]) -> Callable[[int], object]:
+            def go(i: int) -> object:
+                response = client.get(make(i))
+                assert response.status_code == 200, (make(i), response.status_code)
+                return response
+
+            return go
+
+        def q(params: dict[str, str]) -> str:
+            return urlencode(params)
+
+        pages: list[tuple[str, Callable[[int], str]]] = [
+            ("calls: first page, no filter", lambda i: "/console/calls"),
+            ("calls: first page, busiest key", lambda i: f"/console/calls?api_key_id={busiest}"),
+            ("calls: first page, random keys", lambda i: f"/console/calls?api_key_id={randoms[i]}"),
+            (
+                f"calls: page {deep}, busiest key",
+                lambda i: f"/console/calls?{q({'api_key_id': busiest, 'cursor': cursor_deep})}",
+            ),
+            (
+                "call: random calls",
+                lambda i: f"/console/calls/{quote(call_ids[i % len(call_ids)], safe='')}",
+            ),
+            (
+                "usage: busiest key, 30 days by day (UTC)",
+                lambda i: f"/console/usage?{q({**month, 'api_key_id': busiest})}",
+            ),
+            (
+                "usage: random keys, 30 days by day (Asia/Kolkata)",
+                lambda i: (
+                    f"/console/usage?{q({**month, 'api_key_id': randoms[i], 'tz': 'Asia/Kolkata'})}"
+                ),
+            ),
+            (
+                "usage: busiest key, 7 days by hour (Asia/Kolkata)",
+                lambda i: (
+                    "/console/usage?"
+                    + q({**week, "api_key_id": busiest, "group_by": "hour", "tz": "Asia/Kolkata"})
+                ),
+            ),
+            ("usage: all keys, 30 days by day (UTC)", lambda i: f"/console/usage?{q(month)}"),
+            ("budgets", lambda i: "/console/budgets"),
+            ("drift", lambda i: "/console/drift"),
+            ("exports: a month's links", lambda i: f"/console/exports?{q(month)}"),
+        ]
+        print(f"in-process ASGI (route + services + template), {iterations} runs after a warm-up:")
+        for label, make in pages:
+            timed(label, page(make), iterations, TARGET_MS)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--calls", type=int, default=1_000_000)
+    parser.add_argument("--keys", type=int, default=1_000)
+    parser.add_argument("--models", type=int, default=10)
+    parser.add_argument("--iterations", type=int, default=100)
+    parser.add_argument(
+        "--reuse", action="store_true", help="keep the database if it already holds --calls calls"
+    )
+    args = parser.parse_args()
+    default = Path(tempfile.gettempdir()) / "billing-bench-console.db"
+    url = os.environ.get("BILLING_DATABASE_URL", f"sqlite:///{default}")
+    url = Settings(database_url=url).database_url
+    upgrade_to_head(url)
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        present = conn.scalar(text("SELECT count(*) FROM calls"))
+    if not (args.reuse and present == args.calls):
+        print(f"seeding {args.calls:,} calls into {engine.url.render_as_string()}")
+        started = time.perf_counter()
+        seed(engine, args.calls, args.keys, args.models)
+        print(f"  seeded in {time.perf_counter() - started:.1f} s")
+    engine.dispose()
+    run(url, args.iterations)
+
+
+if __name__ == "__main__":
+    main()

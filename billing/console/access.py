@@ -1,0 +1,106 @@
+"""Who is looking at the console: the token in the session cookie and its role.
+
+Source: CONTRACT "Console (v2)" and "Who may do what". The token pasted at sign-in travels in the
+``billing_console`` cookie (``HttpOnly``, ``SameSite=Strict``, ``Secure`` when the request came by
+HTTPS, path ``/console``); it is never put in a URL or a page. While no token exists the console is
+open, as the API is (``billing serve`` then listens on loopback only). A page needs the roles of
+the API it shows (``PAGE_ROLES``); ``admin`` may see every page.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from fastapi import Request, Response
+
+from billing.auth.guard import TokenCache
+
+COOKIE = "billing_console"
+COOKIE_PATH = "/console"
+#: The roles each page needs besides ``admin``: those of the API endpoint it shows.
+PAGE_ROLES: dict[str, frozenset[str]] = {
+    "calls": frozenset({"read"}),  # GET /v1/calls, /v1/calls/{id}
+    "usage": frozenset({"read", "export"}),  # GET /v1/usage
+    "budgets": frozenset({"read"}),  # GET /v1/budgets/{id}
+    "drift": frozenset({"read", "export"}),  # GET /v1/drift
+    "exports": frozenset({"export"}),  # GET /v1/exports/*
+}
+#: The pages in the order of the navigation, with their titles.
+PAGES: tuple[tuple[str, str], ...] = (
+    ("calls", "Calls"),
+    ("usage", "Usage"),
+    ("budgets", "Budgets"),
+    ("drift", "Drift"),
+    ("exports", "Exports"),
+)
+
+
+@dataclass(frozen=True)
+class Viewer:
+    """The one looking: ``role`` (``admin`` while the console is open), and whether the console
+    is ``open`` (no token exists) or they signed in."""
+
+    role: str
+    open: bool
+
+    def may(self, page: str) -> bool:
+        """Whether this viewer may see ``page`` (a key of ``PAGE_ROLES``)."""
+        return self.role == "admin" or self.role in PAGE_ROLES[page]
+
+    def pages(self) -> list[tuple[str, str]]:
+        """The (page, title) pairs of the navigation this viewer may follow."""
+        return [(page, title) for page, title in PAGES if self.may(page)]
+
+
+def tokens(request: Request) -> TokenCache:
+    """The app's token cache (``billing.auth.guard``)."""
+    cache: TokenCache = request.app.state.tokens
+    return cache
+
+
+def viewer_of(request: Request) -> Viewer | None:
+    """The viewer of ``request``; None when tokens exist and the cookie holds no valid one."""
+    cache = tokens(request)
+    if not cache.auth_enabled():
+        return Viewer("admin", open=True)
+    presented = request.cookies.get(COOKIE, "").strip()
+    if not presented:
+        return None
+    role = cache.role(presented)
+    return None if role is None else Viewer(role, open=False)
+
+
+def set_session(request: Request, response: Response, token: str) -> None:
+    """Put ``token`` in the session cookie of ``response``."""
+    response.set_cookie(
+        COOKIE,
+        token,
+        path=COOKIE_PATH,
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+    )
+
+
+def clear_session(request: Request, response: Response) -> None:
+    """Expire the session cookie (same name, path and flags as when it was set)."""
+    response.delete_cookie(
+        COOKIE,
+        path=COOKIE_PATH,
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+    )
+
+
+def same_origin(request: Request) -> bool:
+    """Whether a form post comes from this site: its ``Origin`` (or, without one, ``Referer``)
+    names this host, or the browser sent neither. With the ``SameSite=Strict`` cookie this keeps
+    other sites from signing a browser in or out."""
+    host = request.headers.get("host", "")
+    origin = request.headers.get("origin")
+    if origin is not None:
+        return origin != "null" and urlsplit(origin).netloc == host
+    referer = request.headers.get("referer")
+    return referer is None or urlsplit(referer).netloc == host

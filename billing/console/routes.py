@@ -1,0 +1,253 @@
+"""The console's pages (CONTRACT "Console (v2)"): thin handlers that check the viewer, read the
+query string, build the page in one read transaction (``billing.console.views``) and render it.
+
+Every page is a GET at its own URL with the API's parameter names; the only forms that change
+anything (sign-in, sign-out) are POSTs from this site (``SameSite=Strict`` cookie, ``Origin``
+checked). Pages a viewer's role may not see answer 403 in words; without a valid session the
+pages send the browser to the sign-in page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import parse_qsl
+
+from fastapi import APIRouter, Request
+from fastapi.responses import RedirectResponse, Response
+from sqlalchemy.orm import Session
+
+from billing.api.exports import _export as export_csv
+from billing.api.state import AppState, get_state, read
+from billing.console import access, views
+from billing.console.access import Viewer
+from billing.console.render import page, render, respond
+from billing.errors import NotFound, ValidationFailed
+
+router = APIRouter(prefix="/console", include_in_schema=False)
+
+#: The longest sign-in form body read (a token is about 50 characters).
+_MAX_FORM = 4096
+_SIGN_IN = "/console/sign-in"
+
+
+def _items(request: Request) -> list[tuple[str, str]]:
+    """The query string's pairs without the empty ones (an empty form field means "any")."""
+    return [(k, v) for k, v in request.query_params.multi_items() if v.strip()]
+
+
+def _gate(request: Request, page_name: str) -> Viewer | Response:
+    """The viewer when they may see ``page_name``; else the answer: to the sign-in page (no
+    valid session) or a 403 page naming the roles it needs."""
+    viewer = access.viewer_of(request)
+    if viewer is None:
+        return RedirectResponse(_SIGN_IN, status_code=303)
+    if not viewer.may(page_name):
+        roles = ", ".join(sorted(access.PAGE_ROLES[page_name] | {"admin"}))
+        return render(
+            "forbidden.html",
+            {"viewer": viewer, "current": page_name, "roles": roles},
+            status=403,
+        )
+    return viewer
+
+
+async def _show(
+    request: Request,
+    viewer: Viewer,
+    current: str,
+    template: str,
+    build: Callable[[Session], dict[str, Any]],
+    form: dict[str, Any],
+) -> Response:
+    """``build(session)`` in a read transaction rendered with ``template``; its
+    ``ValidationFailed`` shows the page's form with the messages (422), ``NotFound`` a 404."""
+    state: AppState = get_state(request)
+    base = {"viewer": viewer, "current": current, "form": form, "errors": [], **_choices()}
+
+    def work(session: Session) -> tuple[str, int]:
+        try:
+            return page(template, {**base, **build(session)}), 200
+        except ValidationFailed as failed:
+            errors = [(e.path.removeprefix("query."), e.message) for e in failed.errors]
+            return page(template, {**base, "errors": errors, "invalid": True}), 422
+        except NotFound as missing:
+            return page("not_found.html", {**base, "message": str(missing)}), 404
+
+    html, status = await read(state, work)
+    return respond(html, status)
+
+
+def _choices() -> dict[str, Any]:
+    return {
+        "statuses": views.STATUS_CHOICES,
+        "bases": views.BASIS_CHOICES,
+        "chart_periods": views.CHART_PERIODS,
+        "zones": views.ZONES,
+    }
+
+
+@router.get("")
+@router.get("/")
+async def home(request: Request) -> Response:
+    """To the first page the viewer may see (or to the sign-in page)."""
+    viewer = access.viewer_of(request)
+    pages = viewer.pages() if viewer else []
+    return RedirectResponse(f"/console/{pages[0][0]}" if pages else _SIGN_IN, status_code=303)
+
+
+@router.get("/sign-in")
+async def sign_in_form(request: Request) -> Response:
+    """The sign-in form (a password field for the token)."""
+    viewer = access.viewer_of(request)
+    return render("sign_in.html", {"viewer": viewer, "current": "sign-in", "message": None})
+
+
+_CROSS_SITE = "This form may only be posted from this site."
+_UNKNOWN = "That token is unknown or revoked; nothing was saved."
+
+
+def _sign_in_page(message: str, status: int) -> Response:
+    context = {"viewer": None, "current": "sign-in", "message": message}
+    return render("sign_in.html", context, status)
+
+
+@router.post("/sign-in")
+async def sign_in(request: Request) -> Response:
+    """Check the pasted token; a known one goes into the session cookie (303 to the console),
+    an unknown or revoked one is told so (401). The token is never echoed back."""
+    if not access.same_origin(request):
+        return _sign_in_page(_CROSS_SITE, 403)
+    body = await request.body()
+    fields = dict(parse_qsl(body[:_MAX_FORM].decode("utf-8", "replace")))
+    token = fields.get("token", "").strip()
+    role = access.tokens(request).role(token) if token else None
+    if role is None:
+        return _sign_in_page("Paste a token." if not token else _UNKNOWN, 401)
+    viewer = Viewer(role, open=False)
+    pages = viewer.pages()
+    target = f"/console/{pages[0][0]}" if pages else "/console/sign-in"
+    response = RedirectResponse(target, status_code=303)
+    access.set_session(request, response, token)
+    return response
+
+
+@router.post("/sign-out")
+async def sign_out(request: Request) -> Response:
+    """Clear the session cookie and go back to the sign-in page."""
+    if not access.same_origin(request):
+        return _sign_in_page(_CROSS_SITE, 403)
+    response = RedirectResponse(_SIGN_IN, status_code=303)
+    access.clear_session(request, response)
+    return response
+
+
+@router.get("/calls")
+async def calls(request: Request) -> Response:
+    """The call log (``GET /v1/calls``'s parameters), newest first, page by page."""
+    viewer = _gate(request, "calls")
+    if isinstance(viewer, Response):
+        return viewer
+    items = _items(request)
+    form = dict(items)
+    return await _show(
+        request, viewer, "calls", "calls.html", lambda s: views.calls_view(s, items), form
+    )
+
+
+@router.get("/calls/{request_id:path}")
+async def call(request: Request, request_id: str) -> Response:
+    """One call (``GET /v1/calls/{request_id}``): figures, output bar, timeline, ledger."""
+    viewer = _gate(request, "calls")
+    if isinstance(viewer, Response):
+        return viewer
+    return await _show(
+        request, viewer, "calls", "call.html", lambda s: views.call_view(s, request_id), {}
+    )
+
+
+@router.get("/usage")
+async def usage(request: Request) -> Response:
+    """Usage over time (``GET /v1/usage``'s parameters, by hour or day): charts and table."""
+    viewer = _gate(request, "usage")
+    if isinstance(viewer, Response):
+        return viewer
+    items = views.usage_defaults(_items(request), datetime.now(UTC))
+    form = dict(items)
+    return await _show(
+        request, viewer, "usage", "usage.html", lambda s: views.usage_view(s, items), form
+    )
+
+
+@router.get("/budgets")
+async def budgets(request: Request) -> Response:
+    """Budgets: not built yet (issue #25)."""
+    viewer = _gate(request, "budgets")
+    if isinstance(viewer, Response):
+        return viewer
+    return render("budgets.html", {"viewer": viewer, "current": "budgets"})
+
+
+def drift_rows(session: Session, items: list[tuple[str, str]]) -> list[dict[str, Any]] | None:
+    """``GET /v1/drift``'s rows for the query ``items``; None while drift is not built (#26).
+
+    Wiring it: ``return drift_service(session, parse_query(items))`` with
+    ``billing.drift.schemas.parse_query`` and ``billing.drift.service.drift_rows``."""
+    return None
+
+
+@router.get("/drift")
+async def drift(request: Request) -> Response:
+    """The drift table (``GET /v1/drift``'s parameters; the last 7 UTC days by default),
+    mismatches first."""
+    viewer = _gate(request, "drift")
+    if isinstance(viewer, Response):
+        return viewer
+    items = views.period_defaults(_items(request), datetime.now(UTC), days=7)
+    return await _show(
+        request,
+        viewer,
+        "drift",
+        "drift.html",
+        lambda s: views.drift_view(drift_rows(s, items)),
+        dict(items),
+    )
+
+
+@router.get("/exports")
+async def exports(request: Request) -> Response:
+    """Download links for a period (the exports' parameters; yesterday in UTC by default)."""
+    viewer = _gate(request, "exports")
+    if isinstance(viewer, Response):
+        return viewer
+    now = datetime.now(UTC)
+    items = views.period_defaults(_items(request), now, days=1)
+    lag = get_state(request).settings.close_lag_s
+    return await _show(
+        request,
+        viewer,
+        "exports",
+        "exports.html",
+        lambda _session: views.exports_view(items, now, lag),
+        dict(items),
+    )
+
+
+@router.get("/exports/usage.csv")
+async def usage_csv(request: Request) -> Response:
+    """``GET /v1/exports/usage.csv``'s bytes for a signed-in viewer (the cookie stands for the
+    bearer token a browser link cannot send)."""
+    viewer = _gate(request, "exports")
+    if isinstance(viewer, Response):
+        return viewer
+    return await export_csv(request, "usage")
+
+
+@router.get("/exports/calls.csv")
+async def calls_csv(request: Request) -> Response:
+    """``GET /v1/exports/calls.csv``'s bytes for a signed-in viewer."""
+    viewer = _gate(request, "exports")
+    if isinstance(viewer, Response):
+        return viewer
+    return await export_csv(request, "calls")

@@ -1,0 +1,216 @@
+"""What each console page shows, built from the domain services in one read transaction.
+
+Each ``*_view`` takes the session and the page's query string as (name, value) pairs (empty
+form fields left out) and returns the template's context; bad parameters raise the services' own
+``ValidationFailed`` (the page then shows its messages), an unknown call ``NotFound``. The
+parameters are the API's (CONTRACT "Call log and usage queries", "Export"), checked by the same
+parsers, so a console URL and an API URL with the same query mean the same thing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from sqlalchemy.orm import Session
+
+from billing.calllog import buckets
+from billing.calllog.params import parse_zone
+from billing.calllog.queries import STATUSES, list_calls, parse_calls_query
+from billing.calllog.service import get_call
+from billing.calllog.usage import TOTAL_FIELDS, parse_usage_query, usage_rows
+from billing.calllog.views import call_json
+from billing.console.chart import bar_chart, output_bar
+from billing.console.words import anomaly_words, event_title
+from billing.dimensions import TOKEN_FIELDS
+from billing.errors import FieldError, ValidationFailed
+from billing.export.params import parse_params
+from billing.export.service import period_label
+from billing.rollups.repository import BASES
+from billing.timefmt import rfc3339
+
+Items = Sequence[tuple[str, str]]
+
+#: The periods a usage chart may be drawn by (``/v1/usage``'s ``group_by``).
+CHART_PERIODS = ("day", "hour")
+#: Zones offered in the usage form's list (any IANA zone may be typed).
+ZONES: tuple[str, ...] = ("UTC", "America/New_York", "America/Los_Angeles", "Europe/London")
+ZONES += ("Europe/Berlin", "Asia/Kolkata", "Asia/Tokyo", "Asia/Singapore", "Australia/Sydney")
+#: The most periods a chart's time axis shows, empty ones included (a month by hour is 744).
+MAX_AXIS = 1000
+#: Fields of an event shown as its identity rather than its details.
+_EVENT_IDENTITY = ("event_id", "request_id", "type", "occurred_at", "received_at")
+
+
+def calls_view(session: Session, items: Items) -> dict[str, Any]:
+    """The Calls page: one page of ``GET /v1/calls`` for the same query."""
+    query = parse_calls_query(items)
+    page = list_calls(session, query)
+    return {"calls": [call_json(call) for call in page.calls], "next_cursor": page.next_cursor}
+
+
+def call_view(session: Session, request_id: str) -> dict[str, Any]:
+    """The Call page: ``GET /v1/calls/{request_id}``'s object with its output bar, timeline and
+    anomalies in words."""
+    call = get_call(session, request_id)
+    events = call.pop("events")
+    entries = call.pop("ledger_entries")
+    first = _instant(events[0]["occurred_at"]) if events else None
+    timeline = []
+    for event in events:
+        at = _instant(event["occurred_at"])
+        offset = (at - first).total_seconds() if first is not None else 0.0
+        timeline.append(
+            {
+                "title": event_title(str(event.get("type"))),
+                "type": event.get("type"),
+                "occurred_at": event["occurred_at"],
+                "offset": f"+{offset:.3f} s",
+                "details": [(k, v) for k, v in event.items() if k not in _EVENT_IDENTITY],
+                "event_id": event.get("event_id"),
+            }
+        )
+    return {
+        "call": call,
+        "bar": output_bar(call["output_tokens_delivered"], call["output_tokens_undelivered"]),
+        "timeline": timeline,
+        "entries": entries,
+        "token_fields": TOKEN_FIELDS,
+        "anomalies": [(code, anomaly_words(code)) for code in call["anomalies"]],
+    }
+
+
+def _instant(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def usage_defaults(items: Items, now: datetime) -> list[tuple[str, str]]:
+    """``items`` with the page's defaults filled in: the last 7 local days (today included) in
+    the chosen zone, by day."""
+    given = dict(items)
+    filled = list(items)
+    if "group_by" not in given:
+        filled.append(("group_by", "day"))
+    if "since" not in given or "until" not in given:
+        try:
+            zone = parse_zone(given.get("tz", "UTC"))
+        except ValueError:
+            zone = parse_zone("UTC")
+        local = now.astimezone(zone)
+        midnight = local.replace(hour=0, minute=0, second=0, microsecond=0)
+        if "since" not in given:
+            filled.append(("since", (midnight - timedelta(days=6)).isoformat()))
+        if "until" not in given:
+            filled.append(("until", (midnight + timedelta(days=1)).isoformat()))
+    return filled
+
+
+def usage_view(session: Session, items: Items) -> dict[str, Any]:
+    """The Usage page: ``GET /v1/usage`` for the same query (grouped by ``hour`` or ``day``
+    only), as two charts (cost; input and output tokens) and the rows as a table."""
+    query = parse_usage_query(items)
+    if query.group_by not in (("day",), ("hour",)):
+        raise ValidationFailed(
+            [FieldError(None, "query.group_by", "the console charts by day or by hour only")]
+        )
+    period = query.group_by[0]
+    rows = [row.as_json() for row in usage_rows(session, query)]
+    axis = _axis(period, query.since, query.until, query.tz, [str(r[period]) for r in rows])
+    short = _short_hour if period == "hour" else _short_day
+
+    def by_period(field: str) -> dict[str, Any]:
+        return {str(row[period]): row[field] for row in rows}
+
+    cost = bar_chart("Cost (USD)", axis, [("cost_usd", by_period("cost_usd"))], short)
+    tokens = bar_chart(
+        "Tokens",
+        axis,
+        [
+            ("input_tokens", by_period("input_tokens")),
+            ("output_tokens_billed", by_period("output_tokens_billed")),
+        ],
+        short,
+    )
+    return {
+        "period": period,
+        "rows": rows,
+        "fields": TOTAL_FIELDS,
+        "charts": [cost, tokens],
+    }
+
+
+def _axis(
+    period: str, since: datetime, until: datetime, zone: ZoneInfo, shown: list[str]
+) -> list[str]:
+    """The chart's time axis: every local hour or day of ``[since, until)`` (empty ones too, so
+    that gaps show), or only the ``shown`` periods when there would be more than
+    ``MAX_AXIS`` of them."""
+    length = timedelta(hours=1) if period == "hour" else timedelta(days=1)
+    if (until - since) / length > MAX_AXIS:
+        return shown
+    starts = buckets.period_starts(period, since, until, zone)
+    return [buckets.label(period, at, zone) for at in starts]
+
+
+def _short_hour(label: str) -> str:
+    """``2026-10-15T05:00:00+05:30`` → ``10-15 05:00`` (the table keeps the full label)."""
+    return label[5:16].replace("T", " ")
+
+
+def _short_day(label: str) -> str:
+    """``2026-10-15`` → ``10-15``."""
+    return label[5:]
+
+
+def exports_view(items: Items, now: datetime, close_lag_s: float) -> dict[str, Any]:
+    """The Exports page: the download links for the period (checked as the exports check it) and
+    whether the period is closed or still provisional."""
+    given = dict(items)
+    since, until = given.get("since"), given.get("until")
+    params = parse_params("usage", since, until, given.get("group_by"), given.get("tz"), items)
+    return {
+        "usage_query": {k: given.get(k) for k in ("since", "until", "group_by", "tz")},
+        "calls_query": {"since": rfc3339(params.since), "until": rfc3339(params.until)},
+        "period": period_label(params, now, close_lag_s),
+    }
+
+
+def period_defaults(items: Items, now: datetime, days: int) -> list[tuple[str, str]]:
+    """``items`` with the last ``days`` whole UTC days (today excluded) as the default period."""
+    given = dict(items)
+    filled = list(items)
+    today = now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    if "since" not in given:
+        filled.append(("since", rfc3339(today - timedelta(days=days)) or ""))
+    if "until" not in given:
+        filled.append(("until", rfc3339(today) or ""))
+    return filled
+
+
+#: The keys of a drift row that are not group keys (CONTRACT "Provider reports and drift").
+DRIFT_FIGURES = ("ours", "theirs", "delta", "delta_pct", "status")
+#: The fields of ``ours``/``theirs``/``delta``, in the contract's order.
+DRIFT_FIELDS = (
+    "requests",
+    "input_tokens",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+    "output_tokens",
+    "cost_usd",
+)
+
+
+def drift_view(rows: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """The Drift page for ``GET /v1/drift``'s rows (None: drift is not built yet), mismatches
+    first (any status but ``match``), then in the service's order."""
+    if rows is None:
+        return {"rows": None, "keys": [], "fields": DRIFT_FIELDS}
+    keys = [k for k in (rows[0] if rows else {}) if k not in DRIFT_FIGURES]
+    ordered = sorted(rows, key=lambda row: row.get("status") == "match")
+    return {"rows": ordered, "keys": keys, "fields": DRIFT_FIELDS}
+
+
+STATUS_CHOICES = STATUSES
+BASIS_CHOICES = BASES
