@@ -162,7 +162,8 @@ class Meter:
         pump = Pump(account, upstream, stall_timeout_s=meters.stall_timeout_s, slots=meters.slots)
         try:
             while True:
-                item = await pump.queue.get()
+                queue = pump.queue
+                item = queue.get_nowait() if queue.qsize() else await queue.get()
                 if type(item) is tuple:
                     chunk, generated = item
                     yield chunk

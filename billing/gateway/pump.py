@@ -108,7 +108,10 @@ class Pump:
                         continue
                     if stall is not None:
                         self._timeout.reschedule(loop.time() + stall)
-                    await queue.put((chunk, generated))
+                    if queue.full():
+                        await queue.put((chunk, generated))
+                    else:  # the common case, without a coroutine per chunk
+                        queue.put_nowait((chunk, generated))
             outcome = END
         except (TimeoutError, httpx.TimeoutException):
             outcome = END if self.detached else STALLED
