@@ -20,6 +20,7 @@ from typing import Final
 import httpx
 
 from billing.gateway.account import CallAccount
+from billing.gateway.channel import Channel
 from billing.gateway.drain import Drain
 from billing.gateway.policy import DrainPolicy
 from billing.gateway.slots import DrainSlots
@@ -47,7 +48,7 @@ class Pump:
         slots: DrainSlots,
     ) -> None:
         self.account = account
-        self.queue: asyncio.Queue[tuple[bytes, int] | str] = asyncio.Queue(QUEUE_CHUNKS)
+        self.queue: Channel[tuple[bytes, int] | str] = Channel(QUEUE_CHUNKS)
         self.detached = False
         self.ended = False  # the upstream reached its end (or failed)
         self._source = source
