@@ -57,6 +57,7 @@ class Pump:
         self._skip = False
         self._loop = asyncio.get_running_loop()
         self._timeout: asyncio.Timeout | None = None
+        self._started = False
         self.task = self._loop.create_task(self._run(), name=f"billing-pump-{account.request_id}")
 
     def detach(self, policy: DrainPolicy) -> None:
@@ -77,6 +78,10 @@ class Pump:
             return
         self._skip = True
         self.task.cancel()
+        if not self._started:  # a task cancelled before its first step never runs its body
+            self.ended = True
+            account.settle(skipped=True)
+            self._loop.create_task(aclose_quietly(self._source, None))
 
     def _reschedule(self) -> None:
         if self._timeout is None:
@@ -87,6 +92,7 @@ class Pump:
         self._timeout.reschedule(at)
 
     async def _run(self) -> None:
+        self._started = True
         account = self.account
         tap = account.tap
         chunks = async_chunks(self._source)
