@@ -87,10 +87,20 @@ def _key(query: DriftQuery, values: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def _pct(delta: Any, ours: Any) -> str | None:
+    """delta / ours × 100 to 4 decimal places (half to even), as plain decimal text."""
     if delta is None:
         return None
     if ours == 0:
         return "0" if delta == 0 else None
+    if delta == 0:
+        return "0"
+    if isinstance(delta, int) and isinstance(ours, int):
+        # Counts: integer arithmetic (a row has a dozen of these, a month thousands of rows).
+        quotient, remainder = divmod(delta * 1_000_000, ours)
+        twice = 2 * remainder
+        if twice > ours or (twice == ours and quotient % 2):
+            quotient += 1
+        return format_usd(Decimal(quotient).scaleb(-4))
     return format_usd((Decimal(delta) * 100 / Decimal(ours)).quantize(_PCT_PLACES, ROUND_HALF_EVEN))
 
 
