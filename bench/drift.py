@@ -35,20 +35,20 @@ from sqlalchemy import create_engine, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from queries import END, seed, timed  # noqa: E402
+from queries import END, seed, timed
 
-from billing.drift.schemas import DriftQuery  # noqa: E402
-from billing.drift.service import drift_rows  # noqa: E402
-from billing.providers.schemas import parse_page  # noqa: E402
-from billing.providers.service import import_buckets  # noqa: E402
-from billing.settings import Settings  # noqa: E402
-from billing.storage.db import (  # noqa: E402
+from billing.drift.schemas import DriftQuery
+from billing.drift.service import drift_rows
+from billing.providers.schemas import parse_page
+from billing.providers.service import import_buckets
+from billing.settings import Settings
+from billing.storage.db import (
     make_engine,
     make_sessionmaker,
     read_transaction,
     write_transaction,
 )
-from billing.storage.migrate import upgrade_to_head  # noqa: E402
+from billing.storage.migrate import upgrade_to_head
 
 SINCE = END - timedelta(days=31)
 #: The provider and upstream account of each seeded call, per database (its request id's last
@@ -198,7 +198,7 @@ def run(url: str, iterations: int) -> None:
                 return drift_rows(session, query)
 
         rows = once(0)
-        statuses = defaultdict(int)
+        statuses: dict[str, int] = defaultdict(int)
         for row in rows:
             statuses[row["status"]] += 1
         print(f"  {len(rows)} rows: {dict(statuses)}")

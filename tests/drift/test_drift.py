@@ -330,23 +330,29 @@ def test_hourly_buckets_make_up_a_day_and_daily_ones_win_where_given(client: Tes
     assert (three["hour"], three["status"]) == ("2026-11-10T03:00:00Z", "match")
     assert (four["hour"], four["theirs"]["requests"]) == ("2026-11-10T04:00:00Z", 1)
     # A daily bucket of the same day is the day's figure; the hourly ones are not added to it.
-    daily = openai_page([(DAY, [openai_usage_result("gpt-4o", 300, 100, 400, 2)])])
+    daily = openai_page([(DAY, [openai_usage_result("gpt-4o", 300, 100, 500, 2)])])
     report(client, "openai", "usage", daily)
     (row,) = drift(client)
-    assert (row["status"], row["theirs"]["output_tokens"]) == ("match", 400)
+    assert (row["status"], row["theirs"]["output_tokens"]) == ("drift", 500)
+    # The hours still come from the hourly buckets.
+    assert [r["theirs"]["output_tokens"] for r in drift(client, group_by="hour,model")] == [
+        200,
+        200,
+    ]
 
 
 def test_openai_cost_float_amounts_are_read_from_their_text(client: TestClient) -> None:
     # 0.1 + 0.2 in binary floating point is 0.30000000000000004.
+    start, end = int(DAY.timestamp()), int((DAY + timedelta(days=1)).timestamp())
     body = (
         '{"provider": "openai", "kind": "cost", "report": {"object": "page", "data": [{'
-        '"object": "bucket", "start_time": %d, "end_time": %d, "results": ['
+        f'"object": "bucket", "start_time": {start}, "end_time": {end}, "results": ['
         '{"object": "organization.costs.result", "amount": {"value": 0.1, "currency": "usd"},'
         ' "line_item": "gpt-4o-2024-08-06, input", "project_id": "proj_1"},'
         '{"object": "organization.costs.result", "amount": {"value": 0.2, "currency": "usd"},'
         ' "line_item": "gpt-4o-2024-08-06, output", "project_id": "proj_1"}]}],'
         ' "has_more": false, "next_page": null}}'
-    ) % (int(DAY.timestamp()), int((DAY + timedelta(days=1)).timestamp()))
+    )
     response = client.post(
         "/v1/provider-reports", content=body, headers={"Content-Type": "application/json"}
     )

@@ -71,7 +71,7 @@ class FakeProvider:
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            def do_GET(self) -> None:
                 url = urlsplit(self.path)
                 query = parse_qs(url.query)
                 fake.requests.append((url.path, query, dict(self.headers), time.monotonic()))
