@@ -137,3 +137,13 @@ def test_anthropic_pages_in_the_contracts_token_semantics() -> None:
         "wrkspc_01",
         None,
     )
+
+
+def test_a_report_over_8_mib_is_a_413_and_nothing_is_stored(client: Any, db_url: str) -> None:
+    big = b'{"provider": "openai", "kind": "usage", "report": {"pad": "' + b"x" * (8 << 20) + b'"}}'
+    response = client.post(
+        "/v1/provider-reports", content=big, headers={"Content-Type": "application/json"}
+    )
+    assert response.status_code == 413
+    assert response.json()["error"].endswith(f"the limit is {8 << 20} (8 MiB)")
+    assert _counts(db_url) == (0, 0)
