@@ -80,7 +80,7 @@ class _OpenAIAmount(_Open):
 
 class _OpenAICostResult(_Open):
     object: Literal["organization.costs.result"]
-    amount: _OpenAIAmount
+    amount: _OpenAIAmount | None = None
     line_item: Text | None = None
     project_id: Text | None = None
 
@@ -262,7 +262,7 @@ def _lines(provider: str, kind: str, bucket: Any) -> tuple[ReportLine, ...]:
                 None,
                 None,
                 None,
-                result.amount.value,
+                None if result.amount is None else result.amount.value,
                 raw,
             )
         elif kind == "usage":
