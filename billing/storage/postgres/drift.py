@@ -1,7 +1,8 @@
 """The drift's "ours" on PostgreSQL (``billing.drift.repository.DriftRepository``).
 
-The slot is the call's start in UTC as text, ``YYYY-MM-DD`` or ``YYYY-MM-DD HH`` (as on
-SQLite); the sums are read from the covering index ``ix_calls_drift``.
+The slot is the call's start truncated in UTC (``date_trunc``: far cheaper per row than
+``to_char``), written as the ``OursRow`` text here, for the few groups; the sums are read from
+the covering index ``ix_calls_drift``.
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ from sqlalchemy.orm import Session
 
 from billing.drift.repository import Grain, OursRow
 
-#: ``to_char`` patterns of the slot, per grain.
-_SLOT = {"day": "YYYY-MM-DD", "hour": "YYYY-MM-DD HH24"}
+#: The ``OursRow`` text of a slot, per grain.
+_SLOT = {"day": "%Y-%m-%d", "hour": "%Y-%m-%d %H"}
 
 OURS = (
-    "SELECT to_char(started_at AT TIME ZONE 'UTC', '{pattern}') AS slot, provider, model, "
+    "SELECT date_trunc('{grain}', started_at AT TIME ZONE 'UTC') AS slot, provider, model, "
     "upstream_account, sum(greatest(attempts, 1))::bigint, sum(input_tokens)::bigint, "
     "sum(cache_read_input_tokens)::bigint, sum(cache_creation_input_tokens)::bigint, "
     "sum(output_tokens_billed)::bigint, coalesce(sum(cost_pusd), 0) "
@@ -38,10 +39,14 @@ class PostgresDrift:
         grain: Grain,
     ) -> list[OursRow]:
         rows = session.connection().exec_driver_sql(
-            OURS.format(pattern=_SLOT[grain]),
+            OURS.format(grain=grain),
             {"since": since, "until": until, "provider": provider},
         )
-        return [OursRow(*row[:4], *(int(value) for value in row[4:])) for row in rows]
+        pattern = _SLOT[grain]
+        return [
+            OursRow(row[0].strftime(pattern), *row[1:4], *(int(value) for value in row[4:]))
+            for row in rows
+        ]
 
 
 #: This room's repository in the store (``billing.storage.store``).
