@@ -1,8 +1,10 @@
 """The drift's "ours" on PostgreSQL (``billing.drift.repository.DriftRepository``).
 
-The slot is the call's start truncated in UTC (``date_trunc``: far cheaper per row than
-``to_char``), written as the ``OursRow`` text here, for the few groups; the sums are read from
-the covering index ``ix_calls_drift``.
+One aggregate per UTC slot (``generate_series`` of the days or hours, each a range of the
+covering index ``ix_calls_drift``, read index-only), grouped by plain columns: the planner
+knows from their statistics that a slot has few groups and hashes them, where one aggregate
+grouped by an expression of the start is estimated at a group per call and sorted, on disk
+past ``work_mem``. The slot is written as the ``OursRow`` text here, for the few groups.
 """
 
 from __future__ import annotations
@@ -17,13 +19,17 @@ from billing.drift.repository import Grain, OursRow
 _SLOT = {"day": "%Y-%m-%d", "hour": "%Y-%m-%d %H"}
 
 OURS = (
-    "SELECT date_trunc('{grain}', started_at AT TIME ZONE 'UTC') AS slot, provider, model, "
-    "upstream_account, sum(greatest(attempts, 1))::bigint, sum(input_tokens)::bigint, "
+    "SELECT d.slot, a.* FROM generate_series("
+    "date_trunc('{grain}', %(since)s AT TIME ZONE 'UTC'), "
+    "%(until)s AT TIME ZONE 'UTC' - interval '1 microsecond', interval '1 {grain}') AS d(slot) "
+    "CROSS JOIN LATERAL (SELECT provider, model, upstream_account, "
+    "sum(greatest(attempts, 1))::bigint, sum(input_tokens)::bigint, "
     "sum(cache_read_input_tokens)::bigint, sum(cache_creation_input_tokens)::bigint, "
-    "sum(output_tokens_billed)::bigint, coalesce(sum(cost_pusd), 0) "
-    "FROM calls WHERE started_at >= %(since)s AND started_at < %(until)s "
+    "sum(output_tokens_billed)::bigint, coalesce(sum(cost_pusd), 0) FROM calls "
+    "WHERE started_at >= greatest(d.slot AT TIME ZONE 'UTC', %(since)s) "
+    "AND started_at < least((d.slot + interval '1 {grain}') AT TIME ZONE 'UTC', %(until)s) "
     "AND (%(provider)s::text IS NULL OR provider = %(provider)s::text) "
-    "GROUP BY slot, provider, model, upstream_account"
+    "GROUP BY provider, model, upstream_account) AS a"
 )
 
 
