@@ -480,3 +480,21 @@ def test_drift_is_for_read_and_export(client: TestClient, role: str) -> None:
         headers={"Authorization": f"Bearer {token}"},
     )
     assert posted.status_code == 403
+
+
+def test_ours_are_the_calls_started_in_the_period_by_their_start(client: TestClient) -> None:
+    call(client, "r1", at=DAY + timedelta(hours=3, minutes=5))
+    call(client, "r2", at=DAY + timedelta(hours=4, minutes=59), output=7)
+    call(client, "r3", at=DAY + timedelta(days=1), output=9)  # the next day
+    settle(client)
+    (row,) = drift(client, since="2026-11-10T04:00:00Z")
+    assert (row["day"], row["ours"]["requests"], row["ours"]["output_tokens"]) == (
+        "2026-11-10",
+        1,
+        7,
+    )
+    (row,) = drift(client, since="2026-11-10T04:00:00%2B01:00".replace("%2B", "+"))
+    assert row["ours"]["output_tokens"] == 207
+    rows = drift(client, until="2026-11-12T00:00:00Z", group_by="model")
+    assert [(r["ours"]["requests"], r["ours"]["output_tokens"]) for r in rows] == [(3, 216)]
+    assert "day" not in rows[0]
