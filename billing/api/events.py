@@ -62,7 +62,9 @@ async def read_body(request: Request, timeout_s: float, limit: int = MAX_BODY_BY
     declares more than it sends must not hold a connection and its memory for ever)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise TooLarge(f"request body is {declared} bytes; the limit is {limit} (1 MiB)")
+        raise TooLarge(
+            f"request body is {declared} bytes; the limit is {limit} ({limit / 2**20:g} MiB)"
+        )
     chunks: list[bytes] = []
     size = 0
     try:
@@ -70,7 +72,9 @@ async def read_body(request: Request, timeout_s: float, limit: int = MAX_BODY_BY
             async for chunk in request.stream():
                 size += len(chunk)
                 if size > limit:
-                    raise TooLarge(f"request body is over the limit of {limit} bytes (1 MiB)")
+                    raise TooLarge(
+                        f"request body is over the limit of {limit} bytes ({limit / 2**20:g} MiB)"
+                    )
                 chunks.append(chunk)
     except TimeoutError:
         raise BodyTimeout(

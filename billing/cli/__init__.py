@@ -7,8 +7,10 @@ import sys
 import typer
 
 from billing.cli.database import migrate, reconcile
+from billing.cli.drift import drift
 from billing.cli.export import export
 from billing.cli.prices import prices_app
+from billing.cli.providers import providers_app
 from billing.cli.replay import replay
 from billing.cli.serve import SWITCH_INTERVAL_S, serve, server_app, uvicorn_options
 from billing.cli.tokens import tokens_app
@@ -28,6 +30,8 @@ app.add_typer(prices_app, name="prices")
 app.command()(reconcile)
 app.command("export")(export)
 app.command()(replay)
+app.add_typer(providers_app, name="providers")
+app.command()(drift)
 
 
 def main() -> None:

@@ -89,9 +89,16 @@ class EventRow:
             ),
         )
         #: For a ``stream.started``: api_key_id, model, protocol, metadata (as the JSON text the
-        #: ``calls`` row stores).
-        self.started: tuple[str, str, str, str] | None = (
-            (event.api_key_id, event.model, event.protocol, json.dumps(event.metadata))
+        #: ``calls`` row stores), provider (defaulted from the protocol), upstream_account.
+        self.started: tuple[str, str, str, str, str, str | None] | None = (
+            (
+                event.api_key_id,
+                event.model,
+                event.protocol,
+                json.dumps(event.metadata),
+                event.provider_name(),
+                event.upstream_account,
+            )
             if isinstance(event, StreamStarted)
             else None
         )

@@ -108,6 +108,19 @@ class StreamStarted(_Event):
     protocol: Protocol
     input_tokens: Tokens | None = None
     metadata: Annotated[dict[MetadataKey, MetadataValue], Field(max_length=32)] | None = None
+    #: The provider that served the stream (CONTRACT "Provider reports and drift"); None:
+    #: the protocol's own (``provider_name``).
+    provider: Label | None = None
+    #: The provider project, workspace or key **id** the gateway used upstream (never a
+    #: secret: refused like ``api_key_id``).
+    upstream_account: Annotated[Id128, AfterValidator(_not_a_secret)] | None = None
+
+    def provider_name(self) -> str:
+        """``provider`` as sent, else ``anthropic`` for ``anthropic.messages`` and ``openai``
+        for the ``openai.*`` protocols."""
+        if self.provider is not None:
+            return self.provider
+        return "anthropic" if self.protocol == "anthropic.messages" else "openai"
 
 
 class StreamTokens(_Event):

@@ -76,7 +76,9 @@ def _fields(names: str) -> frozenset[str]:
 #: read or may ignore (the rule ignores them too for a call of this shape: the started's
 #: ``input_tokens`` counts only without usage, the usage's ``model`` never).
 HANDLED: dict[type[BaseModel], frozenset[str]] = {
-    StreamStarted: _fields("api_key_id model protocol input_tokens metadata"),
+    StreamStarted: _fields(
+        "api_key_id model protocol input_tokens metadata provider upstream_account"
+    ),
     StreamTokens: _fields("output_tokens_generated output_tokens_delivered"),
     StreamClientDisconnected: _fields("output_tokens_delivered output_tokens_generated"),
     StreamUsage: _fields(

@@ -11,5 +11,6 @@ EVENT_COLUMNS = (
 #: pending open call, then the ``stream.started`` fields).
 CALL_COLUMNS = (
     "call_no, request_id, first_received_at, last_received_at, change_seq, pending, status, "
-    "settled, attempts, anomalies, api_key_id, model, protocol, started_at, metadata"
+    "settled, attempts, anomalies, api_key_id, model, protocol, started_at, metadata, provider, "
+    "upstream_account"
 )

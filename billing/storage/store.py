@@ -20,8 +20,10 @@ from sqlalchemy.orm import Session
 
 if TYPE_CHECKING:
     from billing.calllog.repository import CalllogRepository
+    from billing.drift.repository import DriftRepository
     from billing.export.repository import ExportRepository
     from billing.ingest.repository import IngestRepository
+    from billing.providers.repository import ProvidersRepository
     from billing.reconcile.repository import ReconcileRepository
     from billing.rollups.repository import RollupsRepository
 
@@ -37,6 +39,8 @@ class Store:
     rollups: RollupsRepository
     calllog: CalllogRepository
     export: ExportRepository
+    providers: ProvidersRepository
+    drift: DriftRepository
 
 
 _STORES: dict[str, Store] = {}
@@ -45,7 +49,7 @@ _STORES: dict[str, Store] = {}
 #: The package of each database's implementations, by SQLAlchemy dialect name.
 _PACKAGES = {"sqlite": "billing.storage.sqlite", "postgresql": "billing.storage.postgres"}
 #: The rooms, as ``Store`` names them: each package has a module of that name.
-_ROOMS = ("ingest", "reconcile", "rollups", "calllog", "export")
+_ROOMS = ("ingest", "reconcile", "rollups", "calllog", "export", "providers", "drift")
 
 
 def _build(dialect: str) -> Store:

@@ -129,7 +129,7 @@ def test_every_v1_route_declares_its_answers_and_its_auth(app: FastAPI) -> None:
                 assert content, (*where, status)
                 assert all(media.get("schema") for media in content.values()), (*where, status)
             assert operation["security"] == [{"bearer": []}], where
-    assert routes == 9
+    assert routes == 12
     body = document["paths"]["/v1/events"]["post"]["requestBody"]
     assert body["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/EventBatch"

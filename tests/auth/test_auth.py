@@ -35,6 +35,7 @@ PRICE = {
     "cache_read_usd_per_mtok": "0.1",
     "cache_creation_usd_per_mtok": "0",
 }
+EMPTY_PAGE = {"object": "page", "data": [], "has_more": False, "next_page": None}
 PERIOD = {"since": "2026-10-01T00:00:00Z", "until": "2026-11-01T00:00:00Z"}
 
 #: A valid request for every guarded endpoint, and the roles (besides admin) allowed to call it.
@@ -48,6 +49,12 @@ EXAMPLES: dict[tuple[str, str], tuple[dict[str, Any], set[str]]] = {
     ("GET", "/v1/usage"): ({"params": PERIOD}, {"read", "export"}),
     ("GET", "/v1/exports/usage.csv"): ({"params": PERIOD}, {"export"}),
     ("GET", "/v1/exports/calls.csv"): ({"params": PERIOD}, {"export"}),
+    ("POST", "/v1/provider-reports"): (
+        {"json": {"provider": "openai", "kind": "usage", "report": EMPTY_PAGE}},
+        set(),
+    ),
+    ("GET", "/v1/drift"): ({"params": PERIOD}, {"read", "export"}),
+    ("GET", "/v1/exports/drift.csv"): ({"params": PERIOD}, {"read", "export"}),
 }
 OPEN = {"/healthz", "/readyz", "/metrics"}
 

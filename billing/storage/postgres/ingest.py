@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 #: request_id).
 _NEW_CALL = (
     "nextval('calls_call_no_seq'), {rid}, (j->>1)::timestamptz, (j->>2)::timestamptz, 1, true, "
-    "'open', false, 0, '[]'::json, j->>3, j->>4, j->>5, (j->>6)::timestamptz, (j->>7)::json"
+    "'open', false, 0, '[]'::json, j->>3, j->>4, j->>5, (j->>6)::timestamptz, (j->>7)::json, "
+    "j->>8, j->>9"
 )
 
 #: One statement locks the stored calls and reads their numbers (``c``: a LATERAL primary-key
@@ -91,7 +92,11 @@ UPSERT_CALLS = (
     "started_at = CASE WHEN calls.api_key_id IS NULL AND excluded.api_key_id IS NOT NULL "
     "THEN excluded.started_at ELSE calls.started_at END, "
     "metadata = CASE WHEN calls.api_key_id IS NULL AND excluded.api_key_id IS NOT NULL "
-    "THEN excluded.metadata ELSE calls.metadata END "
+    "THEN excluded.metadata ELSE calls.metadata END, "
+    "provider = CASE WHEN calls.api_key_id IS NULL AND excluded.api_key_id IS NOT NULL "
+    "THEN excluded.provider ELSE calls.provider END, "
+    "upstream_account = CASE WHEN calls.api_key_id IS NULL AND excluded.api_key_id IS NOT NULL "
+    "THEN excluded.upstream_account ELSE calls.upstream_account END "
     "WHERE NOT calls.pending OR (calls.api_key_id IS NULL AND excluded.api_key_id IS NOT NULL)"
 )
 
@@ -100,16 +105,19 @@ _TO_JSON = orjson.OPT_UTC_Z
 
 def _call_values(calls: CallFields) -> str:
     """The calls as the JSON array of arrays the statements unpack, by request_id: request_id,
-    first and last received, then api_key_id, model, protocol, started_at and metadata of the
-    stream.started (or nulls)."""
+    first and last received, then api_key_id, model, protocol, started_at, metadata, provider
+    and upstream_account of the stream.started (or nulls)."""
     ordered: list[tuple[Any, ...]] = []
     for rid in sorted(calls):
         first, last, started, _ = calls[rid]
         if started is None:
-            ordered.append((rid, first, last, None, None, None, None, None))
+            ordered.append((rid, first, last, None, None, None, None, None, None, None))
         else:
-            key, model, protocol, metadata = started.started
-            ordered.append((rid, first, last, key, model, protocol, started.occurred_at, metadata))
+            key, model, protocol, metadata, provider, account = started.started
+            at = started.occurred_at
+            ordered.append(
+                (rid, first, last, key, model, protocol, at, metadata, provider, account)
+            )
     return orjson.dumps(ordered, option=_TO_JSON).decode()
 
 

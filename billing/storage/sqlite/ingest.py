@@ -104,13 +104,13 @@ STORED_HASHES = _in_lists("SELECT event_id, content_hash FROM events WHERE event
 #: no-op for nearly every row).
 UPSERT_CALLS = _multi_row(
     f"INSERT INTO calls ({CALL_COLUMNS})",
-    "(?, ?, ?, ?, 1, 1, 'open', 0, 0, '[]', ?, ?, ?, ?, ?)",
+    "(?, ?, ?, ?, 1, 1, 'open', 0, 0, '[]', ?, ?, ?, ?, ?, ?, ?)",
     " ON CONFLICT (request_id) DO UPDATE SET last_received_at = excluded.last_received_at, "
     "change_seq = calls.change_seq + 1, pending = 1 WHERE calls.pending = 0",
 )
 FILL_STARTED = (
-    "UPDATE calls SET api_key_id = ?, model = ?, protocol = ?, started_at = ?, metadata = ? "
-    "WHERE request_id = ? AND api_key_id IS NULL"
+    "UPDATE calls SET api_key_id = ?, model = ?, protocol = ?, started_at = ?, metadata = ?, "
+    "provider = ?, upstream_account = ? WHERE request_id = ? AND api_key_id IS NULL"
 )
 
 
@@ -202,10 +202,10 @@ class SqliteIngest:
         pending = stored.pending
         for rid in sorted(calls):
             first, last, started, _ = calls[rid]
-            fields: tuple[Any, ...] = (None, None, None, None, None)
+            fields: tuple[Any, ...] = (None, None, None, None, None, None, None)
             if started is not None:
-                key, model, protocol, metadata = started.started
-                fields = (key, model, protocol, started.occurred_text, metadata)
+                key, model, protocol, metadata, provider, account = started.started
+                fields = (key, model, protocol, started.occurred_text, metadata, provider, account)
                 if rid in stored.keyless:
                     fill.append((*fields, rid))
             if rid in pending:

@@ -1,0 +1,61 @@
+"""``billing drift``: our calls against the providers' reports, as CSV (the bytes of
+``GET /v1/exports/drift.csv`` for the same query) or JSON (the body of ``GET /v1/drift``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from billing.cli.common import fail, load_settings, migrate_or_fail, open_sessions
+from billing.drift.csv import drift_csv
+from billing.drift.schemas import parse_query
+from billing.drift.service import drift_rows
+from billing.errors import ValidationFailed
+from billing.storage.db import read_transaction
+
+
+def drift(
+    since: Annotated[str, typer.Option(help="calls started from, RFC 3339")],
+    until: Annotated[str, typer.Option(help="up to (exclusive), RFC 3339")],
+    provider: Annotated[str | None, typer.Option(help="openai or anthropic")] = None,
+    group_by: Annotated[
+        str | None, typer.Option(help="day|hour, model, upstream_account, service_tier")
+    ] = None,
+    tolerance_pct: Annotated[str | None, typer.Option(help="percent (default 1)")] = None,
+    output_format: Annotated[str, typer.Option("--format", help="csv or json")] = "csv",
+    output: Annotated[Path | None, typer.Option(help="write to FILE")] = None,
+) -> None:
+    """The drift rows, mismatches first."""
+    if output_format not in ("csv", "json"):
+        fail("--format must be csv or json", 2)
+    items = [("since", since), ("until", until)]
+    for name, value in (
+        ("provider", provider),
+        ("group_by", group_by),
+        ("tolerance_pct", tolerance_pct),
+    ):
+        if value is not None:
+            items.append((name, value))
+    try:
+        query = parse_query(items)
+    except ValidationFailed as error:
+        first = error.errors[0]
+        fail(f"--{first.path.removeprefix('query.').replace('_', '-')}: {first.message}", 2)
+    settings = load_settings()
+    migrate_or_fail(settings)
+    with read_transaction(open_sessions(settings)) as session:
+        rows = drift_rows(session, query)
+    body = (
+        drift_csv(query, rows)
+        if output_format == "csv"
+        else json.dumps({"data": rows}, separators=(",", ":")).encode()
+    )
+    if output is None:
+        sys.stdout.buffer.write(body)
+        sys.stdout.flush()
+    else:
+        output.write_bytes(body)
