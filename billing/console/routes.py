@@ -23,6 +23,8 @@ from billing.api.state import AppState, get_state, read
 from billing.console import access, views
 from billing.console.access import Viewer
 from billing.console.render import page, render, respond
+from billing.drift.schemas import parse_query as parse_drift_query
+from billing.drift.service import drift_rows
 from billing.errors import NotFound, ValidationFailed
 
 router = APIRouter(prefix="/console", include_in_schema=False)
@@ -189,14 +191,6 @@ async def budgets(request: Request) -> Response:
     return render("budgets.html", {"viewer": viewer, "current": "budgets"})
 
 
-def drift_rows(session: Session, items: list[tuple[str, str]]) -> list[dict[str, Any]] | None:
-    """``GET /v1/drift``'s rows for the query ``items``; None while drift is not built (#26).
-
-    Wiring it: ``return drift_service(session, parse_query(items))`` with
-    ``billing.drift.schemas.parse_query`` and ``billing.drift.service.drift_rows``."""
-    return None
-
-
 @router.get("/drift")
 async def drift(request: Request) -> Response:
     """The drift table (``GET /v1/drift``'s parameters; the last 7 UTC days by default),
@@ -210,7 +204,7 @@ async def drift(request: Request) -> Response:
         viewer,
         "drift",
         "drift.html",
-        lambda s: views.drift_view(drift_rows(s, items)),
+        lambda s: views.drift_view(drift_rows(s, parse_drift_query(items))),
         dict(items),
     )
 

@@ -202,11 +202,9 @@ DRIFT_FIELDS = (
 )
 
 
-def drift_view(rows: list[dict[str, Any]] | None) -> dict[str, Any]:
-    """The Drift page for ``GET /v1/drift``'s rows (None: drift is not built yet), mismatches
-    first (any status but ``match``), then in the service's order."""
-    if rows is None:
-        return {"rows": None, "keys": [], "fields": DRIFT_FIELDS}
+def drift_view(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The Drift page for ``GET /v1/drift``'s rows (``billing.drift.service.drift_rows``),
+    mismatches first (any status but ``match``), then in the service's order."""
     keys = [k for k in (rows[0] if rows else {}) if k not in DRIFT_FIGURES]
     ordered = sorted(rows, key=lambda row: row.get("status") == "match")
     return {"rows": ordered, "keys": keys, "fields": DRIFT_FIELDS}

@@ -354,12 +354,9 @@ def test_the_console_exports_are_the_api_exports(
         assert mine.headers["x-billing-period"] == "closed"
 
 
-def test_budgets_and_drift_say_they_are_not_built(
-    seeded: TestClient, tokens: dict[str, str]
-) -> None:
+def test_budgets_say_they_are_not_built(seeded: TestClient, tokens: dict[str, str]) -> None:
     sign_in(seeded, tokens["admin"])
     assert "Not built yet." in seeded.get("/console/budgets").text
-    assert "Not built yet." in seeded.get("/console/drift").text
     calls = seeded.get("/console/calls").text
     assert "Customer filter and column: not built yet" in calls
     assert 'name="customer_id"' not in calls
@@ -416,3 +413,28 @@ def test_docs_serve_swagger_ui_from_the_package(client: TestClient) -> None:
     assert client.get("/console/static/swagger/swagger-ui.css").status_code == 200
     assert client.get("/openapi.json").status_code == 200
     assert client.get("/redoc").status_code == 404  # it would load from a CDN
+
+
+def test_the_drift_page_shows_the_drift_rows_of_the_api(
+    seeded: TestClient, tokens: dict[str, str]
+) -> None:
+    """A provider bucket for a model we never saw: the page's row is ``/v1/drift``'s row, its
+    model name escaped."""
+    from datetime import UTC, datetime
+
+    from tests.providers.pages import openai_page, openai_usage_result
+
+    admin = {"Authorization": f"Bearer {tokens['admin']}"}
+    day = datetime(2026, 11, 10, tzinfo=UTC)
+    period = {"since": "2026-11-10T00:00:00Z", "until": "2026-11-11T00:00:00Z"}
+    ghost = openai_usage_result("<b>o3-ghost</b>", 1000, 0, 20, 3)
+    body = {"provider": "openai", "kind": "usage", "report": openai_page([(day, [ghost])])}
+    assert seeded.post("/v1/provider-reports", json=body, headers=admin).status_code == 200
+    api = seeded.get("/v1/drift", params=period, headers=admin).json()["data"]
+    assert [(row["model"], row["status"]) for row in api] == [("<b>o3-ghost</b>", "missing_ours")]
+
+    sign_in(seeded, tokens["read"])
+    html = seeded.get("/console/drift", params=period).text
+    assert "Not built yet." not in html
+    assert "&lt;b&gt;o3-ghost&lt;/b&gt;" in html and "<b>o3-ghost</b>" not in html
+    assert "<strong>missing_ours</strong>" in html
