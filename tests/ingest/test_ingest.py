@@ -661,7 +661,7 @@ def test_a_database_failure_mid_batch_stores_nothing(
     events back. (The call exists already and was reconciled since, so that it is touched on
     both databases: PostgreSQL creates a new call with its events, in one statement, and leaves
     a call that is pending already alone.)"""
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://127.0.0.1") as client:
         assert post(client, [started("a")]).status_code == 200
     state = app.state.billing
     run_pass(state.sessions, state.settings, now=datetime.now(UTC))
@@ -673,7 +673,7 @@ def test_a_database_failure_mid_batch_stores_nothing(
         raise OperationalError("UPDATE calls", {}, Exception("connection reset by peer"))
 
     monkeypatch.setattr(store_for(state.sessions.kw["bind"]).ingest, "touch_calls", broken)
-    with TestClient(app, raise_server_exceptions=False) as client:
+    with TestClient(app, raise_server_exceptions=False, base_url="http://127.0.0.1") as client:
         reply = post(client, [tokens("b"), usage("c")])
 
     assert inserted_before_failure == [3]

@@ -216,7 +216,7 @@ def test_a_conflict_among_stored_events_is_refused(sessions: sessionmaker[Sessio
 
 
 def test_the_ingest_fast_path_answers_like_the_route(app: FastAPI) -> None:
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://127.0.0.1") as client:
         reply = client.post("/v1/events", json={"events": [tokens("a")]})
         assert reply.status_code == 200
         assert reply.headers["content-type"] == "application/json"
