@@ -157,6 +157,7 @@ def _watch_statements(engine: Engine, deadline_s: float, kill: Callable[[Any], N
         ("do_execute_no_params", True),
         ("do_commit", False),
         ("do_rollback", False),
+        ("do_ping", False),
     ):
         setattr(dialect, name, watched(getattr(dialect, name), of_cursor))
 

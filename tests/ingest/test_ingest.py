@@ -402,17 +402,12 @@ def test_bad_body_is_refused(client: TestClient, app: FastAPI, body: bytes, path
 
 
 HOSTILE: dict[str, tuple[bytes, int]] = {
-    "NUL in metadata and message": (
-        orjson.dumps(
-            {
-                "events": [
-                    started("nul-s", metadata={"note": "a\x00b"}),
-                    failed("nul-f", message="stack\x00trace"),
-                ]
-            }
-        ),
+    "NUL in a message": (
+        orjson.dumps({"events": [failed("nul-f", message="stack\x00trace")]}),
         200,
     ),
+    # Metadata is text like every other field of an event (issue 29): no NUL, no control.
+    "NUL in metadata": (orjson.dumps({"events": [started("nul-s", metadata={"a": "a\x00b"})]}), 422),
     "NUL in an id": (orjson.dumps({"events": [tokens("nul\x00id")]}), 422),
     "lone surrogate": (b'{"events": [{"event_id": "\\ud800"}]}', 422),
     "integer past 64 bits": (

@@ -41,6 +41,10 @@ from tests.builders import seed_started as started
 from tests.builders import seed_tokens as tokens
 from tests.builders import seed_usage as usage
 
+#: Printable text (metadata keys and values are printable, issue 29): no control, format,
+#: separator (but the space), surrogate, private or unassigned characters.
+_PRINTABLE = st.characters(blacklist_categories=("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp", "Zs"))
+
 NOW = datetime.now(UTC)
 
 
