@@ -109,7 +109,11 @@ def _old_hash(parsed: ParsedEvent) -> str:
     attempt=st.one_of(st.none(), st.integers(1, 1000)),
     metadata=st.one_of(
         st.none(),
-        st.dictionaries(st.text(min_size=1, max_size=8), st.text(max_size=8), max_size=32),
+        st.dictionaries(
+            st.text(_PRINTABLE, min_size=1, max_size=8).filter(lambda k: not k.isspace()),
+            st.text(_PRINTABLE, max_size=8),
+            max_size=32,
+        ),
     ),
 )
 def test_rows_carry_the_values_the_old_path_computed(
