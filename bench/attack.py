@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -147,7 +148,9 @@ def get_status(port: int, path: str, timeout: float = 5.0, host: str = "127.0.0.
     """The status of ``GET path`` on a new connection (None: no answer in time)."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
-            sock.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+            sock.sendall(
+                f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode()
+            )
             return status_of(read_some(sock))
     except OSError:
         return None
@@ -256,10 +259,10 @@ def measured(server: Server, name: str) -> Iterator[dict[str, Any]]:
     print(f"statuses: {dict(figures['statuses'])}")
     for key in ("cpu_s", "rss_growth_mb", "rss_peak_growth_mb", "wall_s"):
         print(f"{key}: {figures[key]:.2f}")
+    shown = ("statuses", "cpu_s", "rss_growth_mb", "rss_peak_growth_mb", "wall_s", "health")
     for key, value in figures.items():
-        if key not in ("statuses", "cpu_s", "rss_growth_mb", "rss_peak_growth_mb", "wall_s"):
-            if key != "health":
-                print(f"{key}: {value}")
+        if key not in shown:
+            print(f"{key}: {value}")
     print(probe.summary())
 
 
@@ -280,9 +283,7 @@ def send_header(port: int, size: int) -> int | str:
         return status_of(read_some(sock)) or "closed without an answer"
 
 
-def send_body(
-    port: int, path: str, size: int, headers: dict[str, str] | None = None
-) -> int | str:
+def send_body(port: int, path: str, size: int, headers: dict[str, str] | None = None) -> int | str:
     """One ``POST path`` declaring and sending ``size`` bytes of JSON-ish body."""
     head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
     for name, value in (headers or {}).items():
@@ -329,13 +330,19 @@ def hold_connections(port: int, idle: int, half: int, hold_s: float) -> dict[str
 
 
 def _event_batch(prefix: str, n: int) -> bytes:
-    events = ",".join(
-        '{"event_id":"%s-%d","request_id":"%s-r%d","type":"stream.started",'
-        '"occurred_at":"2026-10-15T08:00:00Z","api_key_id":"key_attack","model":"m",'
-        '"protocol":"openai.responses"}' % (prefix, i, prefix, i)
+    events = [
+        {
+            "event_id": f"{prefix}-{i}",
+            "request_id": f"{prefix}-r{i}",
+            "type": "stream.started",
+            "occurred_at": "2026-10-15T08:00:00Z",
+            "api_key_id": "key_attack",
+            "model": "m",
+            "protocol": "openai.responses",
+        }
         for i in range(n)
-    )
-    return ('{"events":[' + events + "]}").encode()
+    ]
+    return json.dumps({"events": events}, separators=(",", ":")).encode()
 
 
 def post_json(port: int, path: str, body: bytes, timeout: float) -> tuple[int | str, float]:
@@ -380,9 +387,10 @@ def attack_bodies(checkout: Path, url: str | None, count: int, size: int) -> Non
 
 
 def attack_idle(checkout: Path, url: str | None, count: int, hold_s: float) -> None:
-    with Server(url, checkout) as server, measured(
-        server, f"{count} idle + {count} half-sent connections held {hold_s:g} s"
-    ) as f:
+    with (
+        Server(url, checkout) as server,
+        measured(server, f"{count} idle + {count} half-sent connections held {hold_s:g} s") as f,
+    ):
         f["connections"] = hold_connections(server.port, count, count, hold_s)
         f["statuses"][get_status(server.port, "/healthz")] += 1
 
@@ -440,7 +448,9 @@ def attack_blackhole(checkout: Path, url: str, hold_s: float) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     parser.add_argument("--checkout", type=Path, default=ROOT, help="the checkout to serve")
     parser.add_argument("--database-url", default=None, help="default: a SQLite file")
     parser.add_argument("--small", action="store_true", help="a smoke run at small sizes")
@@ -460,7 +470,9 @@ def main() -> None:
         attack_idle(checkout, url, 50 if args.small else 500, 12.0 if args.small else 30.0)
     if "blackhole" in only:
         if url is None or not url.startswith("postgresql"):
-            print("\n== blackhole: skipped (PostgreSQL only: --database-url postgresql+psycopg://…)")
+            print(
+                "\n== blackhole: skipped (PostgreSQL only: --database-url postgresql+psycopg://…)"
+            )
         else:
             attack_blackhole(checkout, url, 8.0 if args.small else 45.0)
 

@@ -236,6 +236,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._head_timeout_s = settings.header_timeout_s
         self._in_head = True
         self._head_bytes = 0
+        self._tail = b""
         self._head_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -247,22 +248,27 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        super().data_received(data)
-        # Counted after the parser took the chunk: the chunk that ends the headers is not, so
-        # the parser never holds more than the limit and one chunk.
-        if self._in_head and not self.transport.is_closing():
-            self._head_bytes += len(data)
+        if self.transport.is_closing():
+            return  # answered and closing (a 413 before its body): the rest is not read
+        if self._in_head:
+            # Counted before the parser sees the bytes, up to the blank line that ends the
+            # headers: the parser never holds more than the limit.
+            seen = self._tail + data
+            end = seen.find(b"\r\n\r\n")
+            self._head_bytes += len(data) if end < 0 else max(0, end + 4 - len(self._tail))
+            self._tail = seen[-3:]
             if self._head_bytes > self._max_head:
                 self._refuse(
                     431,
                     "Request Header Fields Too Large",
                     f"the request line and headers are over the limit of {self._max_head} bytes",
                 )
+                return
+        super().data_received(data)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_head = True
-        self._head_bytes = 0
         if self._head_timer is None:
             self._arm()
 
@@ -271,10 +277,13 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._disarm()
         super().on_headers_complete()
 
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        # Idle until the next request: uvicorn's keep-alive timeout closes the connection.
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        # The request has ended, body and all: what follows is the next request's head
+        # (uvicorn's keep-alive timeout closes a connection that stays idle).
+        self._in_head = True
         self._head_bytes = 0
+        self._tail = b""
 
     def _arm(self) -> None:
         self._disarm()

@@ -16,13 +16,16 @@ from typing import Annotated
 
 from fastapi import Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from billing.auth.tokens import TokenInfo, find_token, hash_token, record_use, token_count
 from billing.errors import Forbidden, Unauthorized
-from billing.storage.db import write_transaction
+from billing.storage.db import is_unavailable, write_transaction
 
 CACHE_TTL_S = 2.0
+#: While the database is unavailable, a token seen before is not looked up again for this long.
+UNAVAILABLE_RETRY_S = 10.0
 #: A token's ``last_used_at`` is written at most this often (seconds): not a write per request.
 LAST_USED_EVERY_S = 60.0
 
@@ -60,6 +63,7 @@ class TokenCache:
         self._roles: dict[str, tuple[float, TokenInfo | None]] = {}
         self._noted: dict[str, float] = {}
         self._unwritten: dict[str, datetime] = {}
+        self._unavailable_until = 0.0
 
     def cached_auth_enabled(self) -> bool | None:
         """``auth_enabled()`` when known without the database, else None."""
@@ -76,8 +80,17 @@ class TokenCache:
         if known is not None:
             return known
         now = time.monotonic()
-        with self._sessions() as session:
-            count = token_count(session)
+        before = self._count
+        if before is not None and now < self._unavailable_until:
+            return before[1] > 0
+        try:
+            with self._sessions() as session:
+                count = token_count(session)
+        except SQLAlchemyError as error:
+            if before is None or not is_unavailable(error):
+                raise
+            self._unavailable_until = now + UNAVAILABLE_RETRY_S
+            return before[1] > 0
         with self._lock:
             self._count = (now, count)
         return count > 0
@@ -94,9 +107,21 @@ class TokenCache:
         known, role = self.cached_role(presented)
         if known:
             return role
+        stale = self._roles.get(hash_token(presented))
         now = time.monotonic()
-        with self._sessions() as session:
-            info = find_token(session, presented)
+        if stale is not None and now < self._unavailable_until:
+            return self._role(stale[1])
+        try:
+            with self._sessions() as session:
+                info = find_token(session, presented)
+        except SQLAlchemyError as error:
+            # While the database is away a token known before keeps its answer (nothing can be
+            # revoked meanwhile), and the database is not asked again for a while: a request
+            # must not wait for the database's deadline to learn what it knew a second ago.
+            if stale is None or not is_unavailable(error):
+                raise
+            self._unavailable_until = now + UNAVAILABLE_RETRY_S
+            return self._role(stale[1])
         with self._lock:
             if len(self._roles) > 10_000:
                 self._roles.clear()

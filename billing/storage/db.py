@@ -75,7 +75,7 @@ def make_engine(
 
 
 #: Seconds past ``statement_timeout`` before the watchdog cuts a PostgreSQL connection.
-_WATCHDOG_GRACE_S = 2.0
+_WATCHDOG_GRACE_S = 1.0
 #: How often the watchdog looks at the statements under way (seconds).
 _WATCHDOG_EVERY_S = 0.25
 

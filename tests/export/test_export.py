@@ -590,7 +590,9 @@ def test_close_lag_setting(db_url: str) -> None:
     until = datetime.now(UTC) - timedelta(seconds=600)
     params = {"since": "2026-01-01T00:00:00Z", "until": until.isoformat()}
     for lag, label in [(3600.0, "provisional"), (0.0, "closed")]:
-        with TestClient(create_app(Settings(database_url=db_url, close_lag_s=lag)), base_url="http://127.0.0.1") as client:
+        with TestClient(
+            create_app(Settings(database_url=db_url, close_lag_s=lag)), base_url="http://127.0.0.1"
+        ) as client:
             assert export(client, "calls", **params).headers["x-billing-period"] == label
 
 

@@ -407,7 +407,10 @@ HOSTILE: dict[str, tuple[bytes, int]] = {
         200,
     ),
     # Metadata is text like every other field of an event (issue 29): no NUL, no control.
-    "NUL in metadata": (orjson.dumps({"events": [started("nul-s", metadata={"a": "a\x00b"})]}), 422),
+    "NUL in metadata": (
+        orjson.dumps({"events": [started("nul-s", metadata={"a": "a\x00b"})]}),
+        422,
+    ),
     "NUL in an id": (orjson.dumps({"events": [tokens("nul\x00id")]}), 422),
     "lone surrogate": (b'{"events": [{"event_id": "\\ud800"}]}', 422),
     "integer past 64 bits": (

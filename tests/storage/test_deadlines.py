@@ -33,7 +33,7 @@ def test_a_statement_past_its_deadline_fails_as_an_outage(db_url: str, is_postgr
         conn.execute(text(slow))
     took = time.monotonic() - started
     # PostgreSQL cancels it at statement_timeout; SQLite's is interrupted by the watchdog.
-    assert took < 0.5 + 2.0 + 1.0, took
+    assert took < 0.5 + 1.0 + 1.0, took
     assert is_unavailable(caught.value)
     with engine.connect() as conn:  # the engine serves again at once
         assert conn.execute(text("SELECT 1")).scalar() == 1
@@ -54,8 +54,8 @@ def test_a_blackholed_postgres_fails_within_the_deadline(db_url: str, is_postgre
             with pytest.raises(OperationalError) as caught:
                 conn.execute(text("SELECT 2"))
             took = time.monotonic() - started
-        # statement_timeout (1 s) cannot arrive: the watchdog cuts it 2 s later.
-        assert 2.5 < took < 4.5, took
+        # statement_timeout (1 s) cannot arrive: the watchdog cuts it 1 s later.
+        assert 1.9 < took < 3.5, took
         assert is_unavailable(caught.value)
         proxy.resume()
         with engine.connect() as conn:

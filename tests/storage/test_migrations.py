@@ -155,7 +155,9 @@ def test_readyz_is_503_before_and_200_after_billing_migrate(fresh_url: str, tmp_
 def test_readyz_is_503_when_the_database_is_behind_head(fresh_url: str) -> None:
     command.upgrade(alembic_config(fresh_url), "head")
     command.downgrade(alembic_config(fresh_url), "base")
-    with TestClient(create_app(Settings(database_url=fresh_url)), base_url="http://127.0.0.1") as client:
+    with TestClient(
+        create_app(Settings(database_url=fresh_url)), base_url="http://127.0.0.1"
+    ) as client:
         reply = client.get("/readyz")
     assert reply.status_code == 503, reply.text
     assert "billing migrate" in reply.json()["reason"]
