@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from billing.api import calls, errors, events, exports, health, prices, reconcile, usage
+from billing.api import calls, errors, events, exports, health, limits, prices, reconcile, usage
 from billing.api import tokens as tokens_api
 from billing.api.limits import RequestLimits
 from billing.api.openapi import hoist_definitions
@@ -188,17 +188,18 @@ def create_app(settings: Settings | None = None, *, background: bool = False) ->
         lifespan=lifespan,
     )
     app.state.billing = state
-    app.state.tokens = tokens = TokenCache(sessions)
+    app.state.tokens = TokenCache(sessions)
     app.limits = RequestLimits(
         app._dispatch,
         settings,
-        tokens,
+        lambda: app.state.tokens,
         body_limits={events.PATH: MAX_BODY_BYTES},
         gzip_paths=frozenset({events.PATH}),
     )
     errors.install(app, settings.db_retry_after_s)
     for module in _ROUTERS:
         app.include_router(module.router)
+    limits.declare(app.routes)
     app.latency = _Latency(state.metrics)
     app.add_middleware(_LatencyMiddleware, latency=app.latency)
     return app

@@ -35,15 +35,17 @@ from __future__ import annotations
 
 import asyncio
 import zlib
+from collections.abc import Callable
 from typing import Any
 
+from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from billing.api.errors import HANDLED, domain_error, raw_answer, render
+from billing.api.errors import HANDLED, answers, domain_error, raw_answer, render
 from billing.auth.guard import TokenCache, bearer, known_role
 from billing.errors import (
     BadRequest,
@@ -64,6 +66,7 @@ _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 class RequestLimits:
     """The ASGI middleware of the request limits (see the module's docstring).
 
+    ``tokens``: the app's token cache (asked for each request: ``app.state.tokens``);
     ``gzip_paths``: the routes that take ``Content-Encoding: gzip``; ``body_limits``: the body
     limit of a route by path (``settings.max_body_bytes`` for any other).
     """
@@ -72,7 +75,7 @@ class RequestLimits:
         self,
         app: ASGIApp,
         settings: Settings,
-        tokens: TokenCache,
+        tokens: Callable[[], TokenCache],
         body_limits: dict[str, int],
         gzip_paths: frozenset[str],
     ) -> None:
@@ -125,9 +128,10 @@ class RequestLimits:
             )
         if await self._auth_enabled():
             presented = bearer(headers.get("authorization", ""))
-            known, role = self.tokens.cached_role(presented)
+            cache = self.tokens()
+            known, role = cache.cached_role(presented)
             if not known:
-                role = await run_in_threadpool(self.tokens.role, presented)
+                role = await run_in_threadpool(cache.role, presented)
             known_role(role)
         limit = self.body_limits.get(path, self.settings.max_body_bytes)
         declared = headers.get("content-length")
@@ -145,10 +149,26 @@ class RequestLimits:
         return scope, _replay(body, receive)
 
     async def _auth_enabled(self) -> bool:
-        known = self.tokens.cached_auth_enabled()
+        cache = self.tokens()
+        known = cache.cached_auth_enabled()
         if known is not None:
             return known
-        return await run_in_threadpool(self.tokens.auth_enabled)
+        return await run_in_threadpool(cache.auth_enabled)
+
+
+def declare(routes: list[Any]) -> None:
+    """Add the answers of the limits to the OpenAPI ``responses`` of ``routes`` (FastAPI
+    ``APIRoute``s) that do not declare them already: 400 (a ``Host`` not served in open mode) on
+    every route, and 408, 413, 415 on those that take a ``POST``."""
+    for route in routes:
+        if hasattr(route, "original_router"):  # FastAPI's included routers
+            declare(route.original_router.routes)
+            continue
+        if not isinstance(route, APIRoute) or not route.path.startswith("/v1"):
+            continue
+        statuses = (400, 408, 413, 415) if "POST" in (route.methods or ()) else (400,)
+        for status, response in answers(*statuses).items():
+            route.responses.setdefault(status, response)
 
 
 def _hostname(host: str) -> str:
