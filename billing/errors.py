@@ -32,6 +32,11 @@ class BillingError(Exception):
         return {}
 
 
+#: A 422 lists at most this many problems: a batch of a million bad fields must not get an
+#: answer twenty times its own size.
+MAX_LISTED_ERRORS = 100
+
+
 class ValidationFailed(BillingError):
     """422: the request is malformed; ``errors`` lists every problem (CONTRACT "Ingest")."""
 
@@ -42,7 +47,12 @@ class ValidationFailed(BillingError):
         self.errors = errors
 
     def body(self) -> dict[str, Any]:
-        return {"errors": [e.as_dict() for e in self.errors]}
+        """``{"errors": [...]}`` with at most ``MAX_LISTED_ERRORS`` problems (the first ones, in
+        batch order), and ``more_errors``: how many more there were, when there were more."""
+        listed: dict[str, Any] = {"errors": [e.as_dict() for e in self.errors[:MAX_LISTED_ERRORS]]}
+        if len(self.errors) > MAX_LISTED_ERRORS:
+            listed["more_errors"] = len(self.errors) - MAX_LISTED_ERRORS
+        return listed
 
 
 class TooLarge(BillingError):
@@ -57,6 +67,20 @@ class Conflict:
 
     index: int
     event_id: str
+
+
+class BadRequest(BillingError):
+    """400: a request the server cannot read (a ``Host`` it does not serve, a body that is not
+    valid gzip)."""
+
+    status = 400
+
+
+class UnsupportedMediaType(BillingError):
+    """415: a POST whose body is not ``application/json``, or in an encoding the route does not
+    take."""
+
+    status = 415
 
 
 class BodyTimeout(BillingError):

@@ -276,7 +276,7 @@ def fetch_call(
     base = url.rstrip("/")
     try:
         with httpx.Client(base_url=base, headers=headers, timeout=timeout_s) as http:
-            settled = http.post("/v1/reconcile")
+            settled = http.post("/v1/reconcile", json={})
             if settled.status_code != 200:
                 raise ReplayError(f"POST /v1/reconcile failed: {_answer(settled)}")
             answer = http.get(f"/v1/calls/{quote(request_id, safe='')}")

@@ -27,6 +27,17 @@ class Settings(BaseSettings):
       waits for the database while another computes); SQLite runs one (it has one writer).
     - ``sqlite_busy_timeout_ms``: how long a SQLite writer waits for the lock before giving up.
     - ``db_retry_after_s``: the ``Retry-After`` value sent with a 503 when the database is down.
+    - ``db_statement_timeout_s``: the longest a database statement may run: PostgreSQL's
+      ``statement_timeout``, and on both databases the deadline after which a statement that
+      gets no answer (a database host gone silent) has its connection closed, failing as an
+      outage (503) instead of holding the request (``billing.storage.db``).
+    - ``body_timeout_s``: a request body must arrive in full within this many seconds (408).
+    - ``max_body_bytes``: the largest request body of every route but ``POST /v1/events``
+      (whose limit is the contract's 1 MiB) (413).
+    - ``max_header_bytes``: the largest request line and headers together (431).
+    - ``header_timeout_s``: a connection must send a request's headers in full within this many
+      seconds of opening (or of starting that request), or it is closed (408).
+    - ``keep_alive_s``: an idle connection between requests is closed after this many seconds.
     """
 
     model_config = SettingsConfigDict(env_prefix="BILLING_", extra="ignore")
@@ -40,7 +51,12 @@ class Settings(BaseSettings):
     sqlite_busy_timeout_ms: int = Field(default=10_000, ge=0)
     db_pool_size: int = Field(default=10, ge=1)
     db_retry_after_s: int = Field(default=2, ge=1)
+    db_statement_timeout_s: float = Field(default=15.0, gt=0)
     body_timeout_s: float = Field(default=30.0, gt=0)
+    max_body_bytes: int = Field(default=64 * 1024, ge=1024)
+    max_header_bytes: int = Field(default=32 * 1024, ge=1024)
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    keep_alive_s: float = Field(default=5.0, gt=0)
     log_level: str = "info"
 
     @field_validator("database_url")

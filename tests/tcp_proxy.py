@@ -10,6 +10,10 @@ without touching the shared database server.
 ``cut(mode=...)``: ``"reset"`` (default) accepts new connections and resets them at once (RST);
 ``"refuse"`` closes the listening socket, so a connect fails with ``ECONNREFUSED``, and listens
 again on the same port at ``resume()``. Either way every open connection is reset.
+``blackhole()`` keeps every connection open and forwards nothing (new connections are accepted
+and held), as a database host that stops answering behind a proxy: the client's TCP stack sees
+every byte acknowledged, so only a client-side deadline ends its wait; ``resume()`` cuts the
+held connections and forwards again.
 ``cut_after(b"COMMIT")`` cuts right after the server got a given message, before its answer gets
 back: the commit happened, the client cannot know.
 """
@@ -58,6 +62,8 @@ class TcpProxy:
         self._hold = False
         self.tripped = threading.Event()
         self._cut_delay = 0.3
+        self.blackholed = False
+        self._held: list[socket.socket] = []
 
     # -- control -----------------------------------------------------------------------------
 
@@ -87,6 +93,12 @@ class TcpProxy:
             _reset(b)
         return len(pairs)
 
+    def blackhole(self) -> None:
+        """Forward nothing, close nothing: every byte either way is dropped, and new connections
+        are accepted and held without an answer, until ``resume``."""
+        with self._lock:
+            self.blackholed = True
+
     def cut_after(self, marker: bytes, delay_s: float = 0.3) -> threading.Event:
         """Arm a cut: the next client message that contains ``marker`` (say ``b"COMMIT"``) is
         forwarded, the server's answers are no longer passed back, and ``delay_s`` later every
@@ -105,6 +117,14 @@ class TcpProxy:
             self._hold = False
             self._marker = None
             relisten = self._listener is None and not self._closed
+            dropped: list[socket.socket] = []
+            if self.blackholed:  # what passed meanwhile is lost: those connections are done
+                self.blackholed = False
+                dropped = [sock for pair in self._pairs for sock in pair] + self._held
+                self._pairs.clear()
+                self._held = []
+        for sock in dropped:
+            _reset(sock)
         if relisten:
             self._listen()
 
@@ -162,6 +182,9 @@ class TcpProxy:
                 return  # the listener was closed (cut in "refuse" mode, or close())
             with self._lock:
                 down = self.down or self._closed
+                if self.blackholed and not down:
+                    self._held.append(client)
+                    continue
             if down:
                 self.refused += 1
                 _reset(client)
@@ -196,6 +219,8 @@ class TcpProxy:
                     break
                 if not upstream and self._hold:
                     continue  # the server's answers are swallowed once the marker passed
+                if self.blackholed:
+                    continue
                 dst.sendall(data)
                 if upstream and self._marker is not None and self._marker in data:
                     with self._lock:

@@ -52,7 +52,7 @@ def serve(db_url: str, tmp_path: Path) -> Iterator[ServeProcess]:
 
 
 def settle_and_get(http: httpx.Client, request_id: str) -> dict[str, Any]:
-    assert http.post("/v1/reconcile").status_code == 200
+    assert http.post("/v1/reconcile", json={}).status_code == 200
     answer = http.get(f"/v1/calls/{request_id}")
     assert answer.status_code == 200, answer.text
     call: dict[str, Any] = answer.json()

@@ -22,18 +22,22 @@ from billing.api import (
     events,
     exports,
     health,
+    limits,
     prices,
     providers,
     reconcile,
     usage,
 )
+from billing.api import tokens as tokens_api
+from billing.api.limits import RequestLimits
 from billing.api.openapi import hoist_definitions
 from billing.api.state import AppState
-from billing.auth.guard import TokenCache
+from billing.auth.guard import LAST_USED_EVERY_S, TokenCache
 from billing.console import install as install_console
 from billing.errors import FieldError, ValidationFailed
+from billing.ingest.validation import MAX_BODY_BYTES
 from billing.metrics import Metrics
-from billing.reconcile.runner import run_pass
+from billing.reconcile.runner import Backoff, run_pass
 from billing.settings import Settings, get_settings
 from billing.storage.db import make_engine, make_sessionmaker
 from billing.storage.models import Call
@@ -97,8 +101,16 @@ class _App(FastAPI):
     """
 
     latency: _Latency
+    #: The request limits (``billing.api.limits``), in front of everything, the fast route too.
+    limits: ASGIApp
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await self.limits(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
+
+    async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (
             scope["type"] == "http"
             and scope["path"] == events.PATH
@@ -166,14 +178,18 @@ def create_app(settings: Settings | None = None, *, background: bool = False) ->
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        task = asyncio.create_task(_reconcile_loop(state)) if background else None
+        tasks = [asyncio.create_task(_last_used_loop(app.state.tokens))]
+        if background:
+            tasks.append(asyncio.create_task(_reconcile_loop(state)))
         try:
             yield
         finally:
-            if task is not None:
+            for task in tasks:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            with contextlib.suppress(SQLAlchemyError):
+                await asyncio.to_thread(app.state.tokens.flush_last_used)
             if state.ingest_writer is not None:
                 state.ingest_writer.close()
             engine.dispose()
@@ -189,10 +205,18 @@ def create_app(settings: Settings | None = None, *, background: bool = False) ->
     )
     app.state.billing = state
     app.state.tokens = TokenCache(sessions)
+    app.limits = RequestLimits(
+        app._dispatch,
+        settings,
+        lambda: app.state.tokens,
+        body_limits={events.PATH: MAX_BODY_BYTES},
+        gzip_paths=frozenset({events.PATH}),
+    )
     errors.install(app, settings.db_retry_after_s)
     for module in _ROUTERS:
         app.include_router(module.router)
     install_console(app)
+    limits.declare(app.routes)
     app.latency = _Latency(state.metrics)
     app.add_middleware(_LatencyMiddleware, latency=app.latency)
     return app
@@ -208,22 +232,38 @@ _ROUTERS: list[Any] = [
     exports,
     providers,
     drift,
+    tokens_api,
 ]
 
 
 async def _reconcile_loop(state: AppState) -> None:
-    """Background passes; a failed pass is logged and retried at the next interval. While this
+    """Background passes; a failed pass is logged and retried at the next interval, a database
+    outage in one line with a growing pause (``billing.reconcile.runner.Backoff``). While this
     app's ingest is writing, the passes take short steps (``run_pass``'s ``busy``)."""
 
     def busy() -> bool:
         writer = state.ingest_writer
         return writer is not None and writer.busy()
 
+    backoff = Backoff(state.settings.reconcile_interval_s)
     while True:
-        await asyncio.sleep(state.settings.reconcile_interval_s)
+        await asyncio.sleep(backoff.pause_s)
         try:
             await asyncio.to_thread(
                 run_pass, state.sessions, state.settings, state.metrics, None, busy
             )
-        except Exception:
-            log.exception("background reconciliation pass failed; retrying next interval")
+        except Exception as error:
+            if not backoff.failed(error):
+                log.exception("background reconciliation pass failed; retrying next interval")
+        else:
+            backoff.succeeded()
+
+
+async def _last_used_loop(tokens: TokenCache) -> None:
+    """Writes the tokens' ``last_used_at`` once a minute (``TokenCache.flush_last_used``)."""
+    while True:
+        await asyncio.sleep(LAST_USED_EVERY_S)
+        try:
+            await asyncio.to_thread(tokens.flush_last_used)
+        except SQLAlchemyError as error:
+            log.warning("could not write the tokens' last use (%s); retrying", type(error).__name__)

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -20,6 +21,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException
 
 from billing.errors import (
+    MAX_LISTED_ERRORS,
     OUTCOME_UNKNOWN,
     BillingError,
     CommitOutcomeUnknown,
@@ -53,11 +55,13 @@ class FieldProblem(BaseModel):
 
 
 class ValidationErrors(BaseModel):
-    """422: every problem of the request at once."""
+    """422: the problems of the request, at most 100 (``billing.errors.MAX_LISTED_ERRORS``);
+    ``more_errors`` says how many more there were, when there were more."""
 
     model_config = ConfigDict(extra="forbid")
 
-    errors: list[FieldProblem] = Field(min_length=1)
+    errors: list[FieldProblem] = Field(min_length=1, max_length=MAX_LISTED_ERRORS)
+    more_errors: int | None = Field(default=None, ge=1)
 
 
 class ConflictItem(BaseModel):
@@ -83,8 +87,10 @@ _DESCRIPTIONS = {
     403: "the token's role may not call this endpoint",
     404: "not found",
     408: "the request body did not arrive in full in time",
+    400: "the request cannot be read (a Host not served in open mode, a body not valid gzip)",
     409: "a conflict with what is stored",
     413: "the request is too large",
+    415: "the body is not Content-Type: application/json (or not in an encoding taken)",
     422: "the request is malformed: every problem is listed",
     503: "the database is unavailable; retry after Retry-After seconds",
 }
@@ -132,9 +138,25 @@ class RoutingError(BillingError):
         return self._headers
 
 
-def render(error: BillingError) -> JSONResponse:
-    """The response for any error: its JSON body, status and headers."""
-    return JSONResponse(error.body(), status_code=error.status, headers=error.headers())
+def render(error: BillingError, *, close: bool = False) -> JSONResponse:
+    """The response for any error: its JSON body, status and headers. ``close``: the answer
+    ends the connection (``Connection: close``), for a request refused before its body was
+    read (the rest of the body is not read off the connection)."""
+    headers = error.headers()
+    if close:
+        headers = {**headers, "Connection": "close"}
+    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+
+def raw_answer(status: int, reason: str, message: str) -> bytes:
+    """A whole HTTP/1.1 error answer in the shape of every other (``{"error": sentence}``),
+    that closes the connection: what the HTTP protocol answers itself, before a request
+    reaches the app (``billing.api.limits``: 431, 408)."""
+    body = orjson.dumps({"error": message})
+    return (
+        b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+        b"connection: close\r\n\r\n" % (status, reason.encode(), len(body))
+    ) + body
 
 
 def domain_error(error: Exception, retry_after_s: int) -> BillingError | None:

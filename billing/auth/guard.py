@@ -3,7 +3,7 @@
 Source: CONTRACT "Who may do what". ``admin`` may call everything. Until the first token is
 created the service is open (and ``billing serve`` then listens on loopback only). Answers are
 cached for a couple of seconds so the ingest path does not query the token table on every
-request; a revoked token stops working within that time.
+request; a revoked (or expired) token stops working within that time.
 """
 
 from __future__ import annotations
@@ -11,16 +11,23 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from billing.auth.tokens import hash_token, role_of, token_count
+from billing.auth.tokens import TokenInfo, find_token, hash_token, record_use, token_count
 from billing.errors import Forbidden, Unauthorized
+from billing.storage.db import is_unavailable, write_transaction
 
 CACHE_TTL_S = 2.0
+#: While the database is unavailable, a token seen before is not looked up again for this long.
+UNAVAILABLE_RETRY_S = 10.0
+#: A token's ``last_used_at`` is written at most this often (seconds): not a write per request.
+LAST_USED_EVERY_S = 60.0
 
 #: The bearer scheme as OpenAPI declares it on every guarded route. It never refuses a request
 #: itself (``auto_error=False``): the guard reads the header and answers 401/403 in its words.
@@ -37,41 +44,137 @@ DeclaresBearer = Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)
 
 
 class TokenCache:
-    """Short-lived cache of "how many active tokens" and "token hash → role"."""
+    """Short-lived cache of "is any token configured" and "token hash → stored token", and the
+    tokens' ``last_used_at`` waiting to be written.
+
+    Once a token exists the answer to ``auth_enabled`` never changes (tokens are revoked, never
+    deleted), so it is then kept for good; until then it is asked again every ``ttl_s``. The
+    ``cached_*`` methods never touch the database (the event loop calls them: the
+    ``billing.api.limits`` middleware looks up a miss in the thread pool first). A token's use
+    is noted in memory, at most once per ``LAST_USED_EVERY_S`` per token, and written by
+    ``flush_last_used`` (the app's background task, ``GET /v1/tokens``).
+    """
 
     def __init__(self, sessions: sessionmaker[Session], ttl_s: float = CACHE_TTL_S) -> None:
         self._sessions = sessions
         self._ttl = ttl_s
         self._lock = threading.Lock()
         self._count: tuple[float, int] | None = None
-        self._roles: dict[str, tuple[float, str | None]] = {}
+        self._roles: dict[str, tuple[float, TokenInfo | None]] = {}
+        self._noted: dict[str, float] = {}
+        self._unwritten: dict[str, datetime] = {}
+        self._unavailable_until = 0.0
+
+    def cached_auth_enabled(self) -> bool | None:
+        """``auth_enabled()`` when known without the database, else None."""
+        cached = self._count  # read without the lock: replaced whole, never changed in place
+        if cached is None:
+            return None
+        if cached[1] > 0:
+            return True
+        return False if time.monotonic() - cached[0] < self._ttl else None
 
     def auth_enabled(self) -> bool:
         """True once any token has been created (see ``token_count``)."""
+        known = self.cached_auth_enabled()
+        if known is not None:
+            return known
         now = time.monotonic()
-        cached = self._count  # read without the lock: replaced whole, never changed in place
-        if cached is not None and now - cached[0] < self._ttl:
-            return cached[1] > 0
-        with self._sessions() as session:
-            count = token_count(session)
+        before = self._count
+        if before is not None and now < self._unavailable_until:
+            return before[1] > 0
+        try:
+            with self._sessions() as session:
+                count = token_count(session)
+        except SQLAlchemyError as error:
+            if before is None or not is_unavailable(error):
+                raise
+            self._unavailable_until = now + UNAVAILABLE_RETRY_S
+            return before[1] > 0
         with self._lock:
             self._count = (now, count)
         return count > 0
 
+    def cached_role(self, presented: str) -> tuple[bool, str | None]:
+        """``(True, role(presented))`` when the answer is cached, else ``(False, None)``."""
+        hit = self._roles.get(hash_token(presented))  # a dict read is atomic
+        if hit is None or time.monotonic() - hit[0] >= self._ttl:
+            return False, None
+        return True, self._role(hit[1])
+
     def role(self, presented: str) -> str | None:
-        """The role of a presented token (None: unknown or revoked)."""
-        key = hash_token(presented)
+        """The role of a presented token (None: unknown, revoked or expired)."""
+        known, role = self.cached_role(presented)
+        if known:
+            return role
+        stale = self._roles.get(hash_token(presented))
         now = time.monotonic()
-        hit = self._roles.get(key)  # a dict read is atomic; writers hold the lock
-        if hit is not None and now - hit[0] < self._ttl:
-            return hit[1]
-        with self._sessions() as session:
-            role = role_of(session, presented)
+        if stale is not None and now < self._unavailable_until:
+            return self._role(stale[1])
+        try:
+            with self._sessions() as session:
+                info = find_token(session, presented)
+        except SQLAlchemyError as error:
+            # While the database is away a token known before keeps its answer (nothing can be
+            # revoked meanwhile), and the database is not asked again for a while: a request
+            # must not wait for the database's deadline to learn what it knew a second ago.
+            if stale is None or not is_unavailable(error):
+                raise
+            self._unavailable_until = now + UNAVAILABLE_RETRY_S
+            return self._role(stale[1])
         with self._lock:
             if len(self._roles) > 10_000:
                 self._roles.clear()
-            self._roles[key] = (now, role)
-        return role
+            self._roles[hash_token(presented)] = (now, info)
+        return self._role(info)
+
+    def _role(self, info: TokenInfo | None) -> str | None:
+        if info is None:
+            return None
+        now = datetime.now(UTC)
+        if not info.active(now):
+            return None
+        ticks = time.monotonic()
+        if ticks - self._noted.get(info.id, -LAST_USED_EVERY_S) >= LAST_USED_EVERY_S:
+            with self._lock:
+                self._noted[info.id] = ticks
+                self._unwritten[info.id] = now
+        return info.role
+
+    def flush_last_used(self) -> int:
+        """Write the noted ``last_used_at`` values; returns how many tokens were written. A
+        failed write keeps them for the next flush."""
+        with self._lock:
+            unwritten, self._unwritten = self._unwritten, {}
+        if not unwritten:
+            return 0
+        try:
+            with write_transaction(self._sessions) as session:
+                record_use(session, unwritten)
+        except BaseException:
+            with self._lock:
+                self._unwritten = {**unwritten, **self._unwritten}
+            raise
+        return len(unwritten)
+
+
+def bearer(authorization: str) -> str:
+    """The token of an ``Authorization: Bearer <token>`` header; 401 (``Unauthorized``) when
+    there is none."""
+    scheme, _, presented = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not presented.strip():
+        raise Unauthorized(
+            "this endpoint needs a bearer token: send 'Authorization: Bearer <token>' "
+            "(create one with `billing tokens create --role ROLE`)"
+        )
+    return presented.strip()
+
+
+def known_role(role: str | None) -> str:
+    """``role``, or 401 when the token had none (unknown, revoked or expired)."""
+    if role is None:
+        raise Unauthorized("the bearer token is unknown, revoked or expired")
+    return role
 
 
 def allow(*roles: str) -> Callable[..., None]:
@@ -82,16 +185,8 @@ def allow(*roles: str) -> Callable[..., None]:
         cache: TokenCache = request.app.state.tokens
         if not cache.auth_enabled():
             return
-        header = request.headers.get("authorization", "")
-        scheme, _, presented = header.partition(" ")
-        if scheme.lower() != "bearer" or not presented.strip():
-            raise Unauthorized(
-                "this endpoint needs a bearer token: send 'Authorization: Bearer <token>' "
-                "(create one with `billing tokens create --role ROLE`)"
-            )
-        role = cache.role(presented.strip())
-        if role is None:
-            raise Unauthorized("the bearer token is unknown or revoked")
+        presented = bearer(request.headers.get("authorization", ""))
+        role = known_role(cache.role(presented))
         if role not in allowed:
             raise Forbidden(
                 f"a token with role {role!r} may not call this endpoint; "

@@ -114,7 +114,7 @@ def serve(
         host=host,
         port=port,
         workers=workers,
-        **uvicorn_options(settings.log_level),
+        **uvicorn_options(settings.log_level, settings.keep_alive_s, settings.max_header_bytes),
     )
 
 
@@ -144,11 +144,15 @@ def server_app() -> object:
     return server
 
 
-def uvicorn_options(log_level: str) -> dict[str, Any]:
+def uvicorn_options(
+    log_level: str, keep_alive_s: float = 5.0, max_header_bytes: int = 32 * 1024
+) -> dict[str, Any]:
     """The uvicorn settings of ``billing serve`` (also used by bench/ingest.py's HTTP ceiling).
 
-    uvloop and httptools when installed (``uvicorn[standard]`` brings both), no access log, no
-    proxy headers, no ``Server`` header.
+    uvloop and httptools when installed (``uvicorn[standard]`` brings both), with the connection
+    limits of ``billing.api.limits.BoundedHttpToolsProtocol`` (header size and deadline; h11
+    without httptools, with its own limit of the headers' size), idle connections closed after
+    ``keep_alive_s``; no access log, no proxy headers, no ``Server`` header.
     """
     try:
         import uvloop  # noqa: F401
@@ -156,13 +160,20 @@ def uvicorn_options(log_level: str) -> dict[str, Any]:
         loop = "uvloop"
     except ImportError:  # pragma: no cover - uvicorn[standard] ships it
         loop = "asyncio"
+    extra: dict[str, Any] = {}
+    http: Any
     try:
         import httptools  # noqa: F401
 
-        http = "httptools"
+        from billing.api.limits import BoundedHttpToolsProtocol
+
+        http = BoundedHttpToolsProtocol
     except ImportError:  # pragma: no cover
         http = "h11"
+        extra["h11_max_incomplete_event_size"] = max_header_bytes
     return {
+        **extra,
+        "timeout_keep_alive": keep_alive_s,
         "log_level": log_level,
         "log_config": log_config(log_level),
         "access_log": False,

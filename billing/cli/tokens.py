@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import re
+from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
 import typer
@@ -18,28 +19,56 @@ tokens_app = typer.Typer(
 )
 
 
+_DURATION = re.compile(r"(\d+)\s*([smhdw])")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(text: str) -> timedelta:
+    """``90d``, ``12h``, ``30m``, ``45s``, ``2w`` (whole numbers) as a timedelta; ``ValueError``
+    otherwise (a zero duration too)."""
+    match = _DURATION.fullmatch(text.strip().lower())
+    if match is None or int(match[1]) == 0:
+        raise ValueError(
+            f"--expires-in {text!r}: give a positive whole number and a unit s, m, h, d or w "
+            "(such as 90d)"
+        )
+    return timedelta(seconds=int(match[1]) * _UNIT_S[match[2]])
+
+
 @tokens_app.command("create")
 def tokens_create(
     role: Annotated[str, typer.Option(help="ingest, read, export or admin.")],
     name: Annotated[str | None, typer.Option(help="A label to recognise the token by.")] = None,
+    expires_in: Annotated[
+        str | None,
+        typer.Option(help="The token stops working after this long (90d, 12h, 30m, 2w)."),
+    ] = None,
 ) -> None:
     """Create a token; prints the token (once) on stdout and its id on stderr."""
+    now = datetime.now(UTC)
+    try:
+        expires_at = None if expires_in is None else now + parse_duration(expires_in)
+    except ValueError as error:
+        fail(str(error), 2)
     settings = load_settings()
     migrate_or_fail(settings)
     try:
         with write_transaction(open_sessions(settings)) as session:
-            secret, info = create_token(session, role, name, datetime.now(UTC))
+            secret, info = create_token(session, role, name, now, expires_at)
     except ValueError as error:
         fail(str(error), 2)
     typer.echo(secret)
+    until = f", expires {rfc3339(info.expires_at)}" if info.expires_at else ""
     typer.echo(
-        f"billing: created token {info.id} (role {info.role}); it is shown only once", err=True
+        f"billing: created token {info.id} (role {info.role}{until}); it is shown only once",
+        err=True,
     )
 
 
 @tokens_app.command("list")
 def tokens_list() -> None:
-    """List tokens (id, role, name, created, revoked); secrets are never shown."""
+    """List tokens (id, role, name, created, revoked or active, expires, last used); secrets are
+    never shown."""
     settings = load_settings()
     migrate_or_fail(settings)
     with read_transaction(open_sessions(settings)) as session:
@@ -47,6 +76,7 @@ def tokens_list() -> None:
             revoked = rfc3339(info.revoked_at) or "active"
             typer.echo(
                 f"{info.id}\t{info.role}\t{info.name or '-'}\t{rfc3339(info.created_at)}\t{revoked}"
+                f"\t{rfc3339(info.expires_at) or 'never'}\t{rfc3339(info.last_used_at) or '-'}"
             )
 
 

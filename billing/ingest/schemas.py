@@ -20,6 +20,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 from typing_extensions import TypedDict
 
+from billing.auth.secrets import looks_like_secret
 from billing.dimensions import BUCKETS
 
 PROTOCOLS = ("openai.chat_completions", "openai.responses", "anthropic.messages")
@@ -63,6 +64,13 @@ def _printable(value: str) -> str:
     return value
 
 
+def _no_control(value: str) -> str:
+    # Empty and blank values stay allowed (a tag may be empty); NUL breaks PostgreSQL's jsonb.
+    if value and not value.isprintable():
+        raise ValueError("must be printable text (no control characters)")
+    return value
+
+
 Timestamp = Annotated[AwareDatetime, BeforeValidator(_require_text), AfterValidator(_to_utc)]
 Tokens = Annotated[int, Field(ge=0, le=MAX_TOKENS, strict=True)]
 Id128 = Annotated[str, StringConstraints(min_length=1, max_length=128), AfterValidator(_printable)]
@@ -70,8 +78,10 @@ Label = Annotated[str, StringConstraints(min_length=1, max_length=64), AfterVali
 ModelName = Annotated[
     str, StringConstraints(min_length=1, max_length=256), AfterValidator(_printable)
 ]
-MetadataKey = Annotated[str, StringConstraints(min_length=1, max_length=64)]
-MetadataValue = Annotated[str, StringConstraints(max_length=256)]
+MetadataKey = Annotated[
+    str, StringConstraints(min_length=1, max_length=64), AfterValidator(_printable)
+]
+MetadataValue = Annotated[str, StringConstraints(max_length=256), AfterValidator(_no_control)]
 Protocol = Literal["openai.chat_completions", "openai.responses", "anthropic.messages"]
 
 
@@ -87,16 +97,12 @@ class _Event(BaseModel):
 
 
 def _not_a_secret(value: str) -> str:
-    if _SECRET.match(value):
+    if looks_like_secret(value):
         raise ValueError(
             "looks like a provider secret key; never send secrets: send the key's public id "
             "(for example key_7f3a)"
         )
     return value
-
-
-#: Prefixes of provider secret keys (OpenAI ``sk-…``/``sk-proj-…``, Anthropic ``sk-ant-…``).
-_SECRET = re.compile(r"^(sk-|sk_live_|sk_test_|rk_live_)", re.IGNORECASE)
 
 
 class StreamStarted(_Event):

@@ -39,6 +39,59 @@ BUSY_FIRST_STEP = 500
 BUSY_MIN_STEP = 100
 
 
+#: The longest pause between background passes while the database is unavailable (seconds).
+MAX_OUTAGE_PAUSE_S = 60.0
+
+
+class Backoff:
+    """The pause before the next background pass (``billing.api.app``'s loop).
+
+    ``interval_s`` while passes succeed. While the database is unavailable (``failed`` with an
+    error ``is_unavailable`` takes for an outage) the pause doubles after each failed pass, up
+    to ``MAX_OUTAGE_PAUSE_S``, and the outage is logged in one line when it begins (a warning
+    naming the error) and one when it ends (``succeeded``), not a traceback per pass.
+    """
+
+    def __init__(self, interval_s: float, max_pause_s: float = MAX_OUTAGE_PAUSE_S) -> None:
+        self.interval_s = interval_s
+        self.max_pause_s = max(max_pause_s, interval_s)
+        self.failures = 0
+        self.pause_s = interval_s
+
+    def failed(self, error: BaseException) -> bool:
+        """A pass failed with ``error``: True when it is an outage (logged and paused here),
+        False for any other error (the caller logs it; the pause stays the interval)."""
+        if not is_unavailable(error):
+            return False
+        self.failures += 1
+        self.pause_s = min(self.interval_s * 2**self.failures, self.max_pause_s)
+        if self.failures == 1:
+            log.warning(
+                "database unavailable (%s); reconciliation paused, retrying with growing pauses "
+                "up to %g s",
+                outage_line(error),
+                self.max_pause_s,
+            )
+        return True
+
+    def succeeded(self) -> None:
+        """A pass succeeded: back to the interval, saying so when an outage ends."""
+        if self.failures:
+            log.warning(
+                "database available again after %d failed passes; reconciliation resumed",
+                self.failures,
+            )
+        self.failures = 0
+        self.pause_s = self.interval_s
+
+
+def outage_line(error: BaseException) -> str:
+    """``error`` in one line: the driver's exception type and the first line of its message."""
+    orig = getattr(error, "orig", None) or error
+    first = (str(orig).strip().splitlines() or [""])[0]
+    return f"{type(orig).__name__}: {first[:200]}" if first else type(orig).__name__
+
+
 class StepSizer:
     """How many calls the next step of a pass takes (see ``BUSY_STEP_S``).
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
 import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -44,6 +47,7 @@ def make_engine(
             pool_pre_ping=False,
         )
         _configure_sqlite(engine, settings.sqlite_busy_timeout_ms)
+        _watch_statements(engine, settings.db_statement_timeout_s, _interrupt_sqlite)
         lock = threading.RLock()
         _WRITE_LOCKS[engine] = lock
         path = engine.url.database
@@ -51,14 +55,111 @@ def make_engine(
             _CHECKPOINTERS[engine] = _Checkpointer(path, lock, settings.sqlite_busy_timeout_ms)
         return engine
     given = make_url(url).query
-    return create_engine(
+    connect_args: dict[str, Any] = {k: v for k, v in PG_CONNECT_DEFAULTS.items() if k not in given}
+    if "options" not in given:
+        connect_args["options"] = (
+            f"-c statement_timeout={int(settings.db_statement_timeout_s * 1000)}"
+        )
+    engine = create_engine(
         url,
         pool_size=pool_size or settings.db_pool_size,
         max_overflow=20,
         pool_pre_ping=pre_ping,
         pool_recycle=1800,
-        connect_args={k: v for k, v in PG_CONNECT_DEFAULTS.items() if k not in given},
+        connect_args=connect_args,
     )
+    # The server cancels a statement past statement_timeout itself; the watchdog's grace lets
+    # that answer arrive first, and catches the statements of a server that cannot answer.
+    _watch_statements(engine, settings.db_statement_timeout_s + _WATCHDOG_GRACE_S, _cut_socket)
+    return engine
+
+
+#: Seconds past ``statement_timeout`` before the watchdog cuts a PostgreSQL connection.
+_WATCHDOG_GRACE_S = 1.0
+#: How often the watchdog looks at the statements under way (seconds).
+_WATCHDOG_EVERY_S = 0.25
+
+
+class _Watchdog:
+    """Ends the statements that wait past their deadline for a database that does not answer.
+
+    A database host that goes silent (a partition, a proxy that stops forwarding, a hung disk)
+    leaves a statement waiting for ever: the local TCP stack keeps acknowledging, so neither
+    keepalives nor ``tcp_user_timeout`` notice anything when a proxy holds the other end. Every
+    statement, COMMIT and ROLLBACK that goes through SQLAlchemy is registered here while it runs;
+    one daemon thread per process ``kill``s the connection of those past their deadline
+    (PostgreSQL: its socket is shut down, so the driver fails as for a cut connection and
+    SQLAlchemy discards it; SQLite: ``interrupt()``). The statement then raises the database's
+    error, which ``is_unavailable`` takes for an outage: the request answers 503.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: dict[int, tuple[float, Any, Callable[[Any], None]]] = {}
+        self._thread: threading.Thread | None = None
+
+    def start(self, connection: Any, deadline_s: float, kill: Callable[[Any], None]) -> int:
+        key = id(connection)
+        self._running[key] = (time.monotonic() + deadline_s, connection, kill)
+        if self._thread is None:
+            with self._lock:
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._watch, name="billing-db-watchdog", daemon=True
+                    )
+                    self._thread.start()
+        return key
+
+    def stop(self, key: int) -> None:
+        self._running.pop(key, None)
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(_WATCHDOG_EVERY_S)
+            now = time.monotonic()
+            for key, (deadline, connection, kill) in list(self._running.items()):
+                if now > deadline and self._running.get(key, (None,))[0] == deadline:
+                    self._running.pop(key, None)
+                    with contextlib.suppress(Exception):
+                        kill(connection)
+
+
+_WATCHDOG = _Watchdog()
+
+
+def _cut_socket(connection: Any) -> None:
+    """Shut down a psycopg connection's socket (the blocked driver sees the connection end)."""
+    with socket.socket(fileno=os.dup(connection.fileno())) as sock:
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+def _interrupt_sqlite(connection: Any) -> None:
+    connection.interrupt()
+
+
+def _watch_statements(engine: Engine, deadline_s: float, kill: Callable[[Any], None]) -> None:
+    """Register every statement, COMMIT and ROLLBACK of ``engine`` with the watchdog."""
+    dialect = engine.dialect
+
+    def watched(method: Callable[..., Any], of_cursor: bool) -> Callable[..., Any]:
+        def run(target: Any, *args: Any, **kwargs: Any) -> Any:
+            key = _WATCHDOG.start(target.connection if of_cursor else target, deadline_s, kill)
+            try:
+                return method(target, *args, **kwargs)
+            finally:
+                _WATCHDOG.stop(key)
+
+        return run
+
+    for name, of_cursor in (
+        ("do_execute", True),
+        ("do_executemany", True),
+        ("do_execute_no_params", True),
+        ("do_commit", False),
+        ("do_rollback", False),
+        ("do_ping", False),
+    ):
+        setattr(dialect, name, watched(getattr(dialect, name), of_cursor))
 
 
 #: libpq settings of every PostgreSQL connection, unless the database URL gives its own

@@ -296,6 +296,10 @@ class ApiToken(Base):
     token_hash: Mapped[str] = mapped_column(String(64), nullable=False, unique=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    #: The token stops working at this time (None: never).
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    #: When the token was last presented, to the minute (``billing.auth.guard.TokenCache``).
+    last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
 class _RollupTotals(TokenColumns):

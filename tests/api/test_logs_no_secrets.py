@@ -87,7 +87,7 @@ def test_serve_at_debug_level_logs_no_token_and_no_provider_key(
             assert unauthorised.status_code == 401
             assert wrong not in unauthorised.text
             time.sleep(0.3)
-            assert http.post("/v1/reconcile").json()["settled"] == 1
+            assert http.post("/v1/reconcile", json={}).json()["settled"] == 1
             assert http.get("/v1/calls/log-call").status_code == 200
             usage = http.get(
                 "/v1/usage",

@@ -43,7 +43,10 @@ EXAMPLES: dict[tuple[str, str], tuple[dict[str, Any], set[str]]] = {
     ("POST", "/v1/events"): ({"json": {"events": [EVENT]}}, {"ingest"}),
     ("POST", "/v1/prices"): ({"json": PRICE}, set()),
     ("GET", "/v1/prices"): ({}, {"read"}),
-    ("POST", "/v1/reconcile"): ({}, set()),
+    ("POST", "/v1/reconcile"): ({"json": {}}, set()),
+    ("GET", "/v1/tokens"): ({}, set()),
+    ("POST", "/v1/tokens"): ({"json": {"role": "read"}}, set()),
+    ("DELETE", "/v1/tokens/{token_id}"): ({"path": "/v1/tokens/TOKEN"}, set()),
     ("GET", "/v1/calls"): ({}, {"read"}),
     ("GET", "/v1/calls/{request_id:path}"): ({"path": "/v1/calls/auth-r1"}, {"read"}),
     ("GET", "/v1/usage"): ({"params": PERIOD}, {"read", "export"}),
@@ -106,7 +109,13 @@ def tokens(app: FastAPI) -> dict[str, str]:
             made[role], _ = create_token(session, role, f"test-{role}", now)
         made["revoked"], info = create_token(session, "admin", "revoked", now)
         revoke_token(session, info.id, now)
+        # The token that DELETE /v1/tokens/{token_id} revokes in the matrix (idempotent).
+        _, victim = create_token(session, "read", "victim", now)
+    _VICTIM[0] = victim.id
     return made
+
+
+_VICTIM = ["tok_none"]
 
 
 def _call(client: TestClient, method: str, path: str, token: str | None) -> int:
@@ -114,7 +123,7 @@ def _call(client: TestClient, method: str, path: str, token: str | None) -> int:
     headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
     response = client.request(
         method,
-        example.get("path", path),
+        example.get("path", path).replace("TOKEN", _VICTIM[0]),
         json=example.get("json"),
         params=example.get("params"),
         headers=headers,
@@ -153,7 +162,7 @@ def test_without_tokens_everything_is_open_on_loopback(client: TestClient) -> No
         "accepted": 1,
         "duplicates": 0,
     }
-    assert client.post("/v1/reconcile").status_code == 200
+    assert client.post("/v1/reconcile", json={}).status_code == 200
 
 
 def test_401_names_the_scheme(client: TestClient, tokens: dict[str, str]) -> None:
@@ -184,7 +193,7 @@ def test_tokens_cli_create_list_revoke(db_url: str, app: FastAPI, client: TestCl
     assert token_id in listed.stdout and "read" in listed.stdout and secret not in listed.stdout
     headers = {"Authorization": f"Bearer {secret}"}
     assert client.get("/v1/prices", headers=headers).status_code == 200
-    assert client.post("/v1/reconcile", headers=headers).status_code == 403
+    assert client.post("/v1/reconcile", json={}, headers=headers).status_code == 403
     assert _cli(["tokens", "revoke", token_id], db_url).returncode == 0
     app.state.tokens._roles.clear()  # the guard caches answers for 2 s
     assert client.get("/v1/prices", headers=headers).status_code == 401
@@ -217,7 +226,7 @@ def test_sql_is_parameterised(client: TestClient) -> None:
     key = "'; DROP TABLE calls; --"
     event = {**EVENT, "api_key_id": key}
     assert client.post("/v1/events", json={"events": [event]}).status_code == 200
-    assert client.post("/v1/reconcile").status_code == 200
+    assert client.post("/v1/reconcile", json={}).status_code == 200
     call = client.get("/v1/calls/auth-r1").json()
     assert call["api_key_id"] == key
 

@@ -590,7 +590,9 @@ def test_close_lag_setting(db_url: str) -> None:
     until = datetime.now(UTC) - timedelta(seconds=600)
     params = {"since": "2026-01-01T00:00:00Z", "until": until.isoformat()}
     for lag, label in [(3600.0, "provisional"), (0.0, "closed")]:
-        with TestClient(create_app(Settings(database_url=db_url, close_lag_s=lag))) as client:
+        with TestClient(
+            create_app(Settings(database_url=db_url, close_lag_s=lag)), base_url="http://127.0.0.1"
+        ) as client:
             assert export(client, "calls", **params).headers["x-billing-period"] == label
 
 
@@ -820,7 +822,7 @@ def test_unreachable_database_answers_503_before_any_csv(is_postgres: bool) -> N
         if is_postgres
         else "sqlite:////nonexistent-directory/billing.db"
     )
-    with TestClient(create_app(Settings(database_url=url))) as client:
+    with TestClient(create_app(Settings(database_url=url)), base_url="http://127.0.0.1") as client:
         for kind in ("usage", "calls"):
             response = client.get(f"/v1/exports/{kind}.csv", params=DAY1)
             assert response.status_code == 503, response.text

@@ -41,6 +41,10 @@ from tests.builders import seed_started as started
 from tests.builders import seed_tokens as tokens
 from tests.builders import seed_usage as usage
 
+#: Printable text (metadata keys and values are printable, issue 29): no control, format,
+#: separator (but the space), surrogate, private or unassigned characters.
+_PRINTABLE = st.characters(blacklist_categories=("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp", "Zs"))
+
 NOW = datetime.now(UTC)
 
 
@@ -105,7 +109,11 @@ def _old_hash(parsed: ParsedEvent) -> str:
     attempt=st.one_of(st.none(), st.integers(1, 1000)),
     metadata=st.one_of(
         st.none(),
-        st.dictionaries(st.text(min_size=1, max_size=8), st.text(max_size=8), max_size=32),
+        st.dictionaries(
+            st.text(_PRINTABLE, min_size=1, max_size=8).filter(lambda k: not k.isspace()),
+            st.text(_PRINTABLE, max_size=8),
+            max_size=32,
+        ),
     ),
 )
 def test_rows_carry_the_values_the_old_path_computed(
@@ -216,7 +224,7 @@ def test_a_conflict_among_stored_events_is_refused(sessions: sessionmaker[Sessio
 
 
 def test_the_ingest_fast_path_answers_like_the_route(app: FastAPI) -> None:
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://127.0.0.1") as client:
         reply = client.post("/v1/events", json={"events": [tokens("a")]})
         assert reply.status_code == 200
         assert reply.headers["content-type"] == "application/json"

@@ -229,11 +229,11 @@ def test_two_servers_settle_each_call_once(
             # is quicker than a pass), so both find the same backlog of 2,000 due calls.
             post_all(lambda body: client.post("/v1/events", json=body), events)
             # And passes on both at once on request, a few times, while the background runs.
-            replies = list(pool.map(lambda c: c.post("/v1/reconcile"), http * 3))
+            replies = list(pool.map(lambda c: c.post("/v1/reconcile", json={}), http * 3))
             assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
             assert sum(r.json()["settled"] for r in replies) <= CALLS
             wait_until_settled(db_url, CALLS)
-            replies = list(pool.map(lambda c: c.post("/v1/reconcile"), http * 2))
+            replies = list(pool.map(lambda c: c.post("/v1/reconcile", json={}), http * 2))
             assert all(r.json() == {"examined": 0, "settled": 0, "adjusted": 0} for r in replies)
         finally:
             for c in http:

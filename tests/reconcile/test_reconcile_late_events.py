@@ -36,7 +36,7 @@ def post(client: Client, *events: dict[str, Any]) -> dict[str, int]:
 
 
 def reconcile(client: Client) -> dict[str, int]:
-    response = client.post("/v1/reconcile")
+    response = client.post("/v1/reconcile", json={})
     assert response.status_code == 200, response.text
     return dict(response.json())
 

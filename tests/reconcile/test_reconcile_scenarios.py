@@ -74,7 +74,7 @@ def test_scenario(client: TestClient, path: Path) -> None:
         assert reply["duplicates"] == expect["duplicates"]
 
     waiting = {rid for rid in expect["calls"] if needs_settle_after(events, rid)}
-    response = client.post("/v1/reconcile")
+    response = client.post("/v1/reconcile", json={})
     assert response.status_code == 200, response.text
     assert response.json()["settled"] == len(expect["calls"]) - len(waiting)
     for rid in waiting:
@@ -84,7 +84,11 @@ def test_scenario(client: TestClient, path: Path) -> None:
     if waiting:
         assert settle_due(client) == {"settled": len(waiting), "adjusted": 0}
     # Nothing left to do: another pass books nothing.
-    assert client.post("/v1/reconcile").json() == {"examined": 0, "settled": 0, "adjusted": 0}
+    assert client.post("/v1/reconcile", json={}).json() == {
+        "examined": 0,
+        "settled": 0,
+        "adjusted": 0,
+    }
 
     for rid, expected in expect["calls"].items():
         response = client.get(f"/v1/calls/{rid}")

@@ -117,7 +117,7 @@ def _clean_env(**settings: str) -> dict[str, str]:
 @pytest.mark.slow
 def test_readyz_is_503_before_and_200_after_billing_migrate(fresh_url: str, tmp_path: Path) -> None:
     app = create_app(Settings(database_url=fresh_url))
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://127.0.0.1") as client:
         before = client.get("/readyz")
         assert before.status_code == 503, before.text
         assert before.json()["status"] != "ready"
@@ -155,7 +155,9 @@ def test_readyz_is_503_before_and_200_after_billing_migrate(fresh_url: str, tmp_
 def test_readyz_is_503_when_the_database_is_behind_head(fresh_url: str) -> None:
     command.upgrade(alembic_config(fresh_url), "head")
     command.downgrade(alembic_config(fresh_url), "base")
-    with TestClient(create_app(Settings(database_url=fresh_url))) as client:
+    with TestClient(
+        create_app(Settings(database_url=fresh_url)), base_url="http://127.0.0.1"
+    ) as client:
         reply = client.get("/readyz")
     assert reply.status_code == 503, reply.text
     assert "billing migrate" in reply.json()["reason"]

@@ -95,7 +95,7 @@ def test_two_servers_ingesting_shuffled_copies_and_reconciling_bill_like_one_cle
         copies.append(copy)
 
     settings = Settings(database_url=db_url)
-    with TestClient(create_app(settings)) as admin:
+    with TestClient(create_app(settings), base_url="http://127.0.0.1") as admin:
         post_prices(admin, PRICES)
     env = {"BILLING_RECONCILE_INTERVAL_S": "0.2", "BILLING_RECONCILE_BATCH_SIZE": "5"}
     servers = [ForkedServe(forkserver, db_url, tmp_path, env=env) for _ in range(2)]
@@ -108,7 +108,7 @@ def test_two_servers_ingesting_shuffled_copies_and_reconciling_bill_like_one_cle
         with httpx.Client(timeout=300) as http:
             turn = 0
             while not stop.is_set():
-                reply = http.post(f"{servers[turn % 2].url}/v1/reconcile")
+                reply = http.post(f"{servers[turn % 2].url}/v1/reconcile", json={})
                 statuses[reply.status_code] += 1
                 turn += 1
                 stop.wait(0.3)

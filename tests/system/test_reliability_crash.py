@@ -504,7 +504,7 @@ def clean_run(
     at ``now`` after each phase; returns its ledger sums and entries (for comparisons)."""
     with scratch_database(db_url, workdir, "clean") as url:
         settings = Settings(database_url=url, settle_after_s=settle_after_s)
-        with TestClient(create_app(settings)) as client:
+        with TestClient(create_app(settings), base_url="http://127.0.0.1") as client:
             for prices, events in phases:
                 post_prices(client, prices)
                 post_events(client, events)
@@ -627,7 +627,7 @@ def test_serve_killed_under_load_loses_no_acknowledged_event_and_bills_like_a_cl
     events = interleave(rng, per_call)
     figures = CrashFigures(seed=seed, events_sent=len(events))
     settings = Settings(database_url=db_url)
-    with TestClient(create_app(settings)) as admin:
+    with TestClient(create_app(settings), base_url="http://127.0.0.1") as admin:
         post_prices(admin, PRICES)
 
     server = ForkedServe(
@@ -875,12 +875,12 @@ def test_reconcile_killed_mid_pass_settles_each_call_once(
     }
     settings = Settings(database_url=db_url, settle_after_s=settle_after)
     started = time.monotonic()
-    with TestClient(create_app(settings)) as client:
+    with TestClient(create_app(settings), base_url="http://127.0.0.1") as client:
         post_prices(client, PRICES)
         post_events(client, phase_a)
     time.sleep(settle_after * 2)
     killed_a, passes_a = _kill_reconcilers(forkserver, tmp_path, db_url, rng, 6, env)
-    with TestClient(create_app(settings)) as client:
+    with TestClient(create_app(settings), base_url="http://127.0.0.1") as client:
         post_prices(client, [LATE_PRICE])
         post_events(client, late)
     time.sleep(settle_after * 2)

@@ -532,7 +532,7 @@ class Simulation:
             raise _Crash("the reconciler crashed before this step committed")
 
     def _start_app(self) -> None:
-        self.client = TestClient(create_app(self.settings))
+        self.client = TestClient(create_app(self.settings), base_url="http://127.0.0.1")
         self.client.__enter__()
 
     def _stop_app(self) -> None:
@@ -975,7 +975,7 @@ def _entries(db_url: str, rid: str) -> list[Any]:
 
 def test_a_zero_token_call_is_re_booked_when_its_model_gets_a_price(db_url: str) -> None:
     settings = Settings(database_url=db_url)
-    with TestClient(create_app(settings)) as client:
+    with TestClient(create_app(settings), base_url="http://127.0.0.1") as client:
         _zero_token_call(client, "zt-price", started=True, model="zt-model")
         _settle_all(settings, SETTLE_AFTER + 1)
         reply = client.post(
@@ -1000,7 +1000,7 @@ def test_a_zero_token_call_is_re_booked_when_its_model_gets_a_price(db_url: str)
 
 def test_a_zero_token_call_settled_without_its_key_is_re_booked_under_it(db_url: str) -> None:
     settings = Settings(database_url=db_url)
-    with TestClient(create_app(settings)) as client:
+    with TestClient(create_app(settings), base_url="http://127.0.0.1") as client:
         _zero_token_call(client, "zt-key", started=False, model="zt-model")
         _settle_all(settings, SETTLE_AFTER + 1)
         assert _entries(db_url, "zt-key")[0].api_key_id is None

@@ -1,0 +1,71 @@
+"""Recognising a secret sent where a public id belongs (``api_key_id``, ``upstream_account``).
+
+A gateway must never send a provider's secret key or this service's own bearer token as an id:
+the id is stored, shown in ``GET /v1/calls`` and written to the finance CSVs. ``looks_like_secret``
+reads the value as a person would paste it: Unicode compatibility forms folded (NFKC: a
+full-width ``ｓｋ－`` is ``sk-``), invisible format characters dropped, surrounding spaces and
+quotes trimmed, case folded, and a leading ``Bearer `` or ``key:`` taken off, then compares it
+with the documented shapes of the providers' keys.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+from billing.auth.tokens import TOKEN_PREFIX
+
+#: Prefixes of secret keys (case-folded): OpenAI ``sk-``/``sk-proj-``, Anthropic ``sk-ant-``,
+#: Stripe secret and restricted keys ``sk_live_``/``sk_test_``/``rk_live_``/``rk_test_`` and
+#: webhook secrets ``whsec_``, Groq ``gsk_``, xAI ``xai-``, GitHub tokens (``ghp_`` personal,
+#: ``gho_`` OAuth, ``ghu_``/``ghs_`` app, ``ghr_`` refresh, ``github_pat_`` fine-grained), Slack
+#: ``xoxb-``/``xoxp-``.
+SECRET_PREFIXES = (
+    "sk-",
+    "sk_",
+    "rk_live_",
+    "rk_test_",
+    "whsec_",
+    "gsk_",
+    "xai-",
+    "ghp_",
+    "gho_",
+    "ghu_",
+    "ghs_",
+    "ghr_",
+    "github_pat_",
+    "xoxb-",
+    "xoxp-",
+)
+#: Secrets recognised by their whole shape (case-folded), where the prefix alone is also the
+#: start of ordinary words: Google API keys (``AIza`` and 35 characters; 30 are enough), AWS
+#: access key ids (``AKIA``/``ASIA`` and 16 letters or digits), and this service's bearer tokens
+#: (``bt_`` and the ``secrets.token_urlsafe`` text, of which 16 characters are a secret's share).
+SECRET_SHAPES = re.compile(
+    r"aiza[0-9a-z_-]{30,}|a[ks]ia[0-9a-z]{16}|" + re.escape(TOKEN_PREFIX) + r"[0-9a-z_-]{16,}",
+    re.ASCII,
+)
+#: What a pasted value may carry before the secret itself (after case folding).
+_WRAPPERS = re.compile(r"^(?:bearer\s*[:=]?|key\s*[:=]|api[-_ ]?key\s*[:=]|token\s*[:=])\s*")
+_QUOTES = "\"'`"
+
+
+def canonical(value: str) -> str:
+    """``value`` as compared with the secret shapes: NFKC, without format characters (zero
+    width spaces, joiners, marks of direction), trimmed of spaces and quotes, case-folded,
+    without a leading ``Bearer``/``key:``/``api_key=``/``token:`` (repeated ones too)."""
+    text = unicodedata.normalize("NFKC", value)
+    text = "".join(ch for ch in text if unicodedata.category(ch) != "Cf")
+    text = text.strip().strip(_QUOTES).strip().casefold()
+    while True:
+        unwrapped = _WRAPPERS.sub("", text, count=1).strip().strip(_QUOTES).strip()
+        if unwrapped == text:
+            return text
+        text = unwrapped
+
+
+def looks_like_secret(value: str) -> bool:
+    """Whether ``value`` is (or starts with) a provider's secret key or one of this service's
+    bearer tokens, read as ``canonical`` reads it."""
+    text = canonical(value)
+    return text.startswith(SECRET_PREFIXES) or SECRET_SHAPES.match(text) is not None
