@@ -33,6 +33,7 @@ from billing.api.limits import RequestLimits
 from billing.api.openapi import hoist_definitions
 from billing.api.state import AppState
 from billing.auth.guard import LAST_USED_EVERY_S, TokenCache
+from billing.console import FORM_PATHS
 from billing.console import install as install_console
 from billing.errors import FieldError, ValidationFailed
 from billing.ingest.validation import MAX_BODY_BYTES
@@ -209,8 +210,9 @@ def create_app(settings: Settings | None = None, *, background: bool = False) ->
         app._dispatch,
         settings,
         lambda: app.state.tokens,
-        body_limits={events.PATH: MAX_BODY_BYTES},
+        body_limits={events.PATH: MAX_BODY_BYTES, providers.PATH: providers.MAX_REPORT_BYTES},
         gzip_paths=frozenset({events.PATH}),
+        form_paths=FORM_PATHS,
     )
     errors.install(app, settings.db_retry_after_s)
     for module in _ROUTERS:

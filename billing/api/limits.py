@@ -17,7 +17,11 @@ Two layers, each refusing as early as the request can be judged:
      not reach the service under another name (DNS rebinding).
   2. A ``POST`` (``PUT``, ``PATCH``) must say ``Content-Type: application/json`` (415): a page
      can make a browser send ``text/plain`` or a form anywhere without asking, never JSON.
-     ``Content-Encoding`` may be ``gzip`` on ``POST /v1/events`` only (415 otherwise).
+     ``Content-Encoding`` may be ``gzip`` on ``POST /v1/events`` only (415 otherwise). The
+     console's two HTML forms (``form_paths``: sign-in and sign-out) are the one exception: a
+     form without script can only send ``application/x-www-form-urlencoded``, so they take
+     that, and only that, within their own small limit and without a bearer token (the form
+     carries the token; the console refuses a cross-origin post, ``billing.console.access``).
   3. Once a token exists, a request with a body must carry a valid bearer token before a byte
      of the body is read (401); the route's guard then checks the role (403).
   4. The body: refused at once when its ``Content-Length`` is over the route's limit (1 MiB on
@@ -61,6 +65,8 @@ LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]"})
 #: compresses some 5 to 20 times; a bomb compresses a thousand times.
 MAX_GZIP_RATIO = 100
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+#: What an HTML form without script sends (the console's sign-in and sign-out).
+FORM_MEDIA_TYPE = "application/x-www-form-urlencoded"
 
 
 class RequestLimits:
@@ -68,7 +74,8 @@ class RequestLimits:
 
     ``tokens``: the app's token cache (asked for each request: ``app.state.tokens``);
     ``gzip_paths``: the routes that take ``Content-Encoding: gzip``; ``body_limits``: the body
-    limit of a route by path (``settings.max_body_bytes`` for any other).
+    limit of a route by path (``settings.max_body_bytes`` for any other); ``form_paths``: the
+    HTML form routes by path, with their body limit.
     """
 
     def __init__(
@@ -78,12 +85,14 @@ class RequestLimits:
         tokens: Callable[[], TokenCache],
         body_limits: dict[str, int],
         gzip_paths: frozenset[str],
+        form_paths: dict[str, int],
     ) -> None:
         self.app = app
         self.settings = settings
         self.tokens = tokens
         self.body_limits = body_limits
         self.gzip_paths = gzip_paths
+        self.form_paths = form_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -113,12 +122,14 @@ class RequestLimits:
         if scope["method"] not in _BODY_METHODS:
             return scope, receive
         media_type = headers.get("content-type", "").partition(";")[0].strip().lower()
+        path = scope["path"]
+        if path in self.form_paths:
+            return scope, await self._form(scope, receive, headers, media_type)
         if media_type != "application/json":
             raise UnsupportedMediaType(
                 f"a {scope['method']} body must be sent with Content-Type: application/json"
                 + (f", not {media_type!r}" if media_type else " (none was given)")
             )
-        path = scope["path"]
         encoding = headers.get("content-encoding", "identity").strip().lower()
         gzip = encoding == "gzip" and path in self.gzip_paths
         if encoding not in ("identity", "") and not gzip:
@@ -147,6 +158,22 @@ class RequestLimits:
                 if name not in (b"content-encoding", b"content-length")
             ] + [(b"content-length", b"%d" % len(body))]
         return scope, _replay(body, receive)
+
+    async def _form(
+        self, scope: Scope, receive: Receive, headers: Headers, media_type: str
+    ) -> Receive:
+        """The body of an HTML form route: form-encoded only (415), within its limit (413)."""
+        if media_type != FORM_MEDIA_TYPE:
+            raise UnsupportedMediaType(
+                f"this form takes Content-Type: {FORM_MEDIA_TYPE}"
+                + (f", not {media_type!r}" if media_type else " (none was given)")
+            )
+        limit = self.form_paths[scope["path"]]
+        declared = headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise TooLarge(f"request body is {declared} bytes; the limit is {limit}")
+        body = await _read(receive, limit, self.settings.body_timeout_s, declared)
+        return _replay(body, receive)
 
     async def _auth_enabled(self) -> bool:
         cache = self.tokens()

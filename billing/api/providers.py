@@ -25,6 +25,7 @@ router = APIRouter()
 
 #: A provider page is at most a few hundred buckets of results; 8 MiB is far past one.
 MAX_REPORT_BYTES = 8 << 20
+PATH = "/v1/provider-reports"
 
 
 def parse_report(body: bytes) -> ReportIn:
@@ -55,7 +56,7 @@ def _import(state: AppState, body: bytes) -> ImportResult:
 
 
 @router.post(
-    "/v1/provider-reports",
+    PATH,
     summary="Store one page of a provider's usage or cost report",
     dependencies=[Depends(allow())],
     openapi_extra=request_body(ReportIn, "the provider, the kind and one page, verbatim"),

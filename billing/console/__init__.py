@@ -12,6 +12,9 @@ from fastapi.staticfiles import StaticFiles
 
 from billing.console import docs, routes
 from billing.console.render import STATIC_DIR
+from billing.console.routes import FORM_PATHS
+
+__all__ = ["FORM_PATHS", "install"]
 
 
 def install(app: FastAPI) -> None:

@@ -29,8 +29,11 @@ from billing.errors import NotFound, ValidationFailed
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 
-#: The longest sign-in form body read (a token is about 50 characters).
-_MAX_FORM = 4096
+#: The longest form body taken (a token is about 50 characters); the request limits refuse a
+#: longer one with 413 before it is read (``billing.api.limits``).
+MAX_FORM_BYTES = 4096
+#: The console's HTML form routes and their body limit (``billing.api.limits``'s ``form_paths``).
+FORM_PATHS = {"/console/sign-in": MAX_FORM_BYTES, "/console/sign-out": MAX_FORM_BYTES}
 _SIGN_IN = "/console/sign-in"
 
 
@@ -122,7 +125,7 @@ async def sign_in(request: Request) -> Response:
     if not access.same_origin(request):
         return _sign_in_page(_CROSS_SITE, 403)
     body = await request.body()
-    fields = dict(parse_qsl(body[:_MAX_FORM].decode("utf-8", "replace")))
+    fields = dict(parse_qsl(body.decode("utf-8", "replace")))
     token = fields.get("token", "").strip()
     role = access.tokens(request).role(token) if token else None
     if role is None:

@@ -346,3 +346,17 @@ def test_this_services_own_token_is_a_secret(app: FastAPI) -> None:
 
 def _json(response: Any) -> Any:
     return json.loads(response.text)
+
+
+def test_the_console_forms_take_form_bodies_only_and_within_their_limit(
+    client: TestClient,
+) -> None:
+    """The sign-in form: a JSON body is 415, a body over 4 KiB is 413 before it is read, and a
+    form body passes to the console (401: an unknown token)."""
+    from billing.console.routes import MAX_FORM_BYTES
+
+    assert client.post("/console/sign-in", json={"token": "x"}).status_code == 415
+    big = {"token": "x" * MAX_FORM_BYTES}
+    assert client.post("/console/sign-in", data=big).status_code == 413
+    answer = client.post("/console/sign-in", data={"token": "bt_unknown"})
+    assert answer.status_code == 401 and "unknown or revoked" in answer.text

@@ -109,7 +109,7 @@ def seed(client: TestClient | httpx.Client, admin: str | None = None) -> None:
         batch = {"events": events[start : start + 500]}
         response = client.post("/v1/events", json=batch, headers=headers)
         assert response.status_code == 200, response.text
-    response = client.post("/v1/reconcile", headers=headers)
+    response = client.post("/v1/reconcile", json={}, headers=headers)
     assert response.status_code == 200, response.text
     assert response.json()["settled"] == 1 + BULK_CALLS + 1
 

@@ -70,7 +70,7 @@ def call(
 
 
 def settle(client: TestClient) -> None:
-    assert client.post("/v1/reconcile").status_code == 200
+    assert client.post("/v1/reconcile", json={}).status_code == 200
 
 
 def report(client: TestClient, provider: str, kind: str, page: dict[str, Any]) -> Any:

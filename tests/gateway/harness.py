@@ -177,7 +177,7 @@ async def wait_calls(
     previous: dict[str, dict[str, Any]] | None = None
     async with httpx.AsyncClient(base_url=billing.url, headers=headers, timeout=30) as http:
         while True:
-            assert (await http.post("/v1/reconcile")).status_code == 200
+            assert (await http.post("/v1/reconcile", json={})).status_code == 200
             calls = {}
             for rid in request_ids:
                 answer = await http.get(f"/v1/calls/{rid}")

@@ -53,7 +53,7 @@ def _post(client: TestClient, events: list[dict[str, Any]]) -> None:
 
 def _call(client: TestClient, request_id: str) -> dict[str, Any]:
     assert client.post("/v1/prices", json=PRICE).status_code in (200, 201)
-    assert client.post("/v1/reconcile").status_code == 200
+    assert client.post("/v1/reconcile", json={}).status_code == 200
     answer = client.get(f"/v1/calls/{request_id}")
     assert answer.status_code == 200
     call: dict[str, Any] = answer.json()

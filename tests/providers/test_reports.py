@@ -145,5 +145,5 @@ def test_a_report_over_8_mib_is_a_413_and_nothing_is_stored(client: Any, db_url:
         "/v1/provider-reports", content=big, headers={"Content-Type": "application/json"}
     )
     assert response.status_code == 413
-    assert response.json()["error"].endswith(f"the limit is {8 << 20} (8 MiB)")
+    assert response.json()["error"].endswith(f"the limit is {8 << 20}")
     assert _counts(db_url) == (0, 0)
