@@ -15,7 +15,17 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from billing.api import calls, errors, events, exports, health, prices, reconcile, usage
+from billing.api import (
+    calls,
+    errors,
+    events,
+    exports,
+    health,
+    prices,
+    reconcile,
+    schema,
+    usage,
+)
 from billing.api.openapi import hoist_definitions
 from billing.api.state import AppState
 from billing.auth.guard import TokenCache
@@ -182,7 +192,7 @@ def create_app(settings: Settings | None = None, *, background: bool = False) ->
     return app
 
 
-_ROUTERS: list[Any] = [events, calls, usage, prices, reconcile, health, exports]
+_ROUTERS: list[Any] = [events, calls, usage, prices, reconcile, health, exports, schema]
 
 
 async def _reconcile_loop(state: AppState) -> None:

@@ -48,6 +48,7 @@ EXAMPLES: dict[tuple[str, str], tuple[dict[str, Any], set[str]]] = {
     ("GET", "/v1/usage"): ({"params": PERIOD}, {"read", "export"}),
     ("GET", "/v1/exports/usage.csv"): ({"params": PERIOD}, {"export"}),
     ("GET", "/v1/exports/calls.csv"): ({"params": PERIOD}, {"export"}),
+    ("GET", "/v1/schema/events.json"): ({}, {"ingest", "read", "export"}),
 }
 OPEN = {"/healthz", "/readyz", "/metrics"}
 
