@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import re
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NotRequired
 
 from pydantic import (
     AfterValidator,
@@ -17,7 +17,10 @@ from pydantic import (
     StringConstraints,
     TypeAdapter,
     create_model,
+    model_validator,
 )
+from pydantic_core import PydanticCustomError
+from typing_extensions import TypedDict
 
 from billing.dimensions import BUCKETS
 
@@ -150,18 +153,103 @@ else:
     )
 
 
-class StreamUsage(_StreamUsageTokens):
-    """Usage of the attempt in the contract's token semantics.
+#: Anomaly codes a gateway or tap may report in ``stream.usage.anomalies`` (CONTRACT "Usage
+#: dimensions (v2)"); the rule carries each onto the call. ``usage_inconsistent``: the upstream's
+#: figures contradicted themselves and were kept as far as valid; ``drain_skipped``: the gateway
+#: cancelled the upstream after the client left, without waiting for the final usage.
+USAGE_INCONSISTENT = "usage_inconsistent"
+DRAIN_SKIPPED = "drain_skipped"
+REPORTED_ANOMALIES = (USAGE_INCONSISTENT, DRAIN_SKIPPED)
+ReportedAnomaly = Literal["usage_inconsistent", "drain_skipped"]
+#: Limits of the v2 usage fields (CONTRACT "Usage dimensions (v2)").
+MAX_UNITS = 16
+MAX_OTHER_MODELS = 8
+MAX_ANOMALIES = 8
+UNIT_NAME_PATTERN = r"^[a-z0-9_]{1,64}$"
+UnitName = Annotated[str, StringConstraints(pattern=UNIT_NAME_PATTERN)]
+ServiceTier = Annotated[
+    str, StringConstraints(min_length=1, max_length=32), AfterValidator(_printable)
+]
 
-    ``input_tokens`` excludes cache reads and writes; ``output_tokens`` includes reasoning;
+
+class OtherModelUsage(TypedDict):
+    """Tokens of one attempt that the upstream billed at another model's rates (an Anthropic
+    ``usage.iterations`` entry of type ``advisor_message`` with its own ``model``), in the token
+    semantics of ``stream.usage`` (input excludes cache reads and writes). A plain dict once
+    validated (the cache fields filled in with 0), as a stored event reads it back."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
+
+    model: ModelName
+    input_tokens: Tokens
+    output_tokens: Tokens
+    cache_read_input_tokens: NotRequired[Tokens]
+    cache_creation_input_tokens: NotRequired[Tokens]
+
+
+def _other_model_defaults(value: OtherModelUsage) -> OtherModelUsage:
+    # The same content whether a 0 is sent or left out (CONTRACT "Ingest": "same content").
+    return {"cache_read_input_tokens": 0, "cache_creation_input_tokens": 0, **value}
+
+
+class StreamUsage(_StreamUsageTokens):
+    """Usage of the attempt in the contract's token semantics (CONTRACT "Events" and "Usage
+    dimensions (v2)").
+
+    ``input_tokens`` excludes cache reads and writes (``None``: not known, allowed only for
+    ``source: estimate``, see ``_fields_agree``); ``output_tokens`` includes reasoning;
     ``source`` is ``upstream`` (the provider's count) or ``estimate`` (the gateway's count).
+    v2: ``cache_creation_1h_input_tokens`` (the one-hour part of the cache writes),
+    ``service_tier`` (the tier served), ``units`` (unit name → count), ``other_models`` (tokens
+    billed at another model's rates) and ``anomalies`` (codes of ``REPORTED_ANOMALIES``).
     """
 
-    # The token fields come from ``billing.dimensions`` (``_USAGE_TOKENS``, in the base).
+    # The other token fields come from ``billing.dimensions`` (``_USAGE_TOKENS``, in the base).
 
+    input_tokens: Tokens | None = None
     source: Literal["upstream", "estimate"]
     model: ModelName | None = None
     stop_reason: Label | None = None
+    cache_creation_1h_input_tokens: Tokens = 0
+    service_tier: ServiceTier | None = None
+    units: Annotated[dict[UnitName, Tokens], Field(max_length=MAX_UNITS)] | None = None
+    other_models: (
+        Annotated[
+            list[Annotated[OtherModelUsage, AfterValidator(_other_model_defaults)]],
+            Field(max_length=MAX_OTHER_MODELS),
+        ]
+        | None
+    ) = None
+    anomalies: Annotated[list[ReportedAnomaly], Field(max_length=MAX_ANOMALIES)] | None = None
+
+    @model_validator(mode="after")
+    def _fields_agree(self) -> StreamUsage:
+        """The rules that relate two fields (CONTRACT "Usage dimensions (v2)"): an ``upstream``
+        usage carries ``input_tokens``; ``cache_creation_1h_input_tokens`` is a part of
+        ``cache_creation_input_tokens``. Raised as ``usage_fields`` with the ``field`` it is
+        about, so that ingest's 422 names that field's path."""
+        if self.input_tokens is None and self.source == "upstream":
+            raise _fields_error(
+                "input_tokens",
+                'is required for stream.usage events with source "upstream" (only an estimate '
+                "may leave it out)",
+            )
+        if self.cache_creation_1h_input_tokens > self.cache_creation_input_tokens:
+            raise _fields_error(
+                "cache_creation_1h_input_tokens",
+                f"is {self.cache_creation_1h_input_tokens}, more than cache_creation_input_tokens "
+                f"({self.cache_creation_input_tokens}): the one-hour cache writes are a part of "
+                "the cache writes",
+            )
+        return self
+
+
+#: The pydantic error type of a rule across ``stream.usage`` fields; ``ctx["field"]`` names it.
+USAGE_FIELDS_ERROR = "usage_fields"
+
+
+def _fields_error(name: str, message: str) -> PydanticCustomError:
+    return PydanticCustomError(USAGE_FIELDS_ERROR, "{message}", {"field": name, "message": message})
 
 
 class StreamFailed(_Event):

@@ -11,7 +11,17 @@ from pydantic import TypeAdapter, ValidationError
 from pydantic_core import ErrorDetails
 
 from billing.errors import FieldError, TooLarge, ValidationFailed
-from billing.ingest.schemas import EVENT_TYPES, FIELDS_BY_TYPE, PROTOCOLS, Event
+from billing.ingest.schemas import (
+    EVENT_TYPES,
+    FIELDS_BY_TYPE,
+    MAX_ANOMALIES,
+    MAX_OTHER_MODELS,
+    MAX_UNITS,
+    PROTOCOLS,
+    REPORTED_ANOMALIES,
+    USAGE_FIELDS_ERROR,
+    Event,
+)
 
 MAX_BATCH = 1000
 MAX_BODY_BYTES = 1024 * 1024
@@ -148,7 +158,9 @@ def _describe(item: ErrorDetails, raws: Sequence[Any], index: int) -> FieldError
         event_type = str(loc.pop(0))
     key_error = bool(loc) and loc[-1] == "[key]"
     if key_error:
-        loc.pop()  # a metadata key itself is wrong: name the entry
+        loc.pop()  # a metadata key or unit name itself is wrong: name the entry
+    if item["type"] == USAGE_FIELDS_ERROR:
+        loc.append(str((item.get("ctx") or {}).get("field", "")))
     if item["type"] in {"union_tag_invalid", "union_tag_not_found"} and isinstance(
         raws[index], dict
     ):
@@ -159,7 +171,8 @@ def _describe(item: ErrorDetails, raws: Sequence[Any], index: int) -> FieldError
     field = str(loc[-1]) if loc else ""
     message = _message(item, event_type, field, raws, index)
     if key_error:
-        message = "metadata key " + message
+        parent = str(loc[-2]) if len(loc) >= 2 else "metadata"
+        message = ("unit name " if parent == "units" else f"{parent} key ") + message
     return FieldError(index, path, message)
 
 
@@ -177,6 +190,8 @@ def _message(
         return "is required: one of " + ", ".join(EVENT_TYPES)
     if kind == "union_tag_invalid":
         return f"unknown event type {ctx.get('tag')!r}; use one of " + ", ".join(EVENT_TYPES)
+    if kind == USAGE_FIELDS_ERROR:
+        return str(ctx.get("message", "is invalid"))
     if kind == "missing":
         return f"is required for {of_type}"
     if kind == "extra_forbidden":
@@ -191,10 +206,14 @@ def _message(
     if kind in {"int_type", "int_parsing", "int_from_float"}:
         if field in {"attempt"}:
             return "must be an integer ≥ 1 (the upstream attempt number)"
+        if "units" in item["loc"]:
+            return "must be a whole number of units (a JSON integer ≥ 0)"
         return "must be a whole number of tokens (a JSON integer ≥ 0)"
     if kind == "greater_than_equal":
         if field == "attempt":
             return "must be an integer ≥ 1 (attempts are numbered from 1)"
+        if "units" in item["loc"]:
+            return f"must be ≥ {ctx.get('ge')}: counts are never negative"
         return f"must be ≥ {ctx.get('ge')}: token counts are never negative"
     if kind == "less_than_equal":
         return f"must be at most {ctx.get('le')}"
@@ -205,6 +224,20 @@ def _message(
         )
     if kind == "too_long" and field == "metadata":
         return "has too many entries: at most 32 string keys to string values"
+    if kind == "too_long" and field == "units":
+        return f"has too many entries: at most {MAX_UNITS} unit names to counts"
+    if kind == "too_long" and field == "other_models":
+        return f"has too many entries: at most {MAX_OTHER_MODELS} models"
+    if kind == "too_long" and field == "anomalies":
+        return f"has too many entries: at most {MAX_ANOMALIES} anomaly codes"
+    if kind == "string_pattern_mismatch":
+        return "must be 1 to 64 characters of a-z, 0-9 and _ (such as web_search_requests)"
+    if kind == "literal_error" and len(item["loc"]) >= 2 and "anomalies" in item["loc"]:
+        return "unknown anomaly code; use one of " + ", ".join(REPORTED_ANOMALIES)
+    if kind == "dict_type" and field == "units":
+        return 'must be a JSON object of unit names to counts, such as {"web_search_requests": 3}'
+    if kind == "list_type" and field in {"other_models", "anomalies"}:
+        return "must be a JSON array"
     if kind == "string_type" and len(item["loc"]) >= 4 and item["loc"][-2] == "metadata":
         return "metadata values must be strings (at most 256 characters)"
     if kind == "dict_type" and field == "metadata":

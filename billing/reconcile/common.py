@@ -132,6 +132,8 @@ def is_common(events: Iterable[BaseModel]) -> bool:
     if counts.get("stream.client_disconnected", 0) > 1:
         return False
     (usage,) = (e for e in events if isinstance(e, StreamUsage))
+    if usage.input_tokens is None:  # an estimate without input: the rule reads stream.started
+        return False
     for name in usage.model_fields_set:
         value = getattr(usage, name)
         if value is None or (isinstance(value, str) and ":null" in value):

@@ -16,6 +16,7 @@ from datetime import datetime
 from operator import attrgetter
 
 from billing.dimensions import BUCKETS, Tokens, tokens_builder
+from billing.ingest import schemas
 from billing.ingest.schemas import StreamFailed, StreamStarted, StreamUsage
 from billing.reconcile.stored import AnyEvent, StoredFailed, StoredStarted, StoredUsage
 
@@ -25,6 +26,9 @@ INPUT_UNKNOWN = "input_unknown"
 USAGE_MISSING = "usage_missing"
 STARTED_MISSING = "started_missing"
 UNPRICED = "unpriced"
+#: Reported by a gateway or tap in ``stream.usage.anomalies`` (CONTRACT "Usage dimensions (v2)").
+USAGE_INCONSISTENT = schemas.USAGE_INCONSISTENT
+DRAIN_SKIPPED = schemas.DRAIN_SKIPPED
 
 
 @dataclass(slots=True)
@@ -82,6 +86,8 @@ _PASSED = tuple(b for b in BUCKETS if b.usage is not None and b.name not in _DER
 _usage_counts = attrgetter(*(b.usage for b in _PASSED if b.usage is not None))
 _from_usage = tokens_builder((*(b.name for b in _PASSED), *_DERIVED))
 _from_started = tokens_builder(("input_tokens", *_DERIVED))
+# An estimate without input replaces the first of the usage's counts (see _attempt_figures).
+assert _PASSED[0].name == "input_tokens"
 
 
 def _usage_key(usage: StreamUsage | StoredUsage) -> tuple[datetime, int, str]:
@@ -139,8 +145,20 @@ def _attempt_figures(number: int, events: list[AnyEvent], call_model: str | None
         billed = max(estimate.output_tokens if estimate else 0, generated, delivered)
     usage = upstream or estimate
     undelivered = max(0, billed - delivered)
-    if usage is not None:
+    if usage is not None and usage.anomalies:
+        anomalies.update(usage.anomalies)  # found by the gateway or tap: carried onto the call
+    if usage is not None and usage.input_tokens is not None:
         tokens = _from_usage(*_usage_counts(usage), billed, delivered, undelivered)
+    elif usage is not None:
+        # An estimate without input: "not known", never 0 over a known input (CONTRACT "Usage
+        # dimensions (v2)"); the input comes from stream.started, else 0 with input_unknown.
+        _, *counts = _usage_counts(usage)
+        if first_started is not None and first_started.input_tokens is not None:
+            known = first_started.input_tokens
+        else:
+            known = 0
+            anomalies.add(INPUT_UNKNOWN)
+        tokens = _from_usage(known, *counts, billed, delivered, undelivered)
     elif first_started is not None and first_started.input_tokens is not None:
         tokens = _from_started(first_started.input_tokens, billed, delivered, undelivered)
     else:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 
 from billing.dimensions import TOKEN_FIELDS, USAGE_FIELDS
-from billing.ingest.schemas import MAX_TOKENS
+from billing.ingest.schemas import MAX_TOKENS, StreamUsage
 from billing.pricing.rates import RATE_COLUMNS
 from billing.reconcile.ledger import ENTRY_COLUMNS
 from billing.reconcile.rule import USAGE_MISSING
@@ -90,6 +90,44 @@ SETTLE_COLUMNS = f"""g.request_id AS request_id, c.api_key_id AS api_key_id, c.m
             + {{u}}.cache_read_input_tokens * p.cache_read_uusd_per_mtok
             + {{u}}.cache_creation_input_tokens * p.cache_creation_uusd_per_mtok
             + ({_BILLED}) * p.output_uusd_per_mtok AS cost_pusd"""
+
+#: The ``stream.usage`` fields the statements read (or, ``model``, ignore as the rule does for a
+#: call of this shape). A usage body that carries any other field (the v2 dimensions: one-hour
+#: cache writes, a service tier, units, other models, reported anomalies) goes to the rule: each
+#: dialect declines a body holding one of ``DECLINED_USAGE_FIELDS`` as a key (compact JSON writes
+#: a key as ``"name":``; inside a JSON string a quote is escaped, so no text value matches).
+USAGE_READ = frozenset(
+    [
+        "type",
+        "event_id",
+        "request_id",
+        "occurred_at",
+        "attempt",
+        "source",
+        "input_tokens",
+        "output_tokens",
+        "cache_read_input_tokens",
+        "cache_creation_input_tokens",
+        "reasoning_tokens",
+        "stop_reason",
+        "model",
+    ]
+)
+DECLINED_USAGE_FIELDS: tuple[str, ...] = tuple(
+    name for name in StreamUsage.model_fields if name not in USAGE_READ
+)
+
+
+def declined_usage(body: str, percent: str) -> str:
+    """The condition that the usage ``body`` (a column) holds no key of
+    ``DECLINED_USAGE_FIELDS``; ``percent`` is the dialect's ``LIKE`` wildcard as its statement
+    text writes it (``%``, or ``%%`` with ``%(name)s`` parameters). A ``_`` in a name matches
+    any one character: at worst a call goes to the rule."""
+    return "".join(
+        f"\n                AND {body} NOT LIKE '{percent}\"{name}\":{percent}'"
+        for name in DECLINED_USAGE_FIELDS
+    )
+
 
 #: Template (``{u}``): every ``stream.usage`` token count (``USAGE_FIELDS``) in range.
 TOKEN_RANGES = "\n        AND ".join(

@@ -29,7 +29,7 @@ Per-request settings, as headers (defaults from the constructor):
 * ``X-Fake-Delay-S``: seconds between two chunks (float);
 * ``X-Fake-Input``: the prompt's input tokens reported in the usage (int);
 * ``X-Fake-Stall-After``: stop sending (and generating) after this many tokens, keeping the
-  connection open: a stalled upstream.
+  connection open: a stalled upstream (``0``: before its first byte).
 """
 
 from __future__ import annotations
@@ -304,6 +304,26 @@ class FakeUpstream:
         self._server.should_exit = True
         self._thread.join(timeout=10)
 
+    @staticmethod
+    def frames(
+        protocol: str,
+        *,
+        total: int,
+        tokens_per_chunk: int = 1,
+        input_tokens: int = 12,
+        model: str = "fake-model",
+    ) -> list[bytes]:
+        """The whole SSE body the fake sends for one request of ``protocol``, as frames, with no
+        server (Chat Completions with ``include_usage``)."""
+        gen = Generation("frames", protocol, total, input_tokens)
+        shapes = _Shapes(protocol, model, gen, include_usage=True)
+        frames = shapes.head()
+        while gen.generated < total:
+            n = min(tokens_per_chunk, total - gen.generated)
+            gen.generated += n
+            frames.append(shapes.chunk(TOKEN_TEXT * n))
+        return frames + shapes.tail()
+
     # -- what the tests read -------------------------------------------------------------
 
     def generated(self, request_id: str) -> int:
@@ -375,6 +395,8 @@ class FakeUpstream:
     ) -> None:
         """The model: produces every token of the request, whether or not anyone reads them."""
         try:
+            if stall_after == 0:
+                return  # stalled before the first byte
             for frame in shapes.head():
                 queue.put_nowait(frame)
             limit = gen.total if stall_after is None else min(gen.total, stall_after)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import types
 from datetime import UTC, timedelta, timezone
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, NotRequired, Union, get_args, get_origin, get_type_hints
 
 import annotated_types
 import pytest
@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 from sqlalchemy import Engine
+from typing_extensions import is_typeddict
 
 from billing.ingest.schemas import Event
 from billing.reconcile.common import is_common
@@ -48,6 +49,7 @@ _TEXT = ["stop", "end_turn", "x:null", 'quo"te\\', "ünï cödé", "L" * 64, "M"
 #: (tests.reconcile.test_reconcile_common).
 _NAMED = {"model": ["m-a", "m-b"], "api_key_id": ["key-1", "key-2"]}
 _METADATA: list[dict[str, str]] = [{}, {"team": "search"}, {"ünï": "a:null", "b": ""}]
+_UNITS: list[dict[str, int]] = [{}, {"web_search_requests": 3}, {"a": 0, "b_2": 10**9}]
 _OFFSETS = [UTC, timezone(timedelta(hours=2)), timezone(-timedelta(hours=5, minutes=30))]
 
 
@@ -88,7 +90,25 @@ def _values(name: str, annotation: Any, metadata: list[Any]) -> st.SearchStrateg
     if origin is Literal:
         return st.sampled_from(get_args(annotation))
     if origin is dict:
-        return st.sampled_from(_METADATA)
+        if get_args(annotation)[1] is str:
+            return st.sampled_from(_METADATA)
+        return st.sampled_from(_UNITS)
+    if origin is list:
+        (item,) = get_args(annotation)
+        return st.lists(_values(name, item, []), max_size=2)
+    if is_typeddict(annotation):
+        # NotRequired[...] marks an optional key (the schemas' module postpones annotations, so
+        # the TypedDict's own __required_keys__ does not know it; pydantic reads the hints too).
+        hints = get_type_hints(annotation, include_extras=True)
+        optional = {k for k, hint in hints.items() if get_origin(hint) is NotRequired}
+        parts = {
+            key: _values(key, get_args(hint)[0] if key in optional else hint, [])
+            for key, hint in hints.items()
+        }
+        return st.fixed_dictionaries(
+            {k: v for k, v in parts.items() if k not in optional},
+            optional={k: v for k, v in parts.items() if k in optional},
+        )
     if annotation is int:
         low, high = _bounds(metadata)
         return st.one_of(

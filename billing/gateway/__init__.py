@@ -1,0 +1,28 @@
+"""Metered streams for Python gateways: relay an upstream stream and post its billing events.
+
+Typical use in a FastAPI / Starlette gateway (asyncio)::
+
+    billing = AsyncBillingClient(BILLING_URL, token=BILLING_TOKEN)
+    meters = Meters(billing)                      # drains after disconnects by default
+
+    upstream = await http.send(http.build_request("POST", url, json=body), stream=True)
+    meter = meters.call(request_id=rid, api_key_id=key_id, model=body["model"],
+                        protocol="openai.chat_completions")
+    return StreamingResponse(meter.relay(upstream), media_type="text/event-stream")
+
+and in a sync gateway, ``meter.relay_sync(response)`` with a :class:`billing.client.BillingClient`.
+The meter reads tokens with the protocol's tap (:mod:`billing.taps`) and sends the call's
+lifecycle events (CONTRACT.md, "Events") through the client; see :meth:`Meter.relay`.
+
+Modules: ``meter.py`` (the API and both relays), ``account.py`` (one call's counts and events,
+sans-IO), ``pump.py`` (the asyncio reader task, which drains after a disconnect), ``drain.py``
+(the drain decision, bounds, the sync drain thread), ``policy.py`` (:class:`DrainPolicy`),
+``slots.py`` (the bound on concurrent drains), ``upstream.py`` (the byte streams accepted).
+"""
+
+from __future__ import annotations
+
+from billing.gateway.meter import Meter, Meters
+from billing.gateway.policy import DRAIN_SKIPPED, DrainPolicy
+
+__all__ = ["DRAIN_SKIPPED", "DrainPolicy", "Meter", "Meters"]

@@ -1,0 +1,145 @@
+"""The sans-IO account of one metered call: its attempts' taps, counts and lifecycle events.
+
+Both relays (:mod:`billing.gateway.relay_async`, :mod:`billing.gateway.relay_sync`) drive it;
+it decides which events to send (CONTRACT.md, "Events") and sends them through the billing
+client's ``send`` (never blocking on the network). Counts are output tokens, by the protocol's
+tap (:mod:`billing.taps`): the provider's running or final count when the stream carries one,
+else one per content delta.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from billing.gateway.policy import DRAIN_SKIPPED
+from billing.taps import Tap, open_tap
+
+__all__ = ["CallAccount"]
+
+Send = Callable[[Mapping[str, Any]], object]
+
+
+class CallAccount:
+    """The events of one call, one attempt at a time.
+
+    ``send`` takes a contract event without ``event_id`` / ``occurred_at`` (the billing client
+    fills them). Every method is cheap and safe to call once per chunk.
+    """
+
+    def __init__(
+        self,
+        send: Send,
+        *,
+        request_id: str,
+        api_key_id: str,
+        model: str,
+        protocol: str,
+        input_tokens: int | None,
+        metadata: Mapping[str, str],
+        progress_every: int,
+    ) -> None:
+        open_tap(protocol)  # ValueError now, for an unknown protocol
+        self._send = send
+        self.request_id = request_id
+        self.api_key_id = api_key_id
+        self.model = model
+        self.protocol = protocol
+        self.input_tokens = input_tokens
+        self.metadata = dict(metadata)
+        self.progress_every = progress_every
+        self.attempt = 0
+        self.tap: Tap = open_tap(protocol)
+        self.delivered = 0  # output tokens handed to the client, this attempt
+        self.bytes_relayed = 0  # bytes handed to the client, all attempts
+        self.disconnected = False
+        self.settled = False  # the attempt's closing events are sent
+        self._next_progress = progress_every
+
+    def _event(self, kind: str, payload: Mapping[str, Any]) -> None:
+        self._send(
+            {"request_id": self.request_id, "attempt": self.attempt, "type": kind, **payload}
+        )
+
+    def start_attempt(self) -> None:
+        """A new upstream attempt: a fresh tap and its ``stream.started``."""
+        self.attempt += 1
+        self.tap = open_tap(self.protocol)
+        self.delivered = 0
+        self.settled = False
+        self._next_progress = self.progress_every
+        started: dict[str, Any] = {
+            "api_key_id": self.api_key_id,
+            "model": self.model,
+            "protocol": self.protocol,
+        }
+        if self.input_tokens is not None:
+            started["input_tokens"] = self.input_tokens
+        if self.metadata:
+            started["metadata"] = self.metadata
+        self._event("stream.started", started)
+
+    def fed(self) -> int:
+        """After a chunk was fed to the tap: sends progress when due; returns generated tokens."""
+        generated = self.tap.output_tokens
+        if generated >= self._next_progress:
+            self._next_progress = generated + self.progress_every
+            self._event(
+                "stream.tokens",
+                {"output_tokens_generated": generated, "output_tokens_delivered": self.delivered},
+            )
+        return generated
+
+    def client_left(self) -> None:
+        """The client went away: ``stream.client_disconnected`` with the counts now (once)."""
+        if self.disconnected:
+            return
+        self.disconnected = True
+        self._event(
+            "stream.client_disconnected",
+            {
+                "output_tokens_delivered": self.delivered,
+                "output_tokens_generated": max(self.tap.output_tokens, self.delivered),
+            },
+        )
+
+    def settle(
+        self, *, skipped: bool = False, error_type: str | None = None, message: str | None = None
+    ) -> None:
+        """The attempt ended: its last counts, ``stream.usage`` and any ``stream.failed`` (once).
+
+        ``skipped``: the upstream was cancelled after a disconnect, before its final usage
+        (the usage then carries the anomaly ``drain_skipped``). ``error_type``: the attempt
+        failed on the gateway's side (``stalled``, ``upstream_disconnect``); an error the
+        stream itself carried is reported by the tap.
+        """
+        if self.settled:
+            return
+        self.settled = True
+        tap = self.tap
+        tap.close()
+        generated = tap.output_tokens
+        if not self.disconnected and error_type is None:
+            self.delivered = max(self.delivered, generated)  # a normal end delivered it all
+        self._event(
+            "stream.tokens",
+            {
+                "output_tokens_generated": max(generated, self.delivered),
+                "output_tokens_delivered": self.delivered,
+            },
+        )
+        events = tap.final_events(fallback_input_tokens=self.input_tokens)
+        usage = events[0]
+        if skipped and usage.get("source") != "upstream":
+            usage["anomalies"] = [DRAIN_SKIPPED]
+        for event in events:
+            kind = event.pop("type")
+            self._event(kind, event)
+        if error_type is not None and len(events) == 1:
+            failed: dict[str, Any] = {
+                "error_type": error_type,
+                "output_tokens_generated": generated,
+            }
+            if message:
+                failed["message"] = message[:1000]
+            self._event("stream.failed", failed)

@@ -1,0 +1,255 @@
+"""The metered stream: relay an upstream's bytes to the client and account for them.
+
+:class:`Meters` holds what every call of a gateway shares (the billing client, the drain policy,
+the count of running drains); :meth:`Meters.call` gives the :class:`Meter` of one call, whose
+:meth:`Meter.relay` (asyncio) or :meth:`Meter.relay_sync` wraps the upstream byte stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from typing import Any, Protocol
+
+from billing.gateway.account import CallAccount
+from billing.gateway.drain import Drain, drain_in_thread
+from billing.gateway.policy import DrainPolicy
+from billing.gateway.pump import END, STALLED, Pump
+from billing.gateway.slots import DrainSlots
+from billing.gateway.upstream import AsyncSource, SyncSource, close_quietly, sync_chunks
+
+__all__ = ["Meter", "Meters"]
+
+#: The client left: a closed generator, a cancelled task, or a broken pipe.
+_CLIENT_GONE = (GeneratorExit, asyncio.CancelledError, OSError)
+
+
+class EventSink(Protocol):
+    """What the meter needs of a billing client: ``send`` (both clients of
+    :mod:`billing.client` have it; it queues and never blocks on the network)."""
+
+    def send(self, event: Mapping[str, Any]) -> str: ...
+
+
+class Meters:
+    """The metered streams of one gateway process.
+
+    Args:
+        client: a :class:`billing.client.AsyncBillingClient` (for :meth:`Meter.relay`) or
+            :class:`billing.client.BillingClient` (for :meth:`Meter.relay_sync`).
+        drain: what to do when a client leaves (default: drain, within
+            :class:`DrainPolicy`'s bounds); recorded on every call in
+            ``stream.started.metadata`` (:meth:`DrainPolicy.metadata`).
+        progress_every: output tokens between two ``stream.tokens`` progress events (>= 1).
+        stall_timeout_s: seconds without an upstream byte after which an attempt is
+            ``stalled`` (``stream.failed``); ``None``: no stall detection of the meter's own
+            (an ``httpx`` read timeout counts as a stall too).
+        max_attempts: attempts per call, retries of a stalled upstream included (>= 1).
+
+    Raises:
+        ValueError: an argument out of range.
+    """
+
+    def __init__(
+        self,
+        client: EventSink,
+        *,
+        drain: DrainPolicy | None = None,
+        progress_every: int = 64,
+        stall_timeout_s: float | None = None,
+        max_attempts: int = 2,
+    ) -> None:
+        if progress_every < 1 or max_attempts < 1:
+            raise ValueError("progress_every and max_attempts must be >= 1")
+        if stall_timeout_s is not None and stall_timeout_s <= 0:
+            raise ValueError("stall_timeout_s must be positive")
+        self.client = client
+        self.policy = drain or DrainPolicy()
+        self.progress_every = progress_every
+        self.stall_timeout_s = stall_timeout_s
+        self.max_attempts = max_attempts
+        self.slots = DrainSlots(self.policy.max_concurrent)
+
+    def call(
+        self,
+        *,
+        request_id: str,
+        api_key_id: str,
+        model: str,
+        protocol: str,
+        input_tokens: int | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> Meter:
+        """The meter of one call (CONTRACT "Events": ``stream.started``'s fields).
+
+        ``input_tokens`` is the gateway's own count of the input (used when the upstream
+        reports none); ``metadata`` is added to the drain policy's entries.
+
+        Raises:
+            ValueError: ``protocol`` is not one of :data:`billing.taps.PROTOCOLS`.
+        """
+        return Meter(
+            self,
+            CallAccount(
+                self.client.send,
+                request_id=request_id,
+                api_key_id=api_key_id,
+                model=model,
+                protocol=protocol,
+                input_tokens=input_tokens,
+                metadata={**self.policy.metadata(), **(metadata or {})},
+                progress_every=self.progress_every,
+            ),
+        )
+
+    @property
+    def drains_running(self) -> int:
+        """Drains running now (asyncio and threads)."""
+        return self.slots.running
+
+    async def wait_drains(self, timeout: float | None = None) -> bool:
+        """Wait (``timeout`` seconds at most) until no drain runs, e.g. before closing the
+        billing client at shutdown; ``True`` when none runs."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.slots.running:
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
+
+
+class Meter:
+    """The metered stream of one call; see :meth:`relay` and :meth:`relay_sync`."""
+
+    def __init__(self, meters: Meters, account: CallAccount) -> None:
+        self._meters = meters
+        self.account = account
+
+    @property
+    def request_id(self) -> str:
+        return self.account.request_id
+
+    async def relay(
+        self,
+        upstream: AsyncSource,
+        *,
+        retry: Callable[[], Awaitable[AsyncSource]] | None = None,
+    ) -> AsyncIterator[bytes]:
+        """Relay ``upstream``'s raw bytes to the client, metering them (asyncio)::
+
+            return StreamingResponse(meter.relay(upstream), media_type="text/event-stream")
+
+        or ``async for chunk in meter.relay(upstream): yield chunk`` in a generator of the
+        gateway's own. ``upstream`` is an ``httpx.Response`` opened with ``stream=True`` (or an
+        async iterable of bytes); the meter reads it in a task of its own and closes it.
+
+        Events (CONTRACT "Events"), through the billing client: ``stream.started`` per attempt
+        (with the drain policy in ``metadata``); ``stream.tokens`` every ``progress_every``
+        generated tokens and once at the end; ``stream.client_disconnected`` when the client
+        leaves (the generator is closed or cancelled, or a write fails); then, after the
+        drain, ``stream.usage`` (the provider's usage when the stream carried it, else the
+        tap's estimate, with ``anomalies: ["drain_skipped"]`` when the upstream was cancelled
+        first) and ``stream.failed`` when the attempt failed.
+
+        A chunk counts as delivered once the client's side asks for the next one (the server
+        wrote it). With ``retry`` (a coroutine function opening the upstream again), a stalled
+        upstream (see :class:`Meters`) that has not yet sent the client a byte is retried as
+        a new attempt, up to ``max_attempts``; a later stall ends the client's stream.
+        """
+        meters, account = self._meters, self.account
+        account.start_attempt()
+        pump = Pump(account, upstream, stall_timeout_s=meters.stall_timeout_s, slots=meters.slots)
+        try:
+            while True:
+                item = await pump.queue.get()
+                if type(item) is tuple:
+                    chunk, generated = item
+                    yield chunk
+                    account.delivered = generated
+                    account.bytes_relayed += len(chunk)
+                    continue
+                if item == END:
+                    account.settle()
+                    return
+                can_retry = retry is not None and account.bytes_relayed == 0
+                if item == STALLED and can_retry and account.attempt < meters.max_attempts:
+                    assert retry is not None
+                    account.start_attempt()
+                    pump = Pump(
+                        account,
+                        await retry(),
+                        stall_timeout_s=meters.stall_timeout_s,
+                        slots=meters.slots,
+                    )
+                    continue
+                return  # stalled or broken: the attempt is settled; the client's stream ends
+        except _CLIENT_GONE:
+            account.client_left()
+            pump.detach(meters.policy)
+            raise
+
+    def relay_sync(
+        self,
+        upstream: SyncSource,
+        *,
+        retry: Callable[[], SyncSource] | None = None,
+    ) -> Iterator[bytes]:
+        """The synchronous twin of :meth:`relay` (a WSGI body, a thread per stream): the same
+        events; the upstream is read in line, and after a disconnect (the server closes the
+        generator, or a write fails) drained in a daemon thread. Stall detection is the
+        upstream client's read timeout (``httpx.ReadTimeout``)."""
+        meters, account = self._meters, self.account
+        account.start_attempt()
+        source = upstream
+        chunks = sync_chunks(source)
+        tap = account.tap
+        try:
+            while True:
+                try:
+                    chunk = next(chunks)
+                except StopIteration:
+                    close_quietly(source, chunks)
+                    account.settle()
+                    return
+                except Exception as error:
+                    close_quietly(source, chunks)
+                    stalled = _is_timeout(error)
+                    account.settle(
+                        error_type="stalled" if stalled else "upstream_disconnect",
+                        message=str(error) or repr(error),
+                    )
+                    if (
+                        stalled
+                        and retry is not None
+                        and account.bytes_relayed == 0
+                        and account.attempt < meters.max_attempts
+                    ):
+                        account.start_attempt()
+                        source = retry()
+                        chunks = sync_chunks(source)
+                        tap = account.tap
+                        continue
+                    return
+                tap.feed(chunk)
+                generated = account.fed()
+                yield chunk
+                account.delivered = generated
+                account.bytes_relayed += len(chunk)
+        except _CLIENT_GONE:
+            account.client_left()
+            if account.settled:
+                raise
+            drain = Drain(meters.slots)
+            if drain.begin(meters.policy, tap.output_tokens, time.monotonic()):
+                drain_in_thread(account, drain, source, chunks)
+            else:
+                close_quietly(source, chunks)
+                account.settle(skipped=True)
+            raise
+
+
+def _is_timeout(error: Exception) -> bool:
+    import httpx
+
+    return isinstance(error, TimeoutError | httpx.TimeoutException)

@@ -1,0 +1,136 @@
+"""The reader of one asyncio upstream attempt, in its own task (the pump).
+
+The upstream is read by a task of its own, not by the client's generator, so that a client
+disconnect (Starlette cancels the response task; a server closes the generator) never
+interrupts a read: after the disconnect the same task goes on reading, as the drain, with the
+bytes no longer queued for the client. Chunks reach the relay through a bounded queue, so a slow
+client still slows the upstream down.
+
+Queue items: ``(chunk, generated)`` (bytes and the attempt's output tokens once the chunk was
+read), or one of :data:`END` (the upstream ended), :data:`STALLED` (no byte for the stall
+timeout; the attempt is settled as ``stalled``) and :data:`BROKEN` (the upstream failed; the
+attempt is settled as ``upstream_disconnect``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Final
+
+import httpx
+
+from billing.gateway.account import CallAccount
+from billing.gateway.drain import Drain
+from billing.gateway.policy import DrainPolicy
+from billing.gateway.slots import DrainSlots
+from billing.gateway.upstream import AsyncSource, aclose_quietly, async_chunks
+
+__all__ = ["BROKEN", "END", "STALLED", "Pump"]
+
+END: Final = "end"
+STALLED: Final = "stalled"
+BROKEN: Final = "broken"
+
+#: Chunks read ahead of the client at most.
+QUEUE_CHUNKS = 64
+
+
+class Pump:
+    """Reads ``source`` into :attr:`queue` and the account's tap; drains after :meth:`detach`."""
+
+    def __init__(
+        self,
+        account: CallAccount,
+        source: AsyncSource,
+        *,
+        stall_timeout_s: float | None,
+        slots: DrainSlots,
+    ) -> None:
+        self.account = account
+        self.queue: asyncio.Queue[tuple[bytes, int] | str] = asyncio.Queue(QUEUE_CHUNKS)
+        self.detached = False
+        self.ended = False  # the upstream reached its end (or failed)
+        self._source = source
+        self._stall = stall_timeout_s
+        self._drain = Drain(slots)
+        self._skip = False
+        self._loop = asyncio.get_running_loop()
+        self._timeout: asyncio.Timeout | None = None
+        self.task = self._loop.create_task(self._run(), name=f"billing-pump-{account.request_id}")
+
+    def detach(self, policy: DrainPolicy) -> None:
+        """The client left: drain within ``policy`` or cancel the upstream now.
+
+        Call it after :meth:`CallAccount.client_left`. When the upstream already ended, the
+        attempt is settled at once.
+        """
+        self.detached = True
+        while not self.queue.empty():  # unblock a pending put; the chunks were counted
+            self.queue.get_nowait()
+        account = self.account
+        if self.ended:
+            account.settle()
+            return
+        if self._drain.begin(policy, account.tap.output_tokens, self._loop.time()):
+            self._reschedule()
+            return
+        self._skip = True
+        self.task.cancel()
+
+    def _reschedule(self) -> None:
+        if self._timeout is None:
+            return
+        at = None if self._stall is None else self._loop.time() + self._stall
+        if self._drain.running:
+            at = self._drain.deadline if at is None else min(at, self._drain.deadline)
+        self._timeout.reschedule(at)
+
+    async def _run(self) -> None:
+        account = self.account
+        tap = account.tap
+        chunks = async_chunks(self._source)
+        queue = self.queue
+        drain = self._drain
+        stall = self._stall
+        loop = self._loop
+        outcome: str | None = None
+        try:
+            async with asyncio.timeout(None) as self._timeout:
+                if drain.running:  # detached before the task started
+                    self._reschedule()
+                async for chunk in chunks:
+                    tap.feed(chunk)
+                    generated = account.fed()
+                    if self.detached:
+                        if drain.exceeded(generated, loop.time()):
+                            self._skip = True
+                            break
+                        continue
+                    if stall is not None:
+                        self._timeout.reschedule(loop.time() + stall)
+                    await queue.put((chunk, generated))
+            outcome = END
+        except (TimeoutError, httpx.TimeoutException):
+            outcome = END if self.detached else STALLED
+            self._skip = self.detached
+        except asyncio.CancelledError:
+            # a skip (detach), else the gateway shutting down: the upstream is given up
+            self._skip = True
+            outcome = END if self.detached else BROKEN
+            if not self.detached:
+                account.settle(error_type="upstream_disconnect", message="the relay was cancelled")
+        except Exception as error:  # the upstream broke (network, protocol)
+            outcome = BROKEN
+            self._skip = True
+            if not self.detached:
+                account.settle(error_type="upstream_disconnect", message=str(error) or repr(error))
+        finally:
+            self.ended = True
+            if outcome == STALLED:
+                account.settle(error_type="stalled", message="no upstream bytes in time")
+            if self.detached:
+                account.settle(skipped=self._skip)
+                drain.end()
+            await aclose_quietly(self._source, chunks)
+            if not self.detached and outcome is not None:
+                await queue.put(outcome)  # a detach meanwhile empties the queue
