@@ -162,7 +162,8 @@ class Meter:
         pump = Pump(account, upstream, stall_timeout_s=meters.stall_timeout_s, slots=meters.slots)
         try:
             while True:
-                item = await pump.queue.get()
+                queue = pump.queue
+                item = queue.get_nowait() if queue.qsize() else await queue.get()
                 if type(item) is tuple:
                     chunk, generated = item
                     yield chunk
@@ -176,11 +177,13 @@ class Meter:
                 if item == STALLED and can_retry and account.attempt < meters.max_attempts:
                     assert retry is not None
                     account.start_attempt()
+                    try:
+                        source = await retry()
+                    except Exception as error:  # the upstream cannot be opened again
+                        account.settle(error_type="upstream_disconnect", message=repr(error))
+                        return
                     pump = Pump(
-                        account,
-                        await retry(),
-                        stall_timeout_s=meters.stall_timeout_s,
-                        slots=meters.slots,
+                        account, source, stall_timeout_s=meters.stall_timeout_s, slots=meters.slots
                     )
                     continue
                 return  # stalled or broken: the attempt is settled; the client's stream ends
@@ -226,7 +229,11 @@ class Meter:
                         and account.attempt < meters.max_attempts
                     ):
                         account.start_attempt()
-                        source = retry()
+                        try:
+                            source = retry()
+                        except Exception as again:  # the upstream cannot be opened again
+                            account.settle(error_type="upstream_disconnect", message=repr(again))
+                            return
                         chunks = sync_chunks(source)
                         tap = account.tap
                         continue

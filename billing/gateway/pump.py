@@ -20,6 +20,7 @@ from typing import Final
 import httpx
 
 from billing.gateway.account import CallAccount
+from billing.gateway.channel import Channel
 from billing.gateway.drain import Drain
 from billing.gateway.policy import DrainPolicy
 from billing.gateway.slots import DrainSlots
@@ -47,7 +48,7 @@ class Pump:
         slots: DrainSlots,
     ) -> None:
         self.account = account
-        self.queue: asyncio.Queue[tuple[bytes, int] | str] = asyncio.Queue(QUEUE_CHUNKS)
+        self.queue: Channel[tuple[bytes, int] | str] = Channel(QUEUE_CHUNKS)
         self.detached = False
         self.ended = False  # the upstream reached its end (or failed)
         self._source = source
@@ -56,6 +57,7 @@ class Pump:
         self._skip = False
         self._loop = asyncio.get_running_loop()
         self._timeout: asyncio.Timeout | None = None
+        self._started = False
         self.task = self._loop.create_task(self._run(), name=f"billing-pump-{account.request_id}")
 
     def detach(self, policy: DrainPolicy) -> None:
@@ -76,6 +78,10 @@ class Pump:
             return
         self._skip = True
         self.task.cancel()
+        if not self._started:  # a task cancelled before its first step never runs its body
+            self.ended = True
+            account.settle(skipped=True)
+            self._loop.create_task(aclose_quietly(self._source, None))
 
     def _reschedule(self) -> None:
         if self._timeout is None:
@@ -86,6 +92,7 @@ class Pump:
         self._timeout.reschedule(at)
 
     async def _run(self) -> None:
+        self._started = True
         account = self.account
         tap = account.tap
         chunks = async_chunks(self._source)
@@ -108,7 +115,10 @@ class Pump:
                         continue
                     if stall is not None:
                         self._timeout.reschedule(loop.time() + stall)
-                    await queue.put((chunk, generated))
+                    if queue.full():
+                        await queue.put((chunk, generated))
+                    else:  # the common case, without a coroutine per chunk
+                        queue.put_nowait((chunk, generated))
             outcome = END
         except (TimeoutError, httpx.TimeoutException):
             outcome = END if self.detached else STALLED

@@ -34,15 +34,22 @@ Per-request settings, as headers (defaults from the constructor):
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import itertools
+import os
+import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import uvicorn
 from starlette.applications import Starlette
@@ -50,7 +57,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-__all__ = ["FakeUpstream", "Generation"]
+__all__ = ["FakeUpstream", "FakeUpstreamProcess", "Generation"]
 
 TOKEN_TEXT = " t"
 
@@ -269,6 +276,7 @@ class FakeUpstream:
         delay_s: float = 0.005,
         input_tokens: int = 12,
         host: str = "127.0.0.1",
+        port: int = 0,
     ) -> None:
         self.defaults = {
             "total": total,
@@ -279,8 +287,12 @@ class FakeUpstream:
         self.records: dict[str, list[Generation]] = {}
         self._lock = threading.Lock()
         self.host = host
-        app = Starlette(routes=[Route(p, self._handle, methods=["POST"]) for p in _ROUTES])
-        self._config = uvicorn.Config(app, host=host, port=0, log_level="warning", lifespan="off")
+        routes = [Route(p, self._handle, methods=["POST"]) for p in _ROUTES]
+        routes.append(Route("/_fake/records", self._records, methods=["GET"]))
+        app = Starlette(routes=routes)
+        self._config = uvicorn.Config(
+            app, host=host, port=port, log_level="warning", lifespan="off"
+        )
         self._server = uvicorn.Server(self._config)
         self._thread = threading.Thread(target=self._server.run, daemon=True, name="fake-upstream")
         self.port = 0
@@ -349,6 +361,24 @@ class FakeUpstream:
                 time.sleep(0.01)
 
     # -- serving ---------------------------------------------------------------------------
+
+    async def _records(self, request: Request) -> Response:
+        """``GET /_fake/records``: ``{request_id: [{"generated", "finished", "client_left",
+        "sent_chunks"}, ...]}`` (for a fake in another process, :class:`FakeUpstreamProcess`)."""
+        with self._lock:
+            data = {
+                rid: [
+                    {
+                        "generated": g.generated,
+                        "finished": g.finished,
+                        "client_left": g.client_left,
+                        "sent_chunks": g.sent_chunks,
+                    }
+                    for g in gens
+                ]
+                for rid, gens in self.records.items()
+            }
+        return JSONResponse(data)
 
     async def _handle(self, request: Request) -> Response:
         protocol = _ROUTES[request.url.path]
@@ -441,3 +471,92 @@ def _body_user(body: dict[str, Any]) -> str | None:
     if isinstance(metadata, dict) and isinstance(metadata.get("user_id"), str):
         return str(metadata["user_id"])
     return None
+
+
+class FakeUpstreamProcess:
+    """The fake upstream in a process of its own (``python -m tests.fakes.upstream``), so that
+    its work does not share the test process's interpreter; the same reading methods, over
+    ``GET /_fake/records``. Arguments as :class:`FakeUpstream`."""
+
+    def __init__(self, **settings: Any) -> None:
+        self._settings = settings
+        self._proc: subprocess.Popen[bytes] | None = None
+        self.url = ""
+
+    def __enter__(self) -> FakeUpstreamProcess:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        args = [sys.executable, "-m", "tests.fakes.upstream", "--port", str(port)]
+        for name, value in self._settings.items():
+            args += [f"--{name.replace('_', '-')}", str(value)]
+        root = Path(__file__).resolve().parents[2]
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+        }
+        self._proc = subprocess.Popen(args, cwd=root, env=env)
+        self.url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.get(self.url + "/_fake/records", timeout=1)
+                return self
+            except httpx.HTTPError:
+                if self._proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the fake upstream process did not start") from None
+                time.sleep(0.05)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            self._proc.wait(timeout=10)
+
+    def records(self) -> dict[str, list[dict[str, Any]]]:
+        """Per request id, one dict per upstream request (see ``GET /_fake/records``)."""
+        data: dict[str, list[dict[str, Any]]] = httpx.get(self.url + "/_fake/records").json()
+        return data
+
+    def generated(self, request_id: str) -> int:
+        """Output tokens generated for the call, over all its upstream requests."""
+        return sum(g["generated"] for g in self.records().get(request_id, []))
+
+    def wait_finished(self, request_ids: list[str], timeout: float = 30.0) -> None:
+        """Block until every upstream request of these calls finished generating.
+
+        Raises:
+            TimeoutError: one did not finish in time.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            records = self.records()
+            gens = [records.get(rid) for rid in request_ids]
+            if all(g and all(x["finished"] for x in g) for g in gens):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError("upstream requests did not finish")
+            time.sleep(0.05)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m tests.fakes.upstream --port P [--total N] [--tokens-per-chunk K]
+    [--delay-s S] [--input-tokens I]``: serve the fake until terminated."""
+    parser = argparse.ArgumentParser(description="the fake streaming upstream")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--total", type=int, default=40)
+    parser.add_argument("--tokens-per-chunk", type=int, default=1)
+    parser.add_argument("--delay-s", type=float, default=0.005)
+    parser.add_argument("--input-tokens", type=int, default=12)
+    args = parser.parse_args(argv)
+    fake = FakeUpstream(
+        total=args.total,
+        tokens_per_chunk=args.tokens_per_chunk,
+        delay_s=args.delay_s,
+        input_tokens=args.input_tokens,
+        port=args.port,
+    )
+    fake._server.run()  # uvicorn stops on SIGTERM
+
+
+if __name__ == "__main__":
+    main()

@@ -9,21 +9,17 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
-from fastapi import FastAPI, Request
-from fastapi.responses import Response, StreamingResponse
 
 from billing.api.app import create_app
 from billing.auth.tokens import create_token
-from billing.client import AsyncBillingClient
-from billing.gateway import DrainPolicy, Meters
 from billing.settings import Settings
 from billing.storage.db import make_engine, make_sessionmaker
 from billing.taps import open_tap
@@ -123,46 +119,16 @@ def serving(args: list[str], env: dict[str, str], port: int) -> Iterator[str]:
             proc.wait()
 
 
-def protocol_gateway(upstream: str, billing: Billing, *, drain: bool = True) -> FastAPI:
-    """A small gateway for ``/v1/responses`` and ``/v1/messages`` with the same meter as the
-    example (for the protocols the example does not serve)."""
-    client = AsyncBillingClient(billing.url, token=billing.ingest_token, flush_interval_s=0.2)
-    meters = Meters(client, drain=DrainPolicy(enabled=drain))
-    http = httpx.AsyncClient(base_url=upstream, timeout=60)
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        yield
-        await meters.wait_drains(10)
-        await client.close(10)
-        await http.aclose()
-
-    app = FastAPI(lifespan=lifespan)
-
-    async def relay(request: Request, protocol: str) -> Response:
-        body = await request.json()
-        rid = request.headers["x-request-id"]
-        upstream_request = http.build_request(
-            "POST", PATHS[protocol], json=body, headers={"X-Request-Id": rid}
-        )
-        response = await http.send(upstream_request, stream=True)
-        meter = meters.call(
-            request_id=rid,
-            api_key_id=request.headers["x-api-key-id"],
-            model=body["model"],
-            protocol=protocol,
-        )
-        return StreamingResponse(meter.relay(response), media_type="text/event-stream")
-
-    @app.post("/v1/responses")
-    async def responses(request: Request) -> Response:
-        return await relay(request, "openai.responses")
-
-    @app.post("/v1/messages")
-    async def messages(request: Request) -> Response:
-        return await relay(request, "anthropic.messages")
-
-    return app
+@contextmanager
+def protocol_gateway(upstream: str, billing: Billing, *, drain: bool = True) -> Iterator[str]:
+    """``tests/gateway/protocol_gateway.py`` (Responses and Anthropic Messages, the same meter as
+    the example) in its own process; yields its base URL."""
+    port = _free_port()
+    args = [sys.executable, "-m", "tests.gateway.protocol_gateway", "--port", str(port)]
+    args += ["--upstream", upstream, "--billing", billing.url] + ([] if drain else ["--no-drain"])
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "BILLING_TOKEN": billing.ingest_token}
+    with serving(args, env, port) as url:
+        yield url
 
 
 @dataclass

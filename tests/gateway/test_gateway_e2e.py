@@ -1,25 +1,25 @@
-"""End to end (issue 28): real gateways (``examples/fastapi_gateway.py`` in its own process for
-Chat Completions; a gateway app with the same meter for Responses and Anthropic Messages) in
-front of a fake upstream that keeps generating after the client leaves, 50 concurrent clients of
-which a third leave early, against the real billing service (SQLite, or PostgreSQL with
-``BILLING_TEST_DATABASE_URL``).
+"""End to end (issue 28): real gateways, each in its own process (``examples/fastapi_gateway.py``
+for Chat Completions; ``tests/gateway/protocol_gateway.py``, the same meter, for Responses and
+Anthropic Messages) in front of a fake upstream (its own process) that keeps generating after
+the client leaves, 50 concurrent clients of which a third leave early, against the real billing
+service (SQLite, or PostgreSQL with ``BILLING_TEST_DATABASE_URL``).
 
 CONTRACT "Background" and "Reconciliation": the billed output is what the provider generated
 (its final usage, read by draining the upstream after the disconnect); the delivered output is
 what the client read, within the last chunk (a chunk counts as delivered once the server wrote
 it, which may be just before the client's close reached the gateway). With draining off, the
 upstream is cancelled at the disconnect: the call is billed what the gateway had counted, less
-than the provider generated, and flagged ``drain_skipped``.
-"""
+than the provider generated, and flagged ``drain_skipped``."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import httpx
+import pytest
 
-from tests.conftest import LiveServer
-from tests.fakes.upstream import FakeUpstream
+from tests.fakes.upstream import FakeUpstreamProcess
 from tests.gateway.harness import (
     Billing,
     Read,
@@ -30,10 +30,16 @@ from tests.gateway.harness import (
     wait_calls,
 )
 
+pytestmark = pytest.mark.slow  # three server processes, 50 streams of 4 s
+
 TOTAL = 40  # output tokens per upstream request
 LEAVE_AFTER = 8  # output tokens a leaving client reads
 CLIENTS = 50
 PER_CHUNK = 1  # tokens per chunk: "within the last chunk" is within PER_CHUNK tokens
+# seconds between chunks: longer than the lag of a busy client loop (50 streams in one process),
+# so that at most one chunk reaches the client's socket after its last read and before it closes:
+# a gateway counts what it wrote, and cannot know what sat unread in the client's buffers
+DELAY_S = 0.1
 
 
 async def _run_clients(urls: dict[str, str], clients: int) -> list[Read]:
@@ -58,15 +64,17 @@ async def _run_clients(urls: dict[str, str], clients: int) -> list[Read]:
         )
 
 
-def _run(fake: FakeUpstream, billing: Billing, *, drain: bool) -> tuple[list[Read], dict]:
+def _run(
+    fake: FakeUpstreamProcess, billing: Billing, *, drain: bool
+) -> tuple[list[Read], dict[str, dict[str, Any]]]:
     with (
         example_gateway(fake.url, billing, drain=drain) as chat_url,
-        LiveServer(protocol_gateway(fake.url, billing, drain=drain)) as other,
+        protocol_gateway(fake.url, billing, drain=drain) as other_url,
     ):
         urls = {
             "openai.chat_completions": chat_url,
-            "openai.responses": other.url,
-            "anthropic.messages": other.url,
+            "openai.responses": other_url,
+            "anthropic.messages": other_url,
         }
         reads = asyncio.run(_run_clients(urls, CLIENTS))
         fake.wait_finished([r.request_id for r in reads])
@@ -76,7 +84,7 @@ def _run(fake: FakeUpstream, billing: Billing, *, drain: bool) -> tuple[list[Rea
 
 def test_billed_is_generated_and_delivered_is_read_with_drain(db_url: str) -> None:
     with (
-        FakeUpstream(total=TOTAL, tokens_per_chunk=PER_CHUNK, delay_s=0.02) as fake,
+        FakeUpstreamProcess(total=TOTAL, tokens_per_chunk=PER_CHUNK, delay_s=DELAY_S) as fake,
         billing_server(db_url) as billing,
     ):
         reads, calls = _run(fake, billing, drain=True)
@@ -110,7 +118,7 @@ def test_billed_is_generated_and_delivered_is_read_with_drain(db_url: str) -> No
 
 def test_without_drain_the_calls_are_flagged_and_the_drift_shows(db_url: str) -> None:
     with (
-        FakeUpstream(total=TOTAL, tokens_per_chunk=PER_CHUNK, delay_s=0.02) as fake,
+        FakeUpstreamProcess(total=TOTAL, tokens_per_chunk=PER_CHUNK, delay_s=DELAY_S) as fake,
         billing_server(db_url) as billing,
     ):
         reads, calls = _run(fake, billing, drain=False)
