@@ -34,8 +34,9 @@ What each of LiteLLM's hooks sends, for a streamed ``/v1/chat/completions`` call
   client left, LiteLLM logs its own count of the cut stream: that one is not sent (the drain
   reports). A call that was not streamed (no iterator) gets its ``stream.started`` here too.
 * ``async_log_failure_event``: ``stream.failed`` (``error_type`` from LiteLLM's exception:
-  ``overloaded_error`` for 429/503/529, ``stalled`` for a timeout, ``upstream_disconnect`` for a
-  connection error, else ``api_error``), after a ``stream.started`` if none was sent.
+  ``stalled`` for a timeout, ``upstream_disconnect`` for a connection error (LiteLLM reports it
+  as a 500 caused by one), ``overloaded_error`` for 429/503/529, else ``api_error``), after a
+  ``stream.started`` if none was sent.
 
 Token counts inside the stream (delivered, and received without usage) are counted per chunk
 with LiteLLM's bundled ``cl100k_base`` tokenizer, so they are estimates; billed output comes
@@ -454,14 +455,23 @@ def _stop_reason(response: Any) -> str | None:
 
 
 def _error_type(error: object) -> str:
+    """The contract's ``error_type`` of a LiteLLM exception. LiteLLM reports an upstream it
+    could not reach as a 500 ``InternalServerError`` caused by a connection error, so the
+    exception's causes are read first."""
+    cause: object = error
+    for _ in range(16):  # the chain of causes, bounded
+        if not isinstance(cause, BaseException):
+            break
+        name = type(cause).__name__
+        if name == "Timeout" or isinstance(cause, TimeoutError):
+            return "stalled"
+        if name in ("APIConnectionError", "ConnectError") or isinstance(cause, ConnectionError):
+            return "upstream_disconnect"
+        cause = cause.__cause__ or cause.__context__
     status = getattr(error, "status_code", None)
     name = type(error).__name__
     if status in (429, 503, 529) or name in ("RateLimitError", "ServiceUnavailableError"):
         return "overloaded_error"
-    if name == "Timeout" or isinstance(error, TimeoutError):
-        return "stalled"
-    if name == "APIConnectionError":
-        return "upstream_disconnect"
     return "api_error"
 
 

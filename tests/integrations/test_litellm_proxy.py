@@ -76,6 +76,16 @@ def litellm_proxy(upstream: str, billing: Billing, tmp_path: Path, *, drain: boo
     # records each generation under it).
     config = yaml.safe_load((ROOT / "examples" / "litellm_config.yaml").read_text())
     config["general_settings"] = {"forward_client_headers_to_llm_api": True}
+    config["model_list"].append(  # an upstream that is down: nothing listens on its port
+        {
+            "model_name": "down-model",
+            "litellm_params": {
+                "model": "openai/down-model",
+                "api_base": f"http://127.0.0.1:{_free_port()}/v1",
+                "api_key": "fake-upstream-key",
+            },
+        }
+    )
     config_path = tmp_path / f"litellm-{port}.yaml"
     config_path.write_text(yaml.safe_dump(config))
     log = (tmp_path / f"litellm-{port}.log").open("wb")
@@ -157,8 +167,22 @@ def test_through_litellm_billed_is_generated_and_delivered_is_read(
         litellm_proxy(fake.url, billing, tmp_path, drain=True) as proxy,
     ):
         reads = _run(proxy, "on")
+        hello = [{"role": "user", "content": "hi"}]
+        down = httpx.post(
+            proxy + "/v1/chat/completions",
+            json={"model": "down-model", "stream": True, "messages": hello},
+            headers={"Authorization": f"Bearer {MASTER_KEY}", "x-litellm-call-id": "ll-down"},
+            timeout=120,
+        )
         fake.wait_finished([r.request_id for r in reads])
-        calls = asyncio.run(wait_calls(billing, [r.request_id for r in reads], timeout=90))
+        calls = asyncio.run(
+            wait_calls(billing, [r.request_id for r in reads] + ["ll-down"], timeout=90)
+        )
+    assert down.status_code >= 500, down.text
+    failed = calls["ll-down"]
+    assert (failed["status"], failed["error_type"]) == ("failed", "upstream_disconnect"), failed
+    assert (failed["model"], failed["api_key_id"]) == ("down-model", "litellm_proxy_master_key")
+    assert failed["output_tokens_billed"] == 0
     assert sum(r.left for r in reads) == 17
     for r in reads:
         call = calls[r.request_id]
