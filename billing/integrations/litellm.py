@@ -51,6 +51,7 @@ disconnect).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import os
 import time
@@ -135,7 +136,7 @@ class BillingCallback(CustomLogger):  # type: ignore[misc]
     Args:
         client: the billing client to send through; by default one is made at the first call
             from ``BILLING_URL`` and ``BILLING_TOKEN`` (its spool on, in the user's cache
-            directory, unless ``BILLING_SPOOL=off``).
+            directory, unless ``BILLING_SPOOL=off``), and closed at the process's exit.
         drain: the drain policy after a disconnect; by default :func:`policy_from_env`.
         default_api_key_id: the ``api_key_id`` of calls made without a virtual key.
     """
@@ -168,6 +169,9 @@ class BillingCallback(CustomLogger):  # type: ignore[misc]
                 token=os.environ.get("BILLING_TOKEN") or None,
                 **options,
             )
+            # LiteLLM has no shutdown hook for callbacks: at the proxy's exit, deliver what is
+            # queued (10 s at most), the rest goes to the spool.
+            atexit.register(self._client.close, 10.0)
         return self._client
 
     def _send(self, call: _Call, kind: str, fields: dict[str, Any]) -> None:
