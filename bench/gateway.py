@@ -54,7 +54,9 @@ PATHS = {
 def gateway_app(mode: str, upstream: str, billing_url: str, protocol: str) -> FastAPI:
     """The gateway under test: ``plain`` or ``metered``, for ``protocol``'s path."""
     http = httpx.AsyncClient(
-        base_url=upstream, timeout=60, limits=httpx.Limits(max_connections=1000)
+        base_url=upstream,
+        timeout=60,
+        limits=httpx.Limits(max_connections=1000, keepalive_expiry=2),
     )
     billing = AsyncBillingClient(billing_url, token=None)
     meters = Meters(billing)
@@ -147,7 +149,8 @@ async def load(url: str, protocol: str, calls: int, streams: int, tag: str) -> i
     body: dict[str, Any] = {"model": "m", "stream": True}
     if protocol == "openai.chat_completions":
         body["stream_options"] = {"include_usage": True}
-    limits = httpx.Limits(max_connections=streams, max_keepalive_connections=streams)
+    # a connection per stream: no request races a server's close of an idle connection
+    limits = httpx.Limits(max_connections=streams, max_keepalive_connections=0)
     total = 0
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(calls):

@@ -102,7 +102,7 @@ class Pump:
         loop = self._loop
         outcome: str | None = None
         try:
-            async with asyncio.timeout(None) as self._timeout:
+            async with asyncio.timeout(stall) as self._timeout:  # stall: before the first byte too
                 if drain.running:  # detached before the task started
                     self._reschedule()
                 async for chunk in chunks:

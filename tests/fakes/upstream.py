@@ -291,7 +291,13 @@ class FakeUpstream:
         routes.append(Route("/_fake/records", self._records, methods=["GET"]))
         app = Starlette(routes=routes)
         self._config = uvicorn.Config(
-            app, host=host, port=port, log_level="warning", lifespan="off"
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            lifespan="off",
+            # longer than a gateway keeps an idle connection: no request races the server's close
+            timeout_keep_alive=60,
         )
         self._server = uvicorn.Server(self._config)
         self._thread = threading.Thread(target=self._server.run, daemon=True, name="fake-upstream")

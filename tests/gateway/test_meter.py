@@ -251,7 +251,9 @@ def test_a_stalled_upstream_is_retried_as_a_second_attempt(client: TestClient) -
             return await _consume(meter.relay(stalled, retry=again), "anthropic.messages")
 
     with FakeUpstream(total=20, delay_s=0.001) as fake:
+        start = time.monotonic()
         read = asyncio.run(run())
+        assert time.monotonic() - start < 3  # the stall timeout (0.3 s), not httpx's (5 s)
         assert [g.generated for g in fake.records["retry"]] == [0, 20]
     assert read == 20
     assert rec.kinds("retry") == [
