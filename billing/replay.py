@@ -150,6 +150,9 @@ def replay(
                 backoff_base_s=0.1,
                 timeout_s=min(timeout_s, 10.0),
                 on_error=problems.append,
+                # one shot: what was not delivered is the command's error (non-zero exit), and
+                # the recorded stream can be played again; no spool to replay it later
+                spool_path=None,
             )
         except ValueError as error:
             raise ReplayError(f"--url: {error}") from None

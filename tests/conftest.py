@@ -35,6 +35,18 @@ def pytest_report_header() -> str:
     return f"billing test database: {where}"
 
 
+@pytest.fixture(autouse=True)
+def _own_cache_dir(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Path:
+    """Each test's own ``XDG_CACHE_HOME``: the billing client's default spool
+    (``billing.client.spool.default_spool_dir``) never reaches the user's cache, and a test's
+    spooled events never replay into another test's service."""
+    cache = tmp_path_factory.mktemp("cache")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    return cache
+
+
 @pytest.fixture(scope="session")
 def _sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("template") / "template.db"

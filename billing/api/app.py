@@ -26,6 +26,7 @@ from billing.api import (
     prices,
     providers,
     reconcile,
+    schema,
     usage,
 )
 from billing.api import tokens as tokens_api
@@ -235,6 +236,7 @@ _ROUTERS: list[Any] = [
     providers,
     drift,
     tokens_api,
+    schema,
 ]
 
 

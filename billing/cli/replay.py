@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Annotated
 
@@ -47,6 +48,9 @@ def replay(
 ) -> None:
     """Play a recorded stream to a running service as a gateway would; print the request id,
     then the call (JSON) after one reconciliation pass."""
+    # The command reports every delivery problem itself, in one line (billing.replay collects
+    # them through the client's on_error), so the client's own WARNING lines are not printed.
+    logging.getLogger("billing.client").addHandler(logging.NullHandler())
     try:
         result = replay_stream(
             file,

@@ -7,7 +7,7 @@ Two flavours with the same behaviour:
 
 Typical use::
 
-    with BillingClient("http://billing:8000", token=INGEST_TOKEN, spool_path="billing.spool") as c:
+    with BillingClient("http://billing:8000", token=INGEST_TOKEN) as c:
         c.send({"request_id": rid, "type": "stream.started", "api_key_id": "key_7f3a",
                 "model": "gpt-4o", "protocol": "openai.chat_completions"})
         ...
@@ -36,8 +36,16 @@ What the client guarantees (CONTRACT "Events" and "Ingest"):
   the service stays unreachable past the retries, everything queued goes there too. The spool
   is an append-only JSON-lines file, replayed in order when the service answers again (see
   :class:`billing.client.spool.Spool` for how it is rotated safely). A spool left by an earlier
-  process is replayed at start. Without ``spool_path``, overflow events are dropped and
-  reported, and events that cannot be delivered stay in memory and are tried again later.
+  process is replayed at start. The spool is on by default, in the per-user cache directory
+  (``$XDG_CACHE_HOME/billing/spool/``, one file per process and service: see
+  :func:`billing.client.spool.claim_default_spool`); ``spool_path=PATH`` puts it elsewhere.
+  With ``spool_path=None`` (off), overflow events are dropped and reported, and events that
+  cannot be delivered stay in memory and are tried again later (dropped at ``close()``).
+
+No silent loss: every event rejected, dropped or given up is logged at WARNING on the
+``billing.client`` logger (and passed to ``on_error``). The library adds no handler of its own,
+so with no logging configured Python's last-resort handler prints these lines on standard
+error; an application that configures logging routes them as it likes.
 
 Counters (:meth:`BillingClient.stats`): ``sent`` (events given to ``send``), ``acknowledged``
 (``accepted`` + ``duplicates`` as the service answered), ``spooled`` (events written to the
@@ -53,14 +61,14 @@ with ``httpx.Client`` on a thread (``sync.py``) or ``httpx.AsyncClient`` on the 
 
 from __future__ import annotations
 
-import logging
-
 from billing.client.aio import AsyncBillingClient
 from billing.client.errors import ClientClosedError, ClientStats, DeliveryError
+from billing.client.spool import DEFAULT_SPOOL, default_spool_dir
 from billing.client.sync import BillingClient
 from billing.client.wire import MAX_BATCH_EVENTS, MAX_BODY_BYTES, new_event_id, utc_now
 
 __all__ = [
+    "DEFAULT_SPOOL",
     "MAX_BATCH_EVENTS",
     "MAX_BODY_BYTES",
     "AsyncBillingClient",
@@ -68,10 +76,7 @@ __all__ = [
     "ClientClosedError",
     "ClientStats",
     "DeliveryError",
+    "default_spool_dir",
     "new_event_id",
     "utc_now",
 ]
-
-logging.getLogger("billing.client").addHandler(
-    logging.NullHandler()
-)  # a library: the application configures logging

@@ -9,6 +9,7 @@ import httpx
 
 from billing.client.engine import Engine
 from billing.client.errors import ClientStats, OnError
+from billing.client.spool import DEFAULT_SPOOL, DefaultSpool
 
 _TransportT = TypeVar("_TransportT", httpx.BaseTransport, httpx.AsyncBaseTransport)
 R = TypeVar("R")
@@ -40,7 +41,7 @@ class ClientBase(Generic[_TransportT]):
         batch_size: int = 100,
         flush_interval_s: float = 1.0,
         max_buffer: int = 100_000,
-        spool_path: str | os.PathLike[str] | None = None,
+        spool_path: str | os.PathLike[str] | DefaultSpool | None = DEFAULT_SPOOL,
         max_retries: int = 5,
         timeout_s: float = 10.0,
         backoff_base_s: float = 0.2,

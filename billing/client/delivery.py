@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from billing import __version__
 from billing.client.errors import DeliveryError, OnError
-from billing.client.spool import Item, Spool
+from billing.client.spool import DEFAULT_SPOOL, DefaultSpool, Item, Spool, claim_default_spool
 from billing.client.wire import HEAD, MAX_BATCH_EVENTS, TAIL, Verdict, classify
 
 log = logging.getLogger("billing.client")
@@ -62,7 +62,7 @@ class Delivery:
         batch_size: int,
         flush_interval_s: float,
         max_buffer: int,
-        spool_path: str | os.PathLike[str] | None,
+        spool_path: str | os.PathLike[str] | DefaultSpool | None,
         max_retries: int,
         timeout_s: float,
         backoff_base_s: float,
@@ -100,7 +100,11 @@ class Delivery:
         self.backoff_max_s = backoff_max_s
         self.max_retry_after_s = max_retry_after_s
         self.on_error = on_error
-        self.spool = Spool(Path(spool_path)) if spool_path is not None else None
+        self.spool: Spool | None = None
+        if spool_path is DEFAULT_SPOOL:
+            self.spool = Spool(*claim_default_spool(self.endpoint))
+        elif isinstance(spool_path, str | os.PathLike):
+            self.spool = Spool(Path(spool_path))
 
         self.lock = threading.Lock()
         self.notify: Callable[[], None] = lambda: None
@@ -248,11 +252,12 @@ class Delivery:
         )
 
     def _report(self, error: DeliveryError) -> None:
-        """Log and pass to ``on_error`` (never raises; called without ``lock``)."""
-        if error.kind == "spool_corrupt" or error.kind == "unreachable":
-            log.warning("billing client: %s", error.message)
-        else:
-            log.error("billing client: %s", error.message)
+        """Log at WARNING and pass to ``on_error`` (never raises; called without ``lock``).
+
+        Every report is a loss or a risk of one; WARNING is what Python's last-resort handler
+        prints on standard error when the application configured no logging, so none of them
+        passes unseen with the defaults."""
+        log.warning("billing client: %s", error.message)
         if self.on_error is not None:
             try:
                 self.on_error(error)

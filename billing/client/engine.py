@@ -176,6 +176,8 @@ class Engine(Delivery):
         except Exception:  # pragma: no cover - a bug; make flush() return instead of hanging
             log.exception("billing client: the delivery worker failed")
         finally:
+            if self.spool is not None:
+                self.spool.release()
             with self.lock:
                 self.worker_done = True
                 self.notify()

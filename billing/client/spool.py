@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 import orjson
+import platformdirs
+from filelock import FileLock, Timeout
 
 from billing.client.wire import HEAD, TAIL
 
@@ -36,11 +40,13 @@ class Spool:
     stored come back as duplicates, so nothing is lost and nothing is billed twice. A line left
     half-written by a crash is skipped and reported.
 
-    One process at a time may use a spool path. Thread-safe.
+    One process at a time may use a spool path (``lock``, when given, is held for it and
+    released by :meth:`release`). Thread-safe.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, lock: FileLock | None = None) -> None:
         self.path = path
+        self._claim = lock
         self.replay_path = path.with_name(path.name + ".replay")
         self._lock = threading.Lock()
         self._offset = 0
@@ -60,6 +66,12 @@ class Spool:
                 file.write(b"\n")
                 file.flush()
                 os.fsync(file.fileno())
+
+    def release(self) -> None:
+        """Give up the claim on the path (what is left in it waits for the next owner)."""
+        if self._claim is not None:
+            self._claim.release()
+            self._claim = None
 
     def append(self, items: Iterable[Item]) -> int:
         """Append events durably (written and fsync'ed); returns how many."""
@@ -122,6 +134,55 @@ class Spool:
                 with contextlib.suppress(FileNotFoundError):
                     self.replay_path.unlink()
                 self._offset = 0
+
+
+class DefaultSpool:
+    """The type of :data:`DEFAULT_SPOOL`: "a spool file of this process in the user's cache
+    directory" (see :func:`claim_default_spool`)."""
+
+    def __repr__(self) -> str:
+        return "DEFAULT_SPOOL"
+
+
+#: The default of ``spool_path``: a spool in the per-user cache directory.
+DEFAULT_SPOOL: Final = DefaultSpool()
+
+#: How many processes may spool for the same service on one machine at once (one file each).
+MAX_SPOOL_SLOTS = 64
+
+
+def default_spool_dir() -> Path:
+    """``billing/spool`` in the user's cache directory (``platformdirs.user_cache_dir``:
+    ``$XDG_CACHE_HOME/billing/spool``, by default ``~/.cache/billing/spool`` on Linux)."""
+    return Path(platformdirs.user_cache_dir("billing")) / "spool"
+
+
+def claim_default_spool(endpoint: str) -> tuple[Path, FileLock]:
+    """A spool file for the events of ``endpoint``, owned by this process until it exits or
+    releases the returned lock: ``<default_spool_dir>/<host-port>-<hash>-<n>.jsonl`` with the
+    first slot ``n`` that no other live process holds (an exclusive lock on its ``.lock``
+    file). A slot left by a process that is gone is taken over, so its events are replayed;
+    the name carries the endpoint, so they go to the service they were meant for.
+
+    Raises:
+        RuntimeError: all :data:`MAX_SPOOL_SLOTS` slots are held by other processes.
+    """
+    directory = default_spool_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    where = endpoint.split("://", 1)[-1].split("/", 1)[0]
+    label = "".join(c if c.isalnum() else "-" for c in where)[:64]
+    digest = hashlib.sha256(endpoint.encode()).hexdigest()[:12]
+    for slot in range(MAX_SPOOL_SLOTS):
+        path = directory / f"{label}-{digest}-{slot}.jsonl"
+        lock = FileLock(path.with_name(path.name + ".lock"), thread_local=False)
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            continue
+        return path, lock
+    raise RuntimeError(
+        f"all {MAX_SPOOL_SLOTS} spool slots in {directory} are in use; pass spool_path"
+    )
 
 
 def _size(path: Path) -> int:

@@ -24,7 +24,12 @@ class BillingClient(ClientBase[httpx.BaseTransport]):
         flush_interval_s: seconds an event may wait for its batch to fill before it is posted.
         max_buffer: events held in memory at most; past it, new events go to the spool (or are
             dropped and reported when there is no spool).
-        spool_path: the JSON-lines spool file (created when needed), or ``None`` for none.
+        spool_path: the JSON-lines spool file (created when needed); by default
+            (:data:`~billing.client.spool.DEFAULT_SPOOL`) one of this process in the user's
+            cache directory (``$XDG_CACHE_HOME/billing/spool/``, see
+            :func:`~billing.client.spool.claim_default_spool`); ``None`` for none (events the
+            service cannot take are then kept in memory, or dropped past ``max_buffer`` or at
+            ``close()``, each loss logged at WARNING).
         max_retries: retries of a post after a network error, ``408``, ``429`` or ``5xx``
             before the service counts as unreachable (its events then go to the spool, or stay
             in memory, and are tried again after a pause of 1-30 s).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NotRequired
@@ -14,6 +15,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    TypeAdapter,
     create_model,
     model_validator,
 )
@@ -288,3 +290,28 @@ FIELDS_BY_TYPE: dict[str, tuple[str, ...]] = {
     model.model_fields["type"].annotation.__args__[0]: tuple(model.model_fields)  # type: ignore[union-attr]
     for model in (StreamStarted, StreamTokens, StreamClientDisconnected, StreamUsage, StreamFailed)
 }
+
+
+#: Where the events' JSON Schema is served (``GET /v1/schema/events.json``).
+EVENTS_SCHEMA_PATH = "/v1/schema/events.json"
+
+
+@functools.cache
+def events_json_schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of one event, built from the models above: a ``oneOf``
+    the five event types (``$defs``: ``StreamStarted``, ``StreamTokens``,
+    ``StreamClientDisconnected``, ``StreamUsage``, ``StreamFailed``) with ``type`` as the
+    discriminator (CONTRACT "Events"). Rules the models check in code (an ``api_key_id`` that
+    looks like a secret, a timestamp more than 5 minutes ahead, a 1-hour cache count above the
+    cache count) are not expressible here; the service still answers 422 for them."""
+    schema = TypeAdapter(Event).json_schema(mode="validation")
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": EVENTS_SCHEMA_PATH,
+        "title": "billing event",
+        "description": (
+            'One lifecycle event of a streaming call, as posted in {"events": [...]} to '
+            "POST /v1/events (1 to 1000 per post, at most 1 MiB)."
+        ),
+        **schema,
+    }

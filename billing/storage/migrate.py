@@ -10,8 +10,20 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
 
-#: The repository's ``migrations/`` folder (the package is installed in place with ``pip -e``).
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent.parent / "migrations"
+_PACKAGE = Path(__file__).resolve().parent.parent
+
+
+def _migrations_dir() -> Path:
+    """The Alembic scripts: ``billing/_migrations`` in an installed wheel (setup.py and
+    ``package-dir`` in pyproject.toml map the repository's ``migrations/`` there), else the
+    source tree's ``migrations/`` beside the package (a checkout run in place: ``pip install -e``
+    or ``PYTHONPATH``)."""
+    installed = _PACKAGE / "_migrations"
+    return installed if installed.is_dir() else _PACKAGE.parent / "migrations"
+
+
+#: Where the migrations are read from (see :func:`_migrations_dir`).
+MIGRATIONS_DIR = _migrations_dir()
 
 
 def alembic_config(database_url: str) -> Config:

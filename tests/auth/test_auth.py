@@ -58,6 +58,7 @@ EXAMPLES: dict[tuple[str, str], tuple[dict[str, Any], set[str]]] = {
     ),
     ("GET", "/v1/drift"): ({"params": PERIOD}, {"read", "export"}),
     ("GET", "/v1/exports/drift.csv"): ({"params": PERIOD}, {"read", "export"}),
+    ("GET", "/v1/schema/events.json"): ({}, {"ingest", "read", "export"}),
 }
 OPEN = {"/healthz", "/readyz", "/metrics"}
 

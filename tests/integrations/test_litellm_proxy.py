@@ -1,0 +1,234 @@
+"""End to end (issue 28) through a real LiteLLM proxy (``litellm --config``, its own process)
+with ``billing.integrations.litellm.handler`` as its callback, in front of the fake upstream
+that keeps generating after the client leaves: 50 concurrent streaming clients of which a third
+leave early, against the real billing service (SQLite, or PostgreSQL with
+``BILLING_TEST_DATABASE_URL``). Offline: LiteLLM's local cost map and bundled tokenizer.
+
+CONTRACT "Background" and "Reconciliation": with the drain on, the callback reads the upstream
+on after the disconnect (in its own task: LiteLLM cancels the client's generator, not the task),
+so every call is billed the provider's final usage, what the fake generated; delivered is what
+the client read, within the last chunk. With the drain off, LiteLLM's cancel reaches the
+upstream: billed is what the proxy had received (less than generated), flagged
+``drain_skipped`` (LiteLLM's own logged usage for such a call is its count of the cut stream,
+which the callback does not send as the provider's).
+
+Delivered, through LiteLLM, is what the proxy wrote to the client's connection before it saw
+the client leave, not "what the client read within the last chunk": LiteLLM (its uvicorn
+server) notices a closed connection only at a later write, a few chunks after the client's last
+read (4 chunks at 20 ms apart for one client alone; up to 5 at 100 ms apart with 50 streams on
+this 2-core machine), so delivered is at least what was read and less than what was generated.
+With chunks 20 ms apart and 50 streams the proxy falls behind, then writes chunks in bursts into
+the socket buffers, and often sees no disconnect before the stream ended (such a call shows no
+disconnect at all: delivered = billed). The fake paces its chunks 100 ms apart, a model's pace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from tests.conftest import _free_port
+from tests.fakes.upstream import FakeUpstream
+from tests.gateway.harness import Billing, Read, billing_server, wait_calls
+
+pytest.importorskip("litellm.proxy.proxy_server", reason="needs the billing[litellm] extra")
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+TOTAL = 40  # output tokens per upstream request
+LEAVE_AFTER = 8  # output tokens a leaving client reads
+CLIENTS = 50
+PER_CHUNK = 1  # tokens per chunk (each " t", one token of cl100k_base)
+DELAY_S = 0.1  # between two chunks of the fake upstream (see "Pacing" above)
+MASTER_KEY = "sk-" + secrets.token_hex(24)
+
+
+@contextmanager
+def litellm_proxy(upstream: str, billing: Billing, tmp_path: Path, *, drain: bool) -> Iterator[str]:
+    """``litellm --config`` (examples/litellm_config.yaml) in its own process, in front of
+    ``upstream``, posting to ``billing``; yields its base URL."""
+    port = _free_port()
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "LITELLM_MASTER_KEY": MASTER_KEY,
+        "UPSTREAM_BASE_URL": upstream + "/v1",
+        "UPSTREAM_API_KEY": "fake-upstream-key",
+        "BILLING_URL": billing.url,
+        "BILLING_TOKEN": billing.ingest_token,
+        "BILLING_DRAIN": "on" if drain else "off",
+        "XDG_CACHE_HOME": str(tmp_path / "proxy-cache"),
+    }
+    # The example's config, forwarding the clients' X-Request-Id to the fake upstream (which
+    # records each generation under it).
+    config = yaml.safe_load((ROOT / "examples" / "litellm_config.yaml").read_text())
+    config["general_settings"] = {"forward_client_headers_to_llm_api": True}
+    config["model_list"].append(  # an upstream that is down: nothing listens on its port
+        {
+            "model_name": "down-model",
+            "litellm_params": {
+                "model": "openai/down-model",
+                "api_base": f"http://127.0.0.1:{_free_port()}/v1",
+                "api_key": "fake-upstream-key",
+            },
+        }
+    )
+    config_path = tmp_path / f"litellm-{port}.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    log = (tmp_path / f"litellm-{port}.log").open("wb")
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "litellm"), "--config", str(config_path),
+         "--host", "127.0.0.1", "--port", str(port)],
+        env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180  # LiteLLM imports a lot
+        while True:
+            assert proc.poll() is None, (tmp_path / f"litellm-{port}.log").read_text()[-3000:]
+            try:
+                if httpx.get(url + "/health/liveliness", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the LiteLLM proxy did not start"
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+async def _client(http: httpx.AsyncClient, url: str, rid: str, leave_after: int | None) -> Read:
+    """One streaming chat completion through the proxy; counts the output tokens read (one per
+    content chunk of the fake) and leaves once ``leave_after`` were read."""
+    body = {
+        "model": "fake-model",
+        "stream": True,
+        "messages": [{"role": "user", "content": "Count to forty."}],
+    }
+    headers = {
+        "Authorization": f"Bearer {MASTER_KEY}",
+        "x-litellm-call-id": rid,  # LiteLLM's call id: the billing request_id
+        "X-Request-Id": rid,  # forwarded: the fake upstream's record of the generation
+    }
+    read, left = 0, False
+    async with http.stream("POST", url + "/v1/chat/completions", json=body, headers=headers) as r:
+        assert r.status_code == 200, await r.aread()
+        async for line in r.aiter_lines():
+            if line.startswith("data: {") and '"content":" t"' in line.replace(": ", ":"):
+                read += PER_CHUNK
+                if leave_after is not None and read >= leave_after:
+                    left = True
+                    break
+    return Read(rid, "openai.chat_completions", read, left)
+
+
+def _run(url: str, tag: str) -> list[Read]:
+    async def main() -> list[Read]:
+        limits = httpx.Limits(max_connections=CLIENTS, max_keepalive_connections=0)
+        async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+            return list(
+                await asyncio.gather(
+                    *(
+                        _client(http, url, f"ll-{tag}-{i}", LEAVE_AFTER if i % 3 == 0 else None)
+                        for i in range(CLIENTS)
+                    )
+                )
+            )
+
+    return asyncio.run(main())
+
+
+def test_through_litellm_billed_is_generated_and_delivered_is_read(
+    db_url: str, tmp_path: Path
+) -> None:
+    with (
+        FakeUpstream(total=TOTAL, tokens_per_chunk=PER_CHUNK, delay_s=DELAY_S) as fake,
+        billing_server(db_url) as billing,
+        litellm_proxy(fake.url, billing, tmp_path, drain=True) as proxy,
+    ):
+        reads = _run(proxy, "on")
+        hello = [{"role": "user", "content": "hi"}]
+        down = httpx.post(
+            proxy + "/v1/chat/completions",
+            json={"model": "down-model", "stream": True, "messages": hello},
+            headers={"Authorization": f"Bearer {MASTER_KEY}", "x-litellm-call-id": "ll-down"},
+            timeout=120,
+        )
+        fake.wait_finished([r.request_id for r in reads])
+        calls = asyncio.run(
+            wait_calls(billing, [r.request_id for r in reads] + ["ll-down"], timeout=90)
+        )
+    assert down.status_code >= 500, down.text
+    failed = calls["ll-down"]
+    assert (failed["status"], failed["error_type"]) == ("failed", "upstream_disconnect"), failed
+    assert (failed["model"], failed["api_key_id"]) == ("down-model", "litellm_proxy_master_key")
+    assert failed["output_tokens_billed"] == 0
+    assert sum(r.left for r in reads) == 17
+    for r in reads:
+        call = calls[r.request_id]
+        generated = fake.generated(r.request_id)
+        assert generated == TOTAL, r
+        assert call["output_tokens_billed"] == generated, (r, call)
+        assert call["usage_source"] == "upstream", (r, call)
+        assert call["input_tokens"] == 12, call
+        assert call["api_key_id"] == "litellm_proxy_master_key"  # LiteLLM's name of that key
+        assert call["model"] == "fake-model" and call["protocol"] == "openai.chat_completions"
+        assert call["metadata"]["billing.gateway"] == "litellm"
+        assert call["metadata"]["billing.drain"] == "on"
+        assert call["anomalies"] == [], (r, call)
+        assert call["cost_usd"] == "0.00043"  # 12 input and 40 output tokens
+        if r.left:
+            assert call["status"] == "client_disconnected", (r, call)
+            # what the client read, plus what LiteLLM wrote before it saw the disconnect
+            assert r.read <= call["output_tokens_delivered"] < generated, (r, call)
+            assert call["output_tokens_undelivered"] == generated - call["output_tokens_delivered"]
+        else:
+            assert r.read == TOTAL
+            assert call["status"] == "completed", (r, call)
+            assert call["output_tokens_delivered"] == TOTAL
+
+
+def test_through_litellm_without_drain_the_calls_are_flagged(db_url: str, tmp_path: Path) -> None:
+    with (
+        FakeUpstream(total=TOTAL, tokens_per_chunk=PER_CHUNK, delay_s=DELAY_S) as fake,
+        billing_server(db_url) as billing,
+        litellm_proxy(fake.url, billing, tmp_path, drain=False) as proxy,
+    ):
+        reads = _run(proxy, "off")
+        fake.wait_finished([r.request_id for r in reads])
+        calls = asyncio.run(wait_calls(billing, [r.request_id for r in reads], timeout=90))
+    for r in reads:
+        call = calls[r.request_id]
+        generated = fake.generated(r.request_id)
+        assert generated == TOTAL  # the provider generated (and bills) all of it
+        assert call["metadata"]["billing.drain"] == "off"
+        if r.left:
+            assert call["anomalies"] == ["drain_skipped", "usage_missing"], (r, call)
+            assert call["status"] == "client_disconnected"
+            assert call["usage_source"] == "estimate"
+            # billed what the proxy had received when LiteLLM cancelled: less than generated
+            assert r.read <= call["output_tokens_billed"] < generated, (r, call)
+            assert r.read <= call["output_tokens_delivered"] <= call["output_tokens_billed"]
+        else:
+            assert call["anomalies"] == [] and call["output_tokens_billed"] == generated
+            assert call["usage_source"] == "upstream"
