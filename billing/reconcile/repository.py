@@ -100,6 +100,11 @@ class ReconcileRepository(Protocol):
         price_id, max seq, seq of the last reversal or None, *token sums)``."""
         ...
 
+    def read_booked_units(self, session: Session, request_ids: Sequence[str]) -> list[Any]:
+        """The entries of the calls that have units (v2): ``(request_id, api_key_id, model,
+        price_id, units)``, ``units`` as the stored JSON text (name → signed count)."""
+        ...
+
     def write_calls(self, session: Session, updates: Sequence[Update], now: datetime) -> None:
         """Write each call's new state and figures onto its row; clears ``pending``."""
         ...

@@ -4,24 +4,37 @@ conditions)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import ColumnElement, Table
 
 from billing.calllog.repository import RollupSlice
-from billing.dimensions import TOKEN_FIELDS
-from billing.pricing.rates import RATE_COLUMNS
+from billing.dimensions import TOKEN_FIELDS, V1_TOKEN_FIELDS
+from billing.pricing.rates import V1_RATES
 from billing.rollups.repository import COUNT_FIELDS, PICO
 from billing.storage.models import UsageRollup, UsageRollupAllKeys
 
 #: The token columns.
 TOKENS = ", ".join(TOKEN_FIELDS)
-#: The token columns as decimal text (the database writes integers faster than Python does).
-TOKENS_AS_TEXT = ", ".join(f"CAST({name} AS TEXT)" for name in TOKEN_FIELDS)
+#: The token columns of the v1 exports, and as decimal text (the database writes integers faster
+#: than Python does).
+EXPORT_TOKENS = ", ".join(V1_TOKEN_FIELDS)
+TOKENS_AS_TEXT = ", ".join(f"CAST({name} AS TEXT)" for name in V1_TOKEN_FIELDS)
+#: The sums of the v1 exports' token columns.
+EXPORT_TOKEN_SUMS = ", ".join(f"sum({name})" for name in V1_TOKEN_FIELDS)
 #: The sums of the token columns.
 TOKEN_SUMS = ", ".join(f"sum({name})" for name in TOKEN_FIELDS)
-#: The ledger's price columns (micro-USD per million tokens), in the order of the CSV's.
-LEDGER_PRICES = ", ".join(RATE_COLUMNS)
+#: The ledger's price columns of the v1 exports (micro-USD per million tokens), in the order of
+#: the CSV's.
+LEDGER_PRICES = ", ".join(r.column for r in V1_RATES)
+
+
+def extra_columns(sources: Sequence[str]) -> str:
+    """``, a, b`` for the ledger columns ``sources`` a v2 export adds (empty for none)."""
+    return "".join(f", {name}" for name in sources)
+
+
 #: The summed columns of a rollup row.
 ROLLUP_SUMMED = (*COUNT_FIELDS, "cost_whole_usd", "cost_frac_pusd")
 #: The sums of a rollup row's counts.

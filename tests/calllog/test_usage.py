@@ -74,6 +74,7 @@ def totals(
         "input_tokens": inp,
         "cache_read_input_tokens": cache_read,
         "cache_creation_input_tokens": 0,
+        "cache_creation_1h_input_tokens": 0,
         "output_tokens_billed": out,
         "output_tokens_delivered": delivered,
         "output_tokens_undelivered": out - delivered,
@@ -375,13 +376,14 @@ def test_a_call_without_stream_started_and_its_late_start(priced: TestClient) ->
     settle = datetime.now(UTC) + timedelta(seconds=state.settings.settle_after_s + 1)
     reconcile_at(priced, settle)  # settles on what it has: started_missing, no key, no model
     period = {"since": "2026-03-10T00:00:00Z", "until": "2026-03-11T00:00:00Z"}
+    # No disconnect and no delivered count: it delivered what it billed (CONTRACT v2).
     assert usage(priced, **period, group_by="api_key_id,model") == [
-        {"api_key_id": None, "model": None, **totals(1, 100, 10, None, delivered=0)}
+        {"api_key_id": None, "model": None, **totals(1, 100, 10, None)}
     ]
     # The stream.started arrives, a minute earlier: the call moves to its key, model and start.
     post(priced, call_events("nk", t - timedelta(minutes=1), key="key_n", with_usage=False))
     assert usage(priced, **period, group_by="api_key_id,model") == [
-        {"api_key_id": None, "model": None, **totals(1, 100, 10, None, delivered=0)}
+        {"api_key_id": None, "model": None, **totals(1, 100, 10, None)}
     ]
     reconcile_at(priced, settle)
     assert usage(priced, **period, group_by="api_key_id,model,hour") == [
@@ -389,7 +391,7 @@ def test_a_call_without_stream_started_and_its_late_start(priced: TestClient) ->
             "api_key_id": "key_n",
             "model": "m1",
             "hour": "2026-03-10T08:00:00+00:00",
-            **totals(1, 100, 10, "0.00045", delivered=0),
+            **totals(1, 100, 10, "0.00045"),
         }
     ]
     assert_rollups_rebuild_alike(priced)
