@@ -20,6 +20,12 @@ columns above (signed deltas: an adjustment can be negative), the prices used
 ``cache_creation_usd_per_mtok`` (USD per million tokens; empty when the entry is unpriced), and
 ``cost_usd``. Each row's cost recomputes from its own columns::
 
+``?format=v2`` adds, after these, the columns of ``V2_CALLS_ADDED`` / ``V2_USAGE_ADDED``
+(the one-hour cache writes and their price, units and unit prices as one canonical JSON cell
+each; docs/ARCHITECTURE.md "Usage dimensions (v2)"); a v2 row's cost adds
+``(cache_creation_1h_usd_per_mtok − cache_creation_usd_per_mtok) × cache_creation_1h_input_tokens
+/ 1,000,000`` and each unit's count × its unit price.
+
     cost_usd = (input_tokens × input_usd_per_mtok
                 + cache_read_input_tokens × cache_read_usd_per_mtok
                 + cache_creation_input_tokens × cache_creation_usd_per_mtok

@@ -1,7 +1,12 @@
 """The billing rule: one call's events in, billed figures out. Pure: no database, no clock.
 
-Source: CONTRACT "Reconciliation". Upstream usage is authoritative; usage and counters are
-snapshots (the largest or latest wins, never summed within an attempt); attempts are summed.
+Source: CONTRACT "Reconciliation" and "Usage dimensions (v2)". Upstream usage is authoritative;
+usage and counters are snapshots (the largest or latest wins, never summed within an attempt);
+attempts are summed. v2: an attempt takes its winning usage's served tier, units and other
+models' tokens (counted in the call's buckets, and listed per model); an estimate without input
+takes ``stream.started.input_tokens``; an attempt without a disconnect and without any delivered
+count delivered its billed output; anomalies a gateway reports in the usage are carried onto
+the call.
 
 This is the rule. ``billing.reconcile.common`` restates it in SQL for the most frequent shape of
 call (``is_common``); ``tests/reconcile/test_reconcile_common_property.py`` proves the two agree
