@@ -74,8 +74,8 @@ class ReconcileRepository(Protocol):
         ...
 
     def mark_model_pending(self, session: Session, model: str, effective_from: datetime) -> int:
-        """Mark pending the calls with an attempt on ``model`` started at or after
-        ``effective_from``; returns how many."""
+        """Mark pending the calls with an attempt on ``model``, or tokens billed at its rates
+        (``other_models``, v2), started at or after ``effective_from``; returns how many."""
         ...
 
     def read_states(self, session: Session, request_ids: Sequence[str]) -> list[StateRow]:

@@ -259,8 +259,9 @@ def _apply(call: Call, fig: CallFigures, cost: int | None, settle: bool, now: da
 
 
 def mark_model_pending(session: Session, model: str, effective_from: datetime) -> int:
-    """Mark the calls of ``model`` started at or after ``effective_from`` for re-reconciliation
-    (a new price may now apply to them). Returns how many calls were marked."""
+    """Mark the calls of ``model`` (an attempt on it, or tokens billed at its rates:
+    ``other_models``) started at or after ``effective_from`` for re-reconciliation (a new price
+    may now apply to them). Returns how many calls were marked."""
     return _repo(session).mark_model_pending(session, model, effective_from)
 
 

@@ -11,7 +11,7 @@ from datetime import datetime
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import case, false, func, or_, select, true, update
+from sqlalchemy import Text, case, cast, false, func, or_, select, true, update
 from sqlalchemy.orm import Session
 
 from billing.dimensions import TOKEN_FIELDS
@@ -101,10 +101,15 @@ class CoreReconcile:
         # An attempt is priced by its own model, which may differ from the call's (a fallback
         # model); a call with one attempt has no attempt row: its attempt's model is the call's.
         with_attempt = select(CallAttempt.request_id).where(CallAttempt.model == model)
+        # (v2) A call that billed tokens at this model's rates (``other_models``, JSON text as
+        # ``call_values`` writes it: ``"model": "…"``), with LIKE's wildcards escaped.
+        quoted = json.dumps(model).replace("\\", "\\\\").replace("%", "\\%")
+        quoted = quoted.replace("_", "\\_")
+        as_other = cast(Call.other_models, Text).like(f'%"model": {quoted}%', escape="\\")
         marked = session.execute(
             update(Call)
             .where(
-                or_(Call.model == model, Call.request_id.in_(with_attempt)),
+                or_(Call.model == model, Call.request_id.in_(with_attempt), as_other),
                 Call.started_at >= effective_from,
             )
             .values(pending=True, change_seq=Call.change_seq + 1)

@@ -353,3 +353,25 @@ def test_the_v2_exports_carry_the_dimensions_and_v1_stays_as_it_was(priced: Test
     bad = priced.get("/v1/exports/usage.csv", params={**period, "format": "v3"})
     assert bad.status_code == 422
     assert bad.json()["errors"][0]["path"] == "query.format"
+
+
+def test_an_other_model_priced_later_settles_the_cost_through_an_adjustment(
+    priced: TestClient,
+) -> None:
+    helper = {"model": "m_new%", "input_tokens": 1000, "output_tokens": 10}
+    call = settle(
+        priced,
+        "late",
+        started("s", "late"),
+        usage("u", 100, 10, rid="late", at=2, other_models=[helper]),
+    )
+    assert call["cost_usd"] is None
+    assert "unpriced" in call["anomalies"]
+    price = {**ADVISOR, "model": "m_new%", "input_usd_per_mtok": "1", "output_usd_per_mtok": "2"}
+    assert priced.post("/v1/prices", json=price).status_code == 201
+    reconcile_now(priced)
+    call = get(priced, "late")
+    assert_ledger_is_the_call(call)
+    # m1: 100 × 3 + 10 × 15 = 450 µ$; m_new%: 1,000 × 1 + 10 × 2 = 1,020 µ$.
+    assert call["cost_usd"] == "0.00147"
+    assert "unpriced" not in call["anomalies"]
