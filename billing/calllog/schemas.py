@@ -182,6 +182,7 @@ _ROW: dict[str, Any] = {
     "calls": (int, Field(ge=0)),
     **_tokens(None),
     "cost_usd": (Usd | None, Field(description=_COST)),
+    "units": (dict[str, int], Field(description="unit name → count (v2)")),
 }
 _UsageRowFields: Any = cast(Any, create_model("_UsageRowFields", __config__=_OUT, **_ROW))
 

@@ -200,6 +200,13 @@ class Call(TokenColumns, Base):
         # The call log's status filter, alone and with a key (billing.calllog.queries).
         Index(None, "status", "started_at", "request_id"),
         Index(None, "api_key_id", "status", "started_at", "request_id"),
+        # (v2) The calls with units, by start (billing.calllog.usage sums their units).
+        Index(
+            None,
+            "started_at",
+            postgresql_where=text("units IS NOT NULL"),
+            sqlite_where=text("units IS NOT NULL"),
+        ),
     )
 
 
@@ -286,6 +293,13 @@ class LedgerEntry(TokenColumns, EntryRates, Base):
     __table_args__ = (
         UniqueConstraint("request_id", "seq"),
         Index(None, "booked_at", "entry_id"),
+        # (v2) The entries with units, by booking (billing.calllog.usage sums their units).
+        Index(
+            None,
+            "booked_at",
+            postgresql_where=text("units IS NOT NULL"),
+            sqlite_where=text("units IS NOT NULL"),
+        ),
     )
 
 

@@ -68,9 +68,20 @@ def upgrade() -> None:
         batch.add_column(sa.Column(RATE, sa.BigInteger(), nullable=True))
         batch.add_column(sa.Column("units", sa.Text(), nullable=True))
         batch.add_column(sa.Column("unit_prices", sa.Text(), nullable=True))
+    # The calls and entries with units, by time (GET /v1/usage sums their units).
+    for table, column in (("calls", "started_at"), ("ledger_entries", "booked_at")):
+        op.create_index(
+            f"ix_{table}_{column}",
+            table,
+            [column],
+            postgresql_where=sa.text("units IS NOT NULL"),
+            sqlite_where=sa.text("units IS NOT NULL"),
+        )
 
 
 def downgrade() -> None:
+    op.drop_index("ix_ledger_entries_booked_at", "ledger_entries")
+    op.drop_index("ix_calls_started_at", "calls")
     with op.batch_alter_table("ledger_entries") as batch:
         batch.drop_column("unit_prices")
         batch.drop_column("units")

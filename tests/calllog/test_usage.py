@@ -8,6 +8,7 @@ reconciler keeps equal the ones rebuilt from ``calls`` and ``ledger_entries``.
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Iterator
 from datetime import UTC, date, datetime, time, timedelta
@@ -80,6 +81,7 @@ def totals(
         "output_tokens_undelivered": out - delivered,
         "reasoning_tokens": 0,
         "cost_usd": cost,
+        "units": {},
     }
 
 
@@ -500,11 +502,16 @@ def reference(session: Session, query: UsageQuery) -> list[dict[str, Any]]:
             "month": local.strftime("%Y-%m"),
         }
         group = tuple((name, labels[name]) for name in query.group_by)
-        acc = groups.setdefault(group, {"calls": 0, **dict.fromkeys(TOKEN_FIELDS, 0), "costs": []})
+        acc = groups.setdefault(
+            group, {"calls": 0, **dict.fromkeys(TOKEN_FIELDS, 0), "costs": [], "units": {}}
+        )
         acc["calls"] += calls
         for name in TOKEN_FIELDS:
             acc[name] += getattr(row, name)
         acc["costs"].append(cost)
+        units = row.units or {}
+        for unit, count in (json.loads(units) if isinstance(units, str) else units).items():
+            acc["units"][unit] = acc["units"].get(unit, 0) + count
 
     def order(group: tuple[Any, ...]) -> tuple[Any, ...]:
         return tuple(
@@ -520,12 +527,13 @@ def reference(session: Session, query: UsageQuery) -> list[dict[str, Any]]:
     for group in sorted(groups, key=order):
         acc = groups[group]
         costs = acc.pop("costs")
+        units = {unit: n for unit, n in sorted(acc.pop("units").items()) if n}
         priced = [c for c in costs if c is not None]
         if query.basis == "call_start":
             cost = None if len(priced) < len(costs) else sum(priced)
         else:
             cost = sum(priced) if priced else None
-        rows.append({**dict(group), **acc, "cost_usd": pusd_to_str(cost)})
+        rows.append({**dict(group), **acc, "cost_usd": pusd_to_str(cost), "units": units})
     return rows
 
 

@@ -375,3 +375,28 @@ def test_an_other_model_priced_later_settles_the_cost_through_an_adjustment(
     # m1: 100 × 3 + 10 × 15 = 450 µ$; m_new%: 1,000 × 1 + 10 × 2 = 1,020 µ$.
     assert call["cost_usd"] == "0.00147"
     assert "unpriced" not in call["anomalies"]
+
+
+def test_usage_rows_sum_the_units_on_both_bases(priced: TestClient) -> None:
+    for n, searches in enumerate((3, 4)):
+        rid = f"u{n}"
+        settle(
+            priced,
+            rid,
+            started(f"s{n}", rid),
+            usage(f"e{n}", 10, 1, rid=rid, at=2, units={"web_search_requests": searches}),
+        )
+    settle(priced, "plain", started("sp", "plain"), usage("ep", 10, 1, rid="plain", at=2))
+    now = "2030-01-01T00:00:00Z"
+    for basis, since in (
+        ("call_start", "2026-10-15T00:00:00Z"),
+        ("booked", "2020-01-01T00:00:00Z"),
+    ):
+        response = priced.get(
+            "/v1/usage", params={"since": since, "until": now, "group_by": "model", "basis": basis}
+        )
+        assert response.status_code == 200, response.text
+        (row,) = response.json()["data"]
+        assert (row["calls"], row["units"]) == (3, {"web_search_requests": 7})
+        # 3 × (10 × 3 + 1 × 15) µ$ + 7 × $0.01
+        assert row["cost_usd"] == "0.070135"
