@@ -89,10 +89,17 @@ _CALL_COLUMNS = (
     "anomalies",
     "call_no",
 )
+#: The v2 columns of a ledger entry (usage dimensions), which the seeded calls leave at their
+#: defaults (0 one-hour cache writes, no units).
+_V2_ENTRY_COLUMNS = frozenset(
+    ("cache_creation_1h_input_tokens", "cache_creation_1h_uusd_per_mtok", "units", "unit_prices")
+)
 #: The ledger columns ``_rows`` fills, in its order: those of the ORM model (the public
-#: definition of the table) less ``entry_id``, which the database numbers.
+#: definition of the table) less ``entry_id``, which the database numbers, and the v2 ones.
 _ENTRY_COLUMNS = tuple(
-    column.name for column in LedgerEntry.__table__.columns if column.name != "entry_id"
+    column.name
+    for column in LedgerEntry.__table__.columns
+    if column.name != "entry_id" and column.name not in _V2_ENTRY_COLUMNS
 )
 
 
@@ -296,7 +303,8 @@ def seed(engine: Engine, n: int, keys: int, models: int) -> None:
                 text(
                     "INSERT INTO prices (id, model, effective_from, input_uusd_per_mtok, "
                     "output_uusd_per_mtok, cache_read_uusd_per_mtok, cache_creation_uusd_per_mtok, "
-                    "created_at) VALUES (:id, :model, :at, :i, :o, :r, :c, :at)"
+                    "cache_creation_1h_uusd_per_mtok, created_at) "
+                    "VALUES (:id, :model, :at, :i, :o, :r, :c, :c, :at)"
                 ),
                 {
                     "id": m + 1,

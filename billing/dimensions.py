@@ -21,12 +21,28 @@ from typing import Any
 
 
 def _bucket(
-    doc: str, *, usage: str | None = None, required: bool = False, price: str | None = None
+    doc: str,
+    *,
+    usage: str | None = None,
+    required: bool = False,
+    price: str | None = None,
+    part_of: str | None = None,
+    since: int = 1,
 ) -> Any:
     """A token bucket: an integer field (tokens, ≥ 0 on a call; a ledger adjustment may hold a
     negative difference), 0 by default. ``required``: ``stream.usage`` must carry ``usage``
-    (otherwise it defaults to 0)."""
-    meta = {"doc": doc, "usage": usage, "required": required, "price": price}
+    (otherwise it defaults to 0). ``part_of``: the bucket it is a part of (its tokens are
+    counted there too, and billed at this bucket's ``price`` instead of that one's; a price
+    without it bills them at that one's, see ``billing.pricing.rates``). ``since``: the export
+    format that first has its column (v1 exports keep their columns, CONTRACT "Export")."""
+    meta = {
+        "doc": doc,
+        "usage": usage,
+        "required": required,
+        "price": price,
+        "part_of": part_of,
+        "since": since,
+    }
     return field(default=0, metadata=meta)
 
 
@@ -53,6 +69,14 @@ class Tokens:
         "input tokens written to the provider's prompt cache",
         usage="cache_creation_input_tokens",
         price="cache_creation_usd_per_mtok",
+    )
+    cache_creation_1h_input_tokens: int = _bucket(
+        'the part of the cache writes written with a one-hour lifetime (CONTRACT "Usage '
+        'dimensions (v2)")',
+        usage="cache_creation_1h_input_tokens",
+        price="cache_creation_1h_usd_per_mtok",
+        part_of="cache_creation_input_tokens",
+        since=2,
     )
     output_tokens_billed: int = _bucket(
         "output tokens the provider bills, including reasoning and those generated after the "
@@ -98,7 +122,9 @@ class Bucket:
     ``name``: the column and API field; ``doc``: what it counts; ``usage``: the ``stream.usage``
     field the rule reads it from, or ``None`` when the rule derives it; ``price``: the price field
     (USD per million tokens) that bills it, or ``None`` when it is not billed by itself;
-    ``required``: whether ``stream.usage`` must carry the ``usage`` field (else it is 0).
+    ``required``: whether ``stream.usage`` must carry the ``usage`` field (else it is 0);
+    ``part_of``: the bucket that counts its tokens too (see ``_bucket``); ``since``: the first
+    export format with its column.
     """
 
     name: str
@@ -106,12 +132,20 @@ class Bucket:
     usage: str | None
     required: bool
     price: str | None
+    part_of: str | None = None
+    since: int = 1
 
 
 #: Every bucket, in declaration order.
 BUCKETS: tuple[Bucket, ...] = tuple(
     Bucket(
-        f.name, f.metadata["doc"], f.metadata["usage"], f.metadata["required"], f.metadata["price"]
+        f.name,
+        f.metadata["doc"],
+        f.metadata["usage"],
+        f.metadata["required"],
+        f.metadata["price"],
+        f.metadata["part_of"],
+        f.metadata["since"],
     )
     for f in fields(Tokens)
 )
@@ -121,9 +155,23 @@ TOKEN_FIELDS: tuple[str, ...] = tuple(b.name for b in BUCKETS)
 PRICED: tuple[Bucket, ...] = tuple(b for b in BUCKETS if b.price is not None)
 #: The price fields (USD per million tokens), in the order of ``PRICED``.
 PRICE_FIELDS: tuple[str, ...] = tuple(b.price for b in PRICED if b.price is not None)
-#: The ``stream.usage`` token fields, in declaration order (``required`` ones and those that
+#: The v1 ``stream.usage`` token fields, in declaration order (``required`` ones and those that
 #: default to 0).
-USAGE_FIELDS: tuple[str, ...] = tuple(b.usage for b in BUCKETS if b.usage is not None)
+USAGE_FIELDS: tuple[str, ...] = tuple(
+    b.usage for b in BUCKETS if b.usage is not None and b.since == 1
+)
+#: The ``stream.usage`` token fields of v2 (CONTRACT "Usage dimensions (v2)"), in declaration
+#: order: ``USAGE_FIELDS`` holds the v1 ones, which every tap reports (``billing.taps.usage``);
+#: the ingest schema and the rule read every bucket's.
+V2_USAGE_FIELDS: tuple[str, ...] = tuple(
+    b.usage for b in BUCKETS if b.usage is not None and b.since == 2
+)
+
+#: The buckets of the v1 exports' columns (``since`` 1), in declaration order; the v2 formats add
+#: the others (CONTRACT "Export", "Usage dimensions (v2)").
+V1_TOKEN_FIELDS: tuple[str, ...] = tuple(b.name for b in BUCKETS if b.since == 1)
+#: The buckets the v2 exports add after the v1 columns, in declaration order.
+V2_TOKEN_FIELDS: tuple[str, ...] = tuple(b.name for b in BUCKETS if b.since == 2)
 
 _values = attrgetter(*TOKEN_FIELDS)
 

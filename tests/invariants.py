@@ -26,6 +26,7 @@ and ``scratch_database`` (a second database at the migration head, SQLite or Pos
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from collections import defaultdict
@@ -41,7 +42,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
 from billing.dimensions import TOKEN_FIELDS
-from billing.pricing.rates import RATES
+from billing.pricing.rates import PART_OF, RATES
 from billing.storage.migrate import upgrade_to_head
 from billing.storage.models import (
     Call,
@@ -94,9 +95,20 @@ def _entry_cost(entry: Any) -> int | None:
     prices = [getattr(entry, price) for _, price in COST_PARTS]
     if any(p is None for p in prices):
         return None
-    return sum(
+    cost = sum(
         int(getattr(entry, t)) * int(p) for (t, _), p in zip(COST_PARTS, prices, strict=True)
     )
+    # A part of another bucket (one-hour cache writes) is billed at its own rate instead of its
+    # whole's; units at their unit prices (micro-USD per unit), CONTRACT "Usage dimensions (v2)".
+    for part, whole in PART_OF:
+        cost -= int(getattr(entry, COST_PARTS[part][0])) * int(prices[whole])
+    units = json.loads(entry.units) if getattr(entry, "units", None) else {}
+    unit_prices = json.loads(entry.unit_prices) if getattr(entry, "unit_prices", None) else {}
+    for name, count in units.items():
+        if count and name not in unit_prices:
+            return None
+        cost += int(count) * int(unit_prices.get(name, 0)) * 10**6
+    return int(cost)
 
 
 @contextmanager

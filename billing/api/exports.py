@@ -69,6 +69,7 @@ async def _export(request: Request, kind: Kind) -> StreamingResponse:
         query.get("group_by") if kind == "usage" else None,
         query.get("tz") if kind == "usage" else None,
         query.multi_items(),
+        query.get("format"),
     )
     state = get_state(request)
     period = period_label(params, datetime.now(UTC), state.settings.close_lag_s)

@@ -14,7 +14,7 @@ from billing.api.state import AppState, get_state, read
 from billing.auth.guard import allow
 from billing.calllog.params import query_problems
 from billing.errors import ValidationFailed
-from billing.pricing.prices import PriceRow, list_prices
+from billing.pricing.prices import PriceVersion, list_prices
 from billing.pricing.schemas import PriceIn, PriceList, PriceOut
 from billing.pricing.service import record_price
 from billing.storage.db import write_transaction
@@ -22,7 +22,7 @@ from billing.storage.db import write_transaction
 router = APIRouter()
 
 
-def _post(state: AppState, price: PriceIn) -> tuple[PriceRow, bool]:
+def _post(state: AppState, price: PriceIn) -> tuple[PriceVersion, bool]:
     with write_transaction(state.sessions) as session:
         return record_price(session, price, datetime.now(UTC))
 
@@ -48,7 +48,7 @@ async def post_price(
     price: PriceIn, state: Annotated[AppState, Depends(get_state)]
 ) -> JSONResponse:
     """201 with the stored price; 200 when the same price was already stored; 409 when a
-    different price exists for the same model and ``effective_from``."""
+    different price exists for the same model, tier and ``effective_from``."""
     row, created = await run_in_threadpool(_post, state, price)
     return JSONResponse(row.as_json(), status_code=201 if created else 200)
 

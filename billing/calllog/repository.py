@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol
 
 from sqlalchemy.orm import Session
@@ -43,3 +44,17 @@ class CalllogRepository(Protocol):
         starts), summed per (run's ``seg``, ``rows.dims``): ``(seg, *dims, *COUNT_FIELDS,
         cost_whole_usd, cost_frac_pusd)``, sums as the database gives them (null for no row),
         ``''`` for a null key or model. Each run is one range of the table's primary key."""
+
+    def units_in(
+        self,
+        session: Session,
+        basis: str,
+        since: datetime,
+        until: datetime,
+        api_key_id: str | None,
+        model: str | None,
+    ) -> list[Any]:
+        """(v2) ``(at, api_key_id, model, units)`` of every settled call (``call_start``: at its
+        start) or ledger entry (``booked``: at its booking) in ``[since, until)`` that has units,
+        with the key and model filters; ``units`` as stored (name → count)."""
+        ...

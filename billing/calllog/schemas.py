@@ -95,6 +95,12 @@ _CALL: dict[str, Any] = {
     "stop_reason": (str | None, ...),
     "metadata": (dict[str, str], ...),
     "anomalies": (list[str], Field(description="anomaly codes")),
+    "service_tier": (str | None, Field(description="the tier the upstream served (v2)")),
+    "units": (dict[str, int], Field(description="unit name → count (v2)")),
+    "other_models": (
+        list[dict[str, Any]],
+        Field(description="tokens billed at other models' rates, per model (v2)"),
+    ),
 }
 _CallFields: Any = cast(Any, create_model("_CallFields", __config__=_OUT, **_CALL))
 
@@ -137,6 +143,8 @@ _ENTRY: dict[str, Any] = {
         for r in RATES
     },
     "cost_usd": (Usd | None, Field(description=_COST)),
+    "units": (dict[str, int], Field(description="unit name → signed count (v2)")),
+    "unit_prices": (dict[str, Rate], Field(description="the unit prices used: USD per unit (v2)")),
 }
 _LedgerEntryFields: Any = cast(Any, create_model("_LedgerEntryFields", __config__=_OUT, **_ENTRY))
 
@@ -174,6 +182,7 @@ _ROW: dict[str, Any] = {
     "calls": (int, Field(ge=0)),
     **_tokens(None),
     "cost_usd": (Usd | None, Field(description=_COST)),
+    "units": (dict[str, int], Field(description="unit name → count (v2)")),
 }
 _UsageRowFields: Any = cast(Any, create_model("_UsageRowFields", __config__=_OUT, **_ROW))
 

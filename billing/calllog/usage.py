@@ -18,17 +18,19 @@ Source: CONTRACT "Call log and usage queries". Decisions where the contract is s
   ``api_key_id`` and ``model`` by text with null first (as the CSV export). Empty groups (no call,
   or no ledger entry) are left out.
 
-Reads only the rollups (``billing.rollups``): each local period is covered by the coarsest UTC
+Reads the rollups (``billing.rollups``): each local period is covered by the coarsest UTC
 buckets that fit in it (``billing.rollups.buckets.cover``); only a ``since``/``until`` off a
 15-minute edge leaves a remainder of under 15 minutes, read from ``calls``/``ledger_entries`` by
-their time index.
+their time index. (v2) Units are summed from the calls or entries of the period that have any
+(a partial index of each), placed in their segment and group as the rollups place them.
 """
 
 from __future__ import annotations
 
+import json
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -96,14 +98,17 @@ class UsageRow:
     calls: int
     tokens: dict[str, int]
     cost_pusd: int | None
+    #: (v2) Unit name → count summed over the group (CONTRACT "Usage dimensions (v2)").
+    units: dict[str, int] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
-        """The contract's row: group-by keys, then ``TOTAL_FIELDS``."""
+        """The contract's row: group-by keys, then ``TOTAL_FIELDS``, then ``units``."""
         return {
             **dict(self.group),
             "calls": self.calls,
             **self.tokens,
             "cost_usd": pusd_to_str(self.cost_pusd),
+            "units": self.units,
         }
 
 
@@ -177,7 +182,21 @@ def usage_rows(session: Session, query: UsageQuery) -> list[UsageRow]:
         groups.add(
             bisect_right(starts, placed.at) - 1, tuple(named[d] for d in dims), placed.totals
         )
+    for at, key, model, text in store_for(session).calllog.units_in(
+        session, query.basis, query.since, query.until, query.api_key_id, query.model
+    ):
+        named = {"api_key_id": key or None, "model": model or None}
+        groups.add_units(
+            bisect_right(starts, at) - 1, tuple(named[d] for d in dims), _units_of(text)
+        )
     return groups.rows(query, segments, times)
+
+
+def _units_of(value: Any) -> dict[str, int]:
+    """Units as stored: a JSON object (a dict on ``calls``, JSON text on ``ledger_entries``)."""
+    if isinstance(value, str):
+        value = json.loads(value)
+    return {str(name): int(count) for name, count in (value or {}).items()}
 
 
 def _check_size(query: UsageQuery, finest: str | None) -> None:
@@ -206,6 +225,13 @@ class _Groups:
     def __init__(self, dims: Sequence[str]) -> None:
         self.dims = dims
         self.totals: dict[tuple[int, tuple[str | None, ...]], Totals] = {}
+        self.units: dict[tuple[int, tuple[str | None, ...]], dict[str, int]] = {}
+
+    def add_units(self, seg: int, values: tuple[str | None, ...], units: dict[str, int]) -> None:
+        """Add ``units`` (name → count) to the group of segment ``seg`` and ``values``."""
+        into = self.units.setdefault((seg, values), {})
+        for name, count in units.items():
+            into[name] = into.get(name, 0) + count
 
     def add(self, seg: int, values: tuple[str | None, ...], totals: Totals) -> None:
         """Add ``totals`` to the group of segment ``seg`` and the ``dims`` ``values``."""
@@ -247,6 +273,7 @@ class _Groups:
                     calls=count["calls"],
                     tokens={name: count[name] for name in TOKEN_FIELDS},
                     cost_pusd=None if unknown else totals.cost_pusd,
+                    units={name: n for name, n in sorted(self.units.get(group, {}).items()) if n},
                 )
             )
         return result

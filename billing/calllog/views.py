@@ -39,6 +39,9 @@ def call_json(call: Call) -> dict[str, Any]:
         "stop_reason": call.stop_reason,
         "metadata": call.metadata_ or {},
         "anomalies": list(call.anomalies or []),
+        "service_tier": call.service_tier,
+        "units": dict(call.units or {}),
+        "other_models": list(call.other_models or []),
     }
 
 
@@ -63,4 +66,10 @@ def ledger_entry_json(entry: LedgerEntry) -> dict[str, Any]:
         **tokens_of(entry).as_dict(),
         **{rate.field: uusd_per_mtok_to_str(getattr(entry, rate.column)) for rate in RATES},
         "cost_usd": pusd_to_str(entry.cost_pusd),
+        "units": orjson.loads(entry.units) if entry.units else {},
+        "unit_prices": (
+            {n: uusd_per_mtok_to_str(int(v)) for n, v in orjson.loads(entry.unit_prices).items()}
+            if entry.unit_prices
+            else {}
+        ),
     }

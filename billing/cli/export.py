@@ -32,6 +32,7 @@ _EXPORT_FLAGS = {
     "query.until": "--until",
     "query.group_by": "--group-by",
     "query.tz": "--tz",
+    "query.format": "--format",
 }
 
 
@@ -76,6 +77,9 @@ _GroupBy = Annotated[
 _Tz = Annotated[
     str | None, typer.Option(help="usage: IANA zone where buckets begin (default UTC).")
 ]
+_Format = Annotated[
+    str | None, typer.Option("--format", help="v1 (default) or v2 (the v2 columns after v1's).")
+]
 _Output = Annotated[
     Path | None,
     typer.Option(help="Write the CSV to FILE and a manifest to FILE.manifest.json."),
@@ -89,6 +93,7 @@ def export(
     group_by: _GroupBy = None,
     tz: _Tz = None,
     output: _Output = None,
+    format: _Format = None,
 ) -> None:
     """Export the ledger booked in [since, until) as CSV: the bytes of GET /v1/exports/KIND.csv.
 
@@ -102,7 +107,9 @@ def export(
     if kind == "calls" and (group_by is not None or tz is not None):
         fail("--group-by and --tz apply to usage exports only")
     try:
-        params = parse_params("calls" if kind == "calls" else "usage", since, until, group_by, tz)
+        params = parse_params(
+            "calls" if kind == "calls" else "usage", since, until, group_by, tz, format=format
+        )
     except ValidationFailed as error:
         fail("; ".join(f"{_EXPORT_FLAGS.get(e.path, e.path)} {e.message}" for e in error.errors))
     migrate_or_fail(settings)

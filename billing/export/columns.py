@@ -20,6 +20,12 @@ columns above (signed deltas: an adjustment can be negative), the prices used
 ``cache_creation_usd_per_mtok`` (USD per million tokens; empty when the entry is unpriced), and
 ``cost_usd``. Each row's cost recomputes from its own columns::
 
+``?format=v2`` adds, after these, the columns of ``V2_CALLS_ADDED`` / ``V2_USAGE_ADDED``
+(the one-hour cache writes and their price, units and unit prices as one canonical JSON cell
+each; docs/ARCHITECTURE.md "Usage dimensions (v2)"); a v2 row's cost adds
+``(cache_creation_1h_usd_per_mtok − cache_creation_usd_per_mtok) × cache_creation_1h_input_tokens
+/ 1,000,000`` and each unit's count × its unit price.
+
     cost_usd = (input_tokens × input_usd_per_mtok
                 + cache_read_input_tokens × cache_read_usd_per_mtok
                 + cache_creation_input_tokens × cache_creation_usd_per_mtok
@@ -28,14 +34,15 @@ columns above (signed deltas: an adjustment can be negative), the prices used
 
 from __future__ import annotations
 
-from typing import Final
+from dataclasses import dataclass
+from typing import Final, Literal
 
 from billing.calllog.buckets import TIME_DIMS
-from billing.dimensions import TOKEN_FIELDS
-from billing.pricing.rates import RATE_FIELDS
+from billing.dimensions import V1_TOKEN_FIELDS, V2_TOKEN_FIELDS
+from billing.pricing.rates import V1_RATES, V2_RATES
 
-#: The token buckets, in the contract's usage-totals order.
-TOKEN_COLUMNS: Final[tuple[str, ...]] = tuple(TOKEN_FIELDS)
+#: The token buckets of the v1 columns, in the contract's usage-totals order.
+TOKEN_COLUMNS: Final[tuple[str, ...]] = tuple(V1_TOKEN_FIELDS)
 
 #: The names ``group_by`` accepts; time buckets (as ``GET /v1/usage``) and text keys.
 TIME_KEYS: Final[tuple[str, ...]] = TIME_DIMS
@@ -47,7 +54,7 @@ DEFAULT_GROUP_BY: Final[tuple[str, ...]] = ("day", "api_key_id", "model")
 USAGE_TOTAL_COLUMNS: Final[tuple[str, ...]] = ("calls", *TOKEN_COLUMNS, "cost_usd")
 
 #: The prices used, per entry, as in ``GET /v1/calls/{request_id}`` ``ledger_entries``.
-PRICE_COLUMNS: Final[tuple[str, ...]] = RATE_FIELDS
+PRICE_COLUMNS: Final[tuple[str, ...]] = tuple(r.field for r in V1_RATES)
 
 #: Every column of ``calls.csv``, in order.
 CALLS_COLUMNS: Final[tuple[str, ...]] = (
@@ -66,6 +73,53 @@ CALLS_COLUMNS: Final[tuple[str, ...]] = (
 )
 
 
-def usage_columns(group_by: tuple[str, ...]) -> tuple[str, ...]:
-    """The header of ``usage.csv`` for ``group_by``: group columns, then the totals."""
-    return (*group_by, *USAGE_TOTAL_COLUMNS)
+#: The export formats: ``v1`` (the default; its columns never change) and ``v2`` (CONTRACT
+#: "Keys, customers and plans (v2)", "Usage dimensions (v2)").
+Format = Literal["v1", "v2"]
+FORMATS: Final[tuple[Format, ...]] = ("v1", "v2")
+
+#: How a v2 column's cell is made from its ledger value: ``count`` an integer (summed in
+#: usage.csv), ``units`` the units JSON (name → count; merged by name in usage.csv), ``price``
+#: micro-USD per million tokens as USD, ``unit_prices`` the unit prices JSON in USD per unit.
+CellKind = Literal["count", "units", "price", "unit_prices"]
+
+
+@dataclass(frozen=True, slots=True)
+class V2Column:
+    """A column the v2 format adds: its CSV ``name``, the ``ledger_entries`` column it is read
+    from (``source``) and how its cell is made (``kind``)."""
+
+    name: str
+    source: str
+    kind: CellKind
+
+
+#: The columns ``?format=v2`` adds after ``cost_usd``, in order (CONTRACT: "adds, after
+#: ``cost_usd``, ``charge_usd``, … the v2 token and unit columns"). Issue #24 adds its
+#: ``charge_usd`` (and in calls.csv the plan's prices and ``markup_pct``) here, first; its
+#: ``customer_id``, ``plan_id`` go before the totals (``usage_columns``).
+V2_CALLS_ADDED: Final[tuple[V2Column, ...]] = (
+    *(V2Column(name, name, "count") for name in V2_TOKEN_FIELDS),
+    V2Column("units", "units", "units"),
+    *(V2Column(rate.field, rate.column, "price") for rate in V2_RATES),
+    V2Column("unit_prices", "unit_prices", "unit_prices"),
+)
+V2_USAGE_ADDED: Final[tuple[V2Column, ...]] = (
+    *(V2Column(name, name, "count") for name in V2_TOKEN_FIELDS),
+    V2Column("units", "units", "units"),
+)
+
+
+def calls_columns(format: Format = "v1") -> tuple[str, ...]:
+    """The header of ``calls.csv`` in ``format``."""
+    if format == "v1":
+        return CALLS_COLUMNS
+    return (*CALLS_COLUMNS, *(c.name for c in V2_CALLS_ADDED))
+
+
+def usage_columns(group_by: tuple[str, ...], format: Format = "v1") -> tuple[str, ...]:
+    """The header of ``usage.csv`` for ``group_by`` in ``format``: group columns, then the
+    totals (then, in v2, ``V2_USAGE_ADDED``)."""
+    if format == "v1":
+        return (*group_by, *USAGE_TOTAL_COLUMNS)
+    return (*group_by, *USAGE_TOTAL_COLUMNS, *(c.name for c in V2_USAGE_ADDED))

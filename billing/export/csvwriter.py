@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
-from billing.dimensions import TOKEN_FIELDS
-from billing.pricing.rates import RATES
+from billing.dimensions import V1_TOKEN_FIELDS
+from billing.export.columns import V2Column
+from billing.pricing.rates import V1_RATES
 
 #: First characters that make a spreadsheet treat a cell as a formula (OWASP "CSV injection").
 FORMULA_STARTS: Final[frozenset[str]] = frozenset("=+-@\t\r")
@@ -70,22 +72,17 @@ class PriceCells(dict[int | None, str]):
         return value
 
 
-_cell_buffer = io.StringIO()
-_cell_writer = csv.writer(_cell_buffer, lineterminator="\r\n", quoting=csv.QUOTE_MINIMAL)
-
-
 def csv_cell(value: str | None) -> str:
-    """A text cell as ``csv.writer`` writes it inside a row: neutralised, then quoted by ``csv``
-    when it holds a comma, a double quote, CR or LF; None → ``""``."""
+    """A text cell as ``csv.writer`` writes it inside a row (``QUOTE_MINIMAL``, the default
+    dialect): neutralised, then, when it holds a comma, a double quote, CR or LF, enclosed in
+    double quotes with each double quote doubled; None → ``""``. A pure function: exports stream
+    on several threads at once, so nothing here is shared between calls (a test compares a
+    concurrent export's bytes with a serial one's)."""
     text = neutralise(value)
     if not text:
         return ""
     if "," in text or '"' in text or "\r" in text or "\n" in text:
-        _cell_writer.writerow((text, None))  # two cells: a lone "" cell is written quoted
-        quoted = _cell_buffer.getvalue()[:-3]  # less the empty second cell and CRLF
-        _cell_buffer.seek(0)
-        _cell_buffer.truncate()
-        return quoted
+        return '"' + text.replace('"', '""') + '"'
     return text
 
 
@@ -125,10 +122,10 @@ class ChunkWriter:
 
 
 #: The token and price cells of a ``calls.csv`` row: after the nine identity cells, before the cost.
-_NTOKENS = len(TOKEN_FIELDS)
+_NTOKENS = len(V1_TOKEN_FIELDS)
 _TOKENS_AT = 9
 _PRICES_AT = _TOKENS_AT + _NTOKENS
-_NPRICES = len(RATES)
+_NPRICES = len(V1_RATES)
 _TOKEN_NAMES = [f"t{i}" for i in range(_NTOKENS)]
 _PRICE_NAMES = [f"p{i}" for i in range(_NPRICES)]
 
@@ -186,3 +183,61 @@ class CallsRenderer:
 _namespace: dict[str, Any] = {"csv_cell": csv_cell, "pusd_cell": pusd_cell}
 exec(_CHUNK_SOURCE, _namespace)
 _chunk: Callable[[CallsRenderer, Sequence[Sequence[Any]]], str] = _namespace["chunk"]
+
+
+def units_cell(units: dict[str, int]) -> str:
+    """Units (name → count) as their one canonical CSV cell (v2): compact JSON sorted by name,
+    without the zeros, ``{}`` for none (``{"web_search_requests":3}``), so that the columns stay
+    fixed whatever units appear (docs/ARCHITECTURE.md)."""
+    return json.dumps(
+        {name: count for name, count in sorted(units.items()) if count}, separators=(",", ":")
+    )
+
+
+def merge_units(into: dict[str, int], text: str | None) -> None:
+    """Add the units of a ledger entry (its stored JSON text, or None) to ``into``."""
+    if text:
+        for name, count in json.loads(text).items():
+            into[name] = into.get(name, 0) + int(count)
+
+
+def unit_prices_cell(text: str | None) -> str:
+    """Unit prices used (stored JSON: name → micro-USD per unit) as the canonical v2 cell: USD
+    per unit as decimal strings (``{"web_search_requests":"0.01"}``), ``{}`` for none."""
+    prices = json.loads(text) if text else {}
+    return json.dumps(
+        {name: price_cell(int(micro)) for name, micro in sorted(prices.items())},
+        separators=(",", ":"),
+    )
+
+
+class V2Cells:
+    """The cells of the columns a v2 export adds (``billing.export.columns.V2Column``), as
+    ``csv.writer`` receives them: per ledger entry (``cells``) or for a usage group's totals
+    (``totals``)."""
+
+    def __init__(self, columns: Sequence[V2Column]) -> None:
+        self._kinds = [c.kind for c in columns]
+
+    def cells(self, values: Sequence[Any]) -> list[Any]:
+        """One entry's cells from its stored values, in column order."""
+        out: list[Any] = []
+        for kind, value in zip(self._kinds, values, strict=True):
+            if kind == "count":
+                out.append(int(value or 0))
+            elif kind == "units":
+                merged: dict[str, int] = {}
+                merge_units(merged, value)
+                out.append(units_cell(merged))
+            elif kind == "price":
+                out.append(price_cell(value))
+            else:
+                out.append(unit_prices_cell(value))
+        return out
+
+    def totals(self, totals: Sequence[Any]) -> list[Any]:
+        """A usage group's cells from its totals (counts, and units as a dict)."""
+        return [
+            units_cell(value) if kind == "units" else value
+            for kind, value in zip(self._kinds, totals, strict=True)
+        ]

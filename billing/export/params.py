@@ -23,7 +23,7 @@ from billing.calllog.params import (
     query_problems,
 )
 from billing.errors import FieldError, ValidationFailed
-from billing.export.columns import DEFAULT_GROUP_BY, GROUP_KEYS
+from billing.export.columns import DEFAULT_GROUP_BY, FORMATS, GROUP_KEYS, Format
 from billing.timefmt import rfc3339
 
 Kind = Literal["usage", "calls"]
@@ -34,13 +34,17 @@ _EXAMPLE = "such as 2026-10-01T00:00:00Z or 2026-10-01T00:00:00%2B02:00"
 
 @dataclass(frozen=True)
 class ExportParams:
-    """A checked export request: UTC bounds, the group keys and the zone of the buckets."""
+    """A checked export request: UTC bounds, the group keys, the zone of the buckets and the
+    format."""
 
     kind: Kind
     since: datetime
     until: datetime
     group_by: tuple[str, ...] = DEFAULT_GROUP_BY
     tz: str = "UTC"
+    #: ``v1`` (the default, its columns fixed) or ``v2`` (CONTRACT "Keys, customers and plans
+    #: (v2)": the v2 columns after the v1 ones).
+    format: Format = "v1"
 
     @property
     def zone(self) -> ZoneInfo:
@@ -56,6 +60,8 @@ class ExportParams:
             "until": rfc3339(self.until),
             "group_by": list(self.group_by) if usage else None,
             "tz": self.tz if usage else None,
+            # v1 manifests are as they were; a v2 one says its format.
+            **({"format": self.format} if self.format != "v1" else {}),
         }
 
 
@@ -76,8 +82,8 @@ def parse_group_by(value: str) -> tuple[str, ...]:
 
 #: The query parameters of each export.
 PARAMETERS: dict[Kind, tuple[str, ...]] = {
-    "usage": ("since", "until", "group_by", "tz"),
-    "calls": ("since", "until"),
+    "usage": ("since", "until", "group_by", "tz", "format"),
+    "calls": ("since", "until", "format"),
 }
 
 
@@ -88,6 +94,7 @@ def parse_params(
     group_by: str | None = None,
     tz: str | None = None,
     query: Iterable[tuple[str, str]] = (),
+    format: str | None = None,
 ) -> ExportParams:
     """Check every parameter; raise ``ValidationFailed`` listing all the problems (index null).
 
@@ -124,6 +131,12 @@ def parse_params(
             zone = parse_zone(tz).key
         except ValueError as error:
             errors.append(FieldError(None, "query.tz", str(error)))
+    chosen: Format = "v1"
+    if format is not None:
+        if format in FORMATS:
+            chosen = "v2" if format == "v2" else "v1"
+        else:
+            errors.append(FieldError(None, "query.format", "must be v1 (the default) or v2"))
     if errors:
         raise ValidationFailed(errors)
-    return ExportParams(kind, bounds["since"], bounds["until"], keys, zone)
+    return ExportParams(kind, bounds["since"], bounds["until"], keys, zone, chosen)

@@ -26,19 +26,31 @@ class ExportRepository(Protocol):
         """``(entries, settlements, unpriced entries, cost high, cost low, *token sums)``: the
         cost of the priced entries summed in two parts (``cost = high * 10**6 + low``, each
         entry's cost divided with truncation) so that no SQL integer sum can overflow; the
-        token sums in ``TOKEN_FIELDS`` order; a sum is null for an empty period."""
+        token sums in ``V1_TOKEN_FIELDS`` order; a sum is null for an empty period."""
 
     def calls_chunks(
-        self, session: Session, since: datetime, until: datetime, size: int
+        self,
+        session: Session,
+        since: datetime,
+        until: datetime,
+        size: int,
+        extra: Sequence[str] = (),
     ) -> Iterator[list[Any]]:
         """The ``calls.csv`` rows, ordered by ``booked_at`` then ``entry_id``: the columns of
         ``CALLS_COLUMNS`` in order, ``booked_at`` as RFC 3339 text (as
         ``billing.timefmt.rfc3339``), ``entry_id`` and the token counts as decimal text, the
-        prices (micro-USD per million tokens) and the cost (picodollars) as integers."""
+        prices (micro-USD per million tokens) and the cost (picodollars) as integers; then the
+        ``ledger_entries`` columns ``extra`` (a v2 export's, as stored)."""
 
     def usage_chunks(
-        self, session: Session, since: datetime, until: datetime, size: int
+        self,
+        session: Session,
+        since: datetime,
+        until: datetime,
+        size: int,
+        extra: Sequence[str] = (),
     ) -> Iterator[list[Any]]:
         """``(booked_at, api_key_id, model, kind, *tokens, cost_pusd)`` per entry, ordered by
         ``booked_at`` then ``entry_id``; ``booked_at`` as UTC text ``YYYY-MM-DD
-        HH:MM:SS.ffffff``, the tokens in ``TOKEN_FIELDS`` order."""
+        HH:MM:SS.ffffff``, the tokens of the v1 columns (``V1_TOKEN_FIELDS``) in order; then the
+        ``ledger_entries`` columns ``extra`` (a v2 export's, as stored)."""

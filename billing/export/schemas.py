@@ -6,6 +6,8 @@ OpenAPI. The answers are CSV (``billing.export.columns`` lists the columns).
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import AwareDatetime, BaseModel, Field
 
 from billing.export.columns import DEFAULT_GROUP_BY, GROUP_KEYS
@@ -16,6 +18,9 @@ class CallsCsvParams(BaseModel):
 
     since: AwareDatetime = Field(description="start (inclusive), RFC 3339 with an offset")
     until: AwareDatetime = Field(description="end (exclusive), RFC 3339 with an offset")
+    format: Literal["v1", "v2"] | None = Field(
+        None, description="v1 (default: the v1 columns) or v2 (the v2 columns after them)"
+    )
 
 
 class UsageCsvParams(CallsCsvParams):

@@ -37,8 +37,22 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from billing.calllog.buckets import Buckets, hour_sort_key
-from billing.export.columns import CALLS_COLUMNS, TEXT_KEYS, TOKEN_COLUMNS, usage_columns
-from billing.export.csvwriter import CallsRenderer, ChunkWriter, neutralise, pusd_cell
+from billing.export.columns import (
+    TEXT_KEYS,
+    TOKEN_COLUMNS,
+    V2_CALLS_ADDED,
+    V2_USAGE_ADDED,
+    calls_columns,
+    usage_columns,
+)
+from billing.export.csvwriter import (
+    CallsRenderer,
+    ChunkWriter,
+    V2Cells,
+    merge_units,
+    neutralise,
+    pusd_cell,
+)
 from billing.export.params import ExportParams
 from billing.storage.db import read_transaction
 from billing.storage.store import store_for
@@ -77,6 +91,27 @@ _namespace: dict[str, Any] = {}
 exec(_ADD_PART_SOURCE, _namespace)
 #: ``add_part(part, groups, pick, labels_of)``: see ``_ADD_PART_SOURCE``.
 add_part: Callable[..., None] = _namespace["add_part"]
+
+
+def _add_v2(
+    part: list[Any],
+    n: int,
+    added: dict[tuple[Any, ...], list[Any]],
+    pick: Callable[[tuple[Any, ...]], tuple[Any, ...]],
+    labels_of: Callable[[Any], tuple[Any, ...]],
+) -> None:
+    """Add each row's v2 cells (``row[n:]``, in ``V2_USAGE_ADDED`` order) to its group's."""
+    kinds = [c.kind for c in V2_USAGE_ADDED]
+    for row in part:
+        group = pick((*labels_of(row[0]), row[1], row[2]))
+        acc = added.get(group)
+        if acc is None:
+            acc = added[group] = [{} if kind == "units" else 0 for kind in kinds]
+        for i, (kind, value) in enumerate(zip(kinds, row[n:], strict=True)):
+            if kind == "units":
+                merge_units(acc[i], value)
+            else:
+                acc[i] += int(value or 0)
 
 
 def is_closed(until: datetime, now: datetime, close_lag_s: float) -> bool:
@@ -162,16 +197,27 @@ def _calls_chunks(
 ) -> Iterator[bytes]:
     writer = ChunkWriter()
     # The header goes out with the first rows, so a failing query fails before any byte is sent.
-    pending = writer.header(CALLS_COLUMNS)
+    pending = writer.header(calls_columns(params.format))
+    v2 = params.format == "v2"
+    extra = [c.source for c in V2_CALLS_ADDED] if v2 else []
     with read_transaction(sessions) as session:
         if stats is not None:
             _calls_totals(session, params, stats)
         render = CallsRenderer()
+        cells = V2Cells(V2_CALLS_ADDED)
         chunks = store_for(session).export.calls_chunks
-        for part in chunks(session, params.since, params.until, CHUNK_ROWS):
+        for part in chunks(session, params.since, params.until, CHUNK_ROWS, extra):
             if progress is not None:
                 progress(len(part))
-            yield pending + render.chunk(part).encode("utf-8")
+            if v2:
+                # v2: the reference rendering (csv.writer) of the v1 cells and the v2 cells.
+                width = len(part[0]) - len(extra)
+                text = writer.text(
+                    [(*render.cells(row[:width]), *cells.cells(row[width:])) for row in part]
+                )
+            else:
+                text = render.chunk(part)
+            yield pending + text.encode("utf-8")
             pending = b""
     if pending:
         yield pending
@@ -212,20 +258,30 @@ def _usage_chunks(
     progress: Progress | None,
 ) -> Iterator[bytes]:
     writer = ChunkWriter()
-    header = writer.header(usage_columns(params.group_by))
+    header = writer.header(usage_columns(params.group_by, params.format))
     buckets = Buckets(params.zone, tuple(k for k in params.group_by if k not in TEXT_KEYS))
     labels_of = buckets.labels
     pick = _group_getter(params)
+    v2 = params.format == "v2"
+    extra = [c.source for c in V2_USAGE_ADDED] if v2 else []
     # Per group: [settlements, the token totals, cost of priced entries, priced entries].
     groups: dict[tuple[Any, ...], list[int]] = {}
+    # v2: per group, the v2 columns' totals (a count summed, units merged by name).
+    added: dict[tuple[Any, ...], list[Any]] = {}
     with read_transaction(sessions) as session:
         chunks = store_for(session).export.usage_chunks
-        for part in chunks(session, params.since, params.until, CHUNK_ROWS):
-            add_part(part, groups, pick, labels_of)
+        for part in chunks(session, params.since, params.until, CHUNK_ROWS, extra):
+            if v2:
+                width = len(part[0]) - len(extra)
+                add_part([row[:width] for row in part], groups, pick, labels_of)
+                _add_v2(part, width, added, pick, labels_of)
+            else:
+                add_part(part, groups, pick, labels_of)
             stats.entries += len(part)
             if progress is not None:
                 progress(len(part))
     yield header
+    cells = V2Cells(V2_USAGE_ADDED)
     n = neutralise
     rows: list[tuple[Any, ...]] = []
     for group in sorted(groups, key=_sort_key(params)):
@@ -241,6 +297,7 @@ def _usage_chunks(
                 settlements,
                 *token_totals,
                 pusd_cell(cost_sum) if priced else None,
+                *(cells.totals(added[group]) if v2 else ()),
             )
         )
         if len(rows) >= CHUNK_ROWS:

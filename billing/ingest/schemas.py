@@ -218,9 +218,10 @@ class StreamUsage(_StreamUsageTokens):
     ``input_tokens`` excludes cache reads and writes (``None``: not known, allowed only for
     ``source: estimate``, see ``_fields_agree``); ``output_tokens`` includes reasoning;
     ``source`` is ``upstream`` (the provider's count) or ``estimate`` (the gateway's count).
-    v2: ``cache_creation_1h_input_tokens`` (the one-hour part of the cache writes),
-    ``service_tier`` (the tier served), ``units`` (unit name → count), ``other_models`` (tokens
-    billed at another model's rates) and ``anomalies`` (codes of ``REPORTED_ANOMALIES``).
+    v2: ``cache_creation_1h_input_tokens`` (the one-hour part of the cache writes, a bucket of
+    ``billing.dimensions`` like the other token fields), ``service_tier`` (the tier served),
+    ``units`` (unit name → count), ``other_models`` (tokens billed at another model's rates) and
+    ``anomalies`` (codes of ``REPORTED_ANOMALIES``).
     """
 
     # The other token fields come from ``billing.dimensions`` (``_USAGE_TOKENS``, in the base).
@@ -229,7 +230,6 @@ class StreamUsage(_StreamUsageTokens):
     source: Literal["upstream", "estimate"]
     model: ModelName | None = None
     stop_reason: Label | None = None
-    cache_creation_1h_input_tokens: Tokens = 0
     service_tier: ServiceTier | None = None
     units: Annotated[dict[UnitName, Tokens], Field(max_length=MAX_UNITS)] | None = None
     other_models: (

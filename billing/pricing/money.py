@@ -15,6 +15,8 @@ PICO = Decimal(10) ** 12
 MICRO = Decimal(10) ** 6
 #: The highest price accepted, USD per million tokens.
 MAX_PRICE_USD_PER_MTOK = Decimal(100_000)
+#: The most decimal places a price may be written with (CONTRACT "Cost"), trailing zeros too.
+MAX_PRICE_DECIMALS = 6
 
 
 #: A plain decimal: digits with an optional fraction ("0.30", "15", "0.000001").
@@ -44,6 +46,10 @@ def parse_price(value: object) -> int:
             f"{value!r} is not a plain decimal number; send digits with an optional fraction "
             'such as "0.30"'
         )
+    # Counted in the text: Decimal() rounds to 28 digits, so "1.0000000000000000000000000001"
+    # would read as 1 and pass.
+    if len(value.partition(".")[2]) > MAX_PRICE_DECIMALS:
+        raise ValueError(f"has more than {MAX_PRICE_DECIMALS} decimal places")
     try:
         amount = Decimal(value)
     except InvalidOperation:  # pragma: no cover - the pattern admits only valid decimals

@@ -1,11 +1,13 @@
-"""Model prices versioned by ``effective_from`` (CONTRACT "Cost"): add, list, look up."""
+"""Model prices versioned by ``effective_from`` (CONTRACT "Cost"), per served tier, with unit and
+long-context prices (CONTRACT "Usage dimensions (v2)"): add, list, look up."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import json
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from operator import attrgetter, mul
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -13,7 +15,7 @@ from sqlalchemy.orm import Session
 from billing.dimensions import Tokens
 from billing.errors import PriceConflict
 from billing.pricing.money import uusd_per_mtok_to_str
-from billing.pricing.rates import RATE_COLUMNS, RATE_FIELDS, RATE_NAMES, RATED_BUCKETS
+from billing.pricing.rates import PART_OF, RATE_COLUMNS, RATE_FIELDS, RATE_NAMES, RATED_BUCKETS
 from billing.pricing.schemas import PriceIn
 from billing.storage.models import Price
 from billing.timefmt import rfc3339
@@ -38,19 +40,43 @@ _posted_rates = _getter(RATE_FIELDS)
 class PriceRow:
     """A stored price: ``id``, ``model``, ``effective_from`` and its ``rates`` in micro-USD per
     million tokens in ``billing.pricing.rates.RATES`` order, each also an attribute named after
-    its rate (``input``, ``output``, ``cache_read``, ``cache_creation``). A value: never changed
-    once built. ``PriceRow(id, model, effective_from, *rates)``.
+    its rate (``input``, ``output``, ``cache_read``, ``cache_creation``, ``cache_creation_1h``).
+    v2: ``service_tier`` (None: any tier without a price of its own), ``above_input_tokens``
+    (0: the price; more: the long-context prices of the same price, for an attempt whose input,
+    cache read and cache creation tokens exceed it) and ``unit_prices`` (unit name → micro-USD per
+    unit). A value: never changed once built. ``PriceRow(id, model, effective_from, *rates)``.
     """
 
-    __slots__ = ("effective_from", "id", "model", "rates", *RATE_NAMES)
+    __slots__ = (
+        "above_input_tokens",
+        "effective_from",
+        "id",
+        "model",
+        "rates",
+        "service_tier",
+        "unit_prices",
+        *RATE_NAMES,
+    )
 
-    def __init__(self, id: int, model: str, effective_from: datetime, *rates: int) -> None:
+    def __init__(
+        self,
+        id: int,
+        model: str,
+        effective_from: datetime,
+        *rates: int,
+        service_tier: str | None = None,
+        above_input_tokens: int = 0,
+        unit_prices: Mapping[str, int] | None = None,
+    ) -> None:
         if len(rates) != len(RATE_NAMES):
             raise TypeError(f"a price has {len(RATE_NAMES)} rates ({', '.join(RATE_NAMES)})")
         self.id = id
         self.model = model
         self.effective_from = effective_from
         self.rates: tuple[int, ...] = rates
+        self.service_tier = service_tier
+        self.above_input_tokens = above_input_tokens
+        self.unit_prices: dict[str, int] = dict(sorted((unit_prices or {}).items()))
         for name, rate in zip(RATE_NAMES, rates, strict=True):
             setattr(self, name, rate)
 
@@ -60,7 +86,15 @@ class PriceRow:
             """A rate by its name (``price.input``): micro-USD per million tokens."""
 
     def _key(self) -> tuple[Any, ...]:
-        return (self.id, self.model, self.effective_from, self.rates)
+        return (
+            self.id,
+            self.model,
+            self.effective_from,
+            self.rates,
+            self.service_tier,
+            self.above_input_tokens,
+            tuple(self.unit_prices.items()),
+        )
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, PriceRow) and self._key() == other._key()
@@ -70,64 +104,202 @@ class PriceRow:
 
     def __repr__(self) -> str:
         rates = ", ".join(f"{n}={r}" for n, r in zip(RATE_NAMES, self.rates, strict=True))
-        return f"PriceRow(id={self.id}, model={self.model!r}, {self.effective_from}, {rates})"
+        return (
+            f"PriceRow(id={self.id}, model={self.model!r}, {self.effective_from}, {rates}, "
+            f"tier={self.service_tier!r}, above={self.above_input_tokens}, "
+            f"units={self.unit_prices!r})"
+        )
 
     def cost_pusd(self, tokens: Tokens) -> int:
         """The exact cost of ``tokens`` at these rates, in picodollars (a rate in micro-USD per
-        million tokens is the price of one token in picodollars)."""
-        return sum(map(mul, _rated_tokens(tokens), self.rates))
+        million tokens is the price of one token in picodollars). A bucket that is a part of
+        another (``PART_OF``: one-hour cache writes) is billed at its own rate and taken back at
+        the other's, in which it is counted too."""
+        rated = _rated_tokens(tokens)
+        cost: int = sum(map(mul, rated, self.rates))
+        for part, whole in PART_OF:
+            cost -= rated[part] * self.rates[whole]
+        return cost
 
-    def as_json(self) -> dict[str, Any]:
-        """The API form: rates as decimal strings in USD per million tokens."""
+    def units_cost_pusd(self, units: Mapping[str, int]) -> int | None:
+        """The exact cost of ``units`` (unit name → count) at ``unit_prices``, in picodollars;
+        None when a unit with a non-zero count has no price (the line is then unpriced: never
+        silently free, CONTRACT "Usage dimensions (v2)")."""
+        cost = 0
+        for name, count in units.items():
+            if not count:
+                continue
+            rate = self.unit_prices.get(name)
+            if rate is None:
+                return None
+            cost += count * rate * PICO_PER_MICRO
+        return cost
+
+    def rates_json(self) -> dict[str, Any]:
+        """The rates as decimal strings in USD per million tokens, by API field."""
+        return {f: uusd_per_mtok_to_str(r) for f, r in zip(RATE_FIELDS, self.rates, strict=True)}
+
+    def as_json(self, long_context: PriceRow | None = None) -> dict[str, Any]:
+        """The API form: rates as decimal strings in USD per million tokens, unit prices in USD
+        per unit, and ``long_context`` (its row, if the price has one)."""
         return {
             "model": self.model,
             "effective_from": rfc3339(self.effective_from),
-            **{f: uusd_per_mtok_to_str(r) for f, r in zip(RATE_FIELDS, self.rates, strict=True)},
+            "service_tier": self.service_tier,
+            **self.rates_json(),
+            "unit_prices": (
+                {n: uusd_per_mtok_to_str(r) for n, r in self.unit_prices.items()}
+                if self.unit_prices
+                else None
+            ),
+            "long_context": (
+                {"above_input_tokens": long_context.above_input_tokens, **long_context.rates_json()}
+                if long_context is not None
+                else None
+            ),
         }
 
 
+#: Picodollars per micro-USD: a unit price is held in micro-USD per unit.
+PICO_PER_MICRO = 1_000_000
+
+
+def unit_prices_text(unit_prices: Mapping[str, int] | None) -> str | None:
+    """Unit prices (micro-USD per unit) as the canonical JSON text stored on a price and a
+    ledger entry: sorted, compact; None when there are none."""
+    if not unit_prices:
+        return None
+    return json.dumps(dict(sorted(unit_prices.items())), separators=(",", ":"))
+
+
+def _unit_prices(text: str | None) -> dict[str, int]:
+    return {str(k): int(v) for k, v in json.loads(text).items()} if text else {}
+
+
 def _row(price: Price) -> PriceRow:
-    return PriceRow(price.id, price.model, price.effective_from, *_stored_rates(price))
-
-
-def add_price(session: Session, price: PriceIn, now: datetime) -> tuple[PriceRow, bool]:
-    """Store a price; returns ``(row, created)``.
-
-    The same (model, effective_from) with the same rates is a no-op (``created`` False); with
-    different rates it raises ``PriceConflict`` (409). The caller commits.
-    """
-    existing = session.scalar(
-        select(Price).where(
-            Price.model == price.model, Price.effective_from == price.effective_from
-        )
+    return PriceRow(
+        price.id,
+        price.model,
+        price.effective_from,
+        *_stored_rates(price),
+        service_tier=price.service_tier or None,
+        above_input_tokens=price.above_input_tokens,
+        unit_prices=_unit_prices(price.unit_prices),
     )
-    rates = _posted_rates(price)
-    if existing is not None:
-        row = _row(existing)
-        if row.rates != rates:
+
+
+class PriceVersion(NamedTuple):
+    """One price as posted and answered: its row and, if it has long-context prices, theirs."""
+
+    price: PriceRow
+    long_context: PriceRow | None
+
+    def as_json(self) -> dict[str, Any]:
+        """The API form (``PriceOut``)."""
+        return self.price.as_json(self.long_context)
+
+
+def _versions(rows: Sequence[PriceRow]) -> list[PriceVersion]:
+    """Rows of one or more prices grouped by identity (model, tier, effective_from), in order."""
+    base: dict[tuple[Any, ...], PriceRow] = {}
+    long: dict[tuple[Any, ...], PriceRow] = {}
+    for row in rows:
+        identity = (row.model, row.service_tier or "", row.effective_from)
+        (long if row.above_input_tokens else base)[identity] = row
+    return [PriceVersion(row, long.get(identity)) for identity, row in base.items()]
+
+
+def _tier(value: str | None) -> str:
+    # No tier is stored as '' (a unique constraint treats nulls as distinct).
+    return value or ""
+
+
+def add_price(session: Session, price: PriceIn, now: datetime) -> tuple[PriceVersion, bool]:
+    """Store a price; returns ``(version, created)``.
+
+    The same (model, service_tier, effective_from) with the same rates, unit prices and long
+    context is a no-op (``created`` False); with different ones it raises ``PriceConflict``
+    (409). A price with ``long_context`` is stored as two rows: the price, and its long-context
+    prices (``above_input_tokens`` > 0). The caller commits.
+    """
+    found = session.scalars(
+        select(Price).where(
+            Price.model == price.model,
+            Price.service_tier == _tier(price.service_tier),
+            Price.effective_from == price.effective_from,
+        )
+    ).all()
+    posted = _posted_rows(price)
+    if found:
+        (existing,) = _versions([_row(p) for p in found])
+        if _shape(existing) != _shape(PriceVersion(*posted)):
+            tier = f" at tier {price.service_tier!r}" if price.service_tier else ""
             raise PriceConflict(
-                f"a different price for {price.model!r} effective from "
+                f"a different price for {price.model!r}{tier} effective from "
                 f"{price.effective_from.isoformat()} exists; prices are versioned: post a new "
                 "effective_from instead of changing a past one"
             )
-        return row, False
-    stored = Price(
-        model=price.model,
-        effective_from=price.effective_from,
-        created_at=now,
-        **dict(zip(RATE_COLUMNS, rates, strict=True)),
-    )
-    session.add(stored)
+        return existing, False
+    stored = []
+    for row in posted:
+        if row is None:
+            continue
+        item = Price(
+            model=row.model,
+            service_tier=_tier(row.service_tier),
+            effective_from=row.effective_from,
+            above_input_tokens=row.above_input_tokens,
+            unit_prices=unit_prices_text(row.unit_prices),
+            created_at=now,
+            **dict(zip(RATE_COLUMNS, row.rates, strict=True)),
+        )
+        session.add(item)
+        stored.append(item)
     session.flush()
-    return _row(stored), True
+    (version,) = _versions([_row(p) for p in stored])
+    return version, True
 
 
-def list_prices(session: Session, model: str | None = None) -> list[PriceRow]:
-    """Every price, by model then ``effective_from``."""
-    query = select(Price).order_by(Price.model, Price.effective_from)
+def _posted_rows(price: PriceIn) -> tuple[PriceRow, PriceRow | None]:
+    """The rows of a posted price (ids 0: not stored yet)."""
+    units = dict(price.unit_prices or {})
+    base = PriceRow(
+        0,
+        price.model,
+        price.effective_from,
+        *_posted_rates(price),
+        service_tier=price.service_tier,
+        unit_prices=units,
+    )
+    long = None
+    if price.long_context is not None:
+        long = PriceRow(
+            0,
+            price.model,
+            price.effective_from,
+            *_posted_rates(price.long_context),
+            service_tier=price.service_tier,
+            above_input_tokens=price.long_context.above_input_tokens,
+            unit_prices=units,
+        )
+    return base, long
+
+
+def _shape(version: PriceVersion) -> tuple[Any, ...]:
+    """What decides whether a posted price equals a stored one (everything but the ids)."""
+    return tuple(
+        None if row is None else row._key()[1:] for row in (version.price, version.long_context)
+    )
+
+
+def list_prices(session: Session, model: str | None = None) -> list[PriceVersion]:
+    """Every price, by model, then ``effective_from``, then tier (none first)."""
+    query = select(Price).order_by(
+        Price.model, Price.effective_from, Price.service_tier, Price.above_input_tokens
+    )
     if model is not None:
         query = query.where(Price.model == model)
-    return [_row(p) for p in session.scalars(query)]
+    return _versions([_row(p) for p in session.scalars(query)])
 
 
 def prices_by_id(session: Session, ids: set[int]) -> dict[int, PriceRow]:
@@ -139,9 +311,19 @@ class PriceBook:
     """Prices loaded for a set of models, answering "the price in force at time t" in memory."""
 
     def __init__(self, rows: Sequence[PriceRow]) -> None:
-        self._by_model: dict[str, list[PriceRow]] = {}
-        for row in sorted(rows, key=lambda r: r.effective_from):
-            self._by_model.setdefault(row.model, []).append(row)
+        # By (model, tier or ''): the prices by effective_from, each with its long-context rows
+        # (highest threshold first).
+        self._by_key: dict[tuple[str, str], list[tuple[PriceRow, list[PriceRow]]]] = {}
+        longs: dict[tuple[str, str, datetime], list[PriceRow]] = {}
+        for row in sorted(rows, key=lambda r: (r.effective_from, -r.above_input_tokens)):
+            key = (row.model, row.service_tier or "")
+            if row.above_input_tokens:
+                longs.setdefault((*key, row.effective_from), []).append(row)
+            else:
+                self._by_key.setdefault(key, []).append((row, []))
+        for key, versions in self._by_key.items():
+            for row, long in versions:
+                long.extend(longs.get((*key, row.effective_from), ()))
 
     @classmethod
     def load(cls, session: Session, models: set[str]) -> PriceBook:
@@ -151,14 +333,40 @@ class PriceBook:
         found = session.scalars(select(Price).where(Price.model.in_(sorted(models))))
         return cls([_row(p) for p in found])
 
-    def at(self, model: str | None, when: datetime | None) -> PriceRow | None:
-        """The price of ``model`` in force at ``when`` (latest ``effective_from`` ≤ when)."""
+    def at(
+        self,
+        model: str | None,
+        when: datetime | None,
+        service_tier: str | None = None,
+        context_tokens: int = 0,
+    ) -> PriceRow | None:
+        """The price of ``model`` in force at ``when`` (latest ``effective_from`` ≤ when) for
+        usage served at ``service_tier``: the tier's own price, else the price without a tier
+        (CONTRACT "Usage dimensions (v2)"); its long-context prices when ``context_tokens``
+        (input + cache read + cache creation of the attempt) exceed their threshold."""
         if model is None or when is None:
             return None
         found = None
-        for row in self._by_model.get(model, ()):
-            if row.effective_from <= when:
-                found = row
+        if service_tier:
+            found = self._in_force(self._by_key.get((model, service_tier), ()), when)
+        if found is None:
+            found = self._in_force(self._by_key.get((model, ""), ()), when)
+        if found is None:
+            return None
+        row, long = found
+        for candidate in long:
+            if context_tokens > candidate.above_input_tokens:
+                return candidate
+        return row
+
+    @staticmethod
+    def _in_force(
+        versions: Sequence[tuple[PriceRow, list[PriceRow]]], when: datetime
+    ) -> tuple[PriceRow, list[PriceRow]] | None:
+        found = None
+        for version in versions:
+            if version[0].effective_from <= when:
+                found = version
             else:
                 break
         return found

@@ -4,7 +4,10 @@ Each priced bucket's ``price`` (``input_usd_per_mtok``) is the rate's API and CS
 million tokens; the database holds it in micro-USD per million tokens as ``input_uusd_per_mtok``
 (the column named with ``uusd``), and ``PriceRow`` as the attribute ``input``. ``RATES`` lists them
 in the order in which prices are posted, answered, booked and exported: first the buckets that
-every ``stream.usage`` carries (input, output), then the others, each in declaration order.
+every ``stream.usage`` carries (input, output), then the others, each in declaration order. A
+bucket that is a part of another (one-hour cache writes, a part of the cache writes) has a rate
+that a price may leave out: its tokens then cost the other's rate (CONTRACT "Usage dimensions
+(v2)").
 """
 
 from __future__ import annotations
@@ -19,12 +22,15 @@ _SUFFIX = "_usd_per_mtok"
 @dataclass(frozen=True, slots=True)
 class Rate:
     """One rate: the ``bucket`` it bills, its API ``field``, its ``column`` and its ``name`` on a
-    ``PriceRow``."""
+    ``PriceRow``; ``default``: for a bucket that is a part of another (``Bucket.part_of``), the
+    API field of that bucket's rate, which a price without this one bills the part at (else
+    None: the rate is required)."""
 
     bucket: Bucket
     field: str
     column: str
     name: str
+    default: str | None = None
 
 
 def _rate(bucket: Bucket) -> Rate:
@@ -32,11 +38,27 @@ def _rate(bucket: Bucket) -> Rate:
     if field is None or not field.endswith(_SUFFIX):
         raise ValueError(f"{bucket.name}: a price field is named <rate>{_SUFFIX}, not {field!r}")
     name = field.removesuffix(_SUFFIX)
-    return Rate(bucket, field, f"{name}_uusd_per_mtok", name)
+    default = None
+    if bucket.part_of is not None:
+        (whole,) = (b for b in PRICED if b.name == bucket.part_of)
+        default = whole.price
+    return Rate(bucket, field, f"{name}_uusd_per_mtok", name, default)
 
 
 #: The rates, in the order of the API, the ledger and the CSV columns (see the module).
 RATES: tuple[Rate, ...] = tuple(_rate(b) for b in sorted(PRICED, key=lambda b: not b.required))
+#: The rates of the v1 exports' price columns (their buckets' ``since`` is 1).
+V1_RATES: tuple[Rate, ...] = tuple(r for r in RATES if r.bucket.since == 1)
+#: The rates the v2 exports add.
+V2_RATES: tuple[Rate, ...] = tuple(r for r in RATES if r.bucket.since == 2)
+#: ``(part, whole)`` positions in ``RATES`` of each rate whose bucket is a part of another's: the
+#: part's tokens are counted in the whole's bucket too, so a cost takes them back at the whole's
+#: rate (cost = Σ tokens × rate − Σ part tokens × whole rate).
+PART_OF: tuple[tuple[int, int], ...] = tuple(
+    (i, next(j for j, w in enumerate(RATES) if w.bucket.name == r.bucket.part_of))
+    for i, r in enumerate(RATES)
+    if r.bucket.part_of is not None
+)
 #: The rates' API fields (USD per million tokens as decimal strings), in ``RATES`` order.
 RATE_FIELDS: tuple[str, ...] = tuple(r.field for r in RATES)
 #: The rates' database columns (integer micro-USD per million tokens), in ``RATES`` order.

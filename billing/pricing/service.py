@@ -6,12 +6,12 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from billing.pricing.prices import PriceRow, add_price
+from billing.pricing.prices import PriceVersion, add_price
 from billing.pricing.schemas import PriceIn
 from billing.reconcile.service import mark_model_pending
 
 
-def record_price(session: Session, price: PriceIn, now: datetime) -> tuple[PriceRow, bool]:
+def record_price(session: Session, price: PriceIn, now: datetime) -> tuple[PriceVersion, bool]:
     """Store ``price`` (see ``add_price``); when it is new, mark the model's calls started since
     ``effective_from`` for re-reconciliation, so an unpriced call is settled through an adjustment
     (CONTRACT "Cost"). Returns ``(row, created)``; raises ``PriceConflict``."""

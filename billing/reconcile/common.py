@@ -8,8 +8,9 @@ CONTRACT "Reconciliation" and "Cost") comes down to a few columns:
 
 - input, cache read, cache creation and reasoning tokens = the usage's (0 when absent);
   delivered = the largest ``output_tokens_delivered`` of the progress records and the disconnect
-  (0 without any); billed output = the upstream usage's ``output_tokens``, or for an estimate
-  the largest of its ``output_tokens``, the ``output_tokens_generated`` counters and delivered;
+  (the billed output when there is neither: a normal end delivered it all); billed output =
+  the upstream usage's ``output_tokens``, or for an estimate the largest of its
+  ``output_tokens``, the ``output_tokens_generated`` counters and delivered;
   undelivered = billed − delivered;
 - status ``client_disconnected`` with a disconnect, else ``completed``; usage source = the
   usage's; stop reason = the usage's; no error; anomalies none for upstream usage (a call whose
@@ -31,7 +32,10 @@ reconciler (``billing.reconcile.service``) then gives every other call to the ru
 outside the shape goes to the rule: several attempts, a failure, two usages, two
 ``stream.started`` or two disconnects, an unpriced model, a rate of 2,147 USD per million tokens
 or more (the products could overflow 64 bits), a call settled before, an estimate's call that is
-not due yet (it is reconciled open), a usage or disconnect body that is not what ingest writes
+not due yet (it is reconciled open), a usage carrying a v2 field (one-hour cache writes, a
+service tier, units, other models, reported anomalies: ``DECLINED_USAGE_FIELDS``) or an
+estimate without input, a call whose price in force has long-context prices that its input
+exceeds, a usage or disconnect body that is not what ingest writes
 (not JSON, a value of another type, a count out of range, a JSON ``null`` in the usage) — where
 the rule decides (and refuses what it refuses) — and every call with a SQLite library too old
 for ``UPDATE … FROM``.

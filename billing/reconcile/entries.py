@@ -1,15 +1,17 @@
-"""A call's billable lines and their cost, and the ledger entries a step writes."""
+"""A call's billable lines and their cost, and the ledger entries a step writes (CONTRACT "Cost",
+"Usage dimensions (v2)")."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
 from billing.dimensions import TOKEN_FIELDS, Tokens, set_tokens
-from billing.pricing.prices import PriceBook
+from billing.pricing.prices import PriceBook, PriceRow, unit_prices_text
 from billing.pricing.rates import RATES
-from billing.reconcile.ledger import Line, LineKey, NewEntry
+from billing.reconcile.ledger import Line, LineKey, NewEntry, line_cost
 from billing.reconcile.rule import UNPRICED, CallFigures
 
 #: The rates of an unpriced entry.
@@ -17,26 +19,56 @@ _NO_RATES: tuple[None, ...] = (None,) * len(RATES)
 
 
 def target_lines(figures: CallFigures, book: PriceBook) -> list[Line]:
-    """The call's billable lines: its attempts grouped by model, each priced at the call's start."""
-    by_model: dict[str | None, Tokens] = {}
+    """The call's billable lines: per model and price, the tokens and units billed at it.
+
+    Each attempt is priced at the call's start by its model, its served tier and its context
+    (input + cache read + cache creation: long-context prices); the tokens it reports at other
+    models' rates (``other_models``) are priced by those models, in lines of their own (CONTRACT
+    "Usage dimensions (v2)"). A line with a unit of non-zero count that its price has no price
+    for is unpriced (no price at all), as is one whose model has no price.
+    """
+    started = figures.started_at
+    by_key: dict[tuple[str | None, int | None], Line] = {}
+
+    def add(
+        model: str | None, price: PriceRow | None, tokens: Tokens, units: dict[str, int]
+    ) -> None:
+        if price is not None and units and price.units_cost_pusd(units) is None:
+            price = None
+        key = (model, price.id if price else None)
+        line = by_key.get(key)
+        if line is None:
+            by_key[key] = Line(
+                LineKey(figures.api_key_id, model, key[1]), tokens, price, dict(units)
+            )
+            return
+        line.tokens = line.tokens + tokens
+        for name, count in units.items():
+            line.units[name] = line.units.get(name, 0) + count
+        if line.price is not None and line.units and line.price.units_cost_pusd(line.units) is None:
+            line.price = None  # pragma: no cover - a price's unit prices are the same per id
+
     for attempt in figures.attempts:
-        summed = by_model.get(attempt.model)
-        by_model[attempt.model] = attempt.tokens if summed is None else summed + attempt.tokens
-    lines = []
-    for model, tokens in by_model.items():
-        price = book.at(model, figures.started_at)
-        key = LineKey(figures.api_key_id, model, price.id if price else None)
-        lines.append(Line(key, tokens, price))
-    return lines
+        tier = attempt.service_tier
+        price = book.at(attempt.model, started, tier, attempt.context_tokens())
+        add(attempt.model, price, attempt.tokens, attempt.units)
+        for model, tokens in attempt.other_models.items():
+            context = (
+                tokens.input_tokens + tokens.cache_read_input_tokens
+                + tokens.cache_creation_input_tokens
+            )  # fmt: skip
+            add(model, book.at(model, started, tier, context), tokens, {})
+    return list(by_key.values())
 
 
 def call_cost(lines: Sequence[Line]) -> int | None:
     """The call's exact cost in picodollars, or None when any line is unpriced."""
     total = 0
     for line in lines:
-        if line.price is None:
+        cost = line_cost(line.tokens, line.price, line.units)
+        if cost is None:
             return None
-        total += line.price.cost_pusd(line.tokens)
+        total += cost
     return total
 
 
@@ -65,6 +97,7 @@ class Entry:
         "seq",
         "status",
         "tokens",
+        "units",
         *TOKEN_FIELDS,
     )
 
@@ -84,6 +117,7 @@ class Entry:
         self.price = new.price
         self.cost_pusd = new.cost_pusd
         self.tokens = new.tokens
+        self.units = new.units
         set_tokens(self, new.tokens)
 
     def __getattr__(self, name: str) -> int:
@@ -108,4 +142,18 @@ class Entry:
             price.id if price else None,
             *(price.rates if price else _NO_RATES),
             self.cost_pusd,
+            units_text(self.units),
+            unit_prices_text(
+                {n: price.unit_prices[n] for n in self.units if n in price.unit_prices}
+                if price and self.units
+                else None
+            ),
         )
+
+
+def units_text(units: dict[str, int] | None) -> str | None:
+    """Units (name → count) as the canonical JSON text of a ledger entry and the v2 CSV cell:
+    sorted, compact (``{"web_search_requests":3}``); None for none."""
+    if not units:
+        return None
+    return json.dumps(dict(sorted(units.items())), separators=(",", ":"))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from billing.dimensions import TOKEN_FIELDS, Tokens
@@ -32,11 +32,13 @@ class LineKey(NamedTuple):
 
 @dataclass(slots=True)
 class Line:
-    """Target tokens of one line and the price that applies to it (None: unpriced)."""
+    """Target tokens and units (name → count) of one line and the price that applies to it
+    (None: unpriced)."""
 
     key: LineKey
     tokens: Tokens
     price: PriceRow | None
+    units: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -49,10 +51,29 @@ class NewEntry:
     tokens: Tokens
     price: PriceRow | None
     cost_pusd: int | None
+    units: dict[str, int] = field(default_factory=dict)
 
 
-def _cost(tokens: Tokens, price: PriceRow | None) -> int | None:
-    return None if price is None else price.cost_pusd(tokens)
+def line_cost(
+    tokens: Tokens, price: PriceRow | None, units: Mapping[str, int] | None = None
+) -> int | None:
+    """The exact cost in picodollars of ``tokens`` and ``units`` at ``price``; None when
+    unpriced (no price, or a unit of non-zero count without a price)."""
+    if price is None:
+        return None
+    cost = price.cost_pusd(tokens)
+    if units:
+        unit_cost = price.units_cost_pusd(units)
+        if unit_cost is None:
+            return None
+        cost += unit_cost
+    return cost
+
+
+def _units_delta(now: Mapping[str, int], was: Mapping[str, int]) -> dict[str, int]:
+    """``now − was`` per unit, without the zeros, sorted by name."""
+    delta = {n: now.get(n, 0) - was.get(n, 0) for n in {*now, *was}}
+    return {n: d for n, d in sorted(delta.items()) if d}
 
 
 def _describe(delta: Tokens) -> str:
@@ -68,10 +89,14 @@ def _describe(delta: Tokens) -> str:
 MAX_REASON = 200
 
 
-def _late(delta: Tokens) -> str:
+def _late(delta: Tokens, units: Mapping[str, int] | None = None) -> str:
     # With every bucket changed by large amounts the text would not fit; the entry's own columns
     # hold the exact deltas, so the reason may be cut.
-    changes = _describe(delta)
+    changes = ", ".join(
+        part
+        for part in (_describe(delta), *(f"{n} {c:+d}" for n, c in (units or {}).items()))
+        if part
+    )
     if not changes:
         return "late events added a line with no tokens yet"
     reason = f"late events changed the usage: {changes}"
@@ -104,6 +129,8 @@ ENTRY_COLUMNS = (
     "price_id",
     *RATE_COLUMNS,
     "cost_pusd",
+    "units",
+    "unit_prices",
 )
 
 #: The reason of an entry that reverses a line in full; a line whose latest entry has it is closed.
@@ -119,30 +146,20 @@ def plan_entries(
     has_entries: bool,
     settle_reason: str,
     closed: AbstractSet[LineKey],
+    booked_units: Mapping[LineKey, Mapping[str, int]] | None = None,
 ) -> list[NewEntry]:
     """The entries that bring the booked lines to the target lines (empty when they agree).
 
-    ``booked`` holds the summed token deltas per line so far, ``booked_prices`` the price each
-    line was booked at and ``closed`` the lines whose latest entry reversed them; every other
-    booked line is open, even at zero tokens (a call settled before any usage still has its
-    line). ``has_entries`` tells whether the call has any entry yet. An open line that is no
-    longer a target is reversed in full, and a target line that is not open gets an entry, both
-    even at zero tokens, so the ledger always names the call's key, model and price.
-    Source: CONTRACT "Reconciliation".
+    ``booked`` holds the summed token deltas per line so far, ``booked_units`` the summed unit
+    deltas (name → count, lines without units left out), ``booked_prices`` the price each line
+    was booked at and ``closed`` the lines whose latest entry reversed them; every other booked
+    line is open, even at zero tokens (a call settled before any usage still has its line).
+    ``has_entries`` tells whether the call has any entry yet. An open line that is no longer a
+    target is reversed in full, and a target line that is not open gets an entry, both even at
+    zero tokens, so the ledger always names the call's key, model and price.
+    Source: CONTRACT "Reconciliation", "Usage dimensions (v2)".
     """
     if not has_entries:
-        if len(target) == 1:  # most calls: one line, nothing to order
-            (only,) = target
-            return [
-                NewEntry(
-                    "settlement",
-                    settle_reason,
-                    only.key,
-                    only.tokens,
-                    only.price,
-                    _cost(only.tokens, only.price),
-                )
-            ]
         return [
             NewEntry(
                 "settlement",
@@ -150,10 +167,14 @@ def plan_entries(
                 line.key,
                 line.tokens,
                 line.price,
-                _cost(line.tokens, line.price),
+                line_cost(line.tokens, line.price, line.units),
+                dict(line.units),
             )
-            for line in sorted(target, key=lambda line: line.key.sort_key())
+            for line in (
+                target if len(target) == 1 else sorted(target, key=lambda line: line.key.sort_key())
+            )
         ]
+    units_booked = booked_units or {}
     live = {key: tokens for key, tokens in booked.items() if key not in closed}
     targets = {line.key: line for line in target}
     # A new line whose key and model stay, but at another price, is a re-pricing of the line that
@@ -164,42 +185,35 @@ def plan_entries(
     entries: list[NewEntry] = []
     for key in sorted(set(live) | set(targets), key=LineKey.sort_key):
         was = live.get(key, Tokens())
+        was_units = units_booked.get(key, {}) if key in live else {}
         line = targets.get(key)
         now = line.tokens if line else Tokens()
         delta = now - was
+        units = _units_delta(line.units if line else {}, was_units)
+        price = line.price if line is not None else booked_prices.get(key)
+        cost = line_cost(delta, price, units)
         if key in live and line is not None:
-            if delta.is_zero():
+            if delta.is_zero() and not units:
                 continue
             entries.append(
-                NewEntry(
-                    "adjustment", _late(delta), key, delta, line.price, _cost(delta, line.price)
-                )
+                NewEntry("adjustment", _late(delta, units), key, delta, price, cost, units)
             )
         elif line is None:
-            price = booked_prices.get(key)
-            entries.append(
-                NewEntry("adjustment", REVERSAL_REASON, key, delta, price, _cost(delta, price))
-            )
+            entries.append(NewEntry("adjustment", REVERSAL_REASON, key, delta, price, cost, units))
         elif (key.api_key_id, key.model) in reversed_pairs:
             reason = (
                 "re-priced: the model's price in force at the call's start changed"
                 if line.price is not None
                 else "re-booked without a price"
             )
-            entries.append(
-                NewEntry("adjustment", reason, key, delta, line.price, _cost(delta, line.price))
-            )
+            entries.append(NewEntry("adjustment", reason, key, delta, price, cost, units))
         elif not reversing:
             entries.append(
-                NewEntry(
-                    "adjustment", _late(delta), key, delta, line.price, _cost(delta, line.price)
-                )
+                NewEntry("adjustment", _late(delta, units), key, delta, price, cost, units)
             )
         else:
             reason = "settled again after the call's api key or model changed"
-            entries.append(
-                NewEntry("settlement", reason, key, delta, line.price, _cost(delta, line.price))
-            )
+            entries.append(NewEntry("settlement", reason, key, delta, price, cost, units))
     # Reversals first, so the entries read in the order an accountant would book them.
     entries.sort(key=lambda e: 0 if e.reason.startswith(REVERSAL_PREFIX) else 1)
     return entries

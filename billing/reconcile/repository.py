@@ -74,8 +74,8 @@ class ReconcileRepository(Protocol):
         ...
 
     def mark_model_pending(self, session: Session, model: str, effective_from: datetime) -> int:
-        """Mark pending the calls with an attempt on ``model`` started at or after
-        ``effective_from``; returns how many."""
+        """Mark pending the calls with an attempt on ``model``, or tokens billed at its rates
+        (``other_models``, v2), started at or after ``effective_from``; returns how many."""
         ...
 
     def read_states(self, session: Session, request_ids: Sequence[str]) -> list[StateRow]:
@@ -98,6 +98,11 @@ class ReconcileRepository(Protocol):
     def read_booked(self, session: Session, request_ids: Sequence[str]) -> list[Any]:
         """Per call and ledger line (key, model, price id): ``(request_id, api_key_id, model,
         price_id, max seq, seq of the last reversal or None, *token sums)``."""
+        ...
+
+    def read_booked_units(self, session: Session, request_ids: Sequence[str]) -> list[Any]:
+        """The entries of the calls that have units (v2): ``(request_id, api_key_id, model,
+        price_id, units)``, ``units`` as the stored JSON text (name → signed count)."""
         ...
 
     def write_calls(self, session: Session, updates: Sequence[Update], now: datetime) -> None:

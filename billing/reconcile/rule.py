@@ -1,7 +1,12 @@
 """The billing rule: one call's events in, billed figures out. Pure: no database, no clock.
 
-Source: CONTRACT "Reconciliation". Upstream usage is authoritative; usage and counters are
-snapshots (the largest or latest wins, never summed within an attempt); attempts are summed.
+Source: CONTRACT "Reconciliation" and "Usage dimensions (v2)". Upstream usage is authoritative;
+usage and counters are snapshots (the largest or latest wins, never summed within an attempt);
+attempts are summed. v2: an attempt takes its winning usage's served tier, units and other
+models' tokens (counted in the call's buckets, and listed per model); an estimate without input
+takes ``stream.started.input_tokens``; an attempt without a disconnect and without any delivered
+count delivered its billed output; anomalies a gateway reports in the usage are carried onto
+the call.
 
 This is the rule. ``billing.reconcile.common`` restates it in SQL for the most frequent shape of
 call (``is_common``); ``tests/reconcile/test_reconcile_common_property.py`` proves the two agree
@@ -14,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from operator import attrgetter
+from typing import Any
 
 from billing.dimensions import BUCKETS, Tokens, tokens_builder
 from billing.ingest import schemas
@@ -50,6 +56,16 @@ class AttemptFigures:
     error_type: str | None
     stop_reason: str | None
     anomalies: tuple[str, ...]
+    #: (v2) The tier the upstream served (None: not reported), the units (name → count) and the
+    #: tokens billed at other models' rates (model → ``Tokens``), from the winning usage.
+    service_tier: str | None = None
+    units: dict[str, int] = field(default_factory=dict)
+    other_models: dict[str, Tokens] = field(default_factory=dict)
+
+    def context_tokens(self) -> int:
+        """Input + cache read + cache creation tokens: what a long-context threshold is about."""
+        t = self.tokens
+        return t.input_tokens + t.cache_read_input_tokens + t.cache_creation_input_tokens
 
 
 @dataclass(slots=True)
@@ -76,6 +92,12 @@ class CallFigures:
     stop_reason: str | None
     complete: bool
     anomalies: tuple[str, ...] = field(default=())
+    #: (v2) The last attempt's served tier that reported one, the units summed over the
+    #: attempts (name → count), and the tokens billed at other models' rates summed per model
+    #: (model → ``Tokens``; also counted in ``tokens``, which is everything the call bills).
+    service_tier: str | None = None
+    units: dict[str, int] = field(default_factory=dict)
+    other_models: dict[str, Tokens] = field(default_factory=dict)
 
 
 #: The output buckets, which the rule derives from the usage and the counters (below).
@@ -107,8 +129,10 @@ def _attempt_figures(number: int, events: list[AnyEvent], call_model: str | None
 
     delivered = 0
     generated = 0
+    delivered_counts = False
     for e in events:
         if e.type == "stream.tokens":
+            delivered_counts = True
             if e.output_tokens_delivered > delivered:
                 delivered = e.output_tokens_delivered
             if e.output_tokens_generated > generated:
@@ -144,6 +168,10 @@ def _attempt_figures(number: int, events: list[AnyEvent], call_model: str | None
     else:
         billed = max(estimate.output_tokens if estimate else 0, generated, delivered)
     usage = upstream or estimate
+    if not delivered_counts and not disconnected:
+        # A stream that ended without a disconnect delivered what it generated (CONTRACT
+        # "Reconciliation", v2), also when the gateway reported no delivered count.
+        delivered = billed
     undelivered = max(0, billed - delivered)
     if usage is not None and usage.anomalies:
         anomalies.update(usage.anomalies)  # found by the gateway or tap: carried onto the call
@@ -171,7 +199,7 @@ def _attempt_figures(number: int, events: list[AnyEvent], call_model: str | None
         status = "client_disconnected"
     else:
         status = "completed"
-    return AttemptFigures(
+    figures = AttemptFigures(
         attempt=number,
         model=first_started.model if first_started else call_model,
         tokens=tokens,
@@ -182,6 +210,40 @@ def _attempt_figures(number: int, events: list[AnyEvent], call_model: str | None
         stop_reason=usage.stop_reason if usage else None,
         anomalies=tuple(sorted(anomalies)),
     )
+    if usage is not None:
+        figures.service_tier = usage.service_tier
+        if usage.units:
+            figures.units = {name: count for name, count in usage.units.items() if count}
+        if usage.other_models:
+            figures.other_models = _other_models(usage.other_models)
+    return figures
+
+
+_from_other = tokens_builder(
+    (
+        "input_tokens",
+        "cache_read_input_tokens",
+        "cache_creation_input_tokens",
+        "output_tokens_billed",
+    )
+)
+
+
+def _other_models(entries: Iterable[Any]) -> dict[str, Tokens]:
+    """``stream.usage.other_models`` as ``Tokens`` per model (entries of one model summed: they
+    are parts of one snapshot, such as two advisor iterations). Their output was not written to
+    the client as the call's: it is billed, neither delivered nor undelivered."""
+    by_model: dict[str, Tokens] = {}
+    for entry in entries:
+        tokens = _from_other(
+            entry["input_tokens"],
+            entry.get("cache_read_input_tokens", 0),
+            entry.get("cache_creation_input_tokens", 0),
+            entry["output_tokens"],
+        )
+        model = entry["model"]
+        by_model[model] = by_model[model] + tokens if model in by_model else tokens
+    return by_model
 
 
 def reconcile_call(request_id: str, events: Iterable[AnyEvent]) -> CallFigures:
@@ -227,6 +289,17 @@ def reconcile_call(request_id: str, events: Iterable[AnyEvent]) -> CallFigures:
         total = Tokens()
         for figures in attempts:
             total = total + figures.tokens
+    units: dict[str, int] = {}
+    other_models: dict[str, Tokens] = {}
+    service_tier = None
+    for figures in attempts:
+        for name, count in figures.units.items():
+            units[name] = units.get(name, 0) + count
+        for model, tokens in figures.other_models.items():
+            total = total + tokens
+            other_models[model] = other_models[model] + tokens if model in other_models else tokens
+        if figures.service_tier is not None:
+            service_tier = figures.service_tier
     anomalies = {code for a in attempts for code in a.anomalies}
     all_upstream = all(a.usage_source == "upstream" for a in attempts)
     if not all_upstream:
@@ -257,4 +330,7 @@ def reconcile_call(request_id: str, events: Iterable[AnyEvent]) -> CallFigures:
         stop_reason=last.stop_reason,
         complete=first is not None and all_upstream,
         anomalies=tuple(sorted(anomalies)),
+        service_tier=service_tier,
+        units=dict(sorted(units.items())),
+        other_models=dict(sorted(other_models.items())),
     )

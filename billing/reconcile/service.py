@@ -9,6 +9,7 @@ CONTRACT "Reconciliation" and "Cost".
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -34,6 +35,7 @@ from billing.reconcile.state import (
 from billing.reconcile.stored import check_figures
 from billing.rollups import service as rollups
 from billing.storage.models import Call
+from billing.storage.reconcile_core import _json_other_models
 from billing.storage.store import store_for
 
 __all__ = [
@@ -160,7 +162,7 @@ def reconcile_calls(
     figures = {rid: reconcile_call(rid, evs) for rid, evs in events.items() if evs}
     for figured in figures.values():
         check_figures(figured)
-    models = {a.model for f in figures.values() for a in f.attempts if a.model}
+    models = {m for f in figures.values() for m in _models(f)}
     book = PriceBook.load(session, models)
     booked = load_booked(session, [rid for rid, state in states.items() if state.settled])
     # Compared with the stored value as the driver returns it.
@@ -186,7 +188,13 @@ def reconcile_calls(
             record = booked.get(request_id) or NOTHING_BOOKED
             reason = SETTLED_COMPLETE if fig.complete else settled_timed_out(settle_after_s)
             planned = plan_entries(
-                lines, record.tokens, record.prices, request_id in booked, reason, record.closed
+                lines,
+                record.tokens,
+                record.prices,
+                request_id in booked,
+                reason,
+                record.closed,
+                record.units,
             )
             seq = record.max_seq
             for new in planned:
@@ -218,9 +226,13 @@ def preview_call(session: Session, call: Call) -> None:
         return
     fig = reconcile_call(call.request_id, events)
     check_figures(fig)
-    models = {a.model for a in fig.attempts if a.model}
-    lines = target_lines(fig, PriceBook.load(session, models))
+    lines = target_lines(fig, PriceBook.load(session, set(_models(fig))))
     _apply(call, fig, call_cost(lines), call.settled, call.settled_at or datetime.now(UTC))
+
+
+def _models(fig: CallFigures) -> list[str]:
+    """The models whose prices the call's lines need: its attempts' and their other models'."""
+    return [m for a in fig.attempts for m in (a.model, *a.other_models) if m]
 
 
 #: The attributes of a ``Call`` that are the figures' own.
@@ -240,12 +252,16 @@ def _apply(call: Call, fig: CallFigures, cost: int | None, settle: bool, now: da
     set_tokens(call, fig.tokens)
     call.cost_pusd = cost
     call.anomalies = anomalies_of(fig, cost)
+    call.service_tier = fig.service_tier
+    call.units = fig.units or None
+    call.other_models = json.loads(_json_other_models(fig)) if fig.other_models else None
     call.pending = False
 
 
 def mark_model_pending(session: Session, model: str, effective_from: datetime) -> int:
-    """Mark the calls of ``model`` started at or after ``effective_from`` for re-reconciliation
-    (a new price may now apply to them). Returns how many calls were marked."""
+    """Mark the calls of ``model`` (an attempt on it, or tokens billed at its rates:
+    ``other_models``) started at or after ``effective_from`` for re-reconciliation (a new price
+    may now apply to them). Returns how many calls were marked."""
     return _repo(session).mark_model_pending(session, model, effective_from)
 
 

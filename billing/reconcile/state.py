@@ -3,6 +3,7 @@ ledger holds already."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -112,6 +113,8 @@ class Booked:
     prices: dict[LineKey, PriceRow | None] = field(default_factory=dict)
     closed: set[LineKey] = field(default_factory=set)
     max_seq: int = 0
+    #: (v2) Units per line (name → summed count), for the lines that have any.
+    units: dict[LineKey, dict[str, int]] = field(default_factory=dict)
 
 
 NOTHING_BOOKED = Booked()
@@ -133,6 +136,13 @@ def load_booked(session: Session, request_ids: Sequence[str]) -> dict[str, Booke
         entry.max_seq = max(entry.max_seq, int(max_seq))
         if price_id is not None:
             price_ids.add(price_id)
+    if booked:
+        for request_id, key_id, model, price_id, text in repo.read_booked_units(
+            session, list(booked)
+        ):
+            line = booked[request_id].units.setdefault(LineKey(key_id, model, price_id), {})
+            for name, count in json.loads(text).items():
+                line[name] = line.get(name, 0) + int(count)
     if price_ids:
         prices = prices_by_id(session, price_ids)
         for entry in booked.values():

@@ -4,24 +4,39 @@ conditions)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Table
+from sqlalchemy import ColumnElement, Table, select
+from sqlalchemy.orm import Session
 
 from billing.calllog.repository import RollupSlice
-from billing.dimensions import TOKEN_FIELDS
-from billing.pricing.rates import RATE_COLUMNS
-from billing.rollups.repository import COUNT_FIELDS, PICO
-from billing.storage.models import UsageRollup, UsageRollupAllKeys
+from billing.dimensions import TOKEN_FIELDS, V1_TOKEN_FIELDS
+from billing.pricing.rates import V1_RATES
+from billing.rollups.repository import CALL_START, COUNT_FIELDS, PICO
+from billing.storage.models import Call, LedgerEntry, UsageRollup, UsageRollupAllKeys
 
 #: The token columns.
 TOKENS = ", ".join(TOKEN_FIELDS)
-#: The token columns as decimal text (the database writes integers faster than Python does).
-TOKENS_AS_TEXT = ", ".join(f"CAST({name} AS TEXT)" for name in TOKEN_FIELDS)
+#: The token columns of the v1 exports, and as decimal text (the database writes integers faster
+#: than Python does).
+EXPORT_TOKENS = ", ".join(V1_TOKEN_FIELDS)
+TOKENS_AS_TEXT = ", ".join(f"CAST({name} AS TEXT)" for name in V1_TOKEN_FIELDS)
+#: The sums of the v1 exports' token columns.
+EXPORT_TOKEN_SUMS = ", ".join(f"sum({name})" for name in V1_TOKEN_FIELDS)
 #: The sums of the token columns.
 TOKEN_SUMS = ", ".join(f"sum({name})" for name in TOKEN_FIELDS)
-#: The ledger's price columns (micro-USD per million tokens), in the order of the CSV's.
-LEDGER_PRICES = ", ".join(RATE_COLUMNS)
+#: The ledger's price columns of the v1 exports (micro-USD per million tokens), in the order of
+#: the CSV's.
+LEDGER_PRICES = ", ".join(r.column for r in V1_RATES)
+
+
+def extra_columns(sources: Sequence[str]) -> str:
+    """``, a, b`` for the ledger columns ``sources`` a v2 export adds (empty for none)."""
+    return "".join(f", {name}" for name in sources)
+
+
 #: The summed columns of a rollup row.
 ROLLUP_SUMMED = (*COUNT_FIELDS, "cost_whole_usd", "cost_frac_pusd")
 #: The sums of a rollup row's counts.
@@ -53,3 +68,38 @@ def rollup_slice(rows: RollupSlice) -> tuple[Table, list[ColumnElement[Any]]]:
     if rows.model is not None:
         where.append(table.c.model == rows.model)
     return table, where
+
+
+class UnitsIn:
+    """``CalllogRepository.units_in``, the same SQLAlchemy query on both databases (a base of
+    each database's calllog repository)."""
+
+    def units_in(
+        self,
+        session: Session,
+        basis: str,
+        since: datetime,
+        until: datetime,
+        api_key_id: str | None,
+        model: str | None,
+    ) -> list[Any]:
+        query: Any
+        at: Any
+        if basis == CALL_START:
+            at = Call.started_at
+            query = select(at, Call.api_key_id, Call.model, Call.units).where(
+                Call.units.is_not(None), Call.settled.is_(True)
+            )
+            key, named = Call.api_key_id, Call.model
+        else:
+            at = LedgerEntry.booked_at
+            query = select(at, LedgerEntry.api_key_id, LedgerEntry.model, LedgerEntry.units).where(
+                LedgerEntry.units.is_not(None)
+            )
+            key, named = LedgerEntry.api_key_id, LedgerEntry.model
+        query = query.where(at >= since, at < until)
+        if api_key_id is not None:
+            query = query.where(key == api_key_id)
+        if model is not None:
+            query = query.where(named == model)
+        return list(session.execute(query))

@@ -165,6 +165,14 @@ class Call(TokenColumns, Base):
     #: by ingest (CONTRACT "Provider reports and drift"); the drift compares by them.
     provider: Mapped[str | None] = mapped_column(String(64), sort_order=AFTER_TOKENS + 1)
     upstream_account: Mapped[str | None] = mapped_column(String(128), sort_order=AFTER_TOKENS + 1)
+    #: (v2) The served tier (the last attempt's that reported one), units (name → count, summed
+    #: over attempts) and other models (``[{"model", …token fields}]``, summed per model) of the
+    #: call, CONTRACT "Usage dimensions (v2)"; null for none.
+    service_tier: Mapped[str | None] = mapped_column(String(32), sort_order=AFTER_TOKENS + 1)
+    units: Mapped[dict[str, int] | None] = mapped_column(JSON, sort_order=AFTER_TOKENS + 1)
+    other_models: Mapped[list[dict[str, Any]] | None] = mapped_column(
+        JSON, sort_order=AFTER_TOKENS + 1
+    )
 
     __table_args__ = (
         Index(None, "call_no", unique=True),
@@ -211,6 +219,13 @@ class Call(TokenColumns, Base):
             "output_tokens_billed",
             "cost_pusd",
         ),
+        # (v2) The calls with units, by start (billing.calllog.usage sums their units).
+        Index(
+            None,
+            "started_at",
+            postgresql_where=text("units IS NOT NULL"),
+            sqlite_where=text("units IS NOT NULL"),
+        ),
     )
 
 
@@ -248,8 +263,19 @@ class Price(PriceRates, Base):
     effective_from: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
     # The rate columns (``PriceRates``), then:
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False, sort_order=1)
+    #: (v2) The served tier the price applies to; '' for none (every tier without its own price).
+    service_tier: Mapped[str] = mapped_column(
+        String(32), nullable=False, server_default=text("''"), sort_order=2
+    )
+    #: (v2) 0 for a price; more for its long-context prices (an attempt whose input, cache read
+    #: and cache creation tokens exceed it), stored as a second row of the same identity.
+    above_input_tokens: Mapped[int] = _counter(sort_order=2)
+    #: (v2) Unit name → micro-USD per unit, as sorted compact JSON text; null for none.
+    unit_prices: Mapped[str | None] = mapped_column(Text, sort_order=2)
 
-    __table_args__ = (UniqueConstraint("model", "effective_from"),)
+    __table_args__ = (
+        UniqueConstraint("model", "service_tier", "effective_from", "above_input_tokens"),
+    )
 
 
 class LedgerEntry(TokenColumns, EntryRates, Base):
@@ -278,10 +304,21 @@ class LedgerEntry(TokenColumns, EntryRates, Base):
     price_id: Mapped[int | None] = mapped_column(BigInteger, sort_order=AFTER_TOKENS)
     # The rates used (``EntryRates``), then:
     cost_pusd: Mapped[int | None] = mapped_column(BigInteger, sort_order=AFTER_TOKENS + 2)
+    #: (v2) The units of the line (name → signed count) and the unit prices used (name →
+    #: micro-USD per unit), each as sorted compact JSON text (the v2 CSV cell); null for none.
+    units: Mapped[str | None] = mapped_column(Text, sort_order=AFTER_TOKENS + 3)
+    unit_prices: Mapped[str | None] = mapped_column(Text, sort_order=AFTER_TOKENS + 3)
 
     __table_args__ = (
         UniqueConstraint("request_id", "seq"),
         Index(None, "booked_at", "entry_id"),
+        # (v2) The entries with units, by booking (billing.calllog.usage sums their units).
+        Index(
+            None,
+            "booked_at",
+            postgresql_where=text("units IS NOT NULL"),
+            sqlite_where=text("units IS NOT NULL"),
+        ),
     )
 
 

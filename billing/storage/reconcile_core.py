@@ -11,7 +11,7 @@ from datetime import datetime
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import case, false, func, or_, select, true, update
+from sqlalchemy import Text, case, cast, false, func, or_, select, true, update
 from sqlalchemy.orm import Session
 
 from billing.dimensions import TOKEN_FIELDS
@@ -101,10 +101,15 @@ class CoreReconcile:
         # An attempt is priced by its own model, which may differ from the call's (a fallback
         # model); a call with one attempt has no attempt row: its attempt's model is the call's.
         with_attempt = select(CallAttempt.request_id).where(CallAttempt.model == model)
+        # (v2) A call that billed tokens at this model's rates (``other_models``, JSON text as
+        # ``call_values`` writes it: ``"model": "…"``), with LIKE's wildcards escaped.
+        quoted = json.dumps(model).replace("\\", "\\\\").replace("%", "\\%")
+        quoted = quoted.replace("_", "\\_")
+        as_other = cast(Call.other_models, Text).like(f'%"model": {quoted}%', escape="\\")
         marked = session.execute(
             update(Call)
             .where(
-                or_(Call.model == model, Call.request_id.in_(with_attempt)),
+                or_(Call.model == model, Call.request_id.in_(with_attempt), as_other),
                 Call.started_at >= effective_from,
             )
             .values(pending=True, change_seq=Call.change_seq + 1)
@@ -141,6 +146,23 @@ class CoreReconcile:
             )
         )
         return list(rows)
+
+    def read_booked_units(self, session: Session, request_ids: Sequence[str]) -> list[Any]:
+        rows: list[Any] = []
+        for start in range(0, len(request_ids), CHUNK):
+            chunk = request_ids[start : start + CHUNK]
+            rows.extend(
+                session.execute(
+                    select(
+                        LedgerEntry.request_id,
+                        LedgerEntry.api_key_id,
+                        LedgerEntry.model,
+                        LedgerEntry.price_id,
+                        LedgerEntry.units,
+                    ).where(LedgerEntry.request_id.in_(chunk), LedgerEntry.units.is_not(None))
+                )
+            )
+        return rows
 
 
 #: The columns of ``call_attempts`` a step writes, in the order of ``attempt_rows``.
@@ -201,6 +223,9 @@ CALL_SET = (
     "error_type",
     "stop_reason",
     "last_received_at",
+    "service_tier",
+    "units",
+    "other_models",
 )
 #: The identity columns, written as well where they changed (ingest fills them in from the
 #: call's first ``stream.started`` already, so that is rare).
@@ -237,4 +262,25 @@ def call_values(
         fig.error_type,
         fig.stop_reason,
         new.arrival,
+        fig.service_tier,
+        json.dumps(fig.units) if fig.units else None,
+        _json_other_models(fig) if fig.other_models else None,
+    )
+
+
+def _json_other_models(fig: CallFigures) -> str:
+    """The call's ``other_models`` as JSON text: ``[{"model", input_tokens, output_tokens,
+    cache_read_input_tokens, cache_creation_input_tokens}]`` by model (CONTRACT "Usage
+    dimensions (v2)")."""
+    return json.dumps(
+        [
+            {
+                "model": model,
+                "input_tokens": t.input_tokens,
+                "output_tokens": t.output_tokens_billed,
+                "cache_read_input_tokens": t.cache_read_input_tokens,
+                "cache_creation_input_tokens": t.cache_creation_input_tokens,
+            }
+            for model, t in fig.other_models.items()
+        ]
     )

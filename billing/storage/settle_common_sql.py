@@ -17,12 +17,31 @@ from __future__ import annotations
 
 import json
 
-from billing.dimensions import TOKEN_FIELDS, USAGE_FIELDS
+from billing.dimensions import BUCKETS, TOKEN_FIELDS, USAGE_FIELDS
 from billing.ingest.schemas import MAX_TOKENS, StreamUsage
 from billing.pricing.rates import RATE_COLUMNS
 from billing.reconcile.ledger import ENTRY_COLUMNS
 from billing.reconcile.rule import USAGE_MISSING
 from billing.rollups.repository import PICO
+
+#: The ``stream.usage`` fields the statements read (see ``USAGE_READ``).
+_READ = frozenset(
+    (
+        "type",
+        "event_id",
+        "request_id",
+        "occurred_at",
+        "attempt",
+        "source",
+        "input_tokens",
+        "output_tokens",
+        "cache_read_input_tokens",
+        "cache_creation_input_tokens",
+        "reasoning_tokens",
+        "stop_reason",
+        "model",
+    )
+)
 
 #: Rates at or above this (micro-USD per million tokens) go to the rule: with token counts at most
 #: ``MAX_TOKENS``, four products below 2.15 * 10**18 each cannot overflow a signed 64-bit sum.
@@ -37,6 +56,7 @@ CALL_AGGREGATES = """SELECT min(request_id) AS request_id,
             max(occurred_at) AS ended_at, max(received_at) AS arrival,
             coalesce(max(output_tokens_delivered), 0) AS progress_delivered,
             coalesce(max(output_tokens_generated), 0) AS progress_generated,
+            sum(CASE WHEN type = 'stream.tokens' THEN 1 ELSE 0 END) AS progress_records,
             max(CASE WHEN type = 'stream.usage' THEN seq END) AS usage_seq,
             max(CASE WHEN type = 'stream.client_disconnected' THEN seq END) AS disconnect_seq
         FROM events
@@ -50,21 +70,41 @@ CALL_AGGREGATES = """SELECT min(request_id) AS request_id,
             AND sum(CASE WHEN type = 'stream.client_disconnected' THEN 1 ELSE 0 END) <= 1"""
 
 #: What follows ``FROM prices p`` to pick the price in force at the call's start (the latest
-#: ``effective_from`` at or before it).
-PRICE_IN_FORCE = """WHERE p.model = c.model AND p.effective_from <= g.started_at
+#: ``effective_from`` at or before it) for a usage that names no served tier: the price without
+#: a tier, not its long-context prices (``NOT_LONG_CONTEXT``).
+PRICE_IN_FORCE = """WHERE p.model = c.model AND p.service_tier = '' AND p.above_input_tokens = 0
+            AND p.effective_from <= g.started_at
         ORDER BY p.effective_from DESC LIMIT 1"""
 
 # Template fragments ({u}, {greatest}): the delivered output (the largest of the progress
 # records' and the disconnect's), the billed output (the upstream usage's, or for an estimate the
 # largest of its count, the generated counters and delivered) and the last arrival of the call.
-_DELIVERED = """CASE WHEN {u}.disconnect_delivered > g.progress_delivered
+# A call with no delivered count at all and no disconnect delivered what it generated (v2):
+# its delivered output is its billed output.
+_SEEN_DELIVERED = """CASE WHEN {u}.disconnect_delivered > g.progress_delivered
             THEN {u}.disconnect_delivered ELSE g.progress_delivered END"""
 _BILLED = f"""CASE WHEN {{u}}.source = 'upstream' THEN {{u}}.output_tokens
             ELSE {{greatest}}({{u}}.output_tokens, g.progress_generated,
-                coalesce({{u}}.disconnect_generated, 0), {_DELIVERED})
+                coalesce({{u}}.disconnect_generated, 0), {_SEEN_DELIVERED})
         END"""
+_DELIVERED = f"""CASE WHEN g.progress_records = 0 AND g.disconnect_seq IS NULL THEN {_BILLED}
+            ELSE {_SEEN_DELIVERED} END"""
 _ARRIVAL = "{greatest}(g.arrival, c.last_received_at)"
 _P_RATES = ",\n        ".join(f"p.{name} AS {name}" for name in RATE_COLUMNS)
+# The buckets whose usage field the statements decline (``DECLINED_USAGE_FIELDS``): 0 for every
+# call they settle. They come between the cache creation and the billed output in declaration
+# order (checked at import below).
+_ZERO_BUCKETS = "".join(
+    f"0 AS {b.name},\n        " for b in BUCKETS if b.usage is not None and b.usage not in _READ
+)
+_order = [b.name for b in BUCKETS]
+assert all(
+    _order.index("cache_creation_input_tokens")
+    < _order.index(b.name)
+    < _order.index("output_tokens_billed")
+    for b in BUCKETS
+    if b.usage is not None and b.usage not in _READ
+), "a declined bucket must sit between the cache creation and the billed output"
 
 #: Template (``{u}``, ``{greatest}``): a gathered call's columns, in the order of SQLite's
 #: ``scratch.reconcile_common`` (``TOKEN_FIELDS`` and ``RATE_COLUMNS`` among them); the cost in
@@ -79,7 +119,7 @@ SETTLE_COLUMNS = f"""g.request_id AS request_id, c.api_key_id AS api_key_id, c.m
         {{u}}.input_tokens AS input_tokens,
         {{u}}.cache_read_input_tokens AS cache_read_input_tokens,
         {{u}}.cache_creation_input_tokens AS cache_creation_input_tokens,
-        {_BILLED} AS output_tokens_billed,
+        {_ZERO_BUCKETS}{_BILLED} AS output_tokens_billed,
         {_DELIVERED} AS output_tokens_delivered,
         ({_BILLED}) - ({_DELIVERED}) AS output_tokens_undelivered,
         {{u}}.reasoning_tokens AS reasoning_tokens,
@@ -96,23 +136,7 @@ SETTLE_COLUMNS = f"""g.request_id AS request_id, c.api_key_id AS api_key_id, c.m
 #: cache writes, a service tier, units, other models, reported anomalies) goes to the rule: each
 #: dialect declines a body holding one of ``DECLINED_USAGE_FIELDS`` as a key (compact JSON writes
 #: a key as ``"name":``; inside a JSON string a quote is escaped, so no text value matches).
-USAGE_READ = frozenset(
-    [
-        "type",
-        "event_id",
-        "request_id",
-        "occurred_at",
-        "attempt",
-        "source",
-        "input_tokens",
-        "output_tokens",
-        "cache_read_input_tokens",
-        "cache_creation_input_tokens",
-        "reasoning_tokens",
-        "stop_reason",
-        "model",
-    ]
-)
+USAGE_READ = _READ
 DECLINED_USAGE_FIELDS: tuple[str, ...] = tuple(
     name for name in StreamUsage.model_fields if name not in USAGE_READ
 )
@@ -131,7 +155,7 @@ def declined_usage(body: str, percent: str) -> str:
 
 #: Template (``{u}``): every ``stream.usage`` token count (``USAGE_FIELDS``) in range.
 TOKEN_RANGES = "\n        AND ".join(
-    f"{{u}}.{name} BETWEEN 0 AND {MAX_TOKENS}" for name in USAGE_FIELDS
+    f"{{u}}.{name} BETWEEN 0 AND {MAX_TOKENS}" for name in USAGE_FIELDS if name in USAGE_READ
 )
 
 #: Template (``{u}``): the progress records' and the disconnect's counters in range.
@@ -142,7 +166,7 @@ COUNTER_BOUNDS = f"""g.progress_delivered <= {MAX_TOKENS} AND g.progress_generat
 #: Template (``{u}``, ``{greatest}``, ``{cutoff}``): the call settles now, with upstream usage
 #: (and nothing delivered beyond it: an anomaly, the rule's), or with an estimate whose last event
 #: arrived settle_after ago (the cutoff).
-SETTLES_NOW = f"""(({{u}}.source = 'upstream' AND {{u}}.output_tokens >= {_DELIVERED})
+SETTLES_NOW = f"""(({{u}}.source = 'upstream' AND {{u}}.output_tokens >= {_SEEN_DELIVERED})
             OR ({{u}}.source = 'estimate' AND {_ARRIVAL} <= {{cutoff}}))"""
 
 #: Every rate of the price below ``RATE_LIMIT``.
@@ -150,10 +174,19 @@ RATES_BELOW_LIMIT = "\n        AND ".join(f"p.{name} < {RATE_LIMIT}" for name in
 
 #: Template (``{u}``, ``{greatest}``, ``{cutoff}``): the conditions on a call of the common shape
 #: (after its usage's ``ok``, the dialect's) for the fast path to settle it.
+#: Template (``{u}``): the price in force has no long-context prices that this call's input
+#: (input + cache read + cache creation) exceeds: such a call is the rule's (v2).
+NOT_LONG_CONTEXT = """NOT EXISTS (SELECT 1 FROM prices q
+            WHERE q.model = p.model AND q.service_tier = p.service_tier
+                AND q.effective_from = p.effective_from AND q.above_input_tokens > 0
+                AND q.above_input_tokens < {u}.input_tokens + {u}.cache_read_input_tokens
+                    + {u}.cache_creation_input_tokens)"""
+
 SETTLE_CONDITIONS = f"""{TOKEN_RANGES}
         AND {COUNTER_BOUNDS}
         AND {SETTLES_NOW}
-        AND {RATES_BELOW_LIMIT}"""
+        AND {RATES_BELOW_LIMIT}
+        AND {NOT_LONG_CONTEXT}"""
 
 #: The ledger entry's columns, as ``INSERT INTO ledger_entries (…)`` lists them.
 ENTRY_COLUMN_LIST = ", ".join(ENTRY_COLUMNS)
@@ -166,12 +199,17 @@ ENTRY_VALUES = ", ".join(
         "f.price_id",
         *(f"f.{name}" for name in RATE_COLUMNS),
         "f.cost_pusd",
+        "NULL, NULL",  # units, unit_prices: such a call has none
     )
 )
 
 #: The call's buckets and cost as the gathered call f has them (``UPDATE calls SET …``).
 SET_TOKENS_AND_COST = ", ".join(
-    (*(f"{name} = f.{name}" for name in TOKEN_FIELDS), "cost_pusd = f.cost_pusd")
+    (
+        *(f"{name} = f.{name}" for name in TOKEN_FIELDS),
+        "cost_pusd = f.cost_pusd",
+        "service_tier = NULL, units = NULL, other_models = NULL",
+    )
 )
 
 #: The anomalies of an estimate's call, as JSON text.

@@ -206,6 +206,7 @@ def test_newest_first_with_the_call_object(log: TestClient) -> None:
         "input_tokens": 107,
         "cache_read_input_tokens": 0,
         "cache_creation_input_tokens": 0,
+        "cache_creation_1h_input_tokens": 0,
         "output_tokens_billed": 17,
         "output_tokens_delivered": 17,
         "output_tokens_undelivered": 0,
@@ -215,6 +216,10 @@ def test_newest_first_with_the_call_object(log: TestClient) -> None:
         "stop_reason": None,
         "metadata": {},
         "anomalies": [],
+        # v2 (CONTRACT "Usage dimensions (v2)"): none reported.
+        "service_tier": None,
+        "units": {},
+        "other_models": [],
     }
 
 

@@ -8,6 +8,7 @@ reconciler keeps equal the ones rebuilt from ``calls`` and ``ledger_entries``.
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Iterator
 from datetime import UTC, date, datetime, time, timedelta
@@ -74,11 +75,13 @@ def totals(
         "input_tokens": inp,
         "cache_read_input_tokens": cache_read,
         "cache_creation_input_tokens": 0,
+        "cache_creation_1h_input_tokens": 0,
         "output_tokens_billed": out,
         "output_tokens_delivered": delivered,
         "output_tokens_undelivered": out - delivered,
         "reasoning_tokens": 0,
         "cost_usd": cost,
+        "units": {},
     }
 
 
@@ -375,13 +378,14 @@ def test_a_call_without_stream_started_and_its_late_start(priced: TestClient) ->
     settle = datetime.now(UTC) + timedelta(seconds=state.settings.settle_after_s + 1)
     reconcile_at(priced, settle)  # settles on what it has: started_missing, no key, no model
     period = {"since": "2026-03-10T00:00:00Z", "until": "2026-03-11T00:00:00Z"}
+    # No disconnect and no delivered count: it delivered what it billed (CONTRACT v2).
     assert usage(priced, **period, group_by="api_key_id,model") == [
-        {"api_key_id": None, "model": None, **totals(1, 100, 10, None, delivered=0)}
+        {"api_key_id": None, "model": None, **totals(1, 100, 10, None)}
     ]
     # The stream.started arrives, a minute earlier: the call moves to its key, model and start.
     post(priced, call_events("nk", t - timedelta(minutes=1), key="key_n", with_usage=False))
     assert usage(priced, **period, group_by="api_key_id,model") == [
-        {"api_key_id": None, "model": None, **totals(1, 100, 10, None, delivered=0)}
+        {"api_key_id": None, "model": None, **totals(1, 100, 10, None)}
     ]
     reconcile_at(priced, settle)
     assert usage(priced, **period, group_by="api_key_id,model,hour") == [
@@ -389,7 +393,7 @@ def test_a_call_without_stream_started_and_its_late_start(priced: TestClient) ->
             "api_key_id": "key_n",
             "model": "m1",
             "hour": "2026-03-10T08:00:00+00:00",
-            **totals(1, 100, 10, "0.00045", delivered=0),
+            **totals(1, 100, 10, "0.00045"),
         }
     ]
     assert_rollups_rebuild_alike(priced)
@@ -498,11 +502,16 @@ def reference(session: Session, query: UsageQuery) -> list[dict[str, Any]]:
             "month": local.strftime("%Y-%m"),
         }
         group = tuple((name, labels[name]) for name in query.group_by)
-        acc = groups.setdefault(group, {"calls": 0, **dict.fromkeys(TOKEN_FIELDS, 0), "costs": []})
+        acc = groups.setdefault(
+            group, {"calls": 0, **dict.fromkeys(TOKEN_FIELDS, 0), "costs": [], "units": {}}
+        )
         acc["calls"] += calls
         for name in TOKEN_FIELDS:
             acc[name] += getattr(row, name)
         acc["costs"].append(cost)
+        units = row.units or {}
+        for unit, count in (json.loads(units) if isinstance(units, str) else units).items():
+            acc["units"][unit] = acc["units"].get(unit, 0) + count
 
     def order(group: tuple[Any, ...]) -> tuple[Any, ...]:
         return tuple(
@@ -518,12 +527,13 @@ def reference(session: Session, query: UsageQuery) -> list[dict[str, Any]]:
     for group in sorted(groups, key=order):
         acc = groups[group]
         costs = acc.pop("costs")
+        units = {unit: n for unit, n in sorted(acc.pop("units").items()) if n}
         priced = [c for c in costs if c is not None]
         if query.basis == "call_start":
             cost = None if len(priced) < len(costs) else sum(priced)
         else:
             cost = sum(priced) if priced else None
-        rows.append({**dict(group), **acc, "cost_usd": pusd_to_str(cost)})
+        rows.append({**dict(group), **acc, "cost_usd": pusd_to_str(cost), "units": units})
     return rows
 
 

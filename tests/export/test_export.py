@@ -45,6 +45,7 @@ from billing.export.csvwriter import (
     neutralise,
     price_cell,
     pusd_cell,
+    units_cell,
 )
 from billing.export.params import parse_params
 from billing.pricing.money import pusd_to_str, uusd_per_mtok_to_str
@@ -284,12 +285,13 @@ def test_formula_cells_are_neutralised_and_numbers_are_not(
     lines = body.split(b"\r\n")
     assert lines[1] == (
         b"3,settlement,settled: upstream usage for every attempt,2026-03-05T12:00:00.000005Z,"
-        b"'-req-3,'@key,'+model,anthropic.messages,completed,1,0,0,1,0,1,0,,,,,"
+        # No delivered count and no disconnect: it delivered what it billed (CONTRACT v2).
+        b"'-req-3,'@key,'+model,anthropic.messages,completed,1,0,0,1,1,0,0,,,,,"
     )
     assert lines[2].endswith(b",8,0,0,-50,0,-50,0,3,15,0.3,3.75,-0.000726")
     usage = export(day1, "usage", **DAY5, group_by="api_key_id,model").content
     assert usage.split(b"\r\n")[1:3] == [
-        b"'@key,'+model,1,1,0,0,1,0,1,0,",
+        b"'@key,'+model,1,1,0,0,1,1,0,0,",
         b"key_7f3a,claude-sonnet-5-5,0,8,0,0,-50,0,-50,0,-0.000726",
     ]
     formula = export(day1, "usage", **DAY1, group_by="api_key_id").content
@@ -417,10 +419,14 @@ def test_usage_csv_equals_booked_usage_query(
         response = day1.get("/v1/usage", params={**params, "basis": "booked"})
         assert response.status_code == 200, response.text
         expected = [
-            {k: ("" if v is None else str(v)) for k, v in row.items()}
+            {
+                k: (units_cell(v) if k == "units" else "" if v is None else str(v))
+                for k, v in row.items()
+            }
             for row in response.json()["data"]
         ]
-        got = rows_of(export(day1, "usage", **params).content)
+        # The v2 columns: the one-hour cache writes and the units, as the usage rows have them.
+        got = rows_of(export(day1, "usage", **params, format="v2").content)
         for row in got:
             if row.get("api_key_id", "").startswith("'"):
                 row["api_key_id"] = row["api_key_id"][1:]

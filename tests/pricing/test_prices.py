@@ -40,10 +40,15 @@ PRICE = {
 STORED = {
     "model": "m1",
     "effective_from": "2026-01-01T00:00:00Z",
+    "service_tier": None,
     "input_usd_per_mtok": "0.3",
     "output_usd_per_mtok": "1.2",
     "cache_read_usd_per_mtok": "0.03",
     "cache_creation_usd_per_mtok": "0",
+    # v2: one-hour cache writes cost the cache creation rate when the price names none.
+    "cache_creation_1h_usd_per_mtok": "0",
+    "unit_prices": None,
+    "long_context": None,
 }
 
 
@@ -105,6 +110,13 @@ def _post_price_with(client: TestClient, field: str, value: object) -> httpx.Res
     [
         ("input_usd_per_mtok", 0.3),  # a JSON number: a binary float
         ("input_usd_per_mtok", "0.0000001"),  # 7 decimal places
+        # More than 6 places however many zeros (Decimal would round this one to 1).
+        ("input_usd_per_mtok", "1.0000000000000000000000000001"),
+        ("output_usd_per_mtok", "1.0000000"),
+        ("cache_creation_1h_usd_per_mtok", "0.1234567"),
+        ("unit_prices", {"web_search_requests": "0.0000001"}),
+        ("unit_prices", {"Web Search": "0.01"}),
+        ("service_tier", ""),
         ("output_usd_per_mtok", "-1"),
         ("cache_read_usd_per_mtok", "abc"),
         ("input_usd_per_mtok", "1_000"),  # Python's Decimal reads it as 1000
@@ -129,7 +141,7 @@ def test_invalid_price_is_422_in_the_contract_shape(
     (error,) = errors
     assert set(error) == {"index", "path", "message"}
     assert error["index"] is None
-    assert error["path"].endswith(field)
+    assert field in error["path"]
     assert error["message"]
     assert listed(client) == []
 
@@ -419,6 +431,13 @@ def test_listing_prices_refuses_unknown_and_repeated_parameters(
     assert response.json() == {"errors": [{"index": None, "path": path, "message": message}]}
 
 
+def _whole(rate: Any, whole: dict[str, int]) -> int | None:
+    """The position in RATES of the rate of the bucket that ``rate``'s bucket is a part of."""
+    if rate.bucket.part_of is None:
+        return None
+    return next(i for i, r in enumerate(RATES) if r.bucket.name == rate.bucket.part_of)
+
+
 @pytest.mark.nodb
 def test_a_price_row_bills_each_priced_bucket_at_its_own_rate() -> None:
     # The rates come from billing.dimensions: each priced bucket at the rate its `price` names.
@@ -428,16 +447,28 @@ def test_a_price_row_bills_each_priced_bucket_at_its_own_rate() -> None:
         "output_usd_per_mtok",
         "cache_read_usd_per_mtok",
         "cache_creation_usd_per_mtok",
+        "cache_creation_1h_usd_per_mtok",
     ]
     rates = [7 + 1000 * i for i in range(len(RATES))]
     row = PriceRow(1, "m1", datetime(2026, 1, 1, tzinfo=UTC), *rates)
+    # The one-hour cache writes are a part of the cache writes: billed at their own rate instead
+    # of the cache creation rate.
+    whole = {r.bucket.part_of: i for i, r in enumerate(RATES) if r.bucket.part_of}
     for i, rate in enumerate(RATES):
         assert getattr(row, rate.name) == rates[i]
         alone = Tokens(**{rate.bucket.name: 3})
-        assert row.cost_pusd(alone) == 3 * rates[i]
-    everything = Tokens(*range(1, 1 + len(Tokens.__dataclass_fields__)))
-    assert row.cost_pusd(everything) == sum(
-        getattr(everything, r.bucket.name) * rates[i] for i, r in enumerate(RATES)
+        taken_back = 3 * rates[whole_i] if (whole_i := _whole(rate, whole)) is not None else 0
+        assert row.cost_pusd(alone) == 3 * rates[i] - taken_back
+    assert (
+        row.cost_pusd(Tokens(cache_creation_input_tokens=10, cache_creation_1h_input_tokens=4))
+        == 6 * row.cache_creation + 4 * row.cache_creation_1h
     )
-    assert list(row.as_json()) == ["model", "effective_from", *(r.field for r in RATES)]
+    assert list(row.as_json()) == [
+        "model",
+        "effective_from",
+        "service_tier",
+        *(r.field for r in RATES),
+        "unit_prices",
+        "long_context",
+    ]
     assert row == PriceRow(1, "m1", datetime(2026, 1, 1, tzinfo=UTC), *rates)

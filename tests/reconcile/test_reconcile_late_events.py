@@ -156,6 +156,7 @@ def test_report_3_settled_on_estimates_then_upstream_usage_adjusts(priced: TestC
         "input_tokens": 2,
         "cache_read_input_tokens": 0,
         "cache_creation_input_tokens": 0,
+        "cache_creation_1h_input_tokens": 0,
         "output_tokens_billed": 200,
         "output_tokens_delivered": 0,
         "output_tokens_undelivered": 200,

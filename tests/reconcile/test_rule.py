@@ -56,6 +56,7 @@ def price(
         output,
         cache_read,
         cache_creation,
+        cache_creation,  # one-hour cache writes: at the cache creation rate
     )
 
 
@@ -346,6 +347,7 @@ def test_attempts_are_summed_stalled_estimate_then_upstream() -> None:
         "input_tokens": 100,
         "cache_read_input_tokens": 0,
         "cache_creation_input_tokens": 0,
+        "cache_creation_1h_input_tokens": 0,
         "output_tokens_billed": 45,
         "output_tokens_delivered": 30,
         "output_tokens_undelivered": 15,
@@ -653,8 +655,9 @@ def test_ledger_key_change_reverses_then_settles_again() -> None:
         ("settlement", "key_a", "m2"),
     ]
     assert planned[0].reason.startswith("reversal")
+    # No disconnect and no delivered count: it delivered what it billed (CONTRACT v2).
     assert planned[0].tokens == -Tokens(
-        input_tokens=10, output_tokens_billed=20, output_tokens_undelivered=20
+        input_tokens=10, output_tokens_billed=20, output_tokens_delivered=20
     )
     assert ledger.tokens() == fig.tokens
     assert ledger.cost() == call_cost(target_lines(fig, book)) == 10 * 1_000_000 + 20 * 2_000_000
@@ -711,7 +714,9 @@ def test_ledger_token_fields_are_all_booked() -> None:
         ]
     )
     ledger.book(fig, PriceBook([SONNET]))
-    assert ledger.tokens().as_dict() == dict(zip(TOKEN_FIELDS, [1, 4, 5, 9, 3, 6, 6], strict=True))
+    assert ledger.tokens().as_dict() == dict(
+        zip(TOKEN_FIELDS, [1, 4, 5, 0, 9, 3, 6, 6], strict=True)
+    )
 
 
 def test_ledger_late_attempt_on_another_model_is_an_adjustment_not_a_second_settlement() -> None:

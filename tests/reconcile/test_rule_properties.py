@@ -146,7 +146,10 @@ def expected_attempt(events: list[dict[str, Any]]) -> dict[str, int]:
     else:
         billed = max(estimate["output_tokens"] if estimate else 0, generated, delivered)
     chosen = upstream or estimate
-    if chosen is not None:
+    # v2: without a disconnect and any delivered count, the attempt delivered what it billed.
+    if not any(e["type"] in ("stream.tokens", "stream.client_disconnected") for e in events):
+        delivered = billed
+    if chosen is not None and chosen.get("input_tokens") is not None:
         input_tokens = chosen["input_tokens"]
     else:
         starts = sorted(

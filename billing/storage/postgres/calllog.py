@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from billing.calllog.repository import RollupSlice, Sums
 from billing.rollups.buckets import Run
-from billing.storage.columns import ROLLUP_SUMMED, rollup_slice
+from billing.storage.columns import ROLLUP_SUMMED, UnitsIn, rollup_slice
 
 _INSTANT = DateTime(timezone=True)
 
@@ -33,7 +33,7 @@ PIECES = (
 )
 
 
-class PostgresCalllog:
+class PostgresCalllog(UnitsIn):
     """``CalllogRepository`` on PostgreSQL."""
 
     def rollup_sums(self, session: Session, runs: Sequence[Run], rows: RollupSlice) -> Sums:

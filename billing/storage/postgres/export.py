@@ -15,7 +15,13 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from billing.storage.columns import LEDGER_PRICES, TOKEN_SUMS, TOKENS, TOKENS_AS_TEXT
+from billing.storage.columns import (
+    EXPORT_TOKEN_SUMS,
+    EXPORT_TOKENS,
+    LEDGER_PRICES,
+    TOKENS_AS_TEXT,
+    extra_columns,
+)
 from billing.storage.rawcursor import fetch_chunks
 
 _PERIOD = "FROM ledger_entries WHERE booked_at >= %(since)s AND booked_at < %(until)s"
@@ -24,7 +30,7 @@ COUNT = f"SELECT count(*) {_PERIOD}"
 TOTALS = (
     "SELECT count(*), sum(CASE WHEN kind = 'settlement' THEN 1 ELSE 0 END), "
     "count(*) - count(cost_pusd), sum(cost_pusd / 1000000), sum(cost_pusd %% 1000000), "
-    f"{TOKEN_SUMS} {_PERIOD}"
+    f"{EXPORT_TOKEN_SUMS} {_PERIOD}"
 )
 #: ``booked_at`` as RFC 3339: microseconds only when they are not zero.
 _BOOKED_RFC3339 = (
@@ -33,13 +39,13 @@ _BOOKED_RFC3339 = (
 )
 CALLS = (
     f"SELECT CAST(entry_id AS TEXT), kind, reason, {_BOOKED_RFC3339}, request_id, api_key_id, "
-    f"model, protocol, status, {TOKENS_AS_TEXT}, {LEDGER_PRICES}, cost_pusd {_PERIOD} "
+    f"model, protocol, status, {TOKENS_AS_TEXT}, {LEDGER_PRICES}, cost_pusd{{extra}} {_PERIOD} "
     "ORDER BY booked_at, entry_id"
 )
 #: ``booked_at`` as SQLite stores it (``YYYY-MM-DD HH:MM:SS.ffffff``), as the labels read it.
 USAGE = (
     "SELECT to_char(booked_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US'), api_key_id, "
-    f"model, kind, {TOKENS}, cost_pusd {_PERIOD} ORDER BY booked_at, entry_id"
+    f"model, kind, {EXPORT_TOKENS}, cost_pusd{{extra}} {_PERIOD} ORDER BY booked_at, entry_id"
 )
 #: Chunks read ahead of the one being formatted.
 _READ_AHEAD = 2
@@ -57,14 +63,32 @@ class PostgresExport:
         return session.connection().exec_driver_sql(TOTALS, bound).one()
 
     def calls_chunks(
-        self, session: Session, since: datetime, until: datetime, size: int
+        self,
+        session: Session,
+        since: datetime,
+        until: datetime,
+        size: int,
+        extra: Sequence[str] = (),
     ) -> Iterator[list[Any]]:
-        return _prefetched(self._chunks(session, CALLS, since, until, size))
+        return _prefetched(
+            self._chunks(
+                session, CALLS.replace("{extra}", extra_columns(extra)), since, until, size
+            )
+        )
 
     def usage_chunks(
-        self, session: Session, since: datetime, until: datetime, size: int
+        self,
+        session: Session,
+        since: datetime,
+        until: datetime,
+        size: int,
+        extra: Sequence[str] = (),
     ) -> Iterator[list[Any]]:
-        return _prefetched(self._chunks(session, USAGE, since, until, size))
+        return _prefetched(
+            self._chunks(
+                session, USAGE.replace("{extra}", extra_columns(extra)), since, until, size
+            )
+        )
 
     def _chunks(
         self, session: Session, statement: str, since: datetime, until: datetime, size: int

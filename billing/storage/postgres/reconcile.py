@@ -65,6 +65,9 @@ _CALL_TYPES = {
     "error_type": "varchar",
     "stop_reason": "varchar",
     "last_received_at": "timestamptz",
+    "service_tier": "varchar",
+    "units": "text",
+    "other_models": "text",
     "api_key_id": "varchar",
     "model": "varchar",
     "started_at": "timestamptz",
@@ -76,7 +79,7 @@ _UPDATED = (*core.CALL_SET, *core.CALL_IDENTITY)
 def _set(name: str) -> str:
     if name == "settled_at":
         return "settled_at = COALESCE(calls.settled_at, u.settled_at)"
-    if name in ("metadata", "anomalies"):
+    if name in ("metadata", "anomalies", "units", "other_models"):
         return f"{name} = u.{name}::json"
     return f"{name} = u.{name}"
 

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from billing.calllog.repository import RollupSlice, Sums
 from billing.rollups.buckets import Run
-from billing.storage.columns import ROLLUP_SUMMED, rollup_slice
+from billing.storage.columns import ROLLUP_SUMMED, UnitsIn, rollup_slice
 from billing.storage.types import sqlite_text
 
 #: The runs, bound as one JSON array of ``[seg, level, lo, hi]`` (instants as stored text), as a
@@ -29,7 +29,7 @@ PIECES = (
 )
 
 
-class SqliteCalllog:
+class SqliteCalllog(UnitsIn):
     """``CalllogRepository`` on SQLite."""
 
     def rollup_sums(self, session: Session, runs: Sequence[Run], rows: RollupSlice) -> Sums:
