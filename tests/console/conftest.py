@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from billing.auth.tokens import ROLES, create_token, revoke_token
+from billing.dimensions import TOKEN_FIELDS
 from billing.storage.db import write_transaction
 from tests.conftest import FIXTURES
 
@@ -196,17 +197,7 @@ def table(page: str, table_id: str) -> Table:
 
 def usage_as_table(rows: list[dict[str, Any]], period: str) -> list[list[str]]:
     """``/v1/usage`` rows as the console's usage table shows them (null cost: "unpriced")."""
-    fields = [
-        "calls",
-        "input_tokens",
-        "cache_read_input_tokens",
-        "cache_creation_input_tokens",
-        "output_tokens_billed",
-        "output_tokens_delivered",
-        "output_tokens_undelivered",
-        "reasoning_tokens",
-        "cost_usd",
-    ]
+    fields = ["calls", *TOKEN_FIELDS, "cost_usd"]
     return [
         [str(row[period])] + ["unpriced" if row[f] is None else str(row[f]) for f in fields]
         for row in rows

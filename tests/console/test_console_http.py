@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 
 from billing.console.render import page
 from billing.console.views import drift_view
+from billing.dimensions import TOKEN_FIELDS
 from tests.console.conftest import (
     BULK_CALLS,
     BULK_KEY,
@@ -264,7 +265,15 @@ def test_the_call_page_tells_the_story_of_the_seed_stream(
     assert ledger.head[:4] == ["Entry", "Kind", "Reason", "Booked"]
     assert len(ledger.rows) == 1
     assert ledger.rows[0][1] == "settlement"
-    assert ledger.rows[0][4:] == ["22", "0", "0", "750", "380", "370", "0", "0.011316"]
+    booked = dict(zip(ledger.head[4:], ledger.rows[0][4:], strict=True))
+    assert booked == {
+        **dict.fromkeys(TOKEN_FIELDS, "0"),
+        "input_tokens": "22",
+        "output_tokens_billed": "750",
+        "output_tokens_delivered": "380",
+        "output_tokens_undelivered": "370",
+        "Cost (USD)": "0.011316",
+    }
     assert "None: the figures agree with each other." in body
 
 

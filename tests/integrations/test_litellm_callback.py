@@ -7,8 +7,10 @@ import os
 
 import pytest
 
+from tests.extras import import_or_skip
+
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no price map fetch at import
-litellm = pytest.importorskip("litellm", reason="needs the billing[litellm] extra")
+litellm = import_or_skip("litellm", "needs the billing[litellm] extra")
 
 from litellm.types.utils import Delta, ModelResponseStream, StreamingChoices  # noqa: E402
 

@@ -39,10 +39,11 @@ import pytest
 import yaml
 
 from tests.conftest import _free_port
+from tests.extras import import_or_skip
 from tests.fakes.upstream import FakeUpstream
 from tests.gateway.harness import Billing, Read, billing_server, wait_calls
 
-pytest.importorskip("litellm.proxy.proxy_server", reason="needs the billing[litellm] extra")
+import_or_skip("litellm.proxy.proxy_server", "needs the billing[litellm] extra")
 
 pytestmark = pytest.mark.slow
 

@@ -24,6 +24,7 @@ import pytest
 
 from billing.storage.migrate import head_revision
 from tests.conftest import _free_port
+from tests.extras import skip_unless_ci
 
 pytestmark = [pytest.mark.slow, pytest.mark.nodb]
 
@@ -36,7 +37,7 @@ WHEELHOUSE = Path(os.environ.get("BILLING_WHEELHOUSE", "/opt/pypi/files"))
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh venv with the project's wheel installed; returns its ``bin`` folder."""
     if not any(WHEELHOUSE.glob("setuptools-*.whl")):
-        pytest.skip(
+        skip_unless_ci(
             f"no setuptools wheel in {WHEELHOUSE} (set BILLING_WHEELHOUSE) to build offline"
         )
     tmp = tmp_path_factory.mktemp("wheel")
