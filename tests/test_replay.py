@@ -262,18 +262,23 @@ def test_replayed_fixture_bills_the_expected_usage(
     assert stored.get("anomalies", []) == expected.get("anomalies", [])
     assert ("stream.failed" in [e["type"] for e in events]) is (error is not None)
     if usage is not None:
+        # the call's figures are its ledger lines' sum: its own model's and its other models'
+        others = expected.get("other_models", [])
+
+        def total(key: str) -> int:
+            return int(usage[key]) + sum(int(other.get(key, 0)) for other in others)
+
         assert call["settled"] is True
         assert call["usage_source"] == "upstream"
-        assert call["output_tokens_billed"] == usage["output_tokens"]
+        assert call["output_tokens_billed"] == total("output_tokens")
+        # delivered and undelivered are the call's own model's output (an other model's output
+        # is never streamed to the client)
         assert call["output_tokens_delivered"] == usage["output_tokens"]
         assert call["output_tokens_undelivered"] == 0
-        for key in (
-            "input_tokens",
-            "cache_read_input_tokens",
-            "cache_creation_input_tokens",
-            "reasoning_tokens",
-        ):
-            assert call[key] == usage[key], key
+        for key in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"):
+            assert call[key] == total(key), key
+        assert call["reasoning_tokens"] == usage["reasoning_tokens"]
+        assert len(call["ledger_entries"]) == 1 + len(others) or call["cost_usd"] is None
         assert call["stop_reason"] == expected["stop_reason"]
         if error is None:
             assert call["status"] == "completed"

@@ -82,7 +82,7 @@ def parse_group_by(value: str) -> tuple[str, ...]:
 
 #: The query parameters of each export.
 PARAMETERS: dict[Kind, tuple[str, ...]] = {
-    "usage": ("since", "until", "group_by", "tz", "format"),
+    "usage": ("since", "until", "format", "group_by", "tz"),
     "calls": ("since", "until", "format"),
 }
 

@@ -143,7 +143,7 @@ def test_every_v1_route_declares_its_answers_and_its_auth(app: FastAPI) -> None:
                 assert content, (*where, status)
                 assert all(media.get("schema") for media in content.values()), (*where, status)
             assert operation["security"] == [{"bearer": []}], where
-    assert routes == 12
+    assert routes == 16
     body = document["paths"]["/v1/events"]["post"]["requestBody"]
     assert body["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/EventBatch"

@@ -199,22 +199,27 @@ def audit_call(events: list[dict[str, Any]], prices: list[PriceVersion]) -> Expe
                 anomalies.add("delivered_exceeds_billed")
         else:
             billed = max(estimate["output_tokens"] if estimate else 0, generated, delivered)
+        if not kinds["stream.tokens"] and not kinds["stream.client_disconnected"]:
+            delivered = billed  # no disconnect, no delivered count: all delivered (v2)
         if usage is not None:
-            inp = usage["input_tokens"]
             cread = usage.get("cache_read_input_tokens", 0)
             ccreate = usage.get("cache_creation_input_tokens", 0)
+            ccreate_1h = usage.get("cache_creation_1h_input_tokens", 0)
             reasoning = usage.get("reasoning_tokens", 0)
         else:
-            cread = ccreate = reasoning = 0
-            if own_start is not None and own_start.get("input_tokens") is not None:
-                inp = own_start["input_tokens"]
-            else:
-                inp = 0
-                anomalies.add("input_unknown")
+            cread = ccreate = ccreate_1h = reasoning = 0
+        if usage is not None and usage.get("input_tokens") is not None:
+            inp = usage["input_tokens"]
+        elif own_start is not None and own_start.get("input_tokens") is not None:
+            inp = own_start["input_tokens"]  # an estimate without input: the gateway's count
+        else:
+            inp = 0
+            anomalies.add("input_unknown")
         figures = {
             "input_tokens": inp,
             "cache_read_input_tokens": cread,
             "cache_creation_input_tokens": ccreate,
+            "cache_creation_1h_input_tokens": ccreate_1h,
             "output_tokens_billed": billed,
             "output_tokens_delivered": delivered,
             "output_tokens_undelivered": max(0, billed - delivered),
