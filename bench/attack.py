@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -345,12 +346,16 @@ def _event_batch(prefix: str, n: int) -> bytes:
     return json.dumps({"events": events}, separators=(",", ":")).encode()
 
 
-def post_json(port: int, path: str, body: bytes, timeout: float) -> tuple[int | str, float]:
-    """``POST path`` with a JSON body on a new connection: (status or error, seconds)."""
+def post_json(
+    port: int, path: str, body: bytes, timeout: float, token: str | None = None
+) -> tuple[int | str, float]:
+    """``POST path`` with a JSON body on a new connection (with ``token`` as its bearer, if
+    given): (status or error, seconds)."""
     started = time.monotonic()
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
     head = (
         f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        f"{auth}Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     ).encode()
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
@@ -406,8 +411,14 @@ def attack_blackhole(checkout: Path, url: str, hold_s: float) -> None:
         via = target.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
         server = Server(via, checkout)
         server.cli("migrate")
+        # the bodies attack made a token on this database: the posts here carry one of their own
+        made = server.cli("tokens", "create", "--role", "ingest").stdout
+        token = re.search(r"bt_[A-Za-z0-9_-]+", made)
+        assert token is not None, made
+        secret = token.group(0)
         with server, measured(server, f"database blackholed for {hold_s:g} s") as f:
-            assert post_json(server.port, "/v1/events", _event_batch("warm", 1), 30)[0] == 200
+            warm = post_json(server.port, "/v1/events", _event_batch("warm", 1), 30, secret)
+            assert warm[0] == 200, warm
             proxy.blackhole()
             started = time.monotonic()
             answers: list[tuple[int | str, float]] = []
@@ -418,7 +429,11 @@ def attack_blackhole(checkout: Path, url: str, hold_s: float) -> None:
 
                 def one(i: int = n) -> None:
                     answer = post_json(
-                        server.port, "/v1/events", _event_batch(f"bh{i}", 10), hold_s + 60
+                        server.port,
+                        "/v1/events",
+                        _event_batch(f"bh{i}", 10),
+                        hold_s + 60,
+                        secret,
                     )
                     with lock:
                         answers.append(answer)
@@ -430,7 +445,8 @@ def attack_blackhole(checkout: Path, url: str, hold_s: float) -> None:
                 time.sleep(0.5)
             proxy.resume()
             resumed = time.monotonic()
-            while post_json(server.port, "/v1/events", _event_batch("after", 1), 30)[0] != 200:
+            after = _event_batch("after", 1)
+            while post_json(server.port, "/v1/events", after, 30, secret)[0] != 200:
                 if time.monotonic() - resumed > 120:
                     break
                 time.sleep(0.2)
