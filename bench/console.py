@@ -96,7 +96,7 @@ def run(url: str, iterations: int) -> None:
     month = {"since": _iso(END - timedelta(days=30)), "until": _iso(END)}
     week = {"since": _iso(END - timedelta(days=7)), "until": _iso(END)}
     app = create_app(settings)
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://127.0.0.1") as client:
 
         def page(make: Callable[[int], str]) -> Callable[[int], object]:
             def go(i: int) -> object:
