@@ -13,7 +13,8 @@ Grain = Literal["day", "hour"]
 
 
 class OursRow(NamedTuple):
-    """Our calls started in one UTC slot, summed per provider, model and upstream account.
+    """Our calls started in one UTC slot, summed per provider, model, upstream account and
+    served tier (``calls.service_tier``, null where the upstream named none).
 
     ``slot`` is the slot's start as text, ``YYYY-MM-DD`` (day) or ``YYYY-MM-DD HH`` (hour);
     ``requests`` counts upstream attempts (a call not reconciled yet counts one); tokens in the
@@ -24,6 +25,7 @@ class OursRow(NamedTuple):
     provider: str | None
     model: str | None
     upstream_account: str | None
+    service_tier: str | None
     requests: int
     input_tokens: int
     cache_read_input_tokens: int

@@ -13,8 +13,8 @@
   Anthropic's cents made dollars). A slot's figures come from its finest complete buckets: for
   a day, daily buckets where the day has them, else its hourly (or minute) ones; for an hour,
   buckets of an hour or less (a daily bucket cannot be split).
-- Our calls have no served tier yet (``service_tier`` comes with the usage dimensions): grouped
-  by ``service_tier``, ours are under none.
+- The served tier of ours is the one the upstream said it served (``calls.service_tier``, CONTRACT
+  "Usage dimensions (v2)"); a call whose upstream named none is under none.
 - ``delta`` = theirs − ours per field, ``delta_pct`` = delta / ours × 100 (null when ours is 0
   and theirs is not); ``status``: ``missing_ours`` (the provider billed a group we have no
   calls for), ``missing_theirs`` (no report line for a group we have calls in), else ``match``
@@ -163,7 +163,7 @@ def drift_rows(session: Session, query: DriftQuery) -> list[dict[str, Any]]:
             grain: _ours_slot(row.slot),
             "model": row.model,
             "upstream_account": row.upstream_account,
-            "service_tier": None,
+            "service_tier": row.service_tier,
         }
         side = ours.setdefault(_key(query, values), _Side())
         for name in _TOKEN_FIELDS:

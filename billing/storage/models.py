@@ -212,6 +212,7 @@ class Call(TokenColumns, Base):
             "provider",
             "model",
             "upstream_account",
+            "service_tier",
             "attempts",
             "input_tokens",
             "cache_read_input_tokens",

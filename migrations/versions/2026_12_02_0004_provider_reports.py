@@ -25,6 +25,7 @@ DRIFT_INDEX = (
     "provider",
     "model",
     "upstream_account",
+    "service_tier",
     "attempts",
     "input_tokens",
     "cache_read_input_tokens",
@@ -35,7 +36,7 @@ DRIFT_INDEX = (
 
 SQLITE_DAY_INDEX = (
     "CREATE INDEX ix_calls_drift_day ON calls (substr(started_at, 1, 10), provider, model, "
-    "upstream_account, started_at, attempts, input_tokens, cache_read_input_tokens, "
+    "upstream_account, service_tier, started_at, attempts, input_tokens, cache_read_input_tokens, "
     "cache_creation_input_tokens, output_tokens_billed, cost_pusd)"
 )
 

@@ -37,6 +37,7 @@ def call(
     cache_read: int = 50,
     cache_creation: int = 0,
     output: int = 200,
+    tier: str | None = None,
     **started: Any,
 ) -> None:
     """One call of one attempt with the provider's usage (our token semantics: input without
@@ -64,6 +65,7 @@ def call(
             "cache_creation_input_tokens": cache_creation,
             "output_tokens": output,
             "source": "upstream",
+            **({"service_tier": tier} if tier else {}),
         },
     ]
     assert post(client, events).status_code == 200
@@ -498,3 +500,29 @@ def test_ours_are_the_calls_started_in_the_period_by_their_start(client: TestCli
     rows = drift(client, until="2026-11-12T00:00:00Z", group_by="model")
     assert [(r["ours"]["requests"], r["ours"]["output_tokens"]) for r in rows] == [(3, 216)]
     assert "day" not in rows[0]
+
+
+def test_by_served_tier_ours_are_the_tier_each_upstream_served(client: TestClient) -> None:
+    """Two calls served at ``priority`` and one at ``default`` (the tier the response named),
+    against OpenAI's usage grouped by ``service_tier``: a match per tier; a report line of a
+    tier we never served is ``missing_ours``."""
+    call(client, "p1", tier="priority")
+    call(client, "p2", tier="priority", at=DAY + timedelta(hours=11))
+    call(client, "d1", tier="default")
+    settle(client)
+    results = [
+        openai_usage_result("gpt-4o", 300, 100, 400, 2, service_tier="priority"),
+        openai_usage_result("gpt-4o", 150, 50, 200, 1, service_tier="default"),
+        openai_usage_result("gpt-4o", 10, 0, 5, 1, service_tier="flex"),
+    ]
+    report(client, "openai", "usage", openai_page([(DAY, results)]))
+    rows = drift(client, group_by="day,model,service_tier")
+    by_tier = {row["service_tier"]: row for row in rows}
+    assert {tier: row["status"] for tier, row in by_tier.items()} == {
+        "priority": "match",
+        "default": "match",
+        "flex": "missing_ours",
+    }
+    assert by_tier["priority"]["ours"] == figures(2, 200, 100, 0, 400, "0")
+    assert by_tier["default"]["ours"] == figures(1, 100, 50, 0, 200, "0")
+    assert rows[0]["service_tier"] == "flex"  # mismatches first

@@ -22,14 +22,14 @@ OURS = (
     "SELECT d.slot, a.* FROM generate_series("
     "date_trunc('{grain}', %(since)s AT TIME ZONE 'UTC'), "
     "%(until)s AT TIME ZONE 'UTC' - interval '1 microsecond', interval '1 {grain}') AS d(slot) "
-    "CROSS JOIN LATERAL (SELECT provider, model, upstream_account, "
+    "CROSS JOIN LATERAL (SELECT provider, model, upstream_account, service_tier, "
     "sum(greatest(attempts, 1))::bigint, sum(input_tokens)::bigint, "
     "sum(cache_read_input_tokens)::bigint, sum(cache_creation_input_tokens)::bigint, "
     "sum(output_tokens_billed)::bigint, coalesce(sum(cost_pusd), 0) FROM calls "
     "WHERE started_at >= greatest(d.slot AT TIME ZONE 'UTC', %(since)s) "
     "AND started_at < least((d.slot + interval '1 {grain}') AT TIME ZONE 'UTC', %(until)s) "
     "AND (%(provider)s::text IS NULL OR provider = %(provider)s::text) "
-    "GROUP BY provider, model, upstream_account) AS a"
+    "GROUP BY provider, model, upstream_account, service_tier) AS a"
 )
 
 
@@ -50,7 +50,7 @@ class PostgresDrift:
         )
         pattern = _SLOT[grain]
         return [
-            OursRow(row[0].strftime(pattern), *row[1:4], *(int(value) for value in row[4:]))
+            OursRow(row[0].strftime(pattern), *row[1:5], *(int(value) for value in row[5:]))
             for row in rows
         ]
 

@@ -4,7 +4,7 @@
 day is its first 10 characters and an hour its first 13. SQLite groups by sorting unless the
 rows come in the GROUP BY's order, and sorting a month of calls costs several times reading
 them: by day, the statement reads the expression index ``ix_calls_drift_day`` (the day, then
-provider, model, upstream account, then every figure it sums; made by migration 0004 on SQLite
+provider, model, upstream account, served tier, then every figure it sums; made by migration 0004 on SQLite
 only, since an ORM index cannot hold an expression of one dialect), in group order, without a
 sort. By hour it reads the covering index ``ix_calls_drift`` and sorts.
 """
@@ -26,16 +26,18 @@ _SUMS = (
 OURS = {
     "day": (
         "SELECT substr(started_at, 1, 10) AS slot, provider, model, upstream_account, "
+        "service_tier, "
         f"{_SUMS} FROM calls "
         "WHERE substr(started_at, 1, 10) BETWEEN substr(?1, 1, 10) AND substr(?2, 1, 10) "
         "AND started_at >= ?1 AND started_at < ?2 AND (?3 IS NULL OR provider = ?3) "
-        "GROUP BY substr(started_at, 1, 10), provider, model, upstream_account"
+        "GROUP BY substr(started_at, 1, 10), provider, model, upstream_account, service_tier"
     ),
     "hour": (
         "SELECT substr(started_at, 1, 13) AS slot, provider, model, upstream_account, "
+        "service_tier, "
         f"{_SUMS} FROM calls INDEXED BY ix_calls_drift "
         "WHERE started_at >= ?1 AND started_at < ?2 AND (?3 IS NULL OR provider = ?3) "
-        "GROUP BY slot, provider, model, upstream_account"
+        "GROUP BY slot, provider, model, upstream_account, service_tier"
     ),
 }
 
