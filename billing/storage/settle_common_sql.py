@@ -142,13 +142,14 @@ DECLINED_USAGE_FIELDS: tuple[str, ...] = tuple(
 )
 
 
-def declined_usage(body: str, find: str) -> str:
+def declined_usage(body: str, percent: str) -> str:
     """The condition that the usage ``body`` (a column) holds no key of
-    ``DECLINED_USAGE_FIELDS``; ``find`` is the dialect's substring search with the arguments
-    (text, needle) and 0 for none (SQLite ``instr``, PostgreSQL ``strpos``): a plain byte search,
-    several times cheaper per call than a ``LIKE`` with a leading wildcard."""
+    ``DECLINED_USAGE_FIELDS``; ``percent`` is the dialect's ``LIKE`` wildcard as its statement
+    text writes it (``%``, or ``%%`` with ``%(name)s`` parameters). A ``_`` in a name matches
+    any one character: at worst a call goes to the rule."""
     return "".join(
-        f"\n                AND {find}({body}, '\"{name}\":') = 0" for name in DECLINED_USAGE_FIELDS
+        f"\n                AND {body} NOT LIKE '{percent}\"{name}\":{percent}'"
+        for name in DECLINED_USAGE_FIELDS
     )
 
 

@@ -76,7 +76,7 @@ WITH f AS MATERIALIZED (
             CASE WHEN dj.output_tokens_generated IS NULL THEN 0
                 WHEN json_typeof(dj.output_tokens_generated) = 'number'
                 THEN (dj.output_tokens_generated::text)::bigint END AS disconnect_generated,
-            (strpos(ue.body, ':null') = 0{shared.declined_usage("ue.body", "strpos")}
+            (ue.body NOT LIKE '%%:null%%'{shared.declined_usage("ue.body", "%%")}
                 AND json_typeof(uj.input_tokens) = 'number'
                 AND json_typeof(uj.output_tokens) = 'number'
                 AND coalesce(json_typeof(uj.cache_read_input_tokens), 'number') = 'number'

@@ -78,7 +78,7 @@ FROM (
         json_extract(u.body, '$.stop_reason') AS stop_reason,
         json_extract(d.body, '$.output_tokens_delivered') AS disconnect_delivered,
         coalesce(json_extract(d.body, '$.output_tokens_generated'), 0) AS disconnect_generated,
-        (instr(u.body, ':null') = 0{shared.declined_usage("u.body", "instr")}
+        (u.body NOT LIKE '%:null%'{shared.declined_usage("u.body", "%")}
             AND typeof(json_extract(u.body, '$.input_tokens')) = 'integer'
             AND typeof(json_extract(u.body, '$.output_tokens')) = 'integer'
             AND typeof(coalesce(json_extract(u.body, '$.cache_read_input_tokens'), 0)) = 'integer'
