@@ -4,9 +4,9 @@
 day is its first 10 characters and an hour its first 13. SQLite groups by sorting unless the
 rows come in the GROUP BY's order, and sorting a month of calls costs several times reading
 them: by day, the statement reads the expression index ``ix_calls_drift_day`` (the day, then
-provider, model, upstream account, served tier, then every figure it sums; made by migration 0004 on SQLite
-only, since an ORM index cannot hold an expression of one dialect), in group order, without a
-sort. By hour it reads the covering index ``ix_calls_drift`` and sorts.
+provider, model, upstream account, served tier, then every figure it sums; made by migration
+0004 on SQLite only, since an ORM index cannot hold an expression of one dialect), in group
+order, without a sort. By hour it reads the covering index ``ix_calls_drift`` and sorts.
 """
 
 from __future__ import annotations
