@@ -16,30 +16,26 @@ every page (CONTRACT "Console (v2)"). Figures go to ``bench/README.md``.
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import sys
-import tempfile
-import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from urllib.parse import quote, urlencode
 
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine, func, select, text
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from queries import END, seed, timed  # noqa: E402
+from queries import END, seed_arguments, seeded_url, timed  # noqa: E402
 
 from billing.api.app import create_app  # noqa: E402
 from billing.calllog.queries import list_calls, parse_calls_query  # noqa: E402
 from billing.settings import Settings  # noqa: E402
 from billing.storage.db import make_engine, make_sessionmaker, read_transaction  # noqa: E402
-from billing.storage.migrate import upgrade_to_head  # noqa: E402
 from billing.storage.models import Call  # noqa: E402
 
 TARGET_MS = 100.0
@@ -150,28 +146,9 @@ def run(url: str, iterations: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--calls", type=int, default=1_000_000)
-    parser.add_argument("--keys", type=int, default=1_000)
-    parser.add_argument("--models", type=int, default=10)
-    parser.add_argument("--iterations", type=int, default=100)
-    parser.add_argument(
-        "--reuse", action="store_true", help="keep the database if it already holds --calls calls"
-    )
+    seed_arguments(parser, iterations=100)
     args = parser.parse_args()
-    default = Path(tempfile.gettempdir()) / "billing-bench-console.db"
-    url = os.environ.get("BILLING_DATABASE_URL", f"sqlite:///{default}")
-    url = Settings(database_url=url).database_url
-    upgrade_to_head(url)
-    engine = create_engine(url)
-    with engine.connect() as conn:
-        present = conn.scalar(text("SELECT count(*) FROM calls"))
-    if not (args.reuse and present == args.calls):
-        print(f"seeding {args.calls:,} calls into {engine.url.render_as_string()}")
-        started = time.perf_counter()
-        seed(engine, args.calls, args.keys, args.models)
-        print(f"  seeded in {time.perf_counter() - started:.1f} s")
-    engine.dispose()
-    run(url, args.iterations)
+    run(seeded_url("console", args), args.iterations)
 
 
 if __name__ == "__main__":

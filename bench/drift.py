@@ -21,9 +21,7 @@ Target at 1M calls: p95 under 500 ms on both databases.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
@@ -35,7 +33,7 @@ from sqlalchemy import create_engine, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from queries import END, seed, timed
+from queries import END, seed_arguments, seeded_url, timed
 
 from billing.drift.schemas import DriftQuery
 from billing.drift.service import drift_rows
@@ -48,7 +46,6 @@ from billing.storage.db import (
     read_transaction,
     write_transaction,
 )
-from billing.storage.migrate import upgrade_to_head
 
 SINCE = END - timedelta(days=31)
 #: The provider and upstream account of each seeded call, per database (its request id's last
@@ -208,28 +205,10 @@ def run(url: str, iterations: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--calls", type=int, default=1_000_000)
-    parser.add_argument("--keys", type=int, default=1_000)
-    parser.add_argument("--models", type=int, default=10)
+    seed_arguments(parser, iterations=20)
     parser.add_argument("--accounts", type=int, default=4)
-    parser.add_argument("--iterations", type=int, default=20)
-    parser.add_argument(
-        "--reuse", action="store_true", help="keep the database if it already holds --calls calls"
-    )
     args = parser.parse_args()
-    default = Path(tempfile.gettempdir()) / "billing-bench-drift.db"
-    url = os.environ.get("BILLING_DATABASE_URL", f"sqlite:///{default}")
-    url = Settings(database_url=url).database_url
-    upgrade_to_head(url)
-    engine = create_engine(url)
-    with engine.connect() as conn:
-        present = conn.scalar(text("SELECT count(*) FROM calls"))
-    engine.dispose()
-    if not (args.reuse and present == args.calls):
-        print(f"seeding {args.calls:,} calls into {url}")
-        started = time.perf_counter()
-        seed(create_engine(url), args.calls, args.keys, args.models)
-        print(f"  seeded in {time.perf_counter() - started:.1f} s")
+    url = seeded_url("drift", args)
     label(url, args.accounts)
     run(url, args.iterations)
 

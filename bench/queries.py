@@ -577,18 +577,22 @@ def run(url: str, iterations: int, http_iterations: int) -> None:
         )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def seed_arguments(parser: argparse.ArgumentParser, iterations: int) -> None:
+    """The options of a benchmark over this script's seed: its size, the timed iterations and
+    ``--reuse`` (shared by ``queries.py``, ``console.py`` and ``drift.py``)."""
     parser.add_argument("--calls", type=int, default=1_000_000)
     parser.add_argument("--keys", type=int, default=1_000)
     parser.add_argument("--models", type=int, default=10)
-    parser.add_argument("--iterations", type=int, default=200)
-    parser.add_argument("--http-iterations", type=int, default=100)
+    parser.add_argument("--iterations", type=int, default=iterations)
     parser.add_argument(
         "--reuse", action="store_true", help="keep the database if it already holds --calls calls"
     )
-    args = parser.parse_args()
-    default = Path(tempfile.gettempdir()) / "billing-bench-queries.db"
+
+
+def seeded_url(name: str, args: argparse.Namespace) -> str:
+    """The database URL (``BILLING_DATABASE_URL``, else ``$TMPDIR/billing-bench-{name}.db``),
+    migrated and seeded with ``args.calls`` calls unless ``--reuse`` finds them there."""
+    default = Path(tempfile.gettempdir()) / f"billing-bench-{name}.db"
     url = os.environ.get("BILLING_DATABASE_URL", f"sqlite:///{default}")
     url = Settings(database_url=url).database_url
     upgrade_to_head(url)
@@ -601,7 +605,15 @@ def main() -> None:
         seed(engine, args.calls, args.keys, args.models)
         print(f"  seeded in {time.perf_counter() - started:.1f} s")
     engine.dispose()
-    run(url, args.iterations, args.http_iterations)
+    return url
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    seed_arguments(parser, iterations=200)
+    parser.add_argument("--http-iterations", type=int, default=100)
+    args = parser.parse_args()
+    run(seeded_url("queries", args), args.iterations, args.http_iterations)
 
 
 if __name__ == "__main__":
