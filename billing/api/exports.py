@@ -59,7 +59,7 @@ def _stream(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
     yield from rest
 
 
-async def _export(request: Request, kind: Kind) -> StreamingResponse:
+async def export_response(request: Request, kind: Kind) -> StreamingResponse:
     """Check the query string (``parse_params``), then stream the export."""
     query = request.query_params
     params = parse_params(
@@ -93,7 +93,7 @@ async def _export(request: Request, kind: Kind) -> StreamingResponse:
 async def usage_csv(request: Request) -> StreamingResponse:
     """One row per group (default ``day,api_key_id,model``): group columns, ``calls`` and the token
     totals, ``cost_usd``; ``X-Billing-Period: closed|provisional``. See ``billing.export``."""
-    return await _export(request, "usage")
+    return await export_response(request, "usage")
 
 
 @router.get(
@@ -104,4 +104,4 @@ async def usage_csv(request: Request) -> StreamingResponse:
 async def calls_csv(request: Request) -> StreamingResponse:
     """One row per ledger entry, by ``booked_at`` then ``entry_id``, with its prices and cost;
     ``X-Billing-Period: closed|provisional``. See ``billing.export``."""
-    return await _export(request, "calls")
+    return await export_response(request, "calls")

@@ -43,7 +43,6 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi.routing import APIRoute
-from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -139,11 +138,7 @@ class RequestLimits:
             )
         if await self._auth_enabled():
             presented = bearer(headers.get("authorization", ""))
-            cache = self.tokens()
-            known, role = cache.cached_role(presented)
-            if not known:
-                role = await run_in_threadpool(cache.role, presented)
-            known_role(role)
+            known_role(await self.tokens().role_async(presented))
         limit = self.body_limits.get(path, self.settings.max_body_bytes)
         declared = headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -176,11 +171,7 @@ class RequestLimits:
         return _replay(body, receive)
 
     async def _auth_enabled(self) -> bool:
-        cache = self.tokens()
-        known = cache.cached_auth_enabled()
-        if known is not None:
-            return known
-        return await run_in_threadpool(cache.auth_enabled)
+        return await self.tokens().auth_enabled_async()
 
 
 def declare(routes: list[Any]) -> None:

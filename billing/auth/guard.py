@@ -18,6 +18,7 @@ from fastapi import Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
 
 from billing.auth.tokens import TokenInfo, find_token, hash_token, record_use, token_count
 from billing.errors import Forbidden, Unauthorized
@@ -101,6 +102,22 @@ class TokenCache:
         if hit is None or time.monotonic() - hit[0] >= self._ttl:
             return False, None
         return True, self._role(hit[1])
+
+    async def auth_enabled_async(self) -> bool:
+        """``auth_enabled()`` for async code: the cached answer, else the lookup on a worker
+        thread (the event loop never waits on the database)."""
+        known = self.cached_auth_enabled()
+        if known is not None:
+            return known
+        return await run_in_threadpool(self.auth_enabled)
+
+    async def role_async(self, presented: str) -> str | None:
+        """``role(presented)`` for async code: the cached answer, else the lookup on a worker
+        thread."""
+        known, role = self.cached_role(presented)
+        if known:
+            return role
+        return await run_in_threadpool(self.role, presented)
 
     def role(self, presented: str) -> str | None:
         """The role of a presented token (None: unknown, revoked or expired)."""

@@ -59,15 +59,15 @@ def tokens(request: Request) -> TokenCache:
     return cache
 
 
-def viewer_of(request: Request) -> Viewer | None:
+async def viewer_of(request: Request) -> Viewer | None:
     """The viewer of ``request``; None when tokens exist and the cookie holds no valid one."""
     cache = tokens(request)
-    if not cache.auth_enabled():
+    if not await cache.auth_enabled_async():
         return Viewer("admin", open=True)
     presented = request.cookies.get(COOKIE, "").strip()
     if not presented:
         return None
-    role = cache.role(presented)
+    role = await cache.role_async(presented)
     return None if role is None else Viewer(role, open=False)
 
 

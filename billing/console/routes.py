@@ -18,7 +18,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 from sqlalchemy.orm import Session
 
-from billing.api.exports import _export as export_csv
+from billing.api.exports import export_response
 from billing.api.state import AppState, get_state, read
 from billing.console import access, views
 from billing.console.access import Viewer
@@ -42,10 +42,10 @@ def _items(request: Request) -> list[tuple[str, str]]:
     return [(k, v) for k, v in request.query_params.multi_items() if v.strip()]
 
 
-def _gate(request: Request, page_name: str) -> Viewer | Response:
+async def _gate(request: Request, page_name: str) -> Viewer | Response:
     """The viewer when they may see ``page_name``; else the answer: to the sign-in page (no
     valid session) or a 403 page naming the roles it needs."""
-    viewer = access.viewer_of(request)
+    viewer = await access.viewer_of(request)
     if viewer is None:
         return RedirectResponse(_SIGN_IN, status_code=303)
     if not viewer.may(page_name):
@@ -97,7 +97,7 @@ def _choices() -> dict[str, Any]:
 @router.get("/")
 async def home(request: Request) -> Response:
     """To the first page the viewer may see (or to the sign-in page)."""
-    viewer = access.viewer_of(request)
+    viewer = await access.viewer_of(request)
     pages = viewer.pages() if viewer else []
     return RedirectResponse(f"/console/{pages[0][0]}" if pages else _SIGN_IN, status_code=303)
 
@@ -105,7 +105,7 @@ async def home(request: Request) -> Response:
 @router.get("/sign-in")
 async def sign_in_form(request: Request) -> Response:
     """The sign-in form (a password field for the token)."""
-    viewer = access.viewer_of(request)
+    viewer = await access.viewer_of(request)
     return render("sign_in.html", {"viewer": viewer, "current": "sign-in", "message": None})
 
 
@@ -127,7 +127,7 @@ async def sign_in(request: Request) -> Response:
     body = await request.body()
     fields = dict(parse_qsl(body.decode("utf-8", "replace")))
     token = fields.get("token", "").strip()
-    role = access.tokens(request).role(token) if token else None
+    role = await access.tokens(request).role_async(token) if token else None
     if role is None:
         return _sign_in_page("Paste a token." if not token else _UNKNOWN, 401)
     viewer = Viewer(role, open=False)
@@ -151,7 +151,7 @@ async def sign_out(request: Request) -> Response:
 @router.get("/calls")
 async def calls(request: Request) -> Response:
     """The call log (``GET /v1/calls``'s parameters), newest first, page by page."""
-    viewer = _gate(request, "calls")
+    viewer = await _gate(request, "calls")
     if isinstance(viewer, Response):
         return viewer
     items = _items(request)
@@ -164,7 +164,7 @@ async def calls(request: Request) -> Response:
 @router.get("/calls/{request_id:path}")
 async def call(request: Request, request_id: str) -> Response:
     """One call (``GET /v1/calls/{request_id}``): figures, output bar, timeline, ledger."""
-    viewer = _gate(request, "calls")
+    viewer = await _gate(request, "calls")
     if isinstance(viewer, Response):
         return viewer
     return await _show(
@@ -175,7 +175,7 @@ async def call(request: Request, request_id: str) -> Response:
 @router.get("/usage")
 async def usage(request: Request) -> Response:
     """Usage over time (``GET /v1/usage``'s parameters, by hour or day): charts and table."""
-    viewer = _gate(request, "usage")
+    viewer = await _gate(request, "usage")
     if isinstance(viewer, Response):
         return viewer
     items = views.usage_defaults(_items(request), datetime.now(UTC))
@@ -188,7 +188,7 @@ async def usage(request: Request) -> Response:
 @router.get("/budgets")
 async def budgets(request: Request) -> Response:
     """Budgets: not built yet (issue #25)."""
-    viewer = _gate(request, "budgets")
+    viewer = await _gate(request, "budgets")
     if isinstance(viewer, Response):
         return viewer
     return render("budgets.html", {"viewer": viewer, "current": "budgets"})
@@ -198,7 +198,7 @@ async def budgets(request: Request) -> Response:
 async def drift(request: Request) -> Response:
     """The drift table (``GET /v1/drift``'s parameters; the last 7 UTC days by default),
     mismatches first."""
-    viewer = _gate(request, "drift")
+    viewer = await _gate(request, "drift")
     if isinstance(viewer, Response):
         return viewer
     items = views.period_defaults(_items(request), datetime.now(UTC), days=7)
@@ -215,7 +215,7 @@ async def drift(request: Request) -> Response:
 @router.get("/exports")
 async def exports(request: Request) -> Response:
     """Download links for a period (the exports' parameters; yesterday in UTC by default)."""
-    viewer = _gate(request, "exports")
+    viewer = await _gate(request, "exports")
     if isinstance(viewer, Response):
         return viewer
     now = datetime.now(UTC)
@@ -235,16 +235,16 @@ async def exports(request: Request) -> Response:
 async def usage_csv(request: Request) -> Response:
     """``GET /v1/exports/usage.csv``'s bytes for a signed-in viewer (the cookie stands for the
     bearer token a browser link cannot send)."""
-    viewer = _gate(request, "exports")
+    viewer = await _gate(request, "exports")
     if isinstance(viewer, Response):
         return viewer
-    return await export_csv(request, "usage")
+    return await export_response(request, "usage")
 
 
 @router.get("/exports/calls.csv")
 async def calls_csv(request: Request) -> Response:
     """``GET /v1/exports/calls.csv``'s bytes for a signed-in viewer."""
-    viewer = _gate(request, "exports")
+    viewer = await _gate(request, "exports")
     if isinstance(viewer, Response):
         return viewer
-    return await export_csv(request, "calls")
+    return await export_response(request, "calls")
