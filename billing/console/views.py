@@ -25,6 +25,7 @@ from billing.calllog.views import call_json
 from billing.console.chart import bar_chart, output_bar
 from billing.console.words import anomaly_words, event_title
 from billing.dimensions import TOKEN_FIELDS
+from billing.drift.schemas import FIELDS as DRIFT_FIELDS
 from billing.errors import FieldError, ValidationFailed
 from billing.export.params import parse_params
 from billing.export.service import period_label
@@ -191,15 +192,6 @@ def period_defaults(items: Items, now: datetime, days: int) -> list[tuple[str, s
 
 #: The keys of a drift row that are not group keys (CONTRACT "Provider reports and drift").
 DRIFT_FIGURES = ("ours", "theirs", "delta", "delta_pct", "status")
-#: The fields of ``ours``/``theirs``/``delta``, in the contract's order.
-DRIFT_FIELDS = (
-    "requests",
-    "input_tokens",
-    "cache_read_input_tokens",
-    "cache_creation_input_tokens",
-    "output_tokens",
-    "cost_usd",
-)
 
 
 def drift_view(rows: list[dict[str, Any]]) -> dict[str, Any]:
