@@ -13,14 +13,40 @@ from sqlalchemy.orm import Session
 Grain = Literal["day", "hour"]
 
 
-def whole_hours(since: datetime, until: datetime) -> tuple[datetime, datetime]:
-    """The first whole UTC hour in ``[since, until)`` and the end of the last (``drift_rollups``
-    holds those; the first is not before the end when there is none)."""
-    since = since.astimezone(UTC)
-    first = since.replace(minute=0, second=0, microsecond=0)
-    if first != since:
-        first += timedelta(hours=1)
-    return first, until.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+#: ``drift_rollups.level``: UTC hours, UTC days.
+HOUR, DAY = 0, 1
+#: A span of time, ``[start, end)``.
+Span = tuple[datetime, datetime]
+
+
+def _floor(at: datetime, level: int) -> datetime:
+    at = at.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+    return at.replace(hour=0) if level == DAY else at
+
+
+def _ceil(at: datetime, level: int) -> datetime:
+    floor = _floor(at, level)
+    if floor == at:
+        return floor
+    return floor + (timedelta(days=1) if level == DAY else timedelta(hours=1))
+
+
+def spans(
+    since: datetime, until: datetime, grain: Grain
+) -> tuple[list[Span], Span | None, list[tuple[int, Span]]]:
+    """How ``[since, until)`` is read at ``grain``: the ragged spans (less than an hour at either
+    end) from ``calls``; the whole hours (None: none) from ``drift_rollups`` and, for the calls
+    it does not hold, from ``calls``; and the rollup's spans, as ``(level, span)``: whole days
+    at the day level where the grain is a day, the hours around them at the hour level."""
+    first, end = _ceil(since, HOUR), _floor(until, HOUR)
+    if first >= end:
+        return [(since, until)], None, []
+    ragged = [(a, b) for a, b in ((since, first), (end, until)) if a < b]
+    day_first, day_end = _ceil(first, DAY), _floor(end, DAY)
+    if grain == "hour" or day_first >= day_end:
+        return ragged, (first, end), [(HOUR, (first, end))]
+    hours = [(HOUR, (a, b)) for a, b in ((first, day_first), (day_end, end)) if a < b]
+    return ragged, (first, end), [(DAY, (day_first, day_end)), *hours]
 
 
 class OursRow(NamedTuple):
@@ -77,12 +103,17 @@ class DriftRepository(Protocol):
         row; the caller says which calls it holds."""
         ...
 
+    def day_of(self, hour: Any) -> Any:
+        """The day of a ``RollupKey``'s hour, as the driver gives a ``bucket_start``."""
+        ...
+
     def add(self, session: Session, rows: Sequence[tuple[Any, ...]]) -> None:
-        """Add ``(*RollupKey, *RollupSums)`` rows (in key order, the lock order of every
-        reconciler) into ``drift_rollups``: ``x = x + excluded.x``."""
+        """Add ``(level, bucket_start, *RollupKey[1:], *RollupSums)`` rows (in key order, the
+        lock order of every reconciler) into ``drift_rollups``: ``x = x + excluded.x``."""
         ...
 
     def rebuild(self, session: Session) -> None:
         """Empty ``drift_rollups`` and sum into it every settled call with a start and a
-        ``stream.started`` (no ``started_missing`` anomaly), set-based."""
+        ``stream.started`` (no ``started_missing`` anomaly), by hour, then the hours by day,
+        set-based."""
         ...

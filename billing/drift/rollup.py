@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from billing.drift.repository import RollupKey, RollupSums
+from billing.drift.repository import DAY, HOUR, RollupKey, RollupSums
 from billing.reconcile.rule import STARTED_MISSING
 from billing.storage.store import store_for
 
@@ -38,16 +38,27 @@ def before_writes(session: Session, calls: Iterable[Any]) -> Contributions:
 
 def after_writes(session: Session, before: Contributions, request_ids: Sequence[str]) -> None:
     """Replace ``before`` by what the calls ``request_ids`` (those the rollup holds, as the step
-    wrote them) add: one upsert, rows in key order (one lock order for every reconciler), rows
-    that change nothing left out."""
+    wrote them) add, in the rows of their hours and days: one upsert, rows in key order (one
+    lock order for every reconciler), rows that change nothing left out."""
     store = store_for(session).drift
-    deltas = {key: [-value for value in sums] for key, sums in before.items()}
+    deltas: dict[tuple[Any, ...], list[int]] = {}
+    changes = [(key, sums, -1) for key, sums in before.items()]
     if request_ids:
-        for key, sums in store.contributions(session, request_ids).items():
-            old = deltas.get(key)
-            deltas[key] = sums if old is None else [a + b for a, b in zip(old, sums, strict=True)]
-    rows = [(*key, *deltas[key]) for key in sorted(deltas) if any(deltas[key])]
-    store.add(session, rows)
+        changes += [
+            (key, sums, 1) for key, sums in store.contributions(session, request_ids).items()
+        ]
+    days: dict[Any, Any] = {}
+    for (hour, *labels), sums, sign in changes:
+        day = days.get(hour)
+        if day is None:
+            day = days[hour] = store.day_of(hour)
+        for row in ((HOUR, hour, *labels), (DAY, day, *labels)):
+            old = deltas.get(row)
+            signed = [sign * value for value in sums]
+            deltas[row] = (
+                signed if old is None else [a + b for a, b in zip(old, signed, strict=True)]
+            )
+    store.add(session, [(*row, *deltas[row]) for row in sorted(deltas) if any(deltas[row])])
 
 
 def rebuild(session: Session) -> None:

@@ -387,8 +387,9 @@ class UsageRollupKeyless(Base):
 
 
 class DriftRollup(Base):
-    """The drift's "ours" (``billing.drift``) per UTC hour of the calls' start, provider, model,
-    upstream account and served tier, kept by the reconciler (``billing.drift.rollup``).
+    """The drift's "ours" (``billing.drift``) per UTC hour (``level`` 0) and UTC day (``level``
+    1) of the calls' start, provider, model, upstream account and served tier, kept by the
+    reconciler (``billing.drift.rollup``).
 
     It sums the settled calls that have a ``stream.started`` (the others are read from
     ``calls`` by the drift: open calls, and the key-less ones listed in
@@ -401,7 +402,8 @@ class DriftRollup(Base):
 
     __tablename__ = "drift_rollups"
 
-    hour: Mapped[datetime] = mapped_column(UTCDateTime, primary_key=True)
+    level: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
+    bucket_start: Mapped[datetime] = mapped_column(UTCDateTime, primary_key=True)
     provider: Mapped[str] = mapped_column(String(64), primary_key=True)
     model: Mapped[str] = mapped_column(String(256), primary_key=True)
     upstream_account: Mapped[str] = mapped_column(String(128), primary_key=True)

@@ -1,4 +1,4 @@
-"""drift rollup: drift_rollups, ours per UTC hour (billing.drift.rollup), backfilled from calls
+"""drift rollup: drift_rollups, ours per UTC hour and day (billing.drift.rollup), backfilled
 
 Revision ID: 0005_drift_rollup
 Revises: 0004
@@ -19,33 +19,42 @@ depends_on: str | Sequence[str] | None = None
 UTC_DATETIME = sa.DateTime(timezone=True)
 PICO = 10**12
 _COLUMNS = (
-    "hour, provider, model, upstream_account, service_tier, calls, requests, input_tokens, "
-    "cache_read_input_tokens, cache_creation_input_tokens, output_tokens, cost_whole_usd, "
-    "cost_frac_pusd"
+    "level, bucket_start, provider, model, upstream_account, service_tier, calls, requests, "
+    "input_tokens, cache_read_input_tokens, cache_creation_input_tokens, output_tokens, "
+    "cost_whole_usd, cost_frac_pusd"
 )
+_SUMMED = ", ".join(f"sum({name})" for name in _COLUMNS.split(", ")[6:])
 #: The settled calls with a start and a stream.started (no "started_missing" among their
-#: anomalies, a JSON list of codes), as billing.storage.{sqlite,postgres}.drift.REBUILD sums them.
+#: anomalies, a JSON list of codes) by hour (level 0), then the hours by day (level 1), as
+#: billing.storage.{sqlite,postgres}.drift.REBUILD and REBUILD_DAYS sum them.
 BACKFILL = {
     "sqlite": (
         f"INSERT INTO drift_rollups ({_COLUMNS}) "
-        "SELECT substr(started_at, 1, 13) || ':00:00.000000', coalesce(provider, ''), "
+        "SELECT 0, substr(started_at, 1, 13) || ':00:00.000000', coalesce(provider, ''), "
         "coalesce(model, ''), coalesce(upstream_account, ''), coalesce(service_tier, ''), "
         "count(*), sum(max(attempts, 1)), sum(input_tokens), sum(cache_read_input_tokens), "
         "sum(cache_creation_input_tokens), sum(output_tokens_billed), "
         f"sum(coalesce(cost_pusd, 0) / {PICO}), sum(coalesce(cost_pusd, 0) % {PICO}) "
         "FROM calls WHERE settled = 1 AND started_at IS NOT NULL "
-        "AND instr(anomalies, '\"started_missing\"') = 0 GROUP BY 1, 2, 3, 4, 5"
+        "AND instr(anomalies, '\"started_missing\"') = 0 GROUP BY 2, 3, 4, 5, 6",
+        f"INSERT INTO drift_rollups ({_COLUMNS}) SELECT 1, "
+        "substr(bucket_start, 1, 10) || ' 00:00:00.000000', provider, model, upstream_account, "
+        f"service_tier, {_SUMMED} FROM drift_rollups WHERE level = 0 GROUP BY 2, 3, 4, 5, 6",
     ),
     "postgresql": (
         f"INSERT INTO drift_rollups ({_COLUMNS}) "
-        "SELECT date_trunc('hour', started_at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC', "
+        "SELECT 0, date_trunc('hour', started_at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC', "
         "coalesce(provider, ''), coalesce(model, ''), coalesce(upstream_account, ''), "
         "coalesce(service_tier, ''), count(*), sum(greatest(attempts, 1)), sum(input_tokens), "
         "sum(cache_read_input_tokens), sum(cache_creation_input_tokens), "
         f"sum(output_tokens_billed), sum(coalesce(cost_pusd, 0) / {PICO}), "
         f"sum(mod(coalesce(cost_pusd, 0), {PICO})) "
         "FROM calls WHERE settled AND started_at IS NOT NULL "
-        "AND strpos(anomalies::text, '\"started_missing\"') = 0 GROUP BY 1, 2, 3, 4, 5"
+        "AND strpos(anomalies::text, '\"started_missing\"') = 0 GROUP BY 2, 3, 4, 5, 6",
+        f"INSERT INTO drift_rollups ({_COLUMNS}) SELECT 1, "
+        "date_trunc('day', bucket_start AT TIME ZONE 'UTC') AT TIME ZONE 'UTC', provider, model, "
+        f"upstream_account, service_tier, {_SUMMED} FROM drift_rollups WHERE level = 0 "
+        "GROUP BY 2, 3, 4, 5, 6",
     ),
 }
 
@@ -57,7 +66,8 @@ def _counter(name: str) -> sa.Column:
 def upgrade() -> None:
     op.create_table(
         "drift_rollups",
-        sa.Column("hour", UTC_DATETIME, nullable=False),
+        sa.Column("level", sa.SmallInteger(), nullable=False),
+        sa.Column("bucket_start", UTC_DATETIME, nullable=False),
         sa.Column("provider", sa.String(length=64), nullable=False),
         sa.Column("model", sa.String(length=256), nullable=False),
         sa.Column("upstream_account", sa.String(length=128), nullable=False),
@@ -76,10 +86,17 @@ def upgrade() -> None:
             )
         ),
         sa.PrimaryKeyConstraint(
-            "hour", "provider", "model", "upstream_account", "service_tier", name="pk_drift_rollups"
+            "level",
+            "bucket_start",
+            "provider",
+            "model",
+            "upstream_account",
+            "service_tier",
+            name="pk_drift_rollups",
         ),
     )
-    op.execute(BACKFILL[op.get_bind().dialect.name])
+    for statement in BACKFILL[op.get_bind().dialect.name]:
+        op.execute(statement)
 
 
 def downgrade() -> None:

@@ -27,9 +27,11 @@ PRICE = {
     "cache_read_usd_per_mtok": "1.25",
     "cache_creation_usd_per_mtok": "0",
 }
-#: Whole hours, and ragged ends on both sides.
+#: Whole days, whole hours around whole days, and ragged ends.
 PERIODS = [
     (DAY, DAY + timedelta(days=1)),
+    (DAY - timedelta(hours=3), DAY + timedelta(days=1, hours=2)),
+    (DAY - timedelta(hours=3, minutes=30), DAY + timedelta(days=1, hours=2, minutes=15)),
     (DAY + timedelta(hours=10, minutes=20), DAY + timedelta(hours=11, minutes=40)),
     (DAY + timedelta(hours=10, minutes=5), DAY + timedelta(hours=10, minutes=50)),
 ]
@@ -99,9 +101,9 @@ def test_the_rollup_equals_the_calls_after_settlements_re_settlements_and_a_repr
     _check(db_url)
     settle(client)
     first = _check(db_url)
-    assert len(first) == 4
+    assert len(first) == 8  # r1, r2 (a tier), r3, r4 (anthropic): their hours and days
 
-    # r1 re-settled with a second attempt (new usage): its figures move.
+    # r1 re-settled with new usage (a later stream.usage wins): its figures move.
     retry = [
         {
             **started,
@@ -138,6 +140,9 @@ def test_the_rollup_equals_the_calls_after_settlements_re_settlements_and_a_repr
     )
     settle(client)
     third = _check(db_url)
-    assert third != second
-    costs = {(r[1], r[2]): r[-2] * 10**12 + r[-1] for r in third}
-    assert costs[("openai", "gpt-4o")] > 0
+
+    def day_cost(rows: set[tuple[Any, ...]]) -> int:
+        return sum(r[-2] * 10**12 + r[-1] for r in rows if r[0] == 1 and r[3] == "gpt-4o")
+
+    # Output at 20 instead of 10 USD per million: r1 9, r2 200, r3 7 output tokens.
+    assert day_cost(third) - day_cost(second) == (9 + 200 + 7) * 10 * 10**6

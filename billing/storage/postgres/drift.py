@@ -1,21 +1,21 @@
 """The drift's "ours" and its rollup on PostgreSQL (``billing.drift.repository.DriftRepository``).
 
-A month is read from ``drift_rollups`` (a row per hour and group), the calls it does not hold
-from the two partial indexes of the reconciler's due queries (the calls not settled) and
-``usage_rollup_keyless`` (the settled ones without ``stream.started``), and the ragged hours at
-either end from calls by start. The slot is written as the ``OursRow`` text here, for the few
-groups.
+A month is read from ``drift_rollups`` (a row per day and group; the hours around whole days),
+the calls it does not hold from the two partial indexes of the reconciler's due queries (the
+calls not settled) and ``usage_rollup_keyless`` (the settled ones without ``stream.started``),
+and the ragged part of an hour at either end from calls by start. The slot is written as the
+``OursRow`` text here, for the few groups.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy.orm import Session
 
-from billing.drift.repository import Grain, OursRow, RollupKey, RollupSums, whole_hours
+from billing.drift.repository import DAY, HOUR, Grain, OursRow, RollupKey, RollupSums, spans
 from billing.rollups.repository import PICO
 
 #: The ``OursRow`` text of a slot, per grain.
@@ -32,20 +32,20 @@ _KEY = (
     "coalesce(service_tier, '')"
 )
 _COLUMNS = (
-    "hour, provider, model, upstream_account, service_tier, calls, requests, input_tokens, "
-    "cache_read_input_tokens, cache_creation_input_tokens, output_tokens, cost_whole_usd, "
-    "cost_frac_pusd"
+    "level, bucket_start, provider, model, upstream_account, service_tier, calls, requests, "
+    "input_tokens, cache_read_input_tokens, cache_creation_input_tokens, output_tokens, "
+    "cost_whole_usd, cost_frac_pusd"
 )
-_SUMMED = _COLUMNS.split(", ")[5:]
+_SUMMED = _COLUMNS.split(", ")[6:]
 
-#: Parameters: the first whole hour, the end of the last, the provider or null.
+#: Parameters: the span, the provider or null, the level.
 FROM_ROLLUP = (
-    "SELECT date_trunc('{grain}', hour AT TIME ZONE 'UTC') AS slot, nullif(provider, ''), "
+    "SELECT date_trunc('{grain}', bucket_start AT TIME ZONE 'UTC') AS slot, nullif(provider, ''), "
     "nullif(model, ''), nullif(upstream_account, ''), nullif(service_tier, ''), "
     "sum(requests), sum(input_tokens), sum(cache_read_input_tokens), "
     "sum(cache_creation_input_tokens), sum(output_tokens), sum(cost_whole_usd), "
     "sum(cost_frac_pusd) FROM drift_rollups "
-    "WHERE hour >= %(since)s AND hour < %(until)s "
+    "WHERE level = %(level)s AND bucket_start >= %(since)s AND bucket_start < %(until)s "
     "AND (%(provider)s::text IS NULL OR provider = %(provider)s::text) AND calls != 0 "
     "GROUP BY slot, provider, model, upstream_account, service_tier"
 )
@@ -79,16 +79,24 @@ CONTRIBUTIONS = (
     "GROUP BY 1, 2, 3, 4, 5"
 )
 ADD = (
-    f"INSERT INTO drift_rollups ({_COLUMNS}) VALUES ({', '.join(['%s'] * 13)}) "
-    "ON CONFLICT (hour, provider, model, upstream_account, service_tier) DO UPDATE SET "
+    f"INSERT INTO drift_rollups ({_COLUMNS}) VALUES ({', '.join(['%s'] * 14)}) "
+    "ON CONFLICT (level, bucket_start, provider, model, upstream_account, service_tier) "
+    "DO UPDATE SET "
     + ", ".join(f"{name} = drift_rollups.{name} + excluded.{name}" for name in _SUMMED)
 )
 CLEAR = "DELETE FROM drift_rollups"
 #: Every settled call with a start and a ``stream.started`` (anomalies are a JSON list of codes).
 REBUILD = (
-    f"INSERT INTO drift_rollups ({_COLUMNS}) SELECT {_KEY}, {_SUMS} FROM calls "
+    f"INSERT INTO drift_rollups ({_COLUMNS}) SELECT {HOUR}, {_KEY}, {_SUMS} FROM calls "
     "WHERE settled AND started_at IS NOT NULL "
-    "AND strpos(anomalies::text, '\"started_missing\"') = 0 GROUP BY 1, 2, 3, 4, 5"
+    "AND strpos(anomalies::text, '\"started_missing\"') = 0 GROUP BY 2, 3, 4, 5, 6"
+)
+#: The days from their hours.
+REBUILD_DAYS = (
+    f"INSERT INTO drift_rollups ({_COLUMNS}) SELECT {DAY}, "
+    "date_trunc('day', bucket_start AT TIME ZONE 'UTC') AT TIME ZONE 'UTC', provider, model, "
+    f"upstream_account, service_tier, {', '.join(f'sum({name})' for name in _SUMMED)} "
+    f"FROM drift_rollups WHERE level = {HOUR} GROUP BY 2, 3, 4, 5, 6"
 )
 
 
@@ -119,21 +127,18 @@ class PostgresDrift:
         grain: Grain,
     ) -> list[OursRow]:
         conn = session.connection()
-        first, end = whole_hours(since, until)
+        ragged, whole, rolled = spans(since, until, grain)
         rows: list[OursRow] = []
-        if first >= end:
-            ragged = [(since, until)]
-        else:
-            ragged = [(since, first), (end, until)]
-            whole = {"since": first, "until": end, "provider": provider}
-            for statement in (FROM_ROLLUP, UNROLLED):
-                sql = statement.replace("{grain}", grain)
-                rows += _ours(conn.exec_driver_sql(sql, whole), grain)
-        for start, stop in ragged:
-            if start < stop:
-                params = {"since": start, "until": stop, "provider": provider}
-                sql = EVERY_CALL.replace("{grain}", grain)
-                rows += _ours(conn.exec_driver_sql(sql, params), grain)
+        for level, (start, end) in rolled:
+            params = {"since": start, "until": end, "provider": provider, "level": level}
+            sql = FROM_ROLLUP.replace("{grain}", grain)
+            rows += _ours(conn.exec_driver_sql(sql, params), grain)
+        spans_of_calls = [(UNROLLED, whole)] if whole is not None else []
+        spans_of_calls += [(EVERY_CALL, span) for span in ragged]
+        for statement, (start, end) in spans_of_calls:
+            params = {"since": start, "until": end, "provider": provider}
+            sql = statement.replace("{grain}", grain)
+            rows += _ours(conn.exec_driver_sql(sql, params), grain)
         return rows
 
     def contributions(
@@ -141,6 +146,9 @@ class PostgresDrift:
     ) -> dict[RollupKey, RollupSums]:
         rows = session.connection().exec_driver_sql(CONTRIBUTIONS, {"ids": list(request_ids)})
         return {tuple(row[:5]): [int(value) for value in row[5:]] for row in rows}
+
+    def day_of(self, hour: Any) -> Any:
+        return hour.astimezone(UTC).replace(hour=0)
 
     def add(self, session: Session, rows: Sequence[tuple[Any, ...]]) -> None:
         if rows:
@@ -150,6 +158,7 @@ class PostgresDrift:
         conn = session.connection()
         conn.exec_driver_sql(CLEAR)
         conn.exec_driver_sql(REBUILD)
+        conn.exec_driver_sql(REBUILD_DAYS)
 
 
 #: This room's repository in the store (``billing.storage.store``).

@@ -1,11 +1,11 @@
 """The drift's "ours" and its rollup on SQLite (``billing.drift.repository.DriftRepository``).
 
-``calls.started_at`` and ``drift_rollups.hour`` are fixed-format UTC text
+``calls.started_at`` and ``drift_rollups.bucket_start`` are fixed-format UTC text
 (``billing.storage.types.sqlite_text``), so a day is their first 10 characters and an hour
-their first 13. A month is read from ``drift_rollups`` (a row per hour and group), the calls it
-does not hold from the two partial indexes of the reconciler's due queries (the calls not
-settled) and ``usage_rollup_keyless`` (the settled ones without ``stream.started``), and the
-ragged hours at either end from calls by start.
+their first 13. A month is read from ``drift_rollups`` (a row per day and group; the hours
+around whole days), the calls it does not hold from the two partial indexes of the reconciler's
+due queries (the calls not settled) and ``usage_rollup_keyless`` (the settled ones without
+``stream.started``), and the ragged part of an hour at either end from calls by start.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from billing.drift.repository import Grain, OursRow, RollupKey, RollupSums, whole_hours
+from billing.drift.repository import DAY, HOUR, Grain, OursRow, RollupKey, RollupSums, spans
 from billing.rollups.repository import PICO
 from billing.storage.sqlite.settle_common import CHUNK, with_ids
 from billing.storage.types import sqlite_text
@@ -33,22 +33,23 @@ _KEY = (
     "coalesce(upstream_account, ''), coalesce(service_tier, '')"
 )
 _COLUMNS = (
-    "hour, provider, model, upstream_account, service_tier, calls, requests, input_tokens, "
-    "cache_read_input_tokens, cache_creation_input_tokens, output_tokens, cost_whole_usd, "
-    "cost_frac_pusd"
+    "level, bucket_start, provider, model, upstream_account, service_tier, calls, requests, "
+    "input_tokens, cache_read_input_tokens, cache_creation_input_tokens, output_tokens, "
+    "cost_whole_usd, cost_frac_pusd"
 )
-_SUMMED = _COLUMNS.split(", ")[5:]
+_SUMMED = _COLUMNS.split(", ")[6:]
 
-#: Per grain; parameters: the first whole hour, the end of the last (``sqlite_text``), the
-#: provider or null.
+#: Per grain; parameters: the span's start and end (``sqlite_text``), the provider or null,
+#: the level.
 FROM_ROLLUP = {
     grain: (
-        f"SELECT substr(hour, 1, {width}) AS slot, nullif(provider, ''), nullif(model, ''), "
-        "nullif(upstream_account, ''), nullif(service_tier, ''), "
+        f"SELECT substr(bucket_start, 1, {width}) AS slot, nullif(provider, ''), "
+        "nullif(model, ''), nullif(upstream_account, ''), nullif(service_tier, ''), "
         "sum(requests), sum(input_tokens), sum(cache_read_input_tokens), "
         "sum(cache_creation_input_tokens), sum(output_tokens), sum(cost_whole_usd), "
         "sum(cost_frac_pusd) FROM drift_rollups "
-        "WHERE hour >= ?1 AND hour < ?2 AND (?3 IS NULL OR provider = ?3) AND calls != 0 "
+        "WHERE level = ?4 AND bucket_start >= ?1 AND bucket_start < ?2 "
+        "AND (?3 IS NULL OR provider = ?3) AND calls != 0 "
         "GROUP BY slot, provider, model, upstream_account, service_tier"
     )
     for grain, width in _WIDTH.items()
@@ -73,7 +74,9 @@ def _from_calls(grain: Grain, calls: str) -> str:
 
 
 #: The calls ``drift_rollups`` does not hold (``DriftRollup``): not settled (the reconciler's
-#: two due indexes hold every one: open, or pending), or settled without ``stream.started``.
+#: two due indexes hold every one: open, or pending), or settled without ``stream.started``
+#: (``usage_rollup_keyless``, read first: CROSS JOIN keeps SQLite from searching a month of
+#: calls by start for them).
 _UNROLLED = (
     f"(SELECT {_CALL_COLUMNS} FROM calls "
     "INDEXED BY ix_calls_settled_pending_last_received_at_request_id "
@@ -81,7 +84,7 @@ _UNROLLED = (
     f"UNION ALL SELECT {_CALL_COLUMNS} FROM calls "
     "INDEXED BY ix_calls_pending_last_received_at_request_id WHERE pending = 1 AND settled = 0 "
     f"UNION ALL SELECT {', '.join('c.' + name for name in _CALL_COLUMNS.split(', '))} "
-    "FROM usage_rollup_keyless k JOIN calls c ON c.request_id = k.request_id)"
+    "FROM usage_rollup_keyless k CROSS JOIN calls c ON c.request_id = k.request_id)"
 )
 #: Per grain; parameters: since, until (``sqlite_text``), the provider or null.
 UNROLLED: dict[Grain, str] = {
@@ -99,16 +102,23 @@ CONTRIBUTIONS = (
     f"SELECT {_KEY}, {_SUMS} FROM calls WHERE request_id IN ({{ids}}) GROUP BY 1, 2, 3, 4, 5"
 )
 ADD = (
-    f"INSERT INTO drift_rollups ({_COLUMNS}) VALUES ({', '.join('?' * 13)}) "
-    "ON CONFLICT (hour, provider, model, upstream_account, service_tier) DO UPDATE SET "
-    + ", ".join(f"{name} = {name} + excluded.{name}" for name in _SUMMED)
+    f"INSERT INTO drift_rollups ({_COLUMNS}) VALUES ({', '.join('?' * 14)}) "
+    "ON CONFLICT (level, bucket_start, provider, model, upstream_account, service_tier) "
+    "DO UPDATE SET " + ", ".join(f"{name} = {name} + excluded.{name}" for name in _SUMMED)
 )
 CLEAR = "DELETE FROM drift_rollups"
 #: Every settled call with a start and a ``stream.started`` (anomalies are a JSON list of codes).
 REBUILD = (
-    f"INSERT INTO drift_rollups ({_COLUMNS}) SELECT {_KEY}, {_SUMS} FROM calls "
+    f"INSERT INTO drift_rollups ({_COLUMNS}) SELECT {HOUR}, {_KEY}, {_SUMS} FROM calls "
     "WHERE settled = 1 AND started_at IS NOT NULL "
-    "AND instr(anomalies, '\"started_missing\"') = 0 GROUP BY 1, 2, 3, 4, 5"
+    "AND instr(anomalies, '\"started_missing\"') = 0 GROUP BY 2, 3, 4, 5, 6"
+)
+#: The days from their hours.
+REBUILD_DAYS = (
+    f"INSERT INTO drift_rollups ({_COLUMNS}) SELECT {DAY}, "
+    "substr(bucket_start, 1, 10) || ' 00:00:00.000000', provider, model, upstream_account, "
+    f"service_tier, {', '.join(f'sum({name})' for name in _SUMMED)} FROM drift_rollups "
+    f"WHERE level = {HOUR} GROUP BY 2, 3, 4, 5, 6"
 )
 
 
@@ -128,19 +138,17 @@ class SqliteDrift:
         grain: Grain,
     ) -> list[OursRow]:
         conn = session.connection()
-        first, end = whole_hours(since, until)
+        ragged, whole, rolled = spans(since, until, grain)
         rows: list[OursRow] = []
-        if first >= end:
-            ragged = [(since, until)]
-        else:
-            ragged = [(since, first), (end, until)]
-            whole = (sqlite_text(first), sqlite_text(end), provider)
-            rows += _ours(conn.exec_driver_sql(FROM_ROLLUP[grain], whole))
-            rows += _ours(conn.exec_driver_sql(UNROLLED[grain], whole))
-        for start, stop in ragged:
-            if start < stop:
-                params = (sqlite_text(start), sqlite_text(stop), provider)
-                rows += _ours(conn.exec_driver_sql(EVERY_CALL[grain], params))
+        for level, (start, end) in rolled:
+            params = (sqlite_text(start), sqlite_text(end), provider, level)
+            rows += _ours(conn.exec_driver_sql(FROM_ROLLUP[grain], params))
+        if whole is not None:
+            params3 = (sqlite_text(whole[0]), sqlite_text(whole[1]), provider)
+            rows += _ours(conn.exec_driver_sql(UNROLLED[grain], params3))
+        for start, end in ragged:
+            params3 = (sqlite_text(start), sqlite_text(end), provider)
+            rows += _ours(conn.exec_driver_sql(EVERY_CALL[grain], params3))
         return rows
 
     def contributions(
@@ -159,6 +167,9 @@ class SqliteDrift:
                 )
         return found
 
+    def day_of(self, hour: Any) -> Any:
+        return hour[:10] + " 00:00:00.000000"
+
     def add(self, session: Session, rows: Sequence[tuple[Any, ...]]) -> None:
         if rows:
             session.connection().exec_driver_sql(ADD, list(rows))
@@ -167,6 +178,7 @@ class SqliteDrift:
         conn = session.connection()
         conn.exec_driver_sql(CLEAR)
         conn.exec_driver_sql(REBUILD)
+        conn.exec_driver_sql(REBUILD_DAYS)
 
 
 #: This room's repository in the store (``billing.storage.store``).
