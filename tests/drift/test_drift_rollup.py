@@ -8,16 +8,22 @@ from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from alembic import command
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 from billing.drift import rollup
+from billing.storage.migrate import alembic_config
 from billing.storage.models import Call, DriftRollup
 from billing.storage.store import store_for
 from tests.builders import post
 from tests.drift.test_drift import DAY, call, settle
+from tests.storage import test_migrations
+
+#: An empty database of its own at no revision (the migrations' fixture).
+fresh_url = test_migrations.fresh_url
 
 PRICE = {
     "model": "gpt-4o",
@@ -146,3 +152,56 @@ def test_the_rollup_equals_the_calls_after_settlements_re_settlements_and_a_repr
 
     # Output at 20 instead of 10 USD per million: r1 9, r2 200, r3 7 output tokens.
     assert day_cost(third) - day_cost(second) == (9 + 200 + 7) * 10 * 10**6
+
+
+def test_the_migration_backfills_the_rollup_from_the_settled_calls(fresh_url: str) -> None:
+    config = alembic_config(fresh_url)
+    command.upgrade(config, "0004")
+    at = DAY + timedelta(hours=10, minutes=5)
+
+    def row(rid: str, n: int, **values: Any) -> dict[str, Any]:
+        base = {
+            "request_id": rid,
+            "call_no": n,
+            "first_received_at": at,
+            "last_received_at": at,
+            "started_at": at,
+            "api_key_id": "key_1",
+            "model": "gpt-4o",
+            "provider": "openai",
+            "settled": True,
+            "pending": False,
+            "status": "completed",
+            "attempts": 1,
+            "anomalies": [],
+            "input_tokens": 10,
+            "output_tokens_billed": 20,
+            "cost_pusd": 3 * 10**12 + 5,
+        }
+        return {**base, **values}
+
+    calls = [
+        row("a", 1),
+        row("b", 2, attempts=2, started_at=at + timedelta(hours=1), cost_pusd=7),
+        row("c", 3, settled=False, status="open"),  # open: read from calls
+        row("d", 4, api_key_id=None, anomalies=["started_missing"]),  # key-less: from calls
+    ]
+    engine = create_engine(fresh_url, poolclass=NullPool)
+    with engine.begin() as conn:
+        conn.execute(Call.__table__.insert(), calls)
+    command.upgrade(config, "head")
+    with Session(engine) as session:
+        backfilled = _rows(session)
+        rollup.rebuild(session)
+        assert _rows(session) == backfilled
+    engine.dispose()
+    labels = ("openai", "gpt-4o", "", "")
+    hour, day = DAY + timedelta(hours=10), DAY
+    figures = (1, 1, 10, 0, 0, 20, 3, 5)
+    later = (1, 2, 10, 0, 0, 20, 0, 7)
+    both = (2, 3, 20, 0, 0, 40, 3, 12)
+    assert {(r[0], r[1].astimezone(UTC), *r[2:]) for r in backfilled} == {
+        (0, hour, *labels, *figures),
+        (0, hour + timedelta(hours=1), *labels, *later),
+        (1, day, *labels, *both),
+    }
