@@ -2,7 +2,8 @@
 
 Seeds ``--calls`` settled calls (default 1,000,000) over 90 days with ``bench/queries.py``'s
 ``seed`` (the same keys, models, prices, ledger and rollups), gives each call a provider (from
-its protocol) and one of ``--accounts`` upstream accounts (default 4), then imports one OpenAI
+its protocol) and one of ``--accounts`` upstream accounts (default 4) and rebuilds the drift's
+rollup (``billing.drift.rollup``) over those labels, then imports one OpenAI
 and one Anthropic usage and cost report per day of the last 31 (a bucket per day, a result per
 model and account, built from our own figures with one model a day off by 370 output tokens),
 and times ``billing.drift.service.drift_rows`` over those 31 days in-process (one read
