@@ -2,7 +2,8 @@
 
 Seeds ``--calls`` settled calls (default 1,000,000) over 90 days with ``bench/queries.py``'s
 ``seed`` (the same keys, models, prices, ledger and rollups), gives each call a provider (from
-its protocol) and one of ``--accounts`` upstream accounts (default 4), then imports one OpenAI
+its protocol) and one of ``--accounts`` upstream accounts (default 4) and rebuilds the drift's
+rollup (``billing.drift.rollup``) over those labels, then imports one OpenAI
 and one Anthropic usage and cost report per day of the last 31 (a bucket per day, a result per
 model and account, built from our own figures with one model a day off by 370 output tokens),
 and times ``billing.drift.service.drift_rows`` over those 31 days in-process (one read
@@ -30,11 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import create_engine, text
+from sqlalchemy.orm import Session
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from queries import END, seed_arguments, seeded_url, timed
 
+from billing.drift import rollup as drift_rollup
 from billing.drift.schemas import DriftQuery
 from billing.drift.service import drift_rows
 from billing.providers.schemas import parse_page
@@ -70,6 +73,9 @@ def label(url: str, accounts: int) -> None:
         conn.execute(text(_LABEL[engine.dialect.name]), {"n": accounts})
         conn.execute(text("DELETE FROM provider_report_lines"))
         conn.execute(text("DELETE FROM provider_report_versions"))
+    # The labels were written behind the reconciler's back: the drift's rollup is summed again.
+    with Session(engine) as session, session.begin():
+        drift_rollup.rebuild(session)
     if engine.dialect.name == "postgresql":
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.execute(text("VACUUM ANALYZE calls"))
@@ -77,7 +83,9 @@ def label(url: str, accounts: int) -> None:
         with engine.begin() as conn:
             conn.execute(text("ANALYZE"))
     engine.dispose()
-    print(f"  providers and accounts set in {time.perf_counter() - started:.1f} s")
+    print(
+        f"  providers, accounts and the drift rollup set in {time.perf_counter() - started:.1f} s"
+    )
 
 
 def _unix(day: str) -> int:

@@ -18,7 +18,9 @@ and the usage rollups) and raises ``AssertionError`` listing every broken rule (
 - one settlement entry per (call, line) unless that line was reversed since; a second settlement
   of a call follows a reversal; a call's ledger starts with a settlement;
 - the rollups (``usage_rollups`` and ``usage_rollups_all_keys``) equal what the ledger (``booked``)
-  and the settled calls (``call_start``) hold, bucket by bucket, at every level.
+  and the settled calls (``call_start``) hold, bucket by bucket, at every level;
+- ``drift_rollups`` equals the settled calls with a ``stream.started`` summed per UTC hour of
+  their start, provider, model, upstream account and served tier, as the drift sums them.
 
 Also here: ``ledger_sums`` (per-call sums, to compare a run with a clean run of the same events)
 and ``scratch_database`` (a second database at the migration head, SQLite or PostgreSQL).
@@ -47,6 +49,7 @@ from billing.storage.migrate import upgrade_to_head
 from billing.storage.models import (
     Call,
     CallAttempt,
+    DriftRollup,
     Event,
     LedgerEntry,
     UsageRollup,
@@ -176,6 +179,7 @@ def check_invariants(engine: Engine, *, rollups: bool = True) -> Report:
         report.settled = sum(1 for c in calls.values() if c.settled)
         if rollups:
             _check_rollups(conn, calls, entries, keyless, problems, report)
+            _check_drift_rollup(conn, calls, problems)
     if problems:
         shown = "\n  ".join(problems[:MAX_SHOWN])
         more = f"\n  … and {len(problems) - MAX_SHOWN} more" if len(problems) > MAX_SHOWN else ""
@@ -391,6 +395,37 @@ def _check_rollups(
         all_keys,
         problems,
     )
+
+
+def _check_drift_rollup(conn: Any, calls: dict[str, Any], problems: list[str]) -> None:
+    expected: dict[tuple[Any, ...], list[int]] = {}
+    for c in calls.values():
+        if not c.settled or c.started_at is None or STARTED_MISSING in (c.anomalies or ()):
+            continue
+        labels = (c.provider or "", c.model or "", c.upstream_account or "", c.service_tier or "")
+        figures = [1, max(c.attempts, 1), c.input_tokens, c.cache_read_input_tokens]
+        figures += [c.cache_creation_input_tokens, c.output_tokens_billed, c.cost_pusd or 0]
+        for level, floor in ((0, 1), (1, 2)):
+            row = expected.setdefault((level, _floor(floor, c.started_at), *labels), [0] * 7)
+            for i, v in enumerate(figures):
+                row[i] += v
+    actual: dict[tuple[Any, ...], list[int]] = {}
+    for r in conn.execute(select(DriftRollup).where(DriftRollup.calls != 0)):
+        start = r.bucket_start.astimezone(UTC)
+        labels = (r.provider, r.model, r.upstream_account, r.service_tier)
+        actual[(r.level, start, *labels)] = [
+            r.calls,
+            r.requests,
+            r.input_tokens,
+            r.cache_read_input_tokens,
+            r.cache_creation_input_tokens,
+            r.output_tokens,
+            int(r.cost_whole_usd) * PICO + int(r.cost_frac_pusd),
+        ]
+    for key in sorted(set(expected) | set(actual), key=repr):
+        want, got = expected.get(key), actual.get(key)
+        if want != got:
+            problems.append(f"drift_rollups {key}: (calls, rollup) differ: {want} {got}")
 
 
 def _diff(

@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from billing.dimensions import set_tokens
+from billing.drift import rollup as drift_rollup
 from billing.pricing.prices import PriceBook
 from billing.reconcile.common import settle_common
 from billing.reconcile.entries import Entry, anomalies_of, call_cost, target_lines
@@ -144,6 +145,8 @@ def reconcile_calls(
     if not request_ids:
         return result
     deltas = rollups.Deltas()
+    # The calls the fast path settles were not settled: the drift rollup held none of them.
+    common: list[str] = []
     if common_in_sql:
         common = settle_common(session, request_ids, now, settle_after_s, deltas)
         if common:
@@ -153,6 +156,7 @@ def reconcile_calls(
             request_ids = [rid for rid in request_ids if rid not in done]
             if not request_ids:
                 rollups.after_step(session, {}, [], [], deltas)
+                drift_rollup.after_writes(session, {}, common)
                 return result
     repo = _repo(session)
     states = load_states(session, request_ids)
@@ -209,10 +213,13 @@ def reconcile_calls(
         state.arrival = arrival
         updates.append((call, state, fig))
         after.append(state)
+    drift_before = drift_rollup.before_writes(session, (old for old, _, _ in updates))
     repo.write_calls(session, updates, now)
     repo.write_attempts(session, updates)
     repo.write_entries(session, entries)
     rollups.after_step(session, rolled_up, after, entries, deltas)
+    held = [new.request_id for _, new, _ in updates if drift_rollup.holds(new)]
+    drift_rollup.after_writes(session, drift_before, common + held)
     return result
 
 

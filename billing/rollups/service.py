@@ -29,6 +29,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from billing.dimensions import TOKEN_FIELDS
+from billing.drift import rollup as drift_rollup
 from billing.reconcile.rule import STARTED_MISSING
 from billing.rollups.buckets import LEVELS, QUARTER, floor
 from billing.rollups.repository import BOOKED, CALL_START, COUNT_FIELDS, PICO
@@ -241,12 +242,14 @@ def after_step(
 
 
 def rebuild(session: Session) -> None:
-    """Recompute every rollup from ``calls`` (settled) and ``ledger_entries``, set-based.
+    """Recompute every rollup from ``calls`` (settled) and ``ledger_entries``, set-based (the
+    drift's too, ``billing.drift.rollup``).
 
     For a repair, or seeding a benchmark; the reconciler keeps them up to date incrementally.
     Runs in the caller's transaction.
     """
     store_for(session).rollups.rebuild(session)
+    drift_rollup.rebuild(session)
 
 
 def dump(session: Session) -> dict[str, set[tuple[Any, ...]]]:

@@ -204,22 +204,6 @@ class Call(TokenColumns, Base):
         # The call log's status filter, alone and with a key (billing.calllog.queries).
         Index(None, "status", "started_at", "request_id"),
         Index(None, "api_key_id", "status", "started_at", "request_id"),
-        # The drift's "ours" (billing.drift): every figure it sums, so that a month is read
-        # from the index alone.
-        Index(
-            "ix_calls_drift",
-            "started_at",
-            "provider",
-            "model",
-            "upstream_account",
-            "service_tier",
-            "attempts",
-            "input_tokens",
-            "cache_read_input_tokens",
-            "cache_creation_input_tokens",
-            "output_tokens_billed",
-            "cost_pusd",
-        ),
         # (v2) The calls with units, by start (billing.calllog.usage sums their units).
         Index(
             None,
@@ -400,6 +384,38 @@ class UsageRollupKeyless(Base):
 
     request_id: Mapped[str] = mapped_column(String(128), primary_key=True)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+
+
+class DriftRollup(Base):
+    """The drift's "ours" (``billing.drift``) per UTC hour (``level`` 0) and UTC day (``level``
+    1) of the calls' start, provider, model, upstream account and served tier, kept by the
+    reconciler (``billing.drift.rollup``).
+
+    It sums the settled calls that have a ``stream.started`` (the others are read from
+    ``calls`` by the drift: open calls, and the key-less ones listed in
+    ``usage_rollup_keyless``, whose start and labels ingest may still change): ``calls`` counts
+    them, ``requests`` their upstream attempts (at least one each), the tokens as the drift
+    reports them (``output_tokens`` = billed output), the cost in picodollars as
+    ``cost_whole_usd * 10**12 + cost_frac_pusd`` (each the sum of the calls' own: ``frac`` is
+    not carried, it stays below ``calls * 10**12``). A null label is stored as ``''``.
+    """
+
+    __tablename__ = "drift_rollups"
+
+    level: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
+    bucket_start: Mapped[datetime] = mapped_column(UTCDateTime, primary_key=True)
+    provider: Mapped[str] = mapped_column(String(64), primary_key=True)
+    model: Mapped[str] = mapped_column(String(256), primary_key=True)
+    upstream_account: Mapped[str] = mapped_column(String(128), primary_key=True)
+    service_tier: Mapped[str] = mapped_column(String(32), primary_key=True)
+    calls: Mapped[int] = _counter()
+    requests: Mapped[int] = _counter()
+    input_tokens: Mapped[int] = _counter()
+    cache_read_input_tokens: Mapped[int] = _counter()
+    cache_creation_input_tokens: Mapped[int] = _counter()
+    output_tokens: Mapped[int] = _counter()
+    cost_whole_usd: Mapped[int] = _counter()
+    cost_frac_pusd: Mapped[int] = _counter()
 
 
 def row_dict(obj: Any) -> dict[str, Any]:

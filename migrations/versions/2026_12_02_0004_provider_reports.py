@@ -19,26 +19,6 @@ depends_on: str | Sequence[str] | None = None
 UTC_DATETIME = sa.DateTime(timezone=True)
 #: An auto-numbered key: SQLite only makes an INTEGER PRIMARY KEY auto-increment.
 BIG_ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
-#: The drift's covering index on calls (``billing.storage.models.Call``).
-DRIFT_INDEX = (
-    "started_at",
-    "provider",
-    "model",
-    "upstream_account",
-    "service_tier",
-    "attempts",
-    "input_tokens",
-    "cache_read_input_tokens",
-    "cache_creation_input_tokens",
-    "output_tokens_billed",
-    "cost_pusd",
-)
-
-SQLITE_DAY_INDEX = (
-    "CREATE INDEX ix_calls_drift_day ON calls (substr(started_at, 1, 10), provider, model, "
-    "upstream_account, service_tier, started_at, attempts, input_tokens, cache_read_input_tokens, "
-    "cache_creation_input_tokens, output_tokens_billed, cost_pusd)"
-)
 
 
 def upgrade() -> None:
@@ -47,14 +27,6 @@ def upgrade() -> None:
     with op.batch_alter_table("calls") as batch:
         batch.add_column(sa.Column("provider", sa.String(length=64), nullable=True))
         batch.add_column(sa.Column("upstream_account", sa.String(length=128), nullable=True))
-    op.create_index("ix_calls_drift", "calls", list(DRIFT_INDEX))
-    if op.get_bind().dialect.name == "sqlite":
-        # SQLite groups a month of calls by day without sorting them only when an index gives
-        # the rows in that order (billing/storage/sqlite/drift.py); started_at is UTC text
-        # there, its day the first 10 characters. Not in the ORM (an expression of one
-        # dialect), and invisible to reflection: a later batch migration that rebuilds calls
-        # on SQLite must create it again.
-        op.execute(SQLITE_DAY_INDEX)
 
     op.create_table(
         "provider_report_versions",
@@ -110,8 +82,6 @@ def downgrade() -> None:
         "ix_provider_report_versions_bucket_start_provider_kind", "provider_report_versions"
     )
     op.drop_table("provider_report_versions")
-    op.execute("DROP INDEX IF EXISTS ix_calls_drift_day")
-    op.drop_index("ix_calls_drift", "calls")
     with op.batch_alter_table("calls") as batch:
         batch.drop_column("upstream_account")
         batch.drop_column("provider")

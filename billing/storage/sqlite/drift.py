@@ -1,45 +1,129 @@
-"""The drift's "ours" on SQLite (``billing.drift.repository.DriftRepository``).
+"""The drift's "ours" and its rollup on SQLite (``billing.drift.repository.DriftRepository``).
 
-``calls.started_at`` is fixed-format UTC text (``billing.storage.types.sqlite_text``), so a
-day is its first 10 characters and an hour its first 13. SQLite groups by sorting unless the
-rows come in the GROUP BY's order, and sorting a month of calls costs several times reading
-them: by day, the statement reads the expression index ``ix_calls_drift_day`` (the day, then
-provider, model, upstream account, served tier, then every figure it sums; made by migration
-0004 on SQLite only, since an ORM index cannot hold an expression of one dialect), in group
-order, without a sort. By hour it reads the covering index ``ix_calls_drift`` and sorts.
+``calls.started_at`` and ``drift_rollups.bucket_start`` are fixed-format UTC text
+(``billing.storage.types.sqlite_text``), so a day is their first 10 characters and an hour
+their first 13. A month is read from ``drift_rollups`` (a row per day and group; the hours
+around whole days), the calls it does not hold from the two partial indexes of the reconciler's
+due queries (the calls not settled) and ``usage_rollup_keyless`` (the settled ones without
+``stream.started``), and the ragged part of an hour at either end from calls by start.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy.orm import Session
 
-from billing.drift.repository import Grain, OursRow
+from billing.drift.repository import DAY, HOUR, Grain, OursRow, RollupKey, RollupSums, spans
+from billing.rollups.repository import PICO
+from billing.storage.sqlite.settle_common import CHUNK, with_ids
 from billing.storage.types import sqlite_text
 
+_WIDTH = {"day": 10, "hour": 13}
+#: The ``drift_rollups`` columns a call adds to, after its key.
 _SUMS = (
-    "sum(max(attempts, 1)), sum(input_tokens), sum(cache_read_input_tokens), "
-    "sum(cache_creation_input_tokens), sum(output_tokens_billed), coalesce(sum(cost_pusd), 0)"
+    "count(*), sum(max(attempts, 1)), sum(input_tokens), sum(cache_read_input_tokens), "
+    "sum(cache_creation_input_tokens), sum(output_tokens_billed), "
+    f"sum(coalesce(cost_pusd, 0) / {PICO}), sum(coalesce(cost_pusd, 0) % {PICO})"
 )
-#: Per grain; parameters: since, until (``sqlite_text``), the provider or null.
-OURS = {
-    "day": (
-        "SELECT substr(started_at, 1, 10) AS slot, provider, model, upstream_account, "
-        "service_tier, "
-        f"{_SUMS} FROM calls "
-        "WHERE substr(started_at, 1, 10) BETWEEN substr(?1, 1, 10) AND substr(?2, 1, 10) "
-        "AND started_at >= ?1 AND started_at < ?2 AND (?3 IS NULL OR provider = ?3) "
-        "GROUP BY substr(started_at, 1, 10), provider, model, upstream_account, service_tier"
-    ),
-    "hour": (
-        "SELECT substr(started_at, 1, 13) AS slot, provider, model, upstream_account, "
-        "service_tier, "
-        f"{_SUMS} FROM calls INDEXED BY ix_calls_drift "
+_KEY = (
+    "substr(started_at, 1, 13) || ':00:00.000000', coalesce(provider, ''), coalesce(model, ''), "
+    "coalesce(upstream_account, ''), coalesce(service_tier, '')"
+)
+_COLUMNS = (
+    "level, bucket_start, provider, model, upstream_account, service_tier, calls, requests, "
+    "input_tokens, cache_read_input_tokens, cache_creation_input_tokens, output_tokens, "
+    "cost_whole_usd, cost_frac_pusd"
+)
+_SUMMED = _COLUMNS.split(", ")[6:]
+
+#: Per grain; parameters: the span's start and end (``sqlite_text``), the provider or null,
+#: the level.
+FROM_ROLLUP = {
+    grain: (
+        f"SELECT substr(bucket_start, 1, {width}) AS slot, nullif(provider, ''), "
+        "nullif(model, ''), nullif(upstream_account, ''), nullif(service_tier, ''), "
+        "sum(requests), sum(input_tokens), sum(cache_read_input_tokens), "
+        "sum(cache_creation_input_tokens), sum(output_tokens), sum(cost_whole_usd), "
+        "sum(cost_frac_pusd) FROM drift_rollups "
+        "WHERE level = ?4 AND bucket_start >= ?1 AND bucket_start < ?2 "
+        "AND (?3 IS NULL OR provider = ?3) AND calls != 0 "
+        "GROUP BY slot, provider, model, upstream_account, service_tier"
+    )
+    for grain, width in _WIDTH.items()
+}
+_CALL_COLUMNS = (
+    "started_at, provider, model, upstream_account, service_tier, attempts, input_tokens, "
+    "cache_read_input_tokens, cache_creation_input_tokens, output_tokens_billed, cost_pusd"
+)
+
+
+def _from_calls(grain: Grain, calls: str) -> str:
+    width = _WIDTH[grain]
+    return (
+        f"SELECT substr(started_at, 1, {width}) AS slot, provider, model, upstream_account, "
+        "service_tier, sum(max(attempts, 1)), sum(input_tokens), sum(cache_read_input_tokens), "
+        "sum(cache_creation_input_tokens), sum(output_tokens_billed), "
+        f"sum(coalesce(cost_pusd, 0) / {PICO}), sum(coalesce(cost_pusd, 0) % {PICO}) "
+        f"FROM {calls} "
         "WHERE started_at >= ?1 AND started_at < ?2 AND (?3 IS NULL OR provider = ?3) "
         "GROUP BY slot, provider, model, upstream_account, service_tier"
-    ),
+    )
+
+
+#: The calls ``drift_rollups`` does not hold (``DriftRollup``): not settled (the reconciler's
+#: two due indexes hold every one: open, or pending), or settled without ``stream.started``
+#: (``usage_rollup_keyless``, read first: CROSS JOIN keeps SQLite from searching a month of
+#: calls by start for them).
+_UNROLLED = (
+    f"(SELECT {_CALL_COLUMNS} FROM calls "
+    "INDEXED BY ix_calls_settled_pending_last_received_at_request_id "
+    "WHERE settled = 0 AND pending = 0 "
+    f"UNION ALL SELECT {_CALL_COLUMNS} FROM calls "
+    "INDEXED BY ix_calls_pending_last_received_at_request_id WHERE pending = 1 AND settled = 0 "
+    f"UNION ALL SELECT {', '.join('c.' + name for name in _CALL_COLUMNS.split(', '))} "
+    "FROM usage_rollup_keyless k CROSS JOIN calls c ON c.request_id = k.request_id)"
+)
+#: Per grain; parameters: since, until (``sqlite_text``), the provider or null.
+UNROLLED: dict[Grain, str] = {
+    "day": _from_calls("day", _UNROLLED),
+    "hour": _from_calls("hour", _UNROLLED),
 }
+_BY_START = "calls INDEXED BY ix_calls_started_at_request_id"
+EVERY_CALL: dict[Grain, str] = {
+    "day": _from_calls("day", _BY_START),
+    "hour": _from_calls("hour", _BY_START),
+}
+
+#: The ids are filled in by ``with_ids``.
+CONTRIBUTIONS = (
+    f"SELECT {_KEY}, {_SUMS} FROM calls WHERE request_id IN ({{ids}}) GROUP BY 1, 2, 3, 4, 5"
+)
+ADD = (
+    f"INSERT INTO drift_rollups ({_COLUMNS}) VALUES ({', '.join('?' * 14)}) "
+    "ON CONFLICT (level, bucket_start, provider, model, upstream_account, service_tier) "
+    "DO UPDATE SET " + ", ".join(f"{name} = {name} + excluded.{name}" for name in _SUMMED)
+)
+CLEAR = "DELETE FROM drift_rollups"
+#: Every settled call with a start and a ``stream.started`` (anomalies are a JSON list of codes).
+REBUILD = (
+    f"INSERT INTO drift_rollups ({_COLUMNS}) SELECT {HOUR}, {_KEY}, {_SUMS} FROM calls "
+    "WHERE settled = 1 AND started_at IS NOT NULL "
+    "AND instr(anomalies, '\"started_missing\"') = 0 GROUP BY 2, 3, 4, 5, 6"
+)
+#: The days from their hours.
+REBUILD_DAYS = (
+    f"INSERT INTO drift_rollups ({_COLUMNS}) SELECT {DAY}, "
+    "substr(bucket_start, 1, 10) || ' 00:00:00.000000', provider, model, upstream_account, "
+    f"service_tier, {', '.join(f'sum({name})' for name in _SUMMED)} FROM drift_rollups "
+    f"WHERE level = {HOUR} GROUP BY 2, 3, 4, 5, 6"
+)
+
+
+def _ours(rows: Any) -> list[OursRow]:
+    return [OursRow._make((*row[:10], row[10] * PICO + row[11])) for row in rows]
 
 
 class SqliteDrift:
@@ -53,10 +137,48 @@ class SqliteDrift:
         provider: str | None,
         grain: Grain,
     ) -> list[OursRow]:
-        rows = session.connection().exec_driver_sql(
-            OURS[grain], (sqlite_text(since), sqlite_text(until), provider)
-        )
-        return [OursRow(*row) for row in rows]
+        conn = session.connection()
+        ragged, whole, rolled = spans(since, until, grain)
+        rows: list[OursRow] = []
+        for level, (start, end) in rolled:
+            params = (sqlite_text(start), sqlite_text(end), provider, level)
+            rows += _ours(conn.exec_driver_sql(FROM_ROLLUP[grain], params))
+        if whole is not None:
+            params3 = (sqlite_text(whole[0]), sqlite_text(whole[1]), provider)
+            rows += _ours(conn.exec_driver_sql(UNROLLED[grain], params3))
+        for start, end in ragged:
+            params3 = (sqlite_text(start), sqlite_text(end), provider)
+            rows += _ours(conn.exec_driver_sql(EVERY_CALL[grain], params3))
+        return rows
+
+    def contributions(
+        self, session: Session, request_ids: Sequence[str]
+    ) -> dict[RollupKey, RollupSums]:
+        conn = session.connection()
+        found: dict[RollupKey, RollupSums] = {}
+        for start in range(0, len(request_ids), CHUNK):
+            chunk = tuple(request_ids[start : start + CHUNK])
+            for row in conn.exec_driver_sql(with_ids(CONTRIBUTIONS, len(chunk)), chunk):
+                key: RollupKey = tuple(row[:5])
+                sums = list(row[5:])
+                summed = found.get(key)
+                found[key] = (
+                    sums if summed is None else [a + b for a, b in zip(summed, sums, strict=True)]
+                )
+        return found
+
+    def day_of(self, hour: Any) -> Any:
+        return hour[:10] + " 00:00:00.000000"
+
+    def add(self, session: Session, rows: Sequence[tuple[Any, ...]]) -> None:
+        if rows:
+            session.connection().exec_driver_sql(ADD, list(rows))
+
+    def rebuild(self, session: Session) -> None:
+        conn = session.connection()
+        conn.exec_driver_sql(CLEAR)
+        conn.exec_driver_sql(REBUILD)
+        conn.exec_driver_sql(REBUILD_DAYS)
 
 
 #: This room's repository in the store (``billing.storage.store``).
