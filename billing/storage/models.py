@@ -220,12 +220,18 @@ class Call(TokenColumns, Base):
             "output_tokens_billed",
             "cost_pusd",
         ),
-        # (v2) The calls with units, by start (billing.calllog.usage sums their units).
-        Index(
-            None,
-            "started_at",
-            postgresql_where=text("units IS NOT NULL"),
-            sqlite_where=text("units IS NOT NULL"),
+        # (v2) The calls with units, by start, alone and after a key or a model
+        # (billing.calllog.usage sums their units). Partial, so a key's or a model's calls
+        # without units are not read: without them SQLite takes the full key or model index and
+        # checks every call of the period for units.
+        *(
+            Index(
+                None,
+                *columns,
+                postgresql_where=text("units IS NOT NULL"),
+                sqlite_where=text("units IS NOT NULL"),
+            )
+            for columns in (("started_at",), ("api_key_id", "started_at"), ("model", "started_at"))
         ),
     )
 
@@ -313,12 +319,16 @@ class LedgerEntry(TokenColumns, EntryRates, Base):
     __table_args__ = (
         UniqueConstraint("request_id", "seq"),
         Index(None, "booked_at", "entry_id"),
-        # (v2) The entries with units, by booking (billing.calllog.usage sums their units).
-        Index(
-            None,
-            "booked_at",
-            postgresql_where=text("units IS NOT NULL"),
-            sqlite_where=text("units IS NOT NULL"),
+        # (v2) The entries with units, by booking, alone and after a key
+        # (billing.calllog.usage sums their units).
+        *(
+            Index(
+                None,
+                *columns,
+                postgresql_where=text("units IS NOT NULL"),
+                sqlite_where=text("units IS NOT NULL"),
+            )
+            for columns in (("booked_at",), ("api_key_id", "booked_at"))
         ),
     )
 
