@@ -22,7 +22,8 @@ Reads the rollups (``billing.rollups``): each local period is covered by the coa
 buckets that fit in it (``billing.rollups.buckets.cover``); only a ``since``/``until`` off a
 15-minute edge leaves a remainder of under 15 minutes, read from ``calls``/``ledger_entries`` by
 their time index. (v2) Units are summed from the calls or entries of the period that have any
-(a partial index of each), placed in their segment and group as the rollups place them.
+(partial indexes of each by time and by key, of calls also by model), placed in their segment and
+group as the rollups place them.
 """
 
 from __future__ import annotations

@@ -123,12 +123,23 @@ SWITCH_INTERVAL_S = 0.0001
 
 
 def server_app() -> object:
-    """The ASGI app of ``billing serve`` (``billing.api.server:app``), loaded in each worker.
+    """The ASGI app of ``billing serve`` (``billing.api.server:app``), loaded in each worker, in a
+    process set up by ``serving_process``."""
+    from billing.api.server import app as server
+
+    serving_process()
+    return server
+
+
+def serving_process() -> None:
+    """Set up the current process as ``billing serve`` runs its app (``server_app``; the benches
+    that serve an app in-process call it once the app is built, so that they measure the same).
 
     The heap built at start (modules, the app, validators: hundreds of thousands of objects that
     live as long as the process) is moved out of the cyclic garbage collector's reach with
-    ``gc.freeze()``: otherwise every full collection walks it again, a pause that lands in the
-    acknowledgement latency of ingest under load.
+    ``gc.freeze()``: otherwise every full collection walks it again, a pause (≈ 90 ms of CPU)
+    that lands in the acknowledgement latency of ingest under load and in every tenth or so
+    request of a page that builds many objects.
 
     The interpreter's switch interval is lowered to ``SWITCH_INTERVAL_S``: the ingest writer
     thread hands the GIL over while SQLite runs each statement and its commit, and when one ends
@@ -136,12 +147,9 @@ def server_app() -> object:
     (after the switch interval, 5 ms by default); a shorter interval gives it back sooner
     (bench/README.md has the measurements).
     """
-    from billing.api.server import app as server
-
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     gc.collect()
     gc.freeze()
-    return server
 
 
 def uvicorn_options(

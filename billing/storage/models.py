@@ -204,12 +204,18 @@ class Call(TokenColumns, Base):
         # The call log's status filter, alone and with a key (billing.calllog.queries).
         Index(None, "status", "started_at", "request_id"),
         Index(None, "api_key_id", "status", "started_at", "request_id"),
-        # (v2) The calls with units, by start (billing.calllog.usage sums their units).
-        Index(
-            None,
-            "started_at",
-            postgresql_where=text("units IS NOT NULL"),
-            sqlite_where=text("units IS NOT NULL"),
+        # (v2) The calls with units, by start, alone and after a key or a model
+        # (billing.calllog.usage sums their units). Partial, so a key's or a model's calls
+        # without units are not read: without them SQLite takes the full key or model index and
+        # checks every call of the period for units.
+        *(
+            Index(
+                None,
+                *columns,
+                postgresql_where=text("units IS NOT NULL"),
+                sqlite_where=text("units IS NOT NULL"),
+            )
+            for columns in (("started_at",), ("api_key_id", "started_at"), ("model", "started_at"))
         ),
     )
 
@@ -297,12 +303,16 @@ class LedgerEntry(TokenColumns, EntryRates, Base):
     __table_args__ = (
         UniqueConstraint("request_id", "seq"),
         Index(None, "booked_at", "entry_id"),
-        # (v2) The entries with units, by booking (billing.calllog.usage sums their units).
-        Index(
-            None,
-            "booked_at",
-            postgresql_where=text("units IS NOT NULL"),
-            sqlite_where=text("units IS NOT NULL"),
+        # (v2) The entries with units, by booking, alone and after a key
+        # (billing.calllog.usage sums their units).
+        *(
+            Index(
+                None,
+                *columns,
+                postgresql_where=text("units IS NOT NULL"),
+                sqlite_where=text("units IS NOT NULL"),
+            )
+            for columns in (("booked_at",), ("api_key_id", "booked_at"))
         ),
     )
 

@@ -688,6 +688,84 @@ def test_groupings_filters_and_odd_periods_match_the_source_rows(
                     assert rows_of(session, query) == reference(session, query), query
 
 
+@pytest.fixture
+def with_units(priced: TestClient) -> TestClient:
+    """60 calls over two keys and two models in three days, two in three with units (some on a
+    quarter-hour edge or just before one, among calls without); every fourth call's units
+    changed by a late usage, booked a day later as an adjustment."""
+    rng = random.Random(27)
+    events: list[dict[str, Any]] = []
+    plans = []
+    for i in range(60):
+        moment = at("2026-03-10T00:00:00Z") + timedelta(seconds=rng.randrange(3 * 86400))
+        if i % 6 == 0:
+            moment = rollup_buckets.floor(rollup_buckets.QUARTER, moment) - timedelta(
+                microseconds=rng.choice([0, 1])
+            )
+        key, model = rng.choice(["key_a", "key_b"]), rng.choice(["m1", "m2"])
+        plans.append(moment)
+        call = call_events(f"u{i:02d}", moment, key=key, model=model, inp=100 + i, out=10 + i)
+        if i % 3:
+            call[-1]["units"] = {"web_search_requests": rng.randrange(1, 5)}
+            if i % 5 == 0:
+                call[-1]["units"]["code_execution_requests"] = 1
+        events += call
+    post(priced, events)
+    reconcile_at(priced, at("2026-03-13T06:07:00Z"))
+    late = [
+        {
+            "event_id": f"u{i:02d}-late",
+            "request_id": f"u{i:02d}",
+            "type": "stream.usage",
+            "occurred_at": iso(plans[i] + timedelta(seconds=30)),
+            "input_tokens": 500 + i,
+            "output_tokens": 50 + i,
+            "source": "upstream",
+            **({"units": {"web_search_requests": 1 + i % 7}} if i % 8 else {}),
+        }
+        for i in range(0, 60, 4)
+    ]
+    post(priced, late)
+    reconcile_at(priced, at("2026-03-14T10:00:00Z"))
+    return priced
+
+
+@pytest.mark.parametrize("basis", ["call_start", "booked"])
+def test_units_for_a_key_or_a_model_match_the_source_rows(
+    with_units: TestClient, session: Session, basis: str
+) -> None:
+    """Units read through the partial indexes by key and by model, over periods off the
+    15-minute edges, in a zone off the hour."""
+    periods = [
+        (at("2026-03-01T00:00:00Z"), at("2026-04-01T00:00:00Z")),
+        (at("2026-03-10T10:07:13Z"), at("2026-03-12T23:59:59.999999Z")),
+        (at("2026-03-11T00:00:00.000001Z"), at("2026-03-14T10:00:00.000001Z")),
+    ]
+    filters: list[dict[str, Any]] = [
+        {},
+        {"api_key_id": "key_a"},
+        {"api_key_id": "key_b"},
+        {"model": "m2"},
+        {"api_key_id": "key_a", "model": "m1"},
+    ]
+    seen = 0
+    for since, until in periods:
+        for group_by in [("day",), ("hour", "model"), ("api_key_id",)]:
+            for extra in filters:
+                query = UsageQuery(
+                    since,
+                    until,
+                    group_by=group_by,
+                    tz=ZoneInfo("Asia/Kolkata"),
+                    basis=basis,
+                    **extra,
+                )
+                rows = rows_of(session, query)
+                assert rows == reference(session, query), query
+                seen += sum(1 for row in rows if row["units"])
+    assert seen > 50  # the units are there to be summed
+
+
 def test_rollups_kept_by_the_reconciler_equal_rebuilt_ones(busy: TestClient) -> None:
     assert_rollups_rebuild_alike(busy)
 
