@@ -24,6 +24,10 @@ from billing.errors import Forbidden, Unauthorized
 from billing.storage.db import is_unavailable, write_transaction
 
 CACHE_TTL_S = 2.0
+#: The ASGI scope key of the role of the token that ``billing.api.limits.RequestLimits`` admitted
+#: (it checks the token of every request with a body before reading it); ``allow`` takes it
+#: from there instead of looking the token up again.
+ADMITTED_ROLE = "billing.role"
 #: While the database is unavailable, a token seen before is not looked up again for this long.
 UNAVAILABLE_RETRY_S = 10.0
 #: A token's ``last_used_at`` is written at most this often (seconds): not a write per request.
@@ -182,11 +186,13 @@ def allow(*roles: str) -> Callable[..., None]:
     allowed = frozenset(roles) | {"admin"}
 
     def guard(request: Request, _declared: DeclaresBearer = None) -> None:
-        cache: TokenCache = request.app.state.tokens
-        if not cache.auth_enabled():
-            return
-        presented = bearer(request.headers.get("authorization", ""))
-        role = known_role(cache.role(presented))
+        role: str | None = request.scope.get(ADMITTED_ROLE)
+        if role is None:
+            cache: TokenCache = request.app.state.tokens
+            if not cache.auth_enabled():
+                return
+            presented = bearer(request.headers.get("authorization", ""))
+            role = known_role(cache.role(presented))
         if role not in allowed:
             raise Forbidden(
                 f"a token with role {role!r} may not call this endpoint; "
