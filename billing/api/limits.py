@@ -41,13 +41,13 @@ Two layers, each refusing as early as the request can be judged:
 from __future__ import annotations
 
 import asyncio
+import weakref
 import zlib
 from collections.abc import Callable
 from typing import Any
 
 from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
-from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -98,6 +98,12 @@ class RequestLimits:
         self.body_limits = body_limits
         self.gzip_paths = gzip_paths
         self.form_paths = form_paths
+        # The token cache's lookups under way, per event loop, by what is looked up: when a
+        # cached answer expires, the requests that arrive while the database is asked wait for
+        # that one answer instead of each asking again in a thread of its own.
+        self._lookups: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, dict[str | None, asyncio.Future[Any]]
+        ] = weakref.WeakKeyDictionary()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -116,7 +122,7 @@ class RequestLimits:
         await self.app(scope, receive, send)
 
     async def _admit(self, scope: Scope, receive: Receive) -> tuple[Scope, Receive]:
-        headers = Headers(scope=scope)
+        headers = _admission_headers(scope)
         host = headers.get("host", "")
         if _hostname(host) not in LOOPBACK_HOSTS and not await self._auth_enabled():
             raise BadRequest(
@@ -148,7 +154,7 @@ class RequestLimits:
             cache = self.tokens()
             known, role = cache.cached_role(presented)
             if not known:
-                role = await run_in_threadpool(cache.role, presented)
+                role = await self._lookup(presented, cache.role, presented)
             role = known_role(role)
         limit = self.body_limits.get(path, self.settings.max_body_bytes)
         declared = headers.get("content-length")
@@ -169,7 +175,7 @@ class RequestLimits:
         return scope, _replay(body, receive)
 
     async def _form(
-        self, scope: Scope, receive: Receive, headers: Headers, media_type: str
+        self, scope: Scope, receive: Receive, headers: dict[str, str], media_type: str
     ) -> Receive:
         """The body of an HTML form route: form-encoded only (415), within its limit (413)."""
         if media_type != FORM_MEDIA_TYPE:
@@ -190,7 +196,26 @@ class RequestLimits:
         known = cache.cached_auth_enabled()
         if known is not None:
             return known
-        return await run_in_threadpool(cache.auth_enabled)
+        enabled: bool = await self._lookup(None, cache.auth_enabled)
+        return enabled
+
+    async def _lookup(self, key: str | None, ask: Callable[..., Any], *args: Any) -> Any:
+        """``ask(*args)`` in the thread pool, once for all the requests that want ``key`` (a
+        presented token; None: whether any token exists) at the same time."""
+        lookups = self._lookups.setdefault(asyncio.get_running_loop(), {})
+        pending = lookups.get(key)
+        if pending is None:
+            pending = asyncio.ensure_future(run_in_threadpool(ask, *args))
+            lookups[key] = pending
+
+            def done(future: asyncio.Future[Any]) -> None:
+                lookups.pop(key, None)
+                if not future.cancelled():
+                    future.exception()  # retrieved here too: its waiters may all have left
+
+            pending.add_done_callback(done)
+        # Shielded: a request whose client hangs up does not cancel the others' answer.
+        return await asyncio.shield(pending)
 
 
 def declare(routes: list[Any]) -> None:
@@ -213,6 +238,22 @@ def admitted_body(request: Request) -> bytes:
     the route's limit, in full, inflated."""
     body: bytes = request.scope[BODY_KEY]
     return body
+
+
+#: The headers the limits read (ASGI gives names in lower case).
+_ADMISSION_HEADERS = frozenset(
+    (b"host", b"content-type", b"content-encoding", b"authorization", b"content-length")
+)
+
+
+def _admission_headers(scope: Scope) -> dict[str, str]:
+    """The first value of each of ``_ADMISSION_HEADERS`` that the request has, by name (as
+    ``starlette.datastructures.Headers.get`` reads them, in one pass over the headers)."""
+    found: dict[str, str] = {}
+    for name, value in scope["headers"]:
+        if name in _ADMISSION_HEADERS:
+            found.setdefault(name.decode("latin-1"), value.decode("latin-1"))
+    return found
 
 
 def _hostname(host: str) -> str:
