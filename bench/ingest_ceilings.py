@@ -23,8 +23,8 @@ def ceiling_app() -> Any:
     from fastapi import FastAPI, Request
     from fastapi.responses import Response
 
-    from billing.api.events import read_body
-    from billing.ingest.validation import parse_batch
+    from billing.api.limits import read_within
+    from billing.ingest.validation import MAX_BODY_BYTES, parse_batch
 
     # Annotations are strings here (``from __future__ import annotations``): FastAPI resolves
     # them in this module's globals.
@@ -33,7 +33,7 @@ def ceiling_app() -> Any:
 
     @app.post("/v1/events")
     async def post_events(request: Request) -> Response:
-        body = await read_body(request, 30.0)
+        body = await read_within(request.receive, MAX_BODY_BYTES, 30.0, None)
         batch = parse_batch(body, datetime.now(UTC))
         return Response(
             orjson.dumps({"accepted": len(batch), "duplicates": 0}),

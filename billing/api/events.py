@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from datetime import UTC, datetime
 
 import orjson
@@ -10,18 +9,18 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
 from billing.api.errors import HANDLED, ConflictBody, answers, domain_error, render
+from billing.api.limits import admitted_body
 from billing.api.openapi import request_body
 from billing.api.state import AppState
 from billing.auth.guard import DeclaresBearer, allow
-from billing.errors import BillingError, BodyTimeout, EventConflict, TooLarge
+from billing.errors import BillingError, EventConflict
 from billing.ingest.prepare import PreparedBatch, prepare_batch
 from billing.ingest.schemas import Event
 from billing.ingest.service import IngestResult
-from billing.ingest.validation import MAX_BATCH, MAX_BODY_BYTES, parse_batch
+from billing.ingest.validation import MAX_BATCH, parse_batch
 
 router = APIRouter()
 
@@ -54,35 +53,6 @@ class IngestReply(BaseModel):
     duplicates: int = Field(
         ge=0, description="events already stored, or repeated in the batch, with the same content"
     )
-
-
-async def read_body(request: Request, timeout_s: float, limit: int = MAX_BODY_BYTES) -> bytes:
-    """The request body, refusing with 413 as soon as it passes ``limit`` bytes, and with 408
-    (``BodyTimeout``) when it has not arrived in full within ``timeout_s`` seconds (a client that
-    declares more than it sends must not hold a connection and its memory for ever)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise TooLarge(
-            f"request body is {declared} bytes; the limit is {limit} ({limit / 2**20:g} MiB)"
-        )
-    chunks: list[bytes] = []
-    size = 0
-    try:
-        async with asyncio.timeout(timeout_s):
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise TooLarge(
-                        f"request body is over the limit of {limit} bytes ({limit / 2**20:g} MiB)"
-                    )
-                chunks.append(chunk)
-    except TimeoutError:
-        raise BodyTimeout(
-            f"the request body did not arrive in full within {timeout_s:g} s ({size} bytes "
-            f"received{'' if declared is None else f' of the {declared} declared'}); "
-            "send the whole body at once"
-        ) from None
-    return b"".join(chunks)
 
 
 _allow_ingest = allow("ingest")
@@ -148,7 +118,7 @@ async def post_events(request: Request) -> Response:
 
 
 async def _ingest(request: Request, state: AppState) -> IngestResult:
-    body = await read_body(request, state.settings.body_timeout_s)
+    body = admitted_body(request)
     now = datetime.now(UTC)
     try:
         if len(body) <= INLINE_PARSE_BYTES:
@@ -180,9 +150,6 @@ async def serve_ingest(scope: Scope, receive: Receive, send: Send, state: AppSta
     try:
         _allow_ingest(request)
         result = await _ingest(request, state)
-    except ClientDisconnect:
-        # The client hung up before its body arrived: nothing was stored, nobody to answer.
-        return 499
     except HANDLED as error:
         answer = domain_error(error, state.settings.db_retry_after_s)
         if answer is None:

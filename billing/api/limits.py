@@ -31,8 +31,11 @@ Two layers, each refusing as early as the request can be judged:
      ``MAX_GZIP_RATIO`` times its compressed size (413); a body that is not valid gzip is 400.
 
   An answer given before the body was read closes the connection (the rest is not read). The
-  route gets the (inflated) body at once. Errors come from ``billing.api.errors`` like every
-  other answer. A 422 lists at most 100 problems (``billing.errors.ValidationFailed``).
+  route gets the (inflated) body at once, read once, here: ``admitted_body(request)`` (and
+  ``receive`` gives it again to a route that reads its stream); the role of an admitted token
+  goes in the scope too, for the route's guard (``billing.auth.guard.ADMITTED_ROLE``). Errors
+  come from ``billing.api.errors`` like every other answer. A 422 lists at most 100 problems
+  (``billing.errors.ValidationFailed``).
 """
 
 from __future__ import annotations
@@ -43,13 +46,12 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi.routing import APIRoute
-from starlette.datastructures import Headers
-from starlette.requests import ClientDisconnect
+from starlette.requests import ClientDisconnect, Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from billing.api.errors import HANDLED, answers, domain_error, raw_answer, render
-from billing.auth.guard import TokenCache, bearer, known_role
+from billing.auth.guard import ADMITTED_ROLE, TokenCache, bearer, known_role
 from billing.errors import (
     BadRequest,
     BodyTimeout,
@@ -66,6 +68,8 @@ MAX_GZIP_RATIO = 100
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 #: What an HTML form without script sends (the console's sign-in and sign-out).
 FORM_MEDIA_TYPE = "application/x-www-form-urlencoded"
+#: The scope key of the body read by ``RequestLimits`` (``admitted_body``).
+BODY_KEY = "billing.body"
 
 
 class RequestLimits:
@@ -110,7 +114,7 @@ class RequestLimits:
         await self.app(scope, receive, send)
 
     async def _admit(self, scope: Scope, receive: Receive) -> tuple[Scope, Receive]:
-        headers = Headers(scope=scope)
+        headers = _admission_headers(scope)
         host = headers.get("host", "")
         if _hostname(host) not in LOOPBACK_HOSTS and not await self._auth_enabled():
             raise BadRequest(
@@ -136,14 +140,15 @@ class RequestLimits:
             raise UnsupportedMediaType(
                 f"Content-Encoding {encoding!r} is not taken here ({taken}); send the body as is"
             )
+        role: str | None = None
         if await self._auth_enabled():
             presented = bearer(headers.get("authorization", ""))
-            known_role(await self.tokens().role_async(presented))
+            role = known_role(await self.tokens().role_async(presented))
         limit = self.body_limits.get(path, self.settings.max_body_bytes)
         declared = headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise TooLarge(f"request body is {declared} bytes; the limit is {limit}")
-        body = await _read(receive, limit, self.settings.body_timeout_s, declared)
+        body = await read_within(receive, limit, self.settings.body_timeout_s, declared)
         if gzip:
             body = gunzip(body, limit)
             scope = dict(scope)
@@ -152,10 +157,13 @@ class RequestLimits:
                 for name, value in scope["headers"]
                 if name not in (b"content-encoding", b"content-length")
             ] + [(b"content-length", b"%d" % len(body))]
+        scope[BODY_KEY] = body
+        if role is not None:
+            scope[ADMITTED_ROLE] = role
         return scope, _replay(body, receive)
 
     async def _form(
-        self, scope: Scope, receive: Receive, headers: Headers, media_type: str
+        self, scope: Scope, receive: Receive, headers: dict[str, str], media_type: str
     ) -> Receive:
         """The body of an HTML form route: form-encoded only (415), within its limit (413)."""
         if media_type != FORM_MEDIA_TYPE:
@@ -167,7 +175,8 @@ class RequestLimits:
         declared = headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise TooLarge(f"request body is {declared} bytes; the limit is {limit}")
-        body = await _read(receive, limit, self.settings.body_timeout_s, declared)
+        body = await read_within(receive, limit, self.settings.body_timeout_s, declared)
+        scope[BODY_KEY] = body
         return _replay(body, receive)
 
     async def _auth_enabled(self) -> bool:
@@ -189,6 +198,29 @@ def declare(routes: list[Any]) -> None:
             route.responses.setdefault(status, response)
 
 
+def admitted_body(request: Request) -> bytes:
+    """The body of a ``POST`` (``PUT``, ``PATCH``) request as ``RequestLimits`` read it: within
+    the route's limit, in full, inflated."""
+    body: bytes = request.scope[BODY_KEY]
+    return body
+
+
+#: The headers the limits read (ASGI gives names in lower case).
+_ADMISSION_HEADERS = frozenset(
+    (b"host", b"content-type", b"content-encoding", b"authorization", b"content-length")
+)
+
+
+def _admission_headers(scope: Scope) -> dict[str, str]:
+    """The first value of each of ``_ADMISSION_HEADERS`` that the request has, by name (as
+    ``starlette.datastructures.Headers.get`` reads them, in one pass over the headers)."""
+    found: dict[str, str] = {}
+    for name, value in scope["headers"]:
+        if name in _ADMISSION_HEADERS:
+            found.setdefault(name.decode("latin-1"), value.decode("latin-1"))
+    return found
+
+
 def _hostname(host: str) -> str:
     """The name of a ``Host`` header without its port, lower case (``[::1]`` keeps brackets)."""
     host = host.strip().lower()
@@ -198,7 +230,9 @@ def _hostname(host: str) -> str:
     return name if colon and port.isdigit() else host
 
 
-async def _read(receive: Receive, limit: int, timeout_s: float, declared: str | None) -> bytes:
+async def read_within(
+    receive: Receive, limit: int, timeout_s: float, declared: str | None
+) -> bytes:
     """The whole body: 413 as soon as it passes ``limit`` bytes, 408 when it has not arrived
     within ``timeout_s``; ``ClientDisconnect`` when the client hangs up first."""
     chunks: list[bytes] = []
@@ -213,9 +247,12 @@ async def _read(receive: Receive, limit: int, timeout_s: float, declared: str | 
                 size += len(chunk)
                 if size > limit:
                     raise TooLarge(f"request body is over the limit of {limit} bytes")
-                chunks.append(chunk)
                 if not message.get("more_body", False):
+                    if not chunks:
+                        return chunk  # the whole body in one message, as it nearly always is
+                    chunks.append(chunk)
                     break
+                chunks.append(chunk)
     except TimeoutError:
         raise BodyTimeout(
             f"the request body did not arrive in full within {timeout_s:g} s ({size} bytes "

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from billing.api.errors import answers
-from billing.api.events import read_body
+from billing.api.limits import admitted_body
 from billing.api.openapi import request_body
 from billing.api.state import AppState, get_state
 from billing.auth.guard import allow
@@ -68,6 +68,6 @@ async def post_provider_report(request: Request) -> JSONResponse:
     """``{"buckets", "new", "changed", "unchanged"}``; 422 naming the page expected when
     ``report`` is not a page of that provider's ``kind``."""
     state = get_state(request)
-    body = await read_body(request, state.settings.body_timeout_s, MAX_REPORT_BYTES)
+    body = admitted_body(request)
     result = await run_in_threadpool(_import, state, body)
     return JSONResponse(result.model_dump())

@@ -8,11 +8,13 @@ request; a revoked (or expired) token stops working within that time.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -25,6 +27,10 @@ from billing.errors import Forbidden, Unauthorized
 from billing.storage.db import is_unavailable, write_transaction
 
 CACHE_TTL_S = 2.0
+#: The ASGI scope key of the role of the token that ``billing.api.limits.RequestLimits`` admitted
+#: (it checks the token of every request with a body before reading it); ``allow`` takes it
+#: from there instead of looking the token up again.
+ADMITTED_ROLE = "billing.role"
 #: While the database is unavailable, a token seen before is not looked up again for this long.
 UNAVAILABLE_RETRY_S = 10.0
 #: A token's ``last_used_at`` is written at most this often (seconds): not a write per request.
@@ -50,8 +56,9 @@ class TokenCache:
 
     Once a token exists the answer to ``auth_enabled`` never changes (tokens are revoked, never
     deleted), so it is then kept for good; until then it is asked again every ``ttl_s``. The
-    ``cached_*`` methods never touch the database (the event loop calls them: the
-    ``billing.api.limits`` middleware looks up a miss in the thread pool first). A token's use
+    ``cached_*`` methods never touch the database; async code (the ``billing.api.limits``
+    middleware, the console) calls the ``*_async`` ones, which look a miss up in the thread
+    pool, once for all the requests waiting for the same answer. A token's use
     is noted in memory, at most once per ``LAST_USED_EVERY_S`` per token, and written by
     ``flush_last_used`` (the app's background task, ``GET /v1/tokens``).
     """
@@ -64,6 +71,12 @@ class TokenCache:
         self._roles: dict[str, tuple[float, TokenInfo | None]] = {}
         self._noted: dict[str, float] = {}
         self._unwritten: dict[str, datetime] = {}
+        # The lookups under way, per event loop, by what is looked up: when a cached answer
+        # expires, the requests that arrive while the database is asked wait for that one
+        # answer instead of each asking again in a thread of its own.
+        self._lookups: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, dict[str | None, asyncio.Future[Any]]
+        ] = weakref.WeakKeyDictionary()
         self._unavailable_until = 0.0
 
     def cached_auth_enabled(self) -> bool | None:
@@ -109,7 +122,8 @@ class TokenCache:
         known = self.cached_auth_enabled()
         if known is not None:
             return known
-        return await run_in_threadpool(self.auth_enabled)
+        enabled: bool = await self._lookup(None, self.auth_enabled)
+        return enabled
 
     async def role_async(self, presented: str) -> str | None:
         """``role(presented)`` for async code: the cached answer, else the lookup on a worker
@@ -117,7 +131,26 @@ class TokenCache:
         known, role = self.cached_role(presented)
         if known:
             return role
-        return await run_in_threadpool(self.role, presented)
+        found: str | None = await self._lookup(presented, self.role, presented)
+        return found
+
+    async def _lookup(self, key: str | None, ask: Callable[..., Any], *args: Any) -> Any:
+        """``ask(*args)`` in the thread pool, once for all the requests that want ``key`` (a
+        presented token; None: whether any token exists) at the same time."""
+        lookups = self._lookups.setdefault(asyncio.get_running_loop(), {})
+        pending = lookups.get(key)
+        if pending is None:
+            pending = asyncio.ensure_future(run_in_threadpool(ask, *args))
+            lookups[key] = pending
+
+            def done(future: asyncio.Future[Any]) -> None:
+                lookups.pop(key, None)
+                if not future.cancelled():
+                    future.exception()  # retrieved here too: its waiters may all have left
+
+            pending.add_done_callback(done)
+        # Shielded: a request whose client hangs up does not cancel the others' answer.
+        return await asyncio.shield(pending)
 
     def role(self, presented: str) -> str | None:
         """The role of a presented token (None: unknown, revoked or expired)."""
@@ -199,11 +232,13 @@ def allow(*roles: str) -> Callable[..., None]:
     allowed = frozenset(roles) | {"admin"}
 
     def guard(request: Request, _declared: DeclaresBearer = None) -> None:
-        cache: TokenCache = request.app.state.tokens
-        if not cache.auth_enabled():
-            return
-        presented = bearer(request.headers.get("authorization", ""))
-        role = known_role(cache.role(presented))
+        role: str | None = request.scope.get(ADMITTED_ROLE)
+        if role is None:
+            cache: TokenCache = request.app.state.tokens
+            if not cache.auth_enabled():
+                return
+            presented = bearer(request.headers.get("authorization", ""))
+            role = known_role(cache.role(presented))
         if role not in allowed:
             raise Forbidden(
                 f"a token with role {role!r} may not call this endpoint; "

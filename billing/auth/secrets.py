@@ -54,8 +54,10 @@ def canonical(value: str) -> str:
     """``value`` as compared with the secret shapes: NFKC, without format characters (zero
     width spaces, joiners, marks of direction), trimmed of spaces and quotes, case-folded,
     without a leading ``Bearer``/``key:``/``api_key=``/``token:`` (repeated ones too)."""
-    text = unicodedata.normalize("NFKC", value)
-    text = "".join(ch for ch in text if unicodedata.category(ch) != "Cf")
+    text = value
+    if not value.isascii():  # NFKC leaves ASCII as it is, and no ASCII character is a Cf
+        text = unicodedata.normalize("NFKC", value)
+        text = "".join(ch for ch in text if unicodedata.category(ch) != "Cf")
     text = text.strip().strip(_QUOTES).strip().casefold()
     while True:
         unwrapped = _WRAPPERS.sub("", text, count=1).strip().strip(_QUOTES).strip()

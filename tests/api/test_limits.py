@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import secrets as random_secrets
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -14,7 +15,7 @@ import orjson
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from sqlalchemy import func, select
+from sqlalchemy import event, func, select
 
 from billing.auth.secrets import canonical, looks_like_secret
 from billing.auth.tokens import create_token
@@ -166,6 +167,37 @@ def test_a_short_422_has_no_count_of_more(client: TestClient) -> None:
     response = client.post("/v1/events", json={"events": [{**started("b-1"), "attempt": 0}]})
     assert response.status_code == 422
     assert set(response.json()) == {"errors"}
+
+
+def test_posts_that_miss_the_token_cache_together_look_the_token_up_once(
+    client: TestClient, app: FastAPI
+) -> None:
+    """Posts whose token's cached answer is missing (or expired) while it is being looked up
+    wait for that one lookup instead of each asking the database."""
+    token = _admin(app, "ingest")
+    lookups: list[str] = []
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if "api_tokens.token_hash =" in statement:
+            lookups.append(statement)
+
+    headers = {**JSON, "Authorization": f"Bearer {token}"}
+    bodies = [orjson.dumps({"events": [started(f"one-{i}", f"one-r{i}")]}) for i in range(24)]
+    engine = app.state.billing.engine
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        with ThreadPoolExecutor(len(bodies)) as pool:
+            statuses = list(
+                pool.map(
+                    lambda body: client.post("/v1/events", content=body, headers=headers),
+                    bodies,
+                )
+            )
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    assert [r.status_code for r in statuses] == [200] * len(bodies)
+    assert _events(app) == len(bodies)
+    assert len(lookups) == 1
 
 
 # -- gzip batches -------------------------------------------------------------------------------
