@@ -129,6 +129,16 @@ class SSEDecoder:
             self._skip_lf = False
             if buf.startswith(b"\n"):
                 buf = buf[1:]
+        if (
+            buf.startswith(b"data: ")
+            and buf.endswith(b"\n\n")
+            and buf.count(b"\n") == 2
+            and b"\r" not in buf
+            and not self._data
+            and not self._event_name
+        ):  # the usual chunk: one whole block of one data line (what the loop below would do)
+            self._partial = b""
+            return [(None, buf[6:-2], self.last_event_id)]
         if b"\r" in buf:
             lines = _LINE_END.split(buf)
             self._skip_lf = buf.endswith(b"\r")
