@@ -109,7 +109,9 @@ class ChatCompletionsTap(Tap):
             if isinstance(choices, list):
                 for choice in choices:
                     try:
-                        self._on_choice(as_dict(choice, "choice"))
+                        self._on_choice(
+                            choice if type(choice) is dict else as_dict(choice, "choice")
+                        )
                     except MalformedEventError:
                         self._mark_malformed()
             else:
@@ -126,7 +128,7 @@ class ChatCompletionsTap(Tap):
     def _on_choice(self, choice: dict[str, Any]) -> None:
         delta = choice.get("delta")
         if delta is not None:
-            pieces = _delta_pieces(as_dict(delta, "delta"))
+            pieces = _delta_pieces(delta if type(delta) is dict else as_dict(delta, "delta"))
             if pieces:
                 self._count_deltas(pieces)
         finish = choice.get("finish_reason")
