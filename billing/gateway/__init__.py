@@ -15,10 +15,10 @@ The meter reads tokens with the protocol's tap (:mod:`billing.taps`) and sends t
 lifecycle events (CONTRACT.md, "Events") through the client; see :meth:`Meter.relay`.
 
 Modules: ``meter.py`` (the API and both relays), ``account.py`` (one call's counts and events,
-sans-IO), ``pump.py`` (the asyncio reader task, which drains after a disconnect), ``drain.py``
-(the drain decision, bounds, the sync drain thread), ``policy.py`` (:class:`DrainPolicy`),
-``slots.py`` (the bound on concurrent drains), ``channel.py`` (the pump's hand-off to the
-relay), ``upstream.py`` (the byte streams accepted).
+sans-IO), ``pump.py`` (the asyncio reader task and its hand-off to the relay; it drains after a
+disconnect), ``drain.py`` (the drain decision, bounds, the sync drain thread), ``policy.py``
+(:class:`DrainPolicy`), ``slots.py`` (the bound on concurrent drains), ``upstream.py`` (the byte
+streams accepted).
 """
 
 from __future__ import annotations

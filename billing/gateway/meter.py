@@ -162,19 +162,23 @@ class Meter:
         pump = Pump(account, upstream, stall_timeout_s=meters.stall_timeout_s, slots=meters.slots)
         try:
             while True:
-                queue = pump.queue
-                item = queue.get_nowait() if queue.qsize() else await queue.get()
-                if type(item) is tuple:
-                    chunk, generated = item
+                ready = pump.ready
+                if ready:
+                    chunk, generated = ready.popleft()
+                    pump.taken()
                     yield chunk
                     account.delivered = generated
                     account.bytes_relayed += len(chunk)
                     continue
-                if item == END:
+                outcome = pump.outcome
+                if outcome is None:
+                    await pump.arrival()
+                    continue
+                if outcome == END:
                     account.settle()
                     return
                 can_retry = retry is not None and account.bytes_relayed == 0
-                if item == STALLED and can_retry and account.attempt < meters.max_attempts:
+                if outcome == STALLED and can_retry and account.attempt < meters.max_attempts:
                     assert retry is not None
                     account.start_attempt()
                     try:

@@ -15,12 +15,12 @@ attempt is settled as ``upstream_disconnect``).
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from typing import Final
 
 import httpx
 
 from billing.gateway.account import CallAccount
-from billing.gateway.channel import Channel
 from billing.gateway.drain import Drain
 from billing.gateway.policy import DrainPolicy
 from billing.gateway.slots import DrainSlots
@@ -33,11 +33,11 @@ STALLED: Final = "stalled"
 BROKEN: Final = "broken"
 
 #: Chunks read ahead of the client at most.
-QUEUE_CHUNKS = 64
+READ_AHEAD = 64
 
 
 class Pump:
-    """Reads ``source`` into :attr:`queue` and the account's tap; drains after :meth:`detach`."""
+    """Reads ``source`` into :attr:`ready` and the account's tap; drains after :meth:`detach`."""
 
     def __init__(
         self,
@@ -48,7 +48,8 @@ class Pump:
         slots: DrainSlots,
     ) -> None:
         self.account = account
-        self.queue: Channel[tuple[bytes, int] | str] = Channel(QUEUE_CHUNKS)
+        self.ready: deque[tuple[bytes, int]] = deque()
+        self.outcome: str | None = None  # END, STALLED or BROKEN, once the upstream ended
         self.detached = False
         self.ended = False  # the upstream reached its end (or failed)
         self._source = source
@@ -56,9 +57,31 @@ class Pump:
         self._drain = Drain(slots)
         self._skip = False
         self._loop = asyncio.get_running_loop()
+        self._arrival: asyncio.Future[None] | None = None  # the relay waits for a pair
+        self._room: asyncio.Future[None] | None = None  # the pump waits for the relay
         self._timeout: asyncio.Timeout | None = None
         self._started = False
         self.task = self._loop.create_task(self._run(), name=f"billing-pump-{account.request_id}")
+
+    def arrival(self) -> asyncio.Future[None]:
+        """A future done when a pair is :attr:`ready` or the :attr:`outcome` is known."""
+        self._arrival = arrival = self._loop.create_future()
+        return arrival
+
+    def taken(self) -> None:
+        """The relay took a pair: a pump waiting for room goes on."""
+        room = self._room
+        if room is not None:
+            self._room = None
+            if not room.done():
+                room.set_result(None)
+
+    def _arrived(self) -> None:
+        arrival = self._arrival
+        if arrival is not None:
+            self._arrival = None
+            if not arrival.done():  # the relay may have been cancelled meanwhile
+                arrival.set_result(None)
 
     def detach(self, policy: DrainPolicy) -> None:
         """The client left: drain within ``policy`` or cancel the upstream now.
@@ -67,8 +90,8 @@ class Pump:
         attempt is settled at once.
         """
         self.detached = True
-        while not self.queue.empty():  # unblock a pending put; the chunks were counted
-            self.queue.get_nowait()
+        self.ready.clear()  # the chunks were counted; a pump waiting for room goes on
+        self.taken()
         account = self.account
         if self.ended:
             account.settle()
@@ -96,7 +119,7 @@ class Pump:
         account = self.account
         tap = account.tap
         chunks = async_chunks(self._source)
-        queue = self.queue
+        ready = self.ready
         drain = self._drain
         stall = self._stall
         loop = self._loop
@@ -115,10 +138,12 @@ class Pump:
                         continue
                     if stall is not None:
                         self._timeout.reschedule(loop.time() + stall)
-                    if queue.full():
-                        await queue.put((chunk, generated))
-                    else:  # the common case, without a coroutine per chunk
-                        queue.put_nowait((chunk, generated))
+                    ready.append((chunk, generated))
+                    if self._arrival is not None:
+                        self._arrived()
+                    if len(ready) >= READ_AHEAD:
+                        self._room = room = loop.create_future()
+                        await room
             outcome = END
         except (TimeoutError, httpx.TimeoutException):
             outcome = END if self.detached else STALLED
@@ -141,6 +166,7 @@ class Pump:
             if self.detached:
                 account.settle(skipped=self._skip)
                 drain.end()
-            await aclose_quietly(self._source, chunks)
             if not self.detached and outcome is not None:
-                await queue.put(outcome)  # a detach meanwhile empties the queue
+                self.outcome = outcome
+                self._arrived()
+            await aclose_quietly(self._source, chunks)

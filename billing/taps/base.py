@@ -16,7 +16,7 @@ import orjson
 
 from billing.taps.events import attempt_final_events, stream_failed_payload, stream_usage_payload
 from billing.taps.fields import MalformedEventError, normalize_error
-from billing.taps.sse import SSEDecoder, SSEEvent
+from billing.taps.sse import SSEDecoder
 from billing.taps.usage import InputUsage, OtherModelUsage, Usage, build_input, build_usage
 
 __all__ = ["Tap"]
@@ -93,41 +93,49 @@ class Tap(ABC):
         """
         if self._closed:
             return
-        for event in self._decoder.feed(chunk):
-            self._handle(event)
+        for name, data, _ in self._decoder.feed_raw(chunk):
+            self._handle(name, data)
 
     def close(self) -> None:
         """Mark the end of input; a last block without its trailing blank line still counts."""
         if self._closed:
             return
-        for event in self._decoder.close():
-            self._handle(event)
+        for name, data, _ in self._decoder.close_raw():
+            self._handle(name, data)
         self._closed = True
 
-    def _handle(self, event: SSEEvent) -> None:
+    def _handle(self, sse_event: str | None, raw: bytes) -> None:
+        """One event's data (UTF-8 bytes): ``[DONE]``, nothing, or a JSON event."""
         if self._done:
             return
-        data = event.data.strip()
-        if not data:
-            return
-        if data == "[DONE]":
-            self._done = True
-            return
+        text: str | None = None
+        try:
+            payload = orjson.loads(raw)  # the usual event: its bytes are the JSON text
+        except orjson.JSONDecodeError:
+            # not JSON as it is: [DONE], blank data, invalid UTF-8 or non-JSON whitespace around
+            # the JSON (read as the decoded, stripped text), or not JSON at all
+            text = raw.decode("utf-8", "replace").strip()
+            if not text:
+                return
+            if text == "[DONE]":
+                self._done = True
+                return
         self._events += 1
         self._event_bad = False
         try:
-            try:
-                payload = orjson.loads(data)
-            except orjson.JSONDecodeError:
-                if event.event == "error":  # a named error event with a plain-text message
-                    self._set_error(data)
-                raise
+            if text is not None:
+                try:
+                    payload = orjson.loads(text)
+                except orjson.JSONDecodeError:
+                    if sse_event == "error":  # a named error event with a plain-text message
+                        self._set_error(text)
+                    raise
             if not isinstance(payload, dict):
                 raise MalformedEventError("event data is not a JSON object")
             kind = payload.get("type")
             if not isinstance(kind, str) or not kind:
-                kind = event.event or ""
-            self._on_event(kind, event.event, payload)
+                kind = sse_event or ""
+            self._on_event(kind, sse_event, payload)
         except Exception:  # never raise on stream content: count and skip
             self._event_bad = True
         if self._event_bad:

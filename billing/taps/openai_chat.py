@@ -45,38 +45,42 @@ from billing.taps.fields import (
 
 __all__ = ["ChatCompletionsTap"]
 
-_TEXT_FIELDS = ("content", "refusal", "reasoning_content", "reasoning")
+_TEXT_FIELDS = frozenset({"content", "refusal", "reasoning_content", "reasoning"})
 #: OpenRouter's billed server-tool counters (``usage.server_tool_use_details``).
 _OPENROUTER_UNITS = ("web_search_requests",)
+_TEXT = (str, list)
+_CONTENT = (str, list, dict)
 
 
 def _nonempty(value: object) -> bool:
-    return isinstance(value, str | list | dict) and len(value) > 0
+    return isinstance(value, _CONTENT) and len(value) > 0
 
 
 def _delta_pieces(delta: dict[str, Any]) -> int:
     """Number of non-empty generated pieces in one choice delta."""
     n = 0
-    for key in _TEXT_FIELDS:
-        value = delta.get(key)
-        if isinstance(value, str | list) and value:
-            n += 1
-    tool_calls = delta.get("tool_calls")
-    if tool_calls is not None:
-        if not isinstance(tool_calls, list):
-            raise MalformedEventError("tool_calls is not a list")
-        for call in tool_calls:
-            function = as_dict(call, "tool call").get("function")
-            if isinstance(function, dict) and _nonempty(function.get("arguments")):
+    for key, value in delta.items():  # the delta's own keys (usually one or two), once each
+        if key in _TEXT_FIELDS:
+            if value and isinstance(value, _TEXT):
                 n += 1
-    function_call = delta.get("function_call")
-    if isinstance(function_call, dict) and _nonempty(function_call.get("arguments")):
-        n += 1
-    audio = delta.get("audio")
-    if isinstance(audio, dict) and (
-        _nonempty(audio.get("transcript")) or _nonempty(audio.get("data"))
-    ):
-        n += 1
+        elif key == "tool_calls":
+            if value is None:
+                continue
+            if not isinstance(value, list):
+                raise MalformedEventError("tool_calls is not a list")
+            for call in value:
+                function = as_dict(call, "tool call").get("function")
+                if isinstance(function, dict) and _nonempty(function.get("arguments")):
+                    n += 1
+        elif key == "function_call":
+            if isinstance(value, dict) and _nonempty(value.get("arguments")):
+                n += 1
+        elif (
+            key == "audio"
+            and isinstance(value, dict)
+            and (_nonempty(value.get("transcript")) or _nonempty(value.get("data")))
+        ):
+            n += 1
     return n
 
 
@@ -90,9 +94,14 @@ class ChatCompletionsTap(Tap):
         self._reported_units: dict[str, int] = {}
 
     def _on_event(self, kind: str, sse_event: str | None, data: dict[str, Any]) -> None:
-        self._set_model(opt_str(data, "model"))
-        self._set_service_tier(opt_tier(data))
-        if _nonempty(data.get("error")) or kind == "error" or sse_event == "error":
+        # read once per chunk: a field that did not change (the model on every chunk) or is
+        # absent is skipped before its reader
+        if data.get("model") != self._model:
+            self._set_model(opt_str(data, "model"))
+        if data.get("service_tier") is not None:
+            self._set_service_tier(opt_tier(data))
+        error = data.get("error")
+        if (error is not None and _nonempty(error)) or kind == "error" or sse_event == "error":
             self._set_error(error_from_event(data))
 
         choices = data.get("choices")
@@ -100,7 +109,9 @@ class ChatCompletionsTap(Tap):
             if isinstance(choices, list):
                 for choice in choices:
                     try:
-                        self._on_choice(as_dict(choice, "choice"))
+                        self._on_choice(
+                            choice if type(choice) is dict else as_dict(choice, "choice")
+                        )
                     except MalformedEventError:
                         self._mark_malformed()
             else:
@@ -117,7 +128,9 @@ class ChatCompletionsTap(Tap):
     def _on_choice(self, choice: dict[str, Any]) -> None:
         delta = choice.get("delta")
         if delta is not None:
-            self._count_deltas(_delta_pieces(as_dict(delta, "delta")))
+            pieces = _delta_pieces(delta if type(delta) is dict else as_dict(delta, "delta"))
+            if pieces:
+                self._count_deltas(pieces)
         finish = choice.get("finish_reason")
         if isinstance(finish, str) and finish:
             self._set_stop_reason(finish)

@@ -31,10 +31,15 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-__all__ = ["SSEDecoder", "SSEEvent", "iter_sse_events"]
+__all__ = ["RawSSEEvent", "SSEDecoder", "SSEEvent", "iter_sse_events"]
 
-_LINE_END = re.compile(r"\r\n|\r|\n")
-_BOM = "\ufeff"
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+_BOM = codecs.BOM_UTF8
+
+#: A dispatched event as :meth:`SSEDecoder.feed_raw` gives it: the event name (``None`` when
+#: the block had none), the ``data:`` lines joined with ``b"\n"`` as UTF-8 bytes, NOT decoded
+#: (:attr:`SSEEvent.data` is their decoding, invalid bytes as U+FFFD), and the last event id.
+RawSSEEvent = tuple[str | None, bytes, str | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +73,12 @@ class SSEDecoder:
             ...
 
     Any split of the input into chunks yields the same events as feeding it whole. The decoder
-    never raises on stream content.
+    never raises on stream content. :meth:`feed_raw` and :meth:`close_raw` give the same events
+    with their data left as bytes (what the taps parse as JSON).
+
+    The stream is split into lines as bytes and a line is decoded only when read: line ends
+    are ASCII, never inside a UTF-8 sequence, so this decodes exactly as decoding the whole
+    stream first would (the taps' per-chunk cost: no text copy of each chunk).
 
     Attributes:
         retry: the last valid ``retry:`` value (reconnection time in milliseconds), or ``None``.
@@ -76,13 +86,12 @@ class SSEDecoder:
     """
 
     def __init__(self) -> None:
-        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._partial: list[str] = []  # pieces of the current line, which has no line end yet
-        self._skip_lf = False  # the previous text ended in CR: an LF next is part of it
-        self._at_start = True  # no text decoded yet (for the BOM)
+        self._partial = b""  # the current line so far, which has no line end yet
+        self._skip_lf = False  # the previous chunk ended in CR: an LF next is part of it
+        self._at_start = True  # no byte read yet (for the BOM)
         self._closed = False
-        self._event_name = ""
-        self._data: list[str] = []
+        self._event_name = b""
+        self._data: list[bytes] = []
         self.retry: int | None = None
         self.last_event_id: str | None = None
 
@@ -96,83 +105,105 @@ class SSEDecoder:
 
         Feeding after :meth:`close` is ignored and returns no events.
         """
-        if self._closed:
-            return []
-        text = self._utf8.decode(bytes(chunk))
-        out: list[SSEEvent] = []
-        self._process_text(text, out)
-        return out
+        return [_decoded(raw) for raw in self.feed_raw(chunk)]
 
     def close(self) -> list[SSEEvent]:
         """Signal end of input; return the events still pending (leniently, see module doc)."""
+        return [_decoded(raw) for raw in self.close_raw()]
+
+    def feed_raw(self, chunk: bytes | bytearray | memoryview) -> list[RawSSEEvent]:
+        """:meth:`feed`, with each event's data as bytes (:data:`RawSSEEvent`)."""
+        if self._closed:
+            return []
+        buf = self._partial + chunk if self._partial else bytes(chunk)
+        if not buf:
+            return []
+        if self._at_start:
+            if len(buf) < len(_BOM) and _BOM.startswith(buf):  # a BOM may be split
+                self._partial = buf
+                return []
+            self._at_start = False
+            if buf.startswith(_BOM):
+                buf = buf[len(_BOM) :]
+        if self._skip_lf:
+            self._skip_lf = False
+            if buf.startswith(b"\n"):
+                buf = buf[1:]
+        if (
+            buf.startswith(b"data: ")
+            and buf.endswith(b"\n\n")
+            and buf.count(b"\n") == 2
+            and b"\r" not in buf
+            and not self._data
+            and not self._event_name
+        ):  # the usual chunk: one whole block of one data line (what the loop below would do)
+            self._partial = b""
+            return [(None, buf[6:-2], self.last_event_id)]
+        if b"\r" in buf:
+            lines = _LINE_END.split(buf)
+            self._skip_lf = buf.endswith(b"\r")
+        else:  # the usual stream: LF only
+            lines = buf.split(b"\n")
+        self._partial = lines.pop()
+        out: list[RawSSEEvent] = []
+        self._read_lines(lines, out)
+        return out
+
+    def close_raw(self) -> list[RawSSEEvent]:
+        """:meth:`close`, with each event's data as bytes (:data:`RawSSEEvent`)."""
         if self._closed:
             return []
         self._closed = True
-        out: list[SSEEvent] = []
-        self._process_text(self._utf8.decode(b"", final=True), out)
-        if self._partial:
-            line = "".join(self._partial)
-            self._partial = []
-            self._process_line(line, out)
-        self._dispatch(out)
+        out: list[RawSSEEvent] = []
+        if self._partial:  # a last line without its line end
+            self._read_lines([self._partial, b""], out)
+            self._partial = b""
+        else:
+            self._read_lines([b""], out)
         return out
 
     # -- internals -------------------------------------------------------------------------
 
-    def _process_text(self, text: str, out: list[SSEEvent]) -> None:
-        if not text:
-            return
-        if self._at_start:
-            self._at_start = False
-            if text.startswith(_BOM):
-                text = text[1:]
-                if not text:
-                    return
-        if self._skip_lf:
-            self._skip_lf = False
-            if text.startswith("\n"):
-                text = text[1:]
-        pos = 0
-        for match in _LINE_END.finditer(text):
-            line = text[pos : match.start()]
-            if self._partial:
-                self._partial.append(line)
-                line = "".join(self._partial)
-                self._partial = []
-            self._process_line(line, out)
-            pos = match.end()
-        if pos < len(text):
-            self._partial.append(text[pos:])
-        elif text.endswith("\r"):
-            self._skip_lf = True
+    def _read_lines(self, lines: list[bytes], out: list[RawSSEEvent]) -> None:
+        """Apply complete lines (without their line ends); a blank one dispatches the block."""
+        for line in lines:
+            if line.startswith(b"data: "):  # by far the most frequent line
+                self._data.append(line[6:])
+            elif not line:
+                data = self._data
+                if data:
+                    name = self._event_name
+                    self._data = []
+                    out.append(
+                        (
+                            name.decode("utf-8", "replace") if name else None,
+                            b"\n".join(data),
+                            self.last_event_id,
+                        )
+                    )
+                self._event_name = b""
+            elif not line.startswith(b":"):  # a line starting with a colon is a comment
+                self._read_field(line)
 
-    def _process_line(self, line: str, out: list[SSEEvent]) -> None:
-        if not line:
-            self._dispatch(out)
-            return
-        if line.startswith(":"):
-            return
-        name, colon, value = line.partition(":")
-        if colon and value.startswith(" "):
+    def _read_field(self, line: bytes) -> None:
+        name, colon, value = line.partition(b":")
+        if colon and value.startswith(b" "):
             value = value[1:]
-        if name == "data":
+        if name == b"data":
             self._data.append(value)
-        elif name == "event":
+        elif name == b"event":
             self._event_name = value
-        elif name == "id":
-            if "\0" not in value:
-                self.last_event_id = value
-        elif name == "retry" and value.isascii() and value.isdigit():
+        elif name == b"id":
+            if b"\0" not in value:
+                self.last_event_id = value.decode("utf-8", "replace")
+        elif name == b"retry" and value.isdigit():  # bytes.isdigit: ASCII digits only
             self.retry = int(value)
         # any other field is ignored
 
-    def _dispatch(self, out: list[SSEEvent]) -> None:
-        data, name = self._data, self._event_name
-        self._data = []
-        self._event_name = ""
-        if not data:
-            return
-        out.append(SSEEvent(event=name or None, data="\n".join(data), id=self.last_event_id))
+
+def _decoded(raw: RawSSEEvent) -> SSEEvent:
+    name, data, event_id = raw
+    return SSEEvent(event=name, data=data.decode("utf-8", "replace"), id=event_id)
 
 
 def iter_sse_events(chunks: Iterable[bytes]) -> Iterator[SSEEvent]:
