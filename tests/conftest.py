@@ -17,6 +17,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from hypothesis import settings as hypothesis_settings
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
@@ -25,6 +26,11 @@ from billing.api.app import create_app
 from billing.settings import Settings
 from billing.storage.migrate import upgrade_to_head
 from billing.storage.models import Base
+
+# Property tests check values, not speed: no per-example deadline (Hypothesis' default of 200 ms
+# failed a pure-function example on a loaded machine; speed is measured in bench/).
+hypothesis_settings.register_profile("billing", deadline=None)
+hypothesis_settings.load_profile("billing")
 
 PG_URL = os.environ.get("BILLING_TEST_DATABASE_URL")
 FIXTURES = Path(__file__).parent / "fixtures"
