@@ -405,8 +405,9 @@ def _check_drift_rollup(conn: Any, calls: dict[str, Any], problems: list[str]) -
         labels = (c.provider or "", c.model or "", c.upstream_account or "", c.service_tier or "")
         figures = [1, max(c.attempts, 1), c.input_tokens, c.cache_read_input_tokens]
         figures += [c.cache_creation_input_tokens, c.output_tokens_billed, c.cost_pusd or 0]
+        figures += [int(c.cost_pusd is None)]
         for level, floor in ((0, 1), (1, 2)):
-            row = expected.setdefault((level, _floor(floor, c.started_at), *labels), [0] * 7)
+            row = expected.setdefault((level, _floor(floor, c.started_at), *labels), [0] * 8)
             for i, v in enumerate(figures):
                 row[i] += v
     actual: dict[tuple[Any, ...], list[int]] = {}
@@ -421,6 +422,7 @@ def _check_drift_rollup(conn: Any, calls: dict[str, Any], problems: list[str]) -
             r.cache_creation_input_tokens,
             r.output_tokens,
             int(r.cost_whole_usd) * PICO + int(r.cost_frac_pusd),
+            r.unpriced_calls,
         ]
     for key in sorted(set(expected) | set(actual), key=repr):
         want, got = expected.get(key), actual.get(key)

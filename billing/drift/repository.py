@@ -56,7 +56,9 @@ class OursRow(NamedTuple):
     ``slot`` is the slot's start as text, ``YYYY-MM-DD`` (day) or ``YYYY-MM-DD HH`` (hour);
     ``requests`` counts upstream attempts (a call not reconciled yet counts one); tokens in the
     contract's semantics (``output_tokens`` = billed output); ``cost_pusd`` the calls' cost in
-    picodollars (what their ledger holds for a settled call; unpriced calls add nothing)."""
+    picodollars (what their ledger holds for a settled call; unpriced calls add nothing);
+    ``unpriced`` the settled calls without a cost (CONTRACT: never silently free, so the
+    group's cost is unknown)."""
 
     slot: str
     provider: str | None
@@ -69,13 +71,14 @@ class OursRow(NamedTuple):
     cache_creation_input_tokens: int
     output_tokens: int
     cost_pusd: int
+    unpriced: int
 
 
 #: A ``drift_rollups`` row's key, as the database returns it: the hour (the driver's value),
 #: provider, model, upstream account, served tier (``''`` for none).
 RollupKey = tuple[Any, str, str, str, str]
 #: Its summed columns (``billing.storage.models.DriftRollup``): calls, requests, input, cache
-#: read, cache creation and output tokens, cost whole dollars, cost picodollars.
+#: read, cache creation and output tokens, cost whole dollars, cost picodollars, unpriced calls.
 RollupSums = list[int]
 
 

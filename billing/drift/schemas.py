@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Literal
 
@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 
 from billing.calllog.params import UNTIL_AFTER_SINCE, QueryReader, parse_timestamp
 from billing.providers.schemas import PROVIDERS
+from billing.timefmt import rfc3339
 
 #: The compared figures, in the contract's token semantics, in the order of the rows and CSV.
 FIELDS = (
@@ -31,6 +32,19 @@ DEFAULT_GROUP_BY = ("day", "model")
 STATUSES = ("drift", "missing_ours", "missing_theirs", "match")
 QUERY_PARAMETERS = ("since", "until", "provider", "group_by", "tolerance_pct")
 DEFAULT_TOLERANCE_PCT = Decimal(1)
+
+#: A period edge inside a provider bucket would compare part of our calls with the whole bucket.
+_OFF_GRAIN = (
+    "must be on a whole UTC {grain} (the providers' buckets are whole UTC {grain}s, "
+    "compared whole), such as {floor}"
+)
+
+
+def _floor(at: datetime, grain: str) -> datetime:
+    """``at`` in UTC, down to its hour, or its day when ``grain`` is ``day``."""
+    at = at.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+    return at.replace(hour=0) if grain == "day" else at
+
 
 _PERCENT = re.compile(r"[0-9]{1,3}(\.[0-9]{1,6})?", re.ASCII)
 
@@ -74,7 +88,10 @@ def _group_by(text: str) -> tuple[str, ...]:
 
 def _tolerance(text: str) -> Decimal:
     if not _PERCENT.fullmatch(text) or Decimal(text) > 100:
-        raise ValueError(f"must be a percentage from 0 to 100 such as 1 or 0.5, not {text!r}")
+        raise ValueError(
+            "must be a percentage from 0 to 100 with at most 6 decimal places, such as 1 or 0.5, "
+            f"not {text!r}"
+        )
     return Decimal(text)
 
 
@@ -89,6 +106,10 @@ def parse_query(items: Iterable[tuple[str, str]]) -> DriftQuery:
     tolerance = reader.parsed("tolerance_pct", _tolerance)
     if since is not None and until is not None and until <= since:
         reader.fail("until", UNTIL_AFTER_SINCE)
+    grain = "hour" if "hour" in (group_by or DEFAULT_GROUP_BY) else "day"
+    for name, at in (("since", since), ("until", until)):
+        if at is not None and at != _floor(at, grain):
+            reader.fail(name, _OFF_GRAIN.format(grain=grain, floor=rfc3339(_floor(at, grain))))
     reader.done()
     assert since is not None and until is not None
     return DriftQuery(

@@ -7,7 +7,9 @@
   lands in the provider's bucket; each with its current figures (a settled call's equal its
   ledger entries; an open call's are provisional): ``requests`` = upstream attempts,
   ``input_tokens`` (no cache), ``cache_read_input_tokens``, ``cache_creation_input_tokens``,
-  ``output_tokens`` = billed output, ``cost_usd`` from ``/v1/prices``.
+  ``output_tokens`` = billed output, ``cost_usd`` from ``/v1/prices``: null when a settled call
+  of the group is unpriced (never silently free, as in ``/v1/usage``), and so is its delta,
+  which then plays no part in the status.
 - **Theirs**: the current version of every stored report bucket starting in the period, in the
   same semantics (``billing.providers.schemas``: OpenAI's cached tokens taken out of its input,
   Anthropic's cents made dollars). A slot's figures come from its finest complete buckets: for
@@ -46,6 +48,8 @@ class _Side:
     """One side's sums for a group; a figure stays None until a line gives it."""
 
     figures: dict[str, Any] = field(default_factory=lambda: dict.fromkeys(FIELDS))
+    #: Settled calls without a cost (ours only): the side's cost is then unknown.
+    unpriced: int = 0
 
     def add(self, name: str, value: Any) -> None:
         if value is not None:
@@ -115,8 +119,13 @@ def _row(
     for name in FIELDS:
         if our[name] is None:
             our[name] = Decimal(0) if name == "cost_usd" else 0
+    if ours is not None and ours.unpriced:
+        our["cost_usd"] = None
     their: dict[str, Any] = theirs.figures if theirs else dict.fromkeys(FIELDS)
-    delta = {name: None if their[name] is None else their[name] - our[name] for name in FIELDS}
+    delta = {
+        name: None if their[name] is None or our[name] is None else their[name] - our[name]
+        for name in FIELDS
+    }
     if theirs is None:
         status = "missing_theirs"
     elif ours is None:
@@ -169,6 +178,7 @@ def drift_rows(session: Session, query: DriftQuery) -> list[dict[str, Any]]:
         for name in _TOKEN_FIELDS:
             side.add(name, getattr(row, name))
         side.add("cost_usd", pusd_to_decimal(row.cost_pusd))
+        side.unpriced += row.unpriced
     theirs: dict[tuple[Any, ...], _Side] = {}
     lines = store.providers.current_lines(session, query.provider, query.since, query.until)
     for slot, line in _finest_complete(lines, grain):

@@ -407,7 +407,8 @@ class DriftRollup(Base):
     them, ``requests`` their upstream attempts (at least one each), the tokens as the drift
     reports them (``output_tokens`` = billed output), the cost in picodollars as
     ``cost_whole_usd * 10**12 + cost_frac_pusd`` (each the sum of the calls' own: ``frac`` is
-    not carried, it stays below ``calls * 10**12``). A null label is stored as ``''``.
+    not carried, it stays below ``calls * 10**12``), ``unpriced_calls`` the calls without a
+    cost (an unpriced call: the group's cost is then unknown). A null label is stored as ``''``.
     """
 
     __tablename__ = "drift_rollups"
@@ -426,6 +427,7 @@ class DriftRollup(Base):
     output_tokens: Mapped[int] = _counter()
     cost_whole_usd: Mapped[int] = _counter()
     cost_frac_pusd: Mapped[int] = _counter()
+    unpriced_calls: Mapped[int] = _counter()
 
 
 def row_dict(obj: Any) -> dict[str, Any]:

@@ -21,7 +21,7 @@ PICO = 10**12
 _COLUMNS = (
     "level, bucket_start, provider, model, upstream_account, service_tier, calls, requests, "
     "input_tokens, cache_read_input_tokens, cache_creation_input_tokens, output_tokens, "
-    "cost_whole_usd, cost_frac_pusd"
+    "cost_whole_usd, cost_frac_pusd, unpriced_calls"
 )
 _SUMMED = ", ".join(f"sum({name})" for name in _COLUMNS.split(", ")[6:])
 #: The settled calls with a start and a stream.started (no "started_missing" among their
@@ -34,8 +34,8 @@ BACKFILL = {
         "coalesce(model, ''), coalesce(upstream_account, ''), coalesce(service_tier, ''), "
         "count(*), sum(max(attempts, 1)), sum(input_tokens), sum(cache_read_input_tokens), "
         "sum(cache_creation_input_tokens), sum(output_tokens_billed), "
-        f"sum(coalesce(cost_pusd, 0) / {PICO}), sum(coalesce(cost_pusd, 0) % {PICO}) "
-        "FROM calls WHERE settled = 1 AND started_at IS NOT NULL "
+        f"sum(coalesce(cost_pusd, 0) / {PICO}), sum(coalesce(cost_pusd, 0) % {PICO}), "
+        "sum(cost_pusd IS NULL) FROM calls WHERE settled = 1 AND started_at IS NOT NULL "
         "AND instr(anomalies, '\"started_missing\"') = 0 GROUP BY 2, 3, 4, 5, 6",
         f"INSERT INTO drift_rollups ({_COLUMNS}) SELECT 1, "
         "substr(bucket_start, 1, 10) || ' 00:00:00.000000', provider, model, upstream_account, "
@@ -48,7 +48,7 @@ BACKFILL = {
         "coalesce(service_tier, ''), count(*), sum(greatest(attempts, 1)), sum(input_tokens), "
         "sum(cache_read_input_tokens), sum(cache_creation_input_tokens), "
         f"sum(output_tokens_billed), sum(coalesce(cost_pusd, 0) / {PICO}), "
-        f"sum(mod(coalesce(cost_pusd, 0), {PICO})) "
+        f"sum(mod(coalesce(cost_pusd, 0), {PICO})), count(*) FILTER (WHERE cost_pusd IS NULL) "
         "FROM calls WHERE settled AND started_at IS NOT NULL "
         "AND strpos(anomalies::text, '\"started_missing\"') = 0 GROUP BY 2, 3, 4, 5, 6",
         f"INSERT INTO drift_rollups ({_COLUMNS}) SELECT 1, "
@@ -83,6 +83,7 @@ def upgrade() -> None:
                 "output_tokens",
                 "cost_whole_usd",
                 "cost_frac_pusd",
+                "unpriced_calls",
             )
         ),
         sa.PrimaryKeyConstraint(

@@ -38,6 +38,7 @@ def call(
     cache_creation: int = 0,
     output: int = 200,
     tier: str | None = None,
+    units: dict[str, int] | None = None,
     **started: Any,
 ) -> None:
     """One call of one attempt with the provider's usage (our token semantics: input without
@@ -66,6 +67,7 @@ def call(
             "output_tokens": output,
             "source": "upstream",
             **({"service_tier": tier} if tier else {}),
+            **({"units": units} if units else {}),
         },
     ]
     assert post(client, events).status_code == 200
@@ -119,7 +121,8 @@ def test_openai_usage_that_agrees_matches_with_cached_tokens_inside_its_input(
     (row,) = drift(client)
     assert row["status"] == "match"
     assert (row["provider"], row["day"], row["model"]) == ("openai", "2026-11-10", "gpt-4o")
-    assert row["ours"] == figures(2, 200, 100, 0, 400, "0")
+    # gpt-4o has no price here: ours' cost is unknown (null, as in /v1/usage), never "0".
+    assert row["ours"] == figures(2, 200, 100, 0, 400, None)
     assert row["theirs"] == figures(2, 200, 100, 0, 400, None)
     assert row["delta"] == figures(0, 0, 0, 0, 0, None)
     assert row["delta_pct"] == figures("0", "0", "0", "0", "0", None)
@@ -457,7 +460,7 @@ def test_drift_csv_has_the_rows_of_the_json(client: TestClient) -> None:
         == b"openai,2026-11-10,'=gpt,missing_ours,0,1,1,,0,1,1,,0,0,0,0,0,0,0,0,0,1,1,,0,,,"
     )
     assert lines[2] == (
-        b"openai,2026-11-10,gpt-4o,missing_theirs,1,,,,100,,,,50,,,,0,,,,380,,,,0,,,"
+        b"openai,2026-11-10,gpt-4o,missing_theirs,1,,,,100,,,,50,,,,0,,,,380,,,,,,,"
     )
     assert lines[3:] == [b""]
 
@@ -489,14 +492,17 @@ def test_ours_are_the_calls_started_in_the_period_by_their_start(client: TestCli
     call(client, "r2", at=DAY + timedelta(hours=4, minutes=59), output=7)
     call(client, "r3", at=DAY + timedelta(days=1), output=9)  # the next day
     settle(client)
-    (row,) = drift(client, since="2026-11-10T04:00:00Z")
-    assert (row["day"], row["ours"]["requests"], row["ours"]["output_tokens"]) == (
-        "2026-11-10",
+    (row,) = drift(client, since="2026-11-10T04:00:00Z", group_by="hour,model")
+    assert (row["hour"], row["ours"]["requests"], row["ours"]["output_tokens"]) == (
+        "2026-11-10T04:00:00Z",
         1,
         7,
     )
-    (row,) = drift(client, since="2026-11-10T04:00:00%2B01:00".replace("%2B", "+"))
-    assert row["ours"]["output_tokens"] == 207
+    hours = drift(client, since="2026-11-10T04:00:00+01:00", group_by="hour,model")
+    assert [(r["hour"], r["ours"]["output_tokens"]) for r in hours] == [
+        ("2026-11-10T03:00:00Z", 200),
+        ("2026-11-10T04:00:00Z", 7),
+    ]
     rows = drift(client, until="2026-11-12T00:00:00Z", group_by="model")
     assert [(r["ours"]["requests"], r["ours"]["output_tokens"]) for r in rows] == [(3, 216)]
     assert "day" not in rows[0]
@@ -523,6 +529,72 @@ def test_by_served_tier_ours_are_the_tier_each_upstream_served(client: TestClien
         "default": "match",
         "flex": "missing_ours",
     }
-    assert by_tier["priority"]["ours"] == figures(2, 200, 100, 0, 400, "0")
-    assert by_tier["default"]["ours"] == figures(1, 100, 50, 0, 200, "0")
+    assert by_tier["priority"]["ours"] == figures(2, 200, 100, 0, 400, None)  # unpriced
+    assert by_tier["default"]["ours"] == figures(1, 100, 50, 0, 200, None)
     assert rows[0]["service_tier"] == "flex"  # mismatches first
+
+
+def test_an_unpriced_call_makes_ours_cost_unknown_never_silently_free(
+    client: TestClient,
+) -> None:
+    """Two gpt-4o calls, the second with 2 web searches that have no unit price (so the call is
+    ``unpriced``): ours' tokens are both calls', its cost is null (not the priced call's alone),
+    the cost plays no part in the status; once the unit is priced, the cost is both calls'."""
+    price = {
+        "model": "gpt-4o",
+        "effective_from": "2026-01-01T00:00:00Z",
+        "input_usd_per_mtok": "2.5",
+        "output_usd_per_mtok": "10",
+        "cache_read_usd_per_mtok": "1.25",
+        "cache_creation_usd_per_mtok": "3.125",
+    }
+    assert client.post("/v1/prices", json=price).status_code == 201
+    call(client, "r1")
+    call(client, "r2", at=DAY + timedelta(hours=11), units={"web_search_requests": 2})
+    settle(client)
+    assert client.get("/v1/calls/r2").json()["cost_usd"] is None
+    report(
+        client,
+        "openai",
+        "usage",
+        openai_page([(DAY, [openai_usage_result("gpt-4o", 300, 100, 400, 2)])]),
+    )
+    (row,) = drift(client)
+    assert row["status"] == "match"
+    assert row["ours"] == figures(2, 200, 100, 0, 400, None)
+    assert row["delta"] == figures(0, 0, 0, 0, 0, None)
+    assert row["delta_pct"]["cost_usd"] is None
+    # Priced from a later version on (r1 and r2 each 100 × 2.5 + 50 × 1.25 + 200 × 10 per
+    # million = 0.0023125; r2's searches 2 × 0.01).
+    priced = {**price, "effective_from": "2026-11-01T00:00:00Z"}
+    priced["unit_prices"] = {"web_search_requests": "0.01"}
+    assert client.post("/v1/prices", json=priced).status_code == 201
+    settle(client)
+    (row,) = drift(client)
+    assert row["ours"]["cost_usd"] == "0.024625"
+
+
+@pytest.mark.parametrize(
+    ("params", "field", "floor"),
+    [
+        ({"since": "2026-11-10T04:00:00Z"}, "since", "2026-11-10T00:00:00Z"),
+        ({"until": "2026-11-10T23:00:00+01:00"}, "until", "2026-11-10T00:00:00Z"),
+        ({"since": "2026-11-10T10:30:00Z", "group_by": "hour"}, "since", "2026-11-10T10:00:00Z"),
+        ({"until": "2026-11-10T12:00:00.5Z", "group_by": "hour"}, "until", "2026-11-10T12:00:00Z"),
+    ],
+)
+def test_a_period_edge_inside_a_provider_bucket_is_a_422_naming_the_whole_one(
+    client: TestClient, params: dict[str, str], field: str, floor: str
+) -> None:
+    """A provider bucket is compared whole, so the period must not cut one: ``since`` and
+    ``until`` on whole UTC days (by day) or hours (by hour); the 422 says which, with the
+    edge below."""
+    call(client, "r1")
+    settle(client)
+    response = client.get("/v1/drift", params={**PERIOD, **params})
+    assert response.status_code == 422, response.text
+    (error,) = response.json()["errors"]
+    grain = "hour" if params.get("group_by") == "hour" else "day"
+    assert error["path"] == f"query.{field}"
+    assert f"must be on a whole UTC {grain}" in error["message"]
+    assert floor in error["message"]

@@ -50,7 +50,7 @@ def _rows(session: Session) -> set[tuple[Any, ...]]:
 
 def _defined(session: Session, since: datetime, until: datetime, grain: str) -> dict[Any, Any]:
     """Ours as the drift defines it: every call started in the period, summed by slot."""
-    summed: dict[Any, list[int]] = defaultdict(lambda: [0] * 6)
+    summed: dict[Any, list[int]] = defaultdict(lambda: [0] * 7)
     for c in session.scalars(select(Call)):
         if c.started_at is None or not since <= c.started_at < until:
             continue
@@ -59,12 +59,13 @@ def _defined(session: Session, since: datetime, until: datetime, grain: str) -> 
         key = (slot, c.provider, c.model, c.upstream_account, c.service_tier)
         figures = (max(c.attempts, 1), c.input_tokens, c.cache_read_input_tokens)
         figures += (c.cache_creation_input_tokens, c.output_tokens_billed, c.cost_pusd or 0)
+        figures += (int(c.settled and c.cost_pusd is None),)
         summed[key] = [a + b for a, b in zip(summed[key], figures, strict=True)]
     return dict(summed)
 
 
 def _read(session: Session, since: datetime, until: datetime, grain: str) -> dict[Any, Any]:
-    summed: dict[Any, list[int]] = defaultdict(lambda: [0] * 6)
+    summed: dict[Any, list[int]] = defaultdict(lambda: [0] * 7)
     for row in store_for(session).drift.ours(session, since, until, None, grain):  # type: ignore[arg-type]
         key = tuple(row[:5])
         summed[key] = [a + b for a, b in zip(summed[key], row[5:], strict=True)]
@@ -148,7 +149,8 @@ def test_the_rollup_equals_the_calls_after_settlements_re_settlements_and_a_repr
     third = _check(db_url)
 
     def day_cost(rows: set[tuple[Any, ...]]) -> int:
-        return sum(r[-2] * 10**12 + r[-1] for r in rows if r[0] == 1 and r[3] == "gpt-4o")
+        # ... cost_whole_usd, cost_frac_pusd, unpriced_calls
+        return sum(r[-3] * 10**12 + r[-2] for r in rows if r[0] == 1 and r[3] == "gpt-4o")
 
     # Output at 20 instead of 10 USD per million: r1 9, r2 200, r3 7 output tokens.
     assert day_cost(third) - day_cost(second) == (9 + 200 + 7) * 10 * 10**6
@@ -182,7 +184,7 @@ def test_the_migration_backfills_the_rollup_from_the_settled_calls(fresh_url: st
 
     calls = [
         row("a", 1),
-        row("b", 2, attempts=2, started_at=at + timedelta(hours=1), cost_pusd=7),
+        row("b", 2, attempts=2, started_at=at + timedelta(hours=1), cost_pusd=None),  # unpriced
         row("c", 3, settled=False, status="open"),  # open: read from calls
         row("d", 4, api_key_id=None, anomalies=["started_missing"]),  # key-less: from calls
     ]
@@ -197,9 +199,9 @@ def test_the_migration_backfills_the_rollup_from_the_settled_calls(fresh_url: st
     engine.dispose()
     labels = ("openai", "gpt-4o", "", "")
     hour, day = DAY + timedelta(hours=10), DAY
-    figures = (1, 1, 10, 0, 0, 20, 3, 5)
-    later = (1, 2, 10, 0, 0, 20, 0, 7)
-    both = (2, 3, 20, 0, 0, 40, 3, 12)
+    figures = (1, 1, 10, 0, 0, 20, 3, 5, 0)
+    later = (1, 2, 10, 0, 0, 20, 0, 0, 1)
+    both = (2, 3, 20, 0, 0, 40, 3, 5, 1)
     assert {(r[0], r[1].astimezone(UTC), *r[2:]) for r in backfilled} == {
         (0, hour, *labels, *figures),
         (0, hour + timedelta(hours=1), *labels, *later),

@@ -24,7 +24,8 @@ _SLOT = {"day": "%Y-%m-%d", "hour": "%Y-%m-%d %H"}
 _SUMS = (
     "count(*), sum(greatest(attempts, 1)), sum(input_tokens), sum(cache_read_input_tokens), "
     "sum(cache_creation_input_tokens), sum(output_tokens_billed), "
-    f"sum(coalesce(cost_pusd, 0) / {PICO}), sum(mod(coalesce(cost_pusd, 0), {PICO}))"
+    f"sum(coalesce(cost_pusd, 0) / {PICO}), sum(mod(coalesce(cost_pusd, 0), {PICO})), "
+    "count(*) FILTER (WHERE cost_pusd IS NULL)"
 )
 _KEY = (
     "date_trunc('hour', started_at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC', "
@@ -34,7 +35,7 @@ _KEY = (
 _COLUMNS = (
     "level, bucket_start, provider, model, upstream_account, service_tier, calls, requests, "
     "input_tokens, cache_read_input_tokens, cache_creation_input_tokens, output_tokens, "
-    "cost_whole_usd, cost_frac_pusd"
+    "cost_whole_usd, cost_frac_pusd, unpriced_calls"
 )
 _SUMMED = _COLUMNS.split(", ")[6:]
 
@@ -44,21 +45,22 @@ FROM_ROLLUP = (
     "nullif(model, ''), nullif(upstream_account, ''), nullif(service_tier, ''), "
     "sum(requests), sum(input_tokens), sum(cache_read_input_tokens), "
     "sum(cache_creation_input_tokens), sum(output_tokens), sum(cost_whole_usd), "
-    "sum(cost_frac_pusd) FROM drift_rollups "
+    "sum(cost_frac_pusd), sum(unpriced_calls) FROM drift_rollups "
     "WHERE level = %(level)s AND bucket_start >= %(since)s AND bucket_start < %(until)s "
     "AND (%(provider)s::text IS NULL OR provider = %(provider)s::text) AND calls != 0 "
     "GROUP BY slot, provider, model, upstream_account, service_tier"
 )
 _CALL_COLUMNS = (
     "started_at, provider, model, upstream_account, service_tier, attempts, input_tokens, "
-    "cache_read_input_tokens, cache_creation_input_tokens, output_tokens_billed, cost_pusd"
+    "cache_read_input_tokens, cache_creation_input_tokens, output_tokens_billed, cost_pusd, "
+    "settled"
 )
 _FROM_CALLS = (
     "SELECT date_trunc('{grain}', started_at AT TIME ZONE 'UTC') AS slot, provider, model, "
     "upstream_account, service_tier, sum(greatest(attempts, 1)), sum(input_tokens), "
     "sum(cache_read_input_tokens), sum(cache_creation_input_tokens), sum(output_tokens_billed), "
-    f"sum(coalesce(cost_pusd, 0) / {PICO}), sum(mod(coalesce(cost_pusd, 0), {PICO})) "
-    "FROM {calls} AS c "
+    f"sum(coalesce(cost_pusd, 0) / {PICO}), sum(mod(coalesce(cost_pusd, 0), {PICO})), "
+    "count(*) FILTER (WHERE settled AND cost_pusd IS NULL) FROM {calls} AS c "
     "WHERE started_at >= %(since)s AND started_at < %(until)s "
     "AND (%(provider)s::text IS NULL OR provider = %(provider)s::text) "
     "GROUP BY slot, provider, model, upstream_account, service_tier"
@@ -79,7 +81,7 @@ CONTRIBUTIONS = (
     "GROUP BY 1, 2, 3, 4, 5"
 )
 ADD = (
-    f"INSERT INTO drift_rollups ({_COLUMNS}) VALUES ({', '.join(['%s'] * 14)}) "
+    f"INSERT INTO drift_rollups ({_COLUMNS}) VALUES ({', '.join(['%s'] * 15)}) "
     "ON CONFLICT (level, bucket_start, provider, model, upstream_account, service_tier) "
     "DO UPDATE SET "
     + ", ".join(f"{name} = drift_rollups.{name} + excluded.{name}" for name in _SUMMED)
@@ -109,6 +111,7 @@ def _ours(rows: Any, grain: Grain) -> list[OursRow]:
                 *row[1:5],
                 *(int(value) for value in row[5:10]),
                 int(row[10]) * PICO + int(row[11]),
+                int(row[12]),
             )
         )
         for row in rows

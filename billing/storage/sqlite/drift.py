@@ -26,7 +26,8 @@ _WIDTH = {"day": 10, "hour": 13}
 _SUMS = (
     "count(*), sum(max(attempts, 1)), sum(input_tokens), sum(cache_read_input_tokens), "
     "sum(cache_creation_input_tokens), sum(output_tokens_billed), "
-    f"sum(coalesce(cost_pusd, 0) / {PICO}), sum(coalesce(cost_pusd, 0) % {PICO})"
+    f"sum(coalesce(cost_pusd, 0) / {PICO}), sum(coalesce(cost_pusd, 0) % {PICO}), "
+    "sum(cost_pusd IS NULL)"
 )
 _KEY = (
     "substr(started_at, 1, 13) || ':00:00.000000', coalesce(provider, ''), coalesce(model, ''), "
@@ -35,7 +36,7 @@ _KEY = (
 _COLUMNS = (
     "level, bucket_start, provider, model, upstream_account, service_tier, calls, requests, "
     "input_tokens, cache_read_input_tokens, cache_creation_input_tokens, output_tokens, "
-    "cost_whole_usd, cost_frac_pusd"
+    "cost_whole_usd, cost_frac_pusd, unpriced_calls"
 )
 _SUMMED = _COLUMNS.split(", ")[6:]
 
@@ -47,7 +48,7 @@ FROM_ROLLUP = {
         "nullif(model, ''), nullif(upstream_account, ''), nullif(service_tier, ''), "
         "sum(requests), sum(input_tokens), sum(cache_read_input_tokens), "
         "sum(cache_creation_input_tokens), sum(output_tokens), sum(cost_whole_usd), "
-        "sum(cost_frac_pusd) FROM drift_rollups "
+        "sum(cost_frac_pusd), sum(unpriced_calls) FROM drift_rollups "
         "WHERE level = ?4 AND bucket_start >= ?1 AND bucket_start < ?2 "
         "AND (?3 IS NULL OR provider = ?3) AND calls != 0 "
         "GROUP BY slot, provider, model, upstream_account, service_tier"
@@ -56,7 +57,8 @@ FROM_ROLLUP = {
 }
 _CALL_COLUMNS = (
     "started_at, provider, model, upstream_account, service_tier, attempts, input_tokens, "
-    "cache_read_input_tokens, cache_creation_input_tokens, output_tokens_billed, cost_pusd"
+    "cache_read_input_tokens, cache_creation_input_tokens, output_tokens_billed, cost_pusd, "
+    "settled"
 )
 
 
@@ -66,8 +68,8 @@ def _from_calls(grain: Grain, calls: str) -> str:
         f"SELECT substr(started_at, 1, {width}) AS slot, provider, model, upstream_account, "
         "service_tier, sum(max(attempts, 1)), sum(input_tokens), sum(cache_read_input_tokens), "
         "sum(cache_creation_input_tokens), sum(output_tokens_billed), "
-        f"sum(coalesce(cost_pusd, 0) / {PICO}), sum(coalesce(cost_pusd, 0) % {PICO}) "
-        f"FROM {calls} "
+        f"sum(coalesce(cost_pusd, 0) / {PICO}), sum(coalesce(cost_pusd, 0) % {PICO}), "
+        f"sum(settled = 1 AND cost_pusd IS NULL) FROM {calls} "
         "WHERE started_at >= ?1 AND started_at < ?2 AND (?3 IS NULL OR provider = ?3) "
         "GROUP BY slot, provider, model, upstream_account, service_tier"
     )
@@ -102,7 +104,7 @@ CONTRIBUTIONS = (
     f"SELECT {_KEY}, {_SUMS} FROM calls WHERE request_id IN ({{ids}}) GROUP BY 1, 2, 3, 4, 5"
 )
 ADD = (
-    f"INSERT INTO drift_rollups ({_COLUMNS}) VALUES ({', '.join('?' * 14)}) "
+    f"INSERT INTO drift_rollups ({_COLUMNS}) VALUES ({', '.join('?' * 15)}) "
     "ON CONFLICT (level, bucket_start, provider, model, upstream_account, service_tier) "
     "DO UPDATE SET " + ", ".join(f"{name} = {name} + excluded.{name}" for name in _SUMMED)
 )
@@ -123,7 +125,7 @@ REBUILD_DAYS = (
 
 
 def _ours(rows: Any) -> list[OursRow]:
-    return [OursRow._make((*row[:10], row[10] * PICO + row[11])) for row in rows]
+    return [OursRow._make((*row[:10], row[10] * PICO + row[11], row[12])) for row in rows]
 
 
 class SqliteDrift:
