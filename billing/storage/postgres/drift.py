@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from billing.drift.repository import DAY, HOUR, Grain, OursRow, RollupKey, RollupSums, spans
 from billing.rollups.repository import PICO
+from billing.storage.drift_core import DriftCore
 
 #: The ``OursRow`` text of a slot, per grain.
 _SLOT = {"day": "%Y-%m-%d", "hour": "%Y-%m-%d %H"}
@@ -118,8 +119,10 @@ def _ours(rows: Any, grain: Grain) -> list[OursRow]:
     ]
 
 
-class PostgresDrift:
+class PostgresDrift(DriftCore):
     """``DriftRepository`` on PostgreSQL."""
+
+    ADD, CLEAR, REBUILD, REBUILD_DAYS = ADD, CLEAR, REBUILD, REBUILD_DAYS
 
     def ours(
         self,
@@ -152,16 +155,6 @@ class PostgresDrift:
 
     def day_of(self, hour: Any) -> Any:
         return hour.astimezone(UTC).replace(hour=0)
-
-    def add(self, session: Session, rows: Sequence[tuple[Any, ...]]) -> None:
-        if rows:
-            session.connection().exec_driver_sql(ADD, list(rows))
-
-    def rebuild(self, session: Session) -> None:
-        conn = session.connection()
-        conn.exec_driver_sql(CLEAR)
-        conn.exec_driver_sql(REBUILD)
-        conn.exec_driver_sql(REBUILD_DAYS)
 
 
 #: This room's repository in the store (``billing.storage.store``).

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from billing.drift.repository import DAY, HOUR, Grain, OursRow, RollupKey, RollupSums, spans
 from billing.rollups.repository import PICO
+from billing.storage.drift_core import DriftCore
 from billing.storage.sqlite.settle_common import CHUNK, with_ids
 from billing.storage.types import sqlite_text
 
@@ -128,8 +129,10 @@ def _ours(rows: Any) -> list[OursRow]:
     return [OursRow._make((*row[:10], row[10] * PICO + row[11], row[12])) for row in rows]
 
 
-class SqliteDrift:
+class SqliteDrift(DriftCore):
     """``DriftRepository`` on SQLite."""
+
+    ADD, CLEAR, REBUILD, REBUILD_DAYS = ADD, CLEAR, REBUILD, REBUILD_DAYS
 
     def ours(
         self,
@@ -171,16 +174,6 @@ class SqliteDrift:
 
     def day_of(self, hour: Any) -> Any:
         return hour[:10] + " 00:00:00.000000"
-
-    def add(self, session: Session, rows: Sequence[tuple[Any, ...]]) -> None:
-        if rows:
-            session.connection().exec_driver_sql(ADD, list(rows))
-
-    def rebuild(self, session: Session) -> None:
-        conn = session.connection()
-        conn.exec_driver_sql(CLEAR)
-        conn.exec_driver_sql(REBUILD)
-        conn.exec_driver_sql(REBUILD_DAYS)
 
 
 #: This room's repository in the store (``billing.storage.store``).
