@@ -73,9 +73,20 @@ class EntryRates:
     when the entry is unpriced."""
 
 
+class EntryPlanRates:
+    """(v2) The plan's own rates a ledger entry was charged at (``plan_`` + ``RATE_COLUMNS``),
+    after its ``plan_price_id``; null when no plan price applied (CONTRACT "Keys, customers and
+    plans (v2)")."""
+
+
+#: The ``ledger_entries`` columns of the plan's rates, in ``RATE_COLUMNS`` order.
+PLAN_RATE_COLUMNS: tuple[str, ...] = tuple(f"plan_{name}" for name in RATE_COLUMNS)
+
 for _name in RATE_COLUMNS:
     setattr(PriceRates, _name, mapped_column(BigInteger, nullable=False))
     setattr(EntryRates, _name, mapped_column(BigInteger, sort_order=AFTER_TOKENS + 1))
+for _name in PLAN_RATE_COLUMNS:
+    setattr(EntryPlanRates, _name, mapped_column(BigInteger, sort_order=AFTER_TOKENS + 5))
 del _name
 
 
@@ -173,9 +184,17 @@ class Call(TokenColumns, Base):
     other_models: Mapped[list[dict[str, Any]] | None] = mapped_column(
         JSON, sort_order=AFTER_TOKENS + 1
     )
+    #: (v2) The customer and plan of the call's key in force at its start (``key_assignments``)
+    #: and what the customer is charged, in picodollars (null: no cost and no plan price),
+    #: CONTRACT "Keys, customers and plans (v2)".
+    customer_id: Mapped[str | None] = mapped_column(String(128), sort_order=AFTER_TOKENS + 2)
+    plan_id: Mapped[str | None] = mapped_column(String(128), sort_order=AFTER_TOKENS + 2)
+    charge_pusd: Mapped[int | None] = mapped_column(BigInteger, sort_order=AFTER_TOKENS + 2)
 
     __table_args__ = (
         Index(None, "call_no", unique=True),
+        # (v2) The call log's customer filter (billing.calllog.queries).
+        Index(None, "customer_id", "started_at", "request_id"),
         Index(None, "api_key_id", "started_at", "request_id"),
         Index(None, "model", "started_at", "request_id"),
         Index(None, "started_at", "request_id"),
@@ -269,7 +288,7 @@ class Price(PriceRates, Base):
     )
 
 
-class LedgerEntry(TokenColumns, EntryRates, Base):
+class LedgerEntry(TokenColumns, EntryRates, EntryPlanRates, Base):
     """An immutable ledger entry: a ``settlement`` or an ``adjustment`` (CONTRACT "Reconciliation").
 
     Never updated or deleted. ``(request_id, seq)`` is unique, so a second reconciler writing the
@@ -299,10 +318,25 @@ class LedgerEntry(TokenColumns, EntryRates, Base):
     #: micro-USD per unit), each as sorted compact JSON text (the v2 CSV cell); null for none.
     units: Mapped[str | None] = mapped_column(Text, sort_order=AFTER_TOKENS + 3)
     unit_prices: Mapped[str | None] = mapped_column(Text, sort_order=AFTER_TOKENS + 3)
+    #: (v2) The customer and plan the line is charged to, the plan's price used (its id, its
+    #: rates: ``EntryPlanRates``, its unit prices as sorted compact JSON text of micro-USD per
+    #: unit) or else the plan's markup (``markup_pct``, a plain decimal text; null without a
+    #: plan, or with a plan price), and the charge in picodollars: ``charge_pusd`` always equals
+    #: this row's tokens and units at its plan prices, else its ``cost_pusd`` × (1 +
+    #: ``markup_pct`` / 100), else its ``cost_pusd`` (CONTRACT "Keys, customers and plans (v2)").
+    customer_id: Mapped[str | None] = mapped_column(String(128), sort_order=AFTER_TOKENS + 4)
+    plan_id: Mapped[str | None] = mapped_column(String(128), sort_order=AFTER_TOKENS + 4)
+    plan_price_id: Mapped[int | None] = mapped_column(BigInteger, sort_order=AFTER_TOKENS + 4)
+    # The plan's rates (``EntryPlanRates``), then:
+    plan_unit_prices: Mapped[str | None] = mapped_column(Text, sort_order=AFTER_TOKENS + 6)
+    markup_pct: Mapped[str | None] = mapped_column(String(32), sort_order=AFTER_TOKENS + 6)
+    charge_pusd: Mapped[int | None] = mapped_column(BigInteger, sort_order=AFTER_TOKENS + 6)
 
     __table_args__ = (
         UniqueConstraint("request_id", "seq"),
         Index(None, "booked_at", "entry_id"),
+        # (v2) A customer's entries by booking (billing.calllog.usage's ragged edges).
+        Index(None, "customer_id", "booked_at"),
         # (v2) The entries with units, by booking, alone and after a key
         # (billing.calllog.usage sums their units).
         *(
@@ -313,6 +347,74 @@ class LedgerEntry(TokenColumns, EntryRates, Base):
                 sqlite_where=text("units IS NOT NULL"),
             )
             for columns in (("booked_at",), ("api_key_id", "booked_at"))
+        ),
+    )
+
+
+class KeyAssignment(Base):
+    """(v2) One version of an api key's customer, plan and name, from ``effective_from`` on
+    (CONTRACT "Keys, customers and plans (v2)"). Rows are only ever added: the version in force
+    at a time is the one with the latest ``effective_from`` at or before it; a key without one
+    has no customer and no plan. ``(api_key_id, effective_from)`` is unique."""
+
+    __tablename__ = "key_assignments"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    api_key_id: Mapped[str] = mapped_column(String(128), nullable=False)
+    effective_from: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    customer_id: Mapped[str | None] = mapped_column(String(128))
+    plan_id: Mapped[str | None] = mapped_column(String(128))
+    name: Mapped[str | None] = mapped_column(String(256))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+
+    __table_args__ = (
+        UniqueConstraint("api_key_id", "effective_from"),
+        Index(None, "plan_id"),
+        Index(None, "customer_id"),
+    )
+
+
+class PlanVersion(Base):
+    """(v2) One version of a plan from ``effective_from`` on: its markup over cost, in percent
+    as a plain decimal text with at most ``billing.plans.schemas.MARKUP_DECIMALS`` places
+    (``"20"``, ``"12.5"``), and its own prices (``PlanPrice``). ``(plan_id, effective_from)``
+    is unique (CONTRACT "Keys, customers and plans (v2)")."""
+
+    __tablename__ = "plan_versions"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    plan_id: Mapped[str] = mapped_column(String(128), nullable=False)
+    effective_from: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    markup_pct: Mapped[str] = mapped_column(String(32), nullable=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+
+    __table_args__ = (UniqueConstraint("plan_id", "effective_from"),)
+
+
+class PlanPrice(PriceRates, Base):
+    """(v2) A plan version's own price for a model (and served tier): the shape of ``Price``
+    (rates in micro-USD per million tokens, ``above_input_tokens`` > 0 for its long-context
+    prices, unit prices as sorted compact JSON text of micro-USD per unit), in force from its
+    version's ``effective_from``."""
+
+    __tablename__ = "plan_prices"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    plan_version_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("plan_versions.id"), nullable=False
+    )
+    model: Mapped[str] = mapped_column(String(256), nullable=False)
+    service_tier: Mapped[str] = mapped_column(String(32), nullable=False, sort_order=2)
+    above_input_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False, sort_order=2)
+    unit_prices: Mapped[str | None] = mapped_column(Text, sort_order=2)
+
+    __table_args__ = (
+        UniqueConstraint(
+            "plan_version_id",
+            "model",
+            "service_tier",
+            "above_input_tokens",
+            name="uq_plan_prices_identity",
         ),
     )
 
