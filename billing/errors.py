@@ -135,6 +135,12 @@ class PriceConflict(BillingError):
     status = 409
 
 
+class PlanConflict(BillingError):
+    """409: a plan version or key assignment of the same identity exists with another body."""
+
+    status = 409
+
+
 class Unavailable(BillingError):
     """503: the database is unreachable; nothing was stored. Retry after ``retry_after`` s."""
 

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from billing.drift.repository import DriftRepository
     from billing.export.repository import ExportRepository
     from billing.ingest.repository import IngestRepository
+    from billing.plans.repository import PlansRepository
     from billing.providers.repository import ProvidersRepository
     from billing.reconcile.repository import ReconcileRepository
     from billing.rollups.repository import RollupsRepository
@@ -41,6 +42,7 @@ class Store:
     export: ExportRepository
     providers: ProvidersRepository
     drift: DriftRepository
+    plans: PlansRepository
 
 
 _STORES: dict[str, Store] = {}
@@ -49,7 +51,7 @@ _STORES: dict[str, Store] = {}
 #: The package of each database's implementations, by SQLAlchemy dialect name.
 _PACKAGES = {"sqlite": "billing.storage.sqlite", "postgresql": "billing.storage.postgres"}
 #: The rooms, as ``Store`` names them: each package has a module of that name.
-_ROOMS = ("ingest", "reconcile", "rollups", "calllog", "export", "providers", "drift")
+_ROOMS = ("ingest", "reconcile", "rollups", "calllog", "export", "providers", "drift", "plans")
 
 
 def _build(dialect: str) -> Store:

@@ -36,6 +36,7 @@ PRICE = {
     "cache_creation_usd_per_mtok": "0",
 }
 EMPTY_PAGE = {"object": "page", "data": [], "has_more": False, "next_page": None}
+PLAN_TIME = {"effective_from": "2026-01-01T00:00:00Z"}
 PERIOD = {"since": "2026-10-01T00:00:00Z", "until": "2026-11-01T00:00:00Z"}
 
 #: A valid request for every guarded endpoint, and the roles (besides admin) allowed to call it.
@@ -59,6 +60,14 @@ EXAMPLES: dict[tuple[str, str], tuple[dict[str, Any], set[str]]] = {
     ("GET", "/v1/drift"): ({"params": PERIOD}, {"read", "export"}),
     ("GET", "/v1/exports/drift.csv"): ({"params": PERIOD}, {"read", "export"}),
     ("GET", "/v1/schema/events.json"): ({}, {"ingest", "read", "export"}),
+    ("POST", "/v1/plans"): ({"json": {"plan_id": "auth-plan", **PLAN_TIME}}, set()),
+    ("GET", "/v1/plans"): ({}, {"read", "export"}),
+    ("PUT", "/v1/keys/{api_key_id:path}"): (
+        {"path": "/v1/keys/key_auth", "json": {"customer_id": "acme"}},
+        set(),
+    ),
+    ("GET", "/v1/keys"): ({}, {"read", "export"}),
+    ("GET", "/v1/keys/{api_key_id:path}"): ({"path": "/v1/keys/key_auth"}, {"read", "export"}),
 }
 OPEN = {"/healthz", "/readyz", "/metrics"}
 

@@ -1,0 +1,70 @@
+"""The SQL of keys and plans, as a ``Protocol``: ``billing.storage.sqlite.plans`` and
+``billing.storage.postgres.plans`` implement it (over ``billing.storage.plans_core``);
+``store_for(session).plans`` picks one. Every method runs in the session's transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Protocol
+
+from sqlalchemy.orm import Session
+
+from billing.storage.models import KeyAssignment, PlanPrice, PlanVersion
+
+
+class PlansRepository(Protocol):
+    """Keys' assignments and plans' versions (``key_assignments``, ``plan_versions``,
+    ``plan_prices``)."""
+
+    def key_history(
+        self, session: Session, api_key_ids: Sequence[str]
+    ) -> dict[str, list[KeyAssignment]]:
+        """Every assignment of each key that has any, oldest ``effective_from`` first."""
+        ...
+
+    def add_key_version(self, session: Session, row: KeyAssignment) -> None:
+        """Insert one assignment (its identity (key, effective_from) is not stored yet)."""
+        ...
+
+    def key_page(self, session: Session, after: str | None, limit: int) -> list[str]:
+        """Up to ``limit`` keys with an assignment, by ``api_key_id``, after ``after``."""
+        ...
+
+    def key_seen(self, session: Session, api_key_id: str) -> bool:
+        """Whether a call names the key (a key seen only in events exists implicitly)."""
+        ...
+
+    def plan_exists(self, session: Session, plan_id: str) -> bool:
+        """Whether the plan has a version."""
+        ...
+
+    def plan_versions(
+        self, session: Session, plan_ids: Sequence[str] | None
+    ) -> list[tuple[PlanVersion, list[PlanPrice]]]:
+        """The versions of ``plan_ids`` (None: every plan) by plan, then ``effective_from``,
+        each with its prices (by model, tier, threshold)."""
+        ...
+
+    def add_plan_version(
+        self, session: Session, version: PlanVersion, prices: Sequence[PlanPrice]
+    ) -> None:
+        """Insert a version and its prices (ids given by the database, flushed)."""
+        ...
+
+    def plan_prices_by_id(self, session: Session, ids: Sequence[int]) -> dict[int, PlanPrice]:
+        """The plan prices with these ids, each with its version loaded."""
+        ...
+
+    def plan_version_times(self, session: Session, ids: Sequence[int]) -> dict[int, datetime]:
+        """The ``effective_from`` of the plan versions with these ids."""
+        ...
+
+    def mark_key_pending(self, session: Session, api_key_id: str, since: datetime) -> int:
+        """Mark the key's calls started at or after ``since`` for re-reconciliation; how many."""
+        ...
+
+    def mark_plan_pending(self, session: Session, plan_id: str, since: datetime) -> int:
+        """Mark for re-reconciliation the calls started at or after ``since`` of every key that
+        is (or was) assigned ``plan_id``; how many."""
+        ...
