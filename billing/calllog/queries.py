@@ -29,7 +29,16 @@ from billing.storage.models import Call
 STATUSES = ("open", "completed", "client_disconnected", "failed")
 MAX_LIMIT = 1000
 DEFAULT_LIMIT = 100
-PARAMETERS = ("api_key_id", "model", "status", "since", "until", "limit", "cursor")
+PARAMETERS = (
+    "api_key_id",
+    "customer_id",
+    "model",
+    "status",
+    "since",
+    "until",
+    "limit",
+    "cursor",
+)
 
 
 @dataclass(frozen=True)
@@ -39,6 +48,8 @@ class CallsQuery:
     api_key_id: str | None = None
     model: str | None = None
     status: str | None = None
+    #: (v2) Only the calls charged to this customer (its key's customer at the call's start).
+    customer_id: str | None = None
     since: datetime | None = None
     until: datetime | None = None
     limit: int = DEFAULT_LIMIT
@@ -64,6 +75,7 @@ def parse_calls_query(items: Iterable[tuple[str, str]]) -> CallsQuery:
         api_key_id=reader.text("api_key_id", 128),
         model=reader.text("model"),
         status=reader.choice("status", STATUSES),
+        customer_id=reader.text("customer_id", 128),
         since=reader.parsed("since", parse_timestamp),
         until=reader.parsed("until", parse_timestamp),
         limit=reader.integer("limit", 1, MAX_LIMIT) or DEFAULT_LIMIT,
@@ -126,4 +138,6 @@ def _filtered(query: CallsQuery) -> Select[Call]:
         statement = statement.where(Call.model == query.model)
     if query.status is not None:
         statement = statement.where(Call.status == query.status)
+    if query.customer_id is not None:
+        statement = statement.where(Call.customer_id == query.customer_id)
     return statement

@@ -34,6 +34,9 @@ class CallsParams(BaseModel):
     """The query of ``GET /v1/calls`` (read by ``billing.calllog.queries.parse_calls_query``)."""
 
     api_key_id: str | None = Field(None, max_length=128, description="only calls of this key")
+    customer_id: str | None = Field(
+        None, max_length=128, description="only calls charged to this customer (v2)"
+    )
     model: str | None = Field(None, max_length=256, description="only calls of this model")
     status: str | None = Field(
         None, description="only calls in this status", json_schema_extra={"enum": list(STATUSES)}
@@ -78,6 +81,11 @@ class UsageParams(BaseModel):
     )
 
 
+_CHARGE = (
+    "what the customer is charged, exact USD (v2): at the plan's own prices, else the cost × "
+    "(1 + markup_pct / 100), else the cost; null when there is no cost and no plan price"
+)
+
 _CALL: dict[str, Any] = {
     "request_id": (str, ...),
     "api_key_id": (str | None, ...),
@@ -101,6 +109,9 @@ _CALL: dict[str, Any] = {
         list[dict[str, Any]],
         Field(description="tokens billed at other models' rates, per model (v2)"),
     ),
+    "customer_id": (str | None, Field(description="the key's customer at the call's start (v2)")),
+    "plan_id": (str | None, Field(description="the key's plan at the call's start (v2)")),
+    "charge_usd": (Usd | None, Field(description=_CHARGE)),
 }
 _CallFields: Any = cast(Any, create_model("_CallFields", __config__=_OUT, **_CALL))
 
@@ -145,6 +156,20 @@ _ENTRY: dict[str, Any] = {
     "cost_usd": (Usd | None, Field(description=_COST)),
     "units": (dict[str, int], Field(description="unit name → signed count (v2)")),
     "unit_prices": (dict[str, Rate], Field(description="the unit prices used: USD per unit (v2)")),
+    "customer_id": (str | None, Field(description="the customer charged (v2)")),
+    "plan_id": (str | None, Field(description="the plan charged under (v2)")),
+    "plan_prices": (
+        dict[str, Any] | None,
+        Field(
+            description="the plan's own prices charged (USD per million tokens, unit_prices in "
+            "USD per unit); null: charged at the markup or at cost (v2)"
+        ),
+    ),
+    "markup_pct": (
+        str | None,
+        Field(description="the plan's markup charged over cost, percent; null: none (v2)"),
+    ),
+    "charge_usd": (Usd | None, Field(description=_CHARGE)),
 }
 _LedgerEntryFields: Any = cast(Any, create_model("_LedgerEntryFields", __config__=_OUT, **_ENTRY))
 

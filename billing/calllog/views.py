@@ -42,6 +42,9 @@ def call_json(call: Call) -> dict[str, Any]:
         "service_tier": call.service_tier,
         "units": dict(call.units or {}),
         "other_models": list(call.other_models or []),
+        "customer_id": call.customer_id,
+        "plan_id": call.plan_id,
+        "charge_usd": pusd_to_str(call.charge_pusd),
     }
 
 
@@ -71,5 +74,27 @@ def ledger_entry_json(entry: LedgerEntry) -> dict[str, Any]:
             {n: uusd_per_mtok_to_str(int(v)) for n, v in orjson.loads(entry.unit_prices).items()}
             if entry.unit_prices
             else {}
+        ),
+        "customer_id": entry.customer_id,
+        "plan_id": entry.plan_id,
+        "plan_prices": _plan_prices(entry),
+        "markup_pct": entry.markup_pct,
+        "charge_usd": pusd_to_str(entry.charge_pusd),
+    }
+
+
+def _plan_prices(entry: LedgerEntry) -> dict[str, Any] | None:
+    """The plan's own prices an entry was charged at (USD per million tokens, unit prices in USD
+    per unit), or None when it was charged at the markup or at cost (v2)."""
+    if entry.plan_price_id is None:
+        return None
+    text = entry.plan_unit_prices
+    return {
+        **{
+            rate.field: uusd_per_mtok_to_str(getattr(entry, f"plan_{rate.column}"))
+            for rate in RATES
+        },
+        "unit_prices": (
+            {n: uusd_per_mtok_to_str(int(v)) for n, v in orjson.loads(text).items()} if text else {}
         ),
     }

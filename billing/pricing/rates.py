@@ -67,3 +67,6 @@ RATE_COLUMNS: tuple[str, ...] = tuple(r.column for r in RATES)
 RATE_NAMES: tuple[str, ...] = tuple(r.name for r in RATES)
 #: The token bucket each rate bills, in ``RATES`` order.
 RATED_BUCKETS: tuple[str, ...] = tuple(r.bucket.name for r in RATES)
+#: (v2) The ``ledger_entries`` columns of the plan price's rates a line was charged at (CONTRACT
+#: "Keys, customers and plans (v2)"), in ``RATES`` order.
+PLAN_RATE_COLUMNS: tuple[str, ...] = tuple(f"plan_{r.column}" for r in RATES)

@@ -35,10 +35,11 @@ or more (the products could overflow 64 bits), a call settled before, an estimat
 not due yet (it is reconciled open), a usage carrying a v2 field (one-hour cache writes, a
 service tier, units, other models, reported anomalies: ``DECLINED_USAGE_FIELDS``) or an
 estimate without input, a call whose price in force has long-context prices that its input
-exceeds, a usage or disconnect body that is not what ingest writes
-(not JSON, a value of another type, a count out of range, a JSON ``null`` in the usage) — where
-the rule decides (and refuses what it refuses) — and every call with a SQLite library too old
-for ``UPDATE … FROM``.
+exceeds, (v2) a call whose key has an assignment in ``key_assignments`` (a customer or a plan:
+the rule charges it; the statements charge every other call its cost), a usage or disconnect
+body that is not what ingest writes (not JSON, a value of another type, a count out of range, a
+JSON ``null`` in the usage) — where the rule decides (and refuses what it refuses) — and every
+call with a SQLite library too old for ``UPDATE … FROM``.
 
 ``HANDLED`` declares the event types and fields the statements read; ``is_common`` states the
 shape in Python. ``tests/reconcile/test_reconcile_common_property.py`` generates calls from the

@@ -9,6 +9,8 @@ from datetime import datetime
 from typing import Any
 
 from billing.dimensions import TOKEN_FIELDS, Tokens, set_tokens
+from billing.plans.charges import line_charge
+from billing.plans.rating import NO_TERMS, Rating, Terms
 from billing.pricing.prices import PriceBook, PriceRow, unit_prices_text
 from billing.pricing.rates import RATES
 from billing.reconcile.ledger import Line, LineKey, NewEntry, line_cost
@@ -18,7 +20,7 @@ from billing.reconcile.rule import UNPRICED, CallFigures
 _NO_RATES: tuple[None, ...] = (None,) * len(RATES)
 
 
-def target_lines(figures: CallFigures, book: PriceBook) -> list[Line]:
+def target_lines(figures: CallFigures, book: PriceBook, rating: Rating | None = None) -> list[Line]:
     """The call's billable lines: per model and price, the tokens and units billed at it.
 
     Each attempt is priced at the call's start by its model, its served tier and its context
@@ -26,21 +28,41 @@ def target_lines(figures: CallFigures, book: PriceBook) -> list[Line]:
     models' rates (``other_models``) are priced by those models, in lines of their own (CONTRACT
     "Usage dimensions (v2)"). A line with a unit of non-zero count that its price has no price
     for is unpriced (no price at all), as is one whose model has no price.
+
+    (v2) With ``rating``, each line is charged under the customer and plan of the call's key in
+    force at its start (``Rating.terms``): at the plan's own price for the attempt's model and
+    served tier (long-context prices as for costs) when it prices every unit the line counts,
+    else at the plan's markup; without a plan at cost (CONTRACT "Keys, customers and plans
+    (v2)").
     """
     started = figures.started_at
-    by_key: dict[tuple[str | None, int | None], Line] = {}
+    terms: Terms = rating.terms(figures.api_key_id, started) if rating else NO_TERMS
+    by_key: dict[tuple[str | None, int | None, int | None], Line] = {}
 
     def add(
-        model: str | None, price: PriceRow | None, tokens: Tokens, units: dict[str, int]
+        model: str | None,
+        price: PriceRow | None,
+        tokens: Tokens,
+        units: dict[str, int],
+        plan_price: PriceRow | None,
     ) -> None:
         if price is not None and units and price.units_cost_pusd(units) is None:
             price = None
-        key = (model, price.id if price else None)
+        if plan_price is not None and units and plan_price.units_cost_pusd(units) is None:
+            plan_price = None
+        key = (model, price.id if price else None, plan_price.id if plan_price else None)
         line = by_key.get(key)
         if line is None:
-            by_key[key] = Line(
-                LineKey(figures.api_key_id, model, key[1]), tokens, price, dict(units)
+            line_key = LineKey(
+                figures.api_key_id,
+                model,
+                key[1],
+                terms.customer_id,
+                terms.plan_id,
+                key[2],
+                terms.markup_pct if plan_price is None else None,
             )
+            by_key[key] = Line(line_key, tokens, price, dict(units), plan_price)
             return
         line.tokens = line.tokens + tokens
         for name, count in units.items():
@@ -50,14 +72,22 @@ def target_lines(figures: CallFigures, book: PriceBook) -> list[Line]:
 
     for attempt in figures.attempts:
         tier = attempt.service_tier
-        price = book.at(attempt.model, started, tier, attempt.context_tokens())
-        add(attempt.model, price, attempt.tokens, attempt.units)
+        context = attempt.context_tokens()
+        price = book.at(attempt.model, started, tier, context)
+        plan_price = terms.plan_price(attempt.model, started, tier, context)
+        add(attempt.model, price, attempt.tokens, attempt.units, plan_price)
         for model, tokens in attempt.other_models.items():
             context = (
                 tokens.input_tokens + tokens.cache_read_input_tokens
                 + tokens.cache_creation_input_tokens
             )  # fmt: skip
-            add(model, book.at(model, started, tier, context), tokens, {})
+            add(
+                model,
+                book.at(model, started, tier, context),
+                tokens,
+                {},
+                terms.plan_price(model, started, tier, context),
+            )
     return list(by_key.values())
 
 
@@ -69,6 +99,19 @@ def call_cost(lines: Sequence[Line]) -> int | None:
         if cost is None:
             return None
         total += cost
+    return total
+
+
+def call_charge(lines: Sequence[Line]) -> int | None:
+    """The call's charge in picodollars (``billing.plans.charges.line_charge`` per line), or
+    None when any line has no charge (no cost and no plan price)."""
+    total = 0
+    for line in lines:
+        cost = line_cost(line.tokens, line.price, line.units)
+        charge = line_charge(line.tokens, line.units, cost, line.plan_price, line.key.markup_pct)
+        if charge is None:
+            return None
+        total += charge
     return total
 
 
@@ -87,9 +130,14 @@ class Entry:
         "api_key_id",
         "booked_at",
         "call_started_at",
+        "charge_pusd",
         "cost_pusd",
+        "customer_id",
         "kind",
+        "markup_pct",
         "model",
+        "plan_id",
+        "plan_price",
         "price",
         "protocol",
         "reason",
@@ -118,6 +166,11 @@ class Entry:
         self.cost_pusd = new.cost_pusd
         self.tokens = new.tokens
         self.units = new.units
+        self.customer_id = new.key.customer_id
+        self.plan_id = new.key.plan_id
+        self.plan_price = new.plan_price
+        self.markup_pct = new.key.markup_pct
+        self.charge_pusd = new.charge_pusd
         set_tokens(self, new.tokens)
 
     def __getattr__(self, name: str) -> int:
@@ -127,6 +180,7 @@ class Entry:
     def row(self, booked_at: Any, time: Callable[[datetime | None], Any]) -> tuple[Any, ...]:
         """The values of ``ENTRY_COLUMNS`` (``booked_at`` and times as the driver takes them)."""
         price = self.price
+        plan = self.plan_price
         return (
             self.request_id,
             self.seq,
@@ -148,6 +202,17 @@ class Entry:
                 if price and self.units
                 else None
             ),
+            self.customer_id,
+            self.plan_id,
+            plan.id if plan else None,
+            *(plan.rates if plan else _NO_RATES),
+            unit_prices_text(
+                {n: plan.unit_prices[n] for n in self.units if n in plan.unit_prices}
+                if plan and self.units
+                else None
+            ),
+            self.markup_pct,
+            self.charge_pusd,
         )
 
 

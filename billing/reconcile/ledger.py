@@ -15,19 +15,36 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from billing.dimensions import TOKEN_FIELDS, Tokens
+from billing.plans.charges import line_charge
 from billing.pricing.prices import PriceRow
-from billing.pricing.rates import RATE_COLUMNS
+from billing.pricing.rates import PLAN_RATE_COLUMNS, RATE_COLUMNS
 
 
 class LineKey(NamedTuple):
-    """What a ledger line is booked under: the key, the model and the price id (None: unpriced)."""
+    """What a ledger line is booked under: the key, the model and the price id (None: unpriced);
+    (v2) the customer and plan it is charged to, the plan price id or else the markup text it is
+    charged at (CONTRACT "Keys, customers and plans (v2)"): a change of any of them re-books the
+    line (a reversal and a re-rated line), so that every entry's charge follows from its own
+    columns."""
 
     api_key_id: str | None
     model: str | None
     price_id: int | None
+    customer_id: str | None = None
+    plan_id: str | None = None
+    plan_price_id: int | None = None
+    markup_pct: str | None = None
 
-    def sort_key(self) -> tuple[str, str, int]:
-        return (self.api_key_id or "", self.model or "", self.price_id or 0)
+    def sort_key(self) -> tuple[str, str, int, str, str, int, str]:
+        return (
+            self.api_key_id or "",
+            self.model or "",
+            self.price_id or 0,
+            self.customer_id or "",
+            self.plan_id or "",
+            self.plan_price_id or 0,
+            self.markup_pct or "",
+        )
 
 
 @dataclass(slots=True)
@@ -39,11 +56,14 @@ class Line:
     tokens: Tokens
     price: PriceRow | None
     units: dict[str, int] = field(default_factory=dict)
+    #: (v2) The plan's own price the line is charged at (``key.plan_price_id``), else None.
+    plan_price: PriceRow | None = None
 
 
 @dataclass(slots=True)
 class NewEntry:
-    """A ledger entry to write: ``kind`` settlement|adjustment, signed token deltas, its price."""
+    """A ledger entry to write: ``kind`` settlement|adjustment, signed token deltas, its price;
+    (v2) the plan price it is charged at and its charge in picodollars."""
 
     kind: str
     reason: str
@@ -52,6 +72,8 @@ class NewEntry:
     price: PriceRow | None
     cost_pusd: int | None
     units: dict[str, int] = field(default_factory=dict)
+    plan_price: PriceRow | None = None
+    charge_pusd: int | None = None
 
 
 def line_cost(
@@ -131,12 +153,41 @@ ENTRY_COLUMNS = (
     "cost_pusd",
     "units",
     "unit_prices",
+    "customer_id",
+    "plan_id",
+    "plan_price_id",
+    *PLAN_RATE_COLUMNS,
+    "plan_unit_prices",
+    "markup_pct",
+    "charge_pusd",
 )
 
 #: The reason of an entry that reverses a line in full; a line whose latest entry has it is closed.
-REVERSAL_REASON = "reversal: the call's api key, model or price changed"
+REVERSAL_REASON = "reversal: the call's api key, model, price, customer or plan changed"
 #: What every reversal's reason starts with (``LIKE 'reversal:%'`` finds them in the ledger).
 REVERSAL_PREFIX = "reversal:"
+
+
+#: The reason of a line booked again at the same key, model and price for another customer or
+#: plan (or plan price, or markup) in force at the call's start (v2).
+RERATED_REASON = "re-rated: the key's customer or plan in force at the call's start changed"
+
+
+def _entry(
+    kind: str,
+    reason: str,
+    key: LineKey,
+    tokens: Tokens,
+    price: PriceRow | None,
+    units: dict[str, int],
+    plan_price: PriceRow | None,
+) -> NewEntry:
+    """A new entry of ``tokens`` and ``units`` on line ``key``, its cost at ``price`` and its
+    charge by ``billing.plans.charges.line_charge`` (at ``plan_price``, else the key's markup,
+    else the cost)."""
+    cost = line_cost(tokens, price, units)
+    charge = line_charge(tokens, units, cost, plan_price, key.markup_pct)
+    return NewEntry(kind, reason, key, tokens, price, cost, units, plan_price, charge)
 
 
 def plan_entries(
@@ -147,6 +198,7 @@ def plan_entries(
     settle_reason: str,
     closed: AbstractSet[LineKey],
     booked_units: Mapping[LineKey, Mapping[str, int]] | None = None,
+    booked_plan_prices: Mapping[LineKey, PriceRow | None] | None = None,
 ) -> list[NewEntry]:
     """The entries that bring the booked lines to the target lines (empty when they agree).
 
@@ -154,33 +206,36 @@ def plan_entries(
     deltas (name → count, lines without units left out), ``booked_prices`` the price each line
     was booked at and ``closed`` the lines whose latest entry reversed them; every other booked
     line is open, even at zero tokens (a call settled before any usage still has its line).
-    ``has_entries`` tells whether the call has any entry yet. An open line that is no longer a
+    ``booked_plan_prices`` the plan price each line was charged at (v2; lines without one left
+    out). ``has_entries`` tells whether the call has any entry yet. An open line that is no longer a
     target is reversed in full, and a target line that is not open gets an entry, both even at
     zero tokens, so the ledger always names the call's key, model and price.
     Source: CONTRACT "Reconciliation", "Usage dimensions (v2)".
     """
     if not has_entries:
         return [
-            NewEntry(
+            _entry(
                 "settlement",
                 settle_reason,
                 line.key,
                 line.tokens,
                 line.price,
-                line_cost(line.tokens, line.price, line.units),
                 dict(line.units),
+                line.plan_price,
             )
             for line in (
                 target if len(target) == 1 else sorted(target, key=lambda line: line.key.sort_key())
             )
         ]
     units_booked = booked_units or {}
+    plan_prices_booked = booked_plan_prices or {}
     live = {key: tokens for key, tokens in booked.items() if key not in closed}
     targets = {line.key: line for line in target}
     # A new line whose key and model stay, but at another price, is a re-pricing of the line that
     # is reversed; a new settlement follows only a reversal of another key or model; a line that
     # is merely new (say a late attempt on another model) is a change of the same settled call.
     reversed_pairs = {(key.api_key_id, key.model) for key in live if key not in targets}
+    reversed_rated = {key[:3] for key in live if key not in targets}
     reversing = bool(reversed_pairs)
     entries: list[NewEntry] = []
     for key in sorted(set(live) | set(targets), key=LineKey.sort_key):
@@ -191,29 +246,28 @@ def plan_entries(
         delta = now - was
         units = _units_delta(line.units if line else {}, was_units)
         price = line.price if line is not None else booked_prices.get(key)
-        cost = line_cost(delta, price, units)
+        plan_price = line.plan_price if line is not None else plan_prices_booked.get(key)
+        kind = "adjustment"
         if key in live and line is not None:
             if delta.is_zero() and not units:
                 continue
-            entries.append(
-                NewEntry("adjustment", _late(delta, units), key, delta, price, cost, units)
-            )
+            reason = _late(delta, units)
         elif line is None:
-            entries.append(NewEntry("adjustment", REVERSAL_REASON, key, delta, price, cost, units))
+            reason = REVERSAL_REASON
+        elif key[:3] in reversed_rated:
+            reason = RERATED_REASON
         elif (key.api_key_id, key.model) in reversed_pairs:
             reason = (
                 "re-priced: the model's price in force at the call's start changed"
                 if line.price is not None
                 else "re-booked without a price"
             )
-            entries.append(NewEntry("adjustment", reason, key, delta, price, cost, units))
         elif not reversing:
-            entries.append(
-                NewEntry("adjustment", _late(delta, units), key, delta, price, cost, units)
-            )
+            reason = _late(delta, units)
         else:
+            kind = "settlement"
             reason = "settled again after the call's api key or model changed"
-            entries.append(NewEntry("settlement", reason, key, delta, price, cost, units))
+        entries.append(_entry(kind, reason, key, delta, price, units, plan_price))
     # Reversals first, so the entries read in the order an accountant would book them.
     entries.sort(key=lambda e: 0 if e.reason.startswith(REVERSAL_PREFIX) else 1)
     return entries

@@ -96,13 +96,14 @@ class ReconcileRepository(Protocol):
         ...
 
     def read_booked(self, session: Session, request_ids: Sequence[str]) -> list[Any]:
-        """Per call and ledger line (key, model, price id): ``(request_id, api_key_id, model,
-        price_id, max seq, seq of the last reversal or None, *token sums)``."""
+        """Per call and ledger line (``LineKey``: key, model, price id, customer, plan, plan
+        price id, markup): ``(request_id, *line, max seq, seq of the last reversal or None,
+        *token sums)``."""
         ...
 
     def read_booked_units(self, session: Session, request_ids: Sequence[str]) -> list[Any]:
-        """The entries of the calls that have units (v2): ``(request_id, api_key_id, model,
-        price_id, units)``, ``units`` as the stored JSON text (name → signed count)."""
+        """The entries of the calls that have units (v2): ``(request_id, *line, units)`` (the
+        line as ``read_booked``'s), ``units`` as the stored JSON text (name → signed count)."""
         ...
 
     def write_calls(self, session: Session, updates: Sequence[Update], now: datetime) -> None:

@@ -19,9 +19,10 @@ from sqlalchemy.orm import Session
 
 from billing.dimensions import set_tokens
 from billing.drift import rollup as drift_rollup
+from billing.plans.rating import Rating
 from billing.pricing.prices import PriceBook
 from billing.reconcile.common import settle_common
-from billing.reconcile.entries import Entry, anomalies_of, call_cost, target_lines
+from billing.reconcile.entries import Entry, anomalies_of, call_charge, call_cost, target_lines
 from billing.reconcile.events import load_events
 from billing.reconcile.ledger import SETTLED_COMPLETE, plan_entries, settled_timed_out
 from billing.reconcile.repository import ReconcileRepository, Update
@@ -168,6 +169,7 @@ def reconcile_calls(
         check_figures(figured)
     models = {m for f in figures.values() for m in _models(f)}
     book = PriceBook.load(session, models)
+    rating = Rating.load(session, (f.api_key_id for f in figures.values()))
     booked = load_booked(session, [rid for rid, state in states.items() if state.settled])
     # Compared with the stored value as the driver returns it.
     cutoff = repo.driver_time(now - timedelta(seconds=settle_after_s))
@@ -180,8 +182,10 @@ def reconcile_calls(
         if fig is None:
             after.append(call)
             continue
-        lines = target_lines(fig, book)
+        lines = target_lines(fig, book, rating)
         cost = call_cost(lines)
+        terms = rating.terms(fig.api_key_id, fig.started_at)
+        charged = (terms.customer_id, terms.plan_id, call_charge(lines))
         # The row's last_received_at is not updated by the later events of a pending call.
         arrival = arrivals.get(request_id)
         if arrival is None or arrival < call.stored[0]:
@@ -199,6 +203,7 @@ def reconcile_calls(
                 reason,
                 record.closed,
                 record.units,
+                record.plan_prices,
             )
             seq = record.max_seq
             for new in planned:
@@ -209,7 +214,7 @@ def reconcile_calls(
             if not call.settled:
                 result.settled += 1
                 result.settled_ids.append(request_id)
-        state = new_state(call, fig, cost, settle, anomalies_of(fig, cost))
+        state = new_state(call, fig, cost, settle, anomalies_of(fig, cost), charged)
         state.arrival = arrival
         updates.append((call, state, fig))
         after.append(state)
@@ -233,8 +238,12 @@ def preview_call(session: Session, call: Call) -> None:
         return
     fig = reconcile_call(call.request_id, events)
     check_figures(fig)
-    lines = target_lines(fig, PriceBook.load(session, set(_models(fig))))
+    rating = Rating.load(session, [fig.api_key_id])
+    lines = target_lines(fig, PriceBook.load(session, set(_models(fig))), rating)
     _apply(call, fig, call_cost(lines), call.settled, call.settled_at or datetime.now(UTC))
+    terms = rating.terms(fig.api_key_id, fig.started_at)
+    call.customer_id, call.plan_id = terms.customer_id, terms.plan_id
+    call.charge_pusd = call_charge(lines)
 
 
 def _models(fig: CallFigures) -> list[str]:

@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from billing.dimensions import TOKEN_FIELDS, Tokens, set_tokens
+from billing.plans.rating import plan_prices_by_id
 from billing.pricing.prices import PriceRow, prices_by_id
 from billing.reconcile.ledger import LineKey
 from billing.reconcile.repository import ReconcileRepository
@@ -30,6 +31,9 @@ STATE_COLUMNS = (
     "anomalies",
     "cost_pusd",
     "attempts",
+    "customer_id",
+    "plan_id",
+    "charge_pusd",
     *TOKEN_FIELDS,
 )
 
@@ -54,6 +58,9 @@ class CallState:
     anomalies: list[str]
     cost_pusd: int | None
     attempts: int
+    customer_id: str | None
+    plan_id: str | None
+    charge_pusd: int | None
     settling: bool
     stored: tuple[Any, ...]
     #: The last arrival among the call's events (as the driver returns times; see load_events).
@@ -87,9 +94,15 @@ def load_states(session: Session, request_ids: Sequence[str]) -> dict[str, CallS
 
 
 def new_state(
-    old: CallState, fig: CallFigures, cost: int | None, settle: bool, anomalies: list[str]
+    old: CallState,
+    fig: CallFigures,
+    cost: int | None,
+    settle: bool,
+    anomalies: list[str],
+    charged: tuple[str | None, str | None, int | None] = (None, None, None),
 ) -> CallState:
-    """The call's state after the step: ``fig`` and its cost, settled if ``settle``."""
+    """The call's state after the step: ``fig`` and its cost, settled if ``settle``;
+    ``charged``: its customer, plan and charge (v2)."""
     new = CallState()
     new.request_id = old.request_id
     new.settled = old.settled or settle
@@ -100,6 +113,7 @@ def new_state(
     new.model = fig.model
     new.anomalies = anomalies
     new.cost_pusd = cost
+    new.customer_id, new.plan_id, new.charge_pusd = charged
     new.attempts = len(fig.attempts)
     set_tokens(new, fig.tokens)
     return new
@@ -115,6 +129,8 @@ class Booked:
     max_seq: int = 0
     #: (v2) Units per line (name → summed count), for the lines that have any.
     units: dict[LineKey, dict[str, int]] = field(default_factory=dict)
+    #: (v2) The plan price each line was charged at, for the lines that have one.
+    plan_prices: dict[LineKey, PriceRow | None] = field(default_factory=dict)
 
 
 NOTHING_BOOKED = Booked()
@@ -125,22 +141,23 @@ def load_booked(session: Session, request_ids: Sequence[str]) -> dict[str, Booke
     repo: ReconcileRepository = store_for(session).reconcile
     booked: dict[str, Booked] = {}
     price_ids: set[int] = set()
-    for request_id, key_id, model, price_id, max_seq, last_reversal, *sums in repo.read_booked(
-        session, request_ids
-    ):
+    plan_price_ids: set[int] = set()
+    for row in repo.read_booked(session, request_ids):
+        request_id, *line, max_seq, last_reversal = row[:10]
+        sums = row[10:]
         entry = booked.setdefault(request_id, Booked())
-        key = LineKey(key_id, model, price_id)
+        key = LineKey(*line)
+        if key.plan_price_id is not None:
+            plan_price_ids.add(key.plan_price_id)
         entry.tokens[key] = Tokens(*(int(s) for s in sums))
         if last_reversal is not None and int(last_reversal) == int(max_seq):
             entry.closed.add(key)
         entry.max_seq = max(entry.max_seq, int(max_seq))
-        if price_id is not None:
-            price_ids.add(price_id)
+        if key.price_id is not None:
+            price_ids.add(key.price_id)
     if booked:
-        for request_id, key_id, model, price_id, text in repo.read_booked_units(
-            session, list(booked)
-        ):
-            line = booked[request_id].units.setdefault(LineKey(key_id, model, price_id), {})
+        for request_id, *parts, text in repo.read_booked_units(session, list(booked)):
+            line = booked[request_id].units.setdefault(LineKey(*parts), {})
             for name, count in json.loads(text).items():
                 line[name] = line.get(name, 0) + int(count)
     if price_ids:
@@ -148,4 +165,10 @@ def load_booked(session: Session, request_ids: Sequence[str]) -> dict[str, Booke
         for entry in booked.values():
             for key in entry.tokens:
                 entry.prices[key] = prices.get(key.price_id) if key.price_id else None
+    if plan_price_ids:
+        plan_prices = plan_prices_by_id(session, plan_price_ids)
+        for entry in booked.values():
+            for key in entry.tokens:
+                if key.plan_price_id is not None:
+                    entry.plan_prices[key] = plan_prices.get(key.plan_price_id)
     return booked

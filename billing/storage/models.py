@@ -22,7 +22,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, MappedColumn, mapped_column
 
 from billing.dimensions import TOKEN_FIELDS
-from billing.pricing.rates import RATE_COLUMNS
+from billing.pricing.rates import PLAN_RATE_COLUMNS, RATE_COLUMNS
 from billing.storage.types import UTCDateTime
 
 # SQLite only makes an INTEGER PRIMARY KEY auto-increment; PostgreSQL gets a real bigint.
@@ -78,9 +78,6 @@ class EntryPlanRates:
     after its ``plan_price_id``; null when no plan price applied (CONTRACT "Keys, customers and
     plans (v2)")."""
 
-
-#: The ``ledger_entries`` columns of the plan's rates, in ``RATE_COLUMNS`` order.
-PLAN_RATE_COLUMNS: tuple[str, ...] = tuple(f"plan_{name}" for name in RATE_COLUMNS)
 
 for _name in RATE_COLUMNS:
     setattr(PriceRates, _name, mapped_column(BigInteger, nullable=False))

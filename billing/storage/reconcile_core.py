@@ -26,6 +26,16 @@ if TYPE_CHECKING:
 #: Calls per ``IN (…)`` list or array parameter.
 CHUNK = 2000
 
+#: What a ledger line is booked under (``billing.reconcile.ledger.LineKey``, in its order).
+_LINE = (
+    LedgerEntry.api_key_id,
+    LedgerEntry.model,
+    LedgerEntry.price_id,
+    LedgerEntry.customer_id,
+    LedgerEntry.plan_id,
+    LedgerEntry.plan_price_id,
+    LedgerEntry.markup_pct,
+)
 _SUMS = [func.sum(getattr(LedgerEntry, name)) for name in TOKEN_FIELDS]
 _LAST_REVERSAL = func.max(
     case((LedgerEntry.reason.like(f"{REVERSAL_PREFIX}%"), LedgerEntry.seq), else_=None)
@@ -130,20 +140,13 @@ class CoreReconcile:
         rows = session.execute(
             select(
                 LedgerEntry.request_id,
-                LedgerEntry.api_key_id,
-                LedgerEntry.model,
-                LedgerEntry.price_id,
+                *_LINE,
                 func.max(LedgerEntry.seq),
                 _LAST_REVERSAL,
                 *_SUMS,
             )
             .where(LedgerEntry.request_id.in_(request_ids))
-            .group_by(
-                LedgerEntry.request_id,
-                LedgerEntry.api_key_id,
-                LedgerEntry.model,
-                LedgerEntry.price_id,
-            )
+            .group_by(LedgerEntry.request_id, *_LINE)
         )
         return list(rows)
 
@@ -153,13 +156,9 @@ class CoreReconcile:
             chunk = request_ids[start : start + CHUNK]
             rows.extend(
                 session.execute(
-                    select(
-                        LedgerEntry.request_id,
-                        LedgerEntry.api_key_id,
-                        LedgerEntry.model,
-                        LedgerEntry.price_id,
-                        LedgerEntry.units,
-                    ).where(LedgerEntry.request_id.in_(chunk), LedgerEntry.units.is_not(None))
+                    select(LedgerEntry.request_id, *_LINE, LedgerEntry.units).where(
+                        LedgerEntry.request_id.in_(chunk), LedgerEntry.units.is_not(None)
+                    )
                 )
             )
         return rows
@@ -226,6 +225,9 @@ CALL_SET = (
     "service_tier",
     "units",
     "other_models",
+    "customer_id",
+    "plan_id",
+    "charge_pusd",
 )
 #: The identity columns, written as well where they changed (ingest fills them in from the
 #: call's first ``stream.started`` already, so that is rare).
@@ -265,6 +267,9 @@ def call_values(
         fig.service_tier,
         json.dumps(fig.units) if fig.units else None,
         _json_other_models(fig) if fig.other_models else None,
+        new.customer_id,
+        new.plan_id,
+        new.charge_pusd,
     )
 
 

@@ -19,7 +19,7 @@ import json
 
 from billing.dimensions import BUCKETS, TOKEN_FIELDS, USAGE_FIELDS
 from billing.ingest.schemas import MAX_TOKENS, StreamUsage
-from billing.pricing.rates import RATE_COLUMNS
+from billing.pricing.rates import PLAN_RATE_COLUMNS, RATE_COLUMNS
 from billing.reconcile.ledger import ENTRY_COLUMNS
 from billing.reconcile.rule import USAGE_MISSING
 from billing.rollups.repository import PICO
@@ -182,11 +182,18 @@ NOT_LONG_CONTEXT = """NOT EXISTS (SELECT 1 FROM prices q
                 AND q.above_input_tokens < {u}.input_tokens + {u}.cache_read_input_tokens
                     + {u}.cache_creation_input_tokens)"""
 
+#: (v2) The call's key has no assignment (``key_assignments``): a key with a customer or a
+#: plan is the rule's (``billing.reconcile.entries.target_lines`` charges it); the statements
+#: charge the others their cost, with no customer and no plan.
+NO_KEY_ASSIGNMENT = """NOT EXISTS (SELECT 1 FROM key_assignments k
+            WHERE k.api_key_id = c.api_key_id)"""
+
 SETTLE_CONDITIONS = f"""{TOKEN_RANGES}
         AND {COUNTER_BOUNDS}
         AND {SETTLES_NOW}
         AND {RATES_BELOW_LIMIT}
-        AND {NOT_LONG_CONTEXT}"""
+        AND {NOT_LONG_CONTEXT}
+        AND {NO_KEY_ASSIGNMENT}"""
 
 #: The ledger entry's columns, as ``INSERT INTO ledger_entries (…)`` lists them.
 ENTRY_COLUMN_LIST = ", ".join(ENTRY_COLUMNS)
@@ -200,6 +207,10 @@ ENTRY_VALUES = ", ".join(
         *(f"f.{name}" for name in RATE_COLUMNS),
         "f.cost_pusd",
         "NULL, NULL",  # units, unit_prices: such a call has none
+        # customer_id, plan_id, plan_price_id, the plan's rates, plan_unit_prices, markup_pct:
+        # the key has no assignment (NO_KEY_ASSIGNMENT); its charge is its cost.
+        ", ".join(["NULL"] * (3 + len(PLAN_RATE_COLUMNS) + 2)),
+        "f.cost_pusd",
     )
 )
 
@@ -209,6 +220,7 @@ SET_TOKENS_AND_COST = ", ".join(
         *(f"{name} = f.{name}" for name in TOKEN_FIELDS),
         "cost_pusd = f.cost_pusd",
         "service_tier = NULL, units = NULL, other_models = NULL",
+        "customer_id = NULL, plan_id = NULL, charge_pusd = f.cost_pusd",
     )
 )
 
