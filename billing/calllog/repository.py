@@ -30,6 +30,8 @@ class RollupSlice:
     api_key_id: str | None
     model: str | None
     dims: tuple[str, ...]
+    #: (v2) A customer filter, when not None (only on ``usage_rollups``).
+    customer_id: str | None = None
 
 
 #: Rows of sums (see ``CalllogRepository.rollup_sums``).
@@ -42,8 +44,9 @@ class CalllogRepository(Protocol):
     def rollup_sums(self, session: Session, runs: Sequence[Run], rows: RollupSlice) -> Sums:
         """The rollup ``rows`` inside each of the ``runs`` (a run: one level, a range of bucket
         starts), summed per (run's ``seg``, ``rows.dims``): ``(seg, *dims, *COUNT_FIELDS,
-        cost_whole_usd, cost_frac_pusd)``, sums as the database gives them (null for no row),
-        ``''`` for a null key or model. Each run is one range of the table's primary key."""
+        cost_whole_usd, cost_frac_pusd, charge_whole_usd, charge_frac_pusd)``, sums as the
+        database gives them (null for no row), ``''`` for a null key, model or customer. Each run
+        is one range of the table's primary key."""
 
     def units_in(
         self,
@@ -53,8 +56,10 @@ class CalllogRepository(Protocol):
         until: datetime,
         api_key_id: str | None,
         model: str | None,
+        customer_id: str | None = None,
     ) -> list[Any]:
-        """(v2) ``(at, api_key_id, model, units)`` of every settled call (``call_start``: at its
-        start) or ledger entry (``booked``: at its booking) in ``[since, until)`` that has units,
-        with the key and model filters; ``units`` as stored (name → count)."""
+        """(v2) ``(at, api_key_id, model, units, customer_id)`` of every settled call
+        (``call_start``: at its start) or ledger entry (``booked``: at its booking) in
+        ``[since, until)`` that has units, with the key, model and customer filters; ``units``
+        as stored (name → count)."""
         ...

@@ -67,6 +67,9 @@ class UsageParams(BaseModel):
     )
     api_key_id: str | None = Field(None, max_length=128, description="only this api key")
     model: str | None = Field(None, max_length=256, description="only this model")
+    customer_id: str | None = Field(
+        None, max_length=128, description="only what is charged to this customer (v2)"
+    )
     group_by: str | None = Field(None, description=f"comma list of {', '.join(GROUP_BY)}")
     tz: str | None = Field(
         None, description="IANA time zone where hours, days and months begin (default UTC)"
@@ -198,6 +201,7 @@ class CallsPage(BaseModel):
 _GROUP_KEYS = {
     "api_key_id": "the group's api key (null: calls without a stream.started)",
     "model": "the group's model",
+    "customer_id": "the group's customer (null: keys without one) (v2)",
     "hour": "the local hour, RFC 3339 with the zone's offset",
     "day": "the local day, YYYY-MM-DD",
     "month": "the local month, YYYY-MM",
@@ -207,6 +211,7 @@ _ROW: dict[str, Any] = {
     "calls": (int, Field(ge=0)),
     **_tokens(None),
     "cost_usd": (Usd | None, Field(description=_COST)),
+    "charge_usd": (Usd | None, Field(description=_CHARGE)),
     "units": (dict[str, int], Field(description="unit name → count (v2)")),
 }
 _UsageRowFields: Any = cast(Any, create_model("_UsageRowFields", __config__=_OUT, **_ROW))

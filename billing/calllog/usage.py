@@ -53,8 +53,10 @@ from billing.storage.models import Call, LedgerEntry
 from billing.storage.store import store_for
 
 UTC_ZONE = ZoneInfo("UTC")
-GROUP_BY = ("api_key_id", "model", *buckets.TIME_DIMS)
-PARAMETERS = ("since", "until", "api_key_id", "model", "group_by", "tz", "basis")
+#: The text dimensions a query may group by (v2: the customer charged).
+TEXT_DIMS = ("api_key_id", "model", "customer_id")
+GROUP_BY = (*TEXT_DIMS, *buckets.TIME_DIMS)
+PARAMETERS = ("since", "until", "api_key_id", "model", "customer_id", "group_by", "tz", "basis")
 #: The totals of a row, in the contract's order (after the group-by keys).
 TOTAL_FIELDS = ("calls", *TOKEN_FIELDS, "cost_usd")
 #: The most local periods one query may return (an hour by hour year is 8,760).
@@ -79,6 +81,8 @@ class UsageQuery:
     group_by: tuple[str, ...] = ()
     tz: ZoneInfo = UTC_ZONE
     basis: str = CALL_START
+    #: (v2) Only what is charged to this customer.
+    customer_id: str | None = None
 
     def __post_init__(self) -> None:
         if self.since.tzinfo is None or self.until.tzinfo is None:
@@ -101,14 +105,18 @@ class UsageRow:
     cost_pusd: int | None
     #: (v2) Unit name → count summed over the group (CONTRACT "Usage dimensions (v2)").
     units: dict[str, int] = field(default_factory=dict)
+    #: (v2) The charge in picodollars (CONTRACT "Keys, customers and plans (v2)"), null as the
+    #: cost is (a contribution without a charge).
+    charge_pusd: int | None = None
 
     def as_json(self) -> dict[str, Any]:
-        """The contract's row: group-by keys, then ``TOTAL_FIELDS``, then ``units``."""
+        """The contract's row: group-by keys, then ``TOTAL_FIELDS``, ``charge_usd``, ``units``."""
         return {
             **dict(self.group),
             "calls": self.calls,
             **self.tokens,
             "cost_usd": pusd_to_str(self.cost_pusd),
+            "charge_usd": pusd_to_str(self.charge_pusd),
             "units": self.units,
         }
 
@@ -148,6 +156,7 @@ def parse_usage_query(items: Iterable[tuple[str, str]]) -> UsageQuery:
     until = reader.parsed("until", _period_edge, required=_UNTIL)
     api_key_id = reader.text("api_key_id", 128)
     model = reader.text("model")
+    customer_id = reader.text("customer_id", 128)
     group_by = reader.parsed("group_by", parse_group_by) or ()
     tz = reader.parsed("tz", parse_zone) or UTC_ZONE
     basis = reader.choice("basis", BASES) or CALL_START
@@ -155,7 +164,7 @@ def parse_usage_query(items: Iterable[tuple[str, str]]) -> UsageQuery:
         reader.fail("until", UNTIL_AFTER_SINCE)
     reader.done()
     assert since is not None and until is not None
-    return UsageQuery(since, until, api_key_id, model, group_by, tz, basis)
+    return UsageQuery(since, until, api_key_id, model, group_by, tz, basis, customer_id)
 
 
 def usage_rows(session: Session, query: UsageQuery) -> list[UsageRow]:
@@ -169,7 +178,7 @@ def usage_rows(session: Session, query: UsageQuery) -> list[UsageRow]:
     differently. Raises ``ValidationFailed`` (422) when the grouping would make more than
     ``MAX_PERIODS`` periods; database errors come as SQLAlchemy's.
     """
-    dims = [name for name in query.group_by if name in ("api_key_id", "model")]
+    dims = [name for name in query.group_by if name in TEXT_DIMS]
     times = [name for name in query.group_by if name in buckets.TIME_DIMS]
     finest = min(times, key=buckets.TIME_DIMS.index) if times else None
     _check_size(query, finest)
@@ -179,14 +188,24 @@ def usage_rows(session: Session, query: UsageQuery) -> list[UsageRow]:
     _read_rollups(session, query, runs, dims, groups)
     starts = [s.start for s in segments]
     for placed in _read_raw(session, query, windows):
-        named = {"api_key_id": placed.api_key_id, "model": placed.model}
+        named = {
+            "api_key_id": placed.api_key_id,
+            "model": placed.model,
+            "customer_id": placed.customer_id,
+        }
         groups.add(
             bisect_right(starts, placed.at) - 1, tuple(named[d] for d in dims), placed.totals
         )
-    for at, key, model, text in store_for(session).calllog.units_in(
-        session, query.basis, query.since, query.until, query.api_key_id, query.model
+    for at, key, model, text, customer in store_for(session).calllog.units_in(
+        session,
+        query.basis,
+        query.since,
+        query.until,
+        query.api_key_id,
+        query.model,
+        query.customer_id,
     ):
-        named = {"api_key_id": key or None, "model": model or None}
+        named = {"api_key_id": key or None, "model": model or None, "customer_id": customer}
         groups.add_units(
             bisect_right(starts, at) - 1, tuple(named[d] for d in dims), _units_of(text)
         )
@@ -266,8 +285,11 @@ class _Groups:
                 at = segments[seg].label_at
                 labels[seg] = {dim: buckets.label(dim, at, query.tz) for dim in times}
             named = {**dict(zip(self.dims, values, strict=True)), **labels[seg]}
-            unpriced = count["unpriced"]
+            unpriced, uncharged = count["unpriced"], count["uncharged"]
             unknown = unpriced > 0 if query.basis == CALL_START else unpriced == count["members"]
+            no_charge = (
+                uncharged > 0 if query.basis == CALL_START else uncharged == count["members"]
+            )
             result.append(
                 UsageRow(
                     group=tuple((name, named[name]) for name in query.group_by),
@@ -275,6 +297,7 @@ class _Groups:
                     tokens={name: count[name] for name in TOKEN_FIELDS},
                     cost_pusd=None if unknown else totals.cost_pusd,
                     units={name: n for name, n in sorted(self.units.get(group, {}).items()) if n},
+                    charge_pusd=None if no_charge else totals.charge_pusd,
                 )
             )
         return result
@@ -289,18 +312,27 @@ def _read_rollups(
 ) -> None:
     """Sum the rollup rows of every run per (segment, group-by keys), in SQL (the store's
     ``rollup_sums``), ``_RUNS_PER_QUERY`` runs per statement."""
-    by_key = query.api_key_id is not None or "api_key_id" in dims
-    rows = RollupSlice(by_key, query.basis, query.api_key_id, query.model, tuple(dims))
+    by_key = (
+        query.api_key_id is not None
+        or query.customer_id is not None
+        or "api_key_id" in dims
+        or "customer_id" in dims
+    )
+    rows = RollupSlice(
+        by_key, query.basis, query.api_key_id, query.model, tuple(dims), query.customer_id
+    )
     store = store_for(session).calllog
     width = len(dims)
     for i in range(0, len(runs), _RUNS_PER_QUERY):
         for seg, *row in store.rollup_sums(session, runs[i : i + _RUNS_PER_QUERY], rows):
-            *counts, whole, frac = (int(value or 0) for value in row[width:])
-            # '' is how the rollups hold a null key or model
+            *counts, whole, frac, charge_whole, charge_frac = (
+                int(value or 0) for value in row[width:]
+            )
+            # '' is how the rollups hold a null key, model or customer
             groups.add(
                 seg,
                 tuple(value or None for value in row[:width]),
-                Totals(counts, whole * PICO + frac),
+                Totals(counts, whole * PICO + frac, charge_whole * PICO + charge_frac),
             )
 
 
@@ -318,6 +350,8 @@ def _read_raw(session: Session, query: UsageQuery, windows: Sequence[Window]) ->
         base = base.where(source.api_key_id == query.api_key_id)
     if query.model is not None:
         base = base.where(source.model == query.model)
+    if query.customer_id is not None:
+        base = base.where(source.customer_id == query.customer_id)
     placed = []
     # Windows per statement: one OR of them all is an expression SQLite refuses past ~1,000
     # terms (a zone with a historic offset off the 15-minute grid has a window at every edge).
@@ -334,4 +368,5 @@ def _read_raw(session: Session, query: UsageQuery, windows: Sequence[Window]) ->
         if p is not None
         and (query.api_key_id is None or p.api_key_id == query.api_key_id)
         and (query.model is None or p.model == query.model)
+        and (query.customer_id is None or p.customer_id == query.customer_id)
     ]

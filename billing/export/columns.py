@@ -39,7 +39,7 @@ from typing import Final, Literal
 
 from billing.calllog.buckets import TIME_DIMS
 from billing.dimensions import V1_TOKEN_FIELDS, V2_TOKEN_FIELDS
-from billing.pricing.rates import V1_RATES, V2_RATES
+from billing.pricing.rates import RATES, V1_RATES, V2_RATES
 
 #: The token buckets of the v1 columns, in the contract's usage-totals order.
 TOKEN_COLUMNS: Final[tuple[str, ...]] = tuple(V1_TOKEN_FIELDS)
@@ -80,8 +80,10 @@ FORMATS: Final[tuple[Format, ...]] = ("v1", "v2")
 
 #: How a v2 column's cell is made from its ledger value: ``count`` an integer (summed in
 #: usage.csv), ``units`` the units JSON (name → count; merged by name in usage.csv), ``price``
-#: micro-USD per million tokens as USD, ``unit_prices`` the unit prices JSON in USD per unit.
-CellKind = Literal["count", "units", "price", "unit_prices"]
+#: micro-USD per million tokens as USD, ``unit_prices`` the unit prices JSON in USD per unit;
+#: (v2, issue #24) ``money`` picodollars as USD (summed in usage.csv, empty when every entry's
+#: is), ``text`` a text cell as stored (neutralised).
+CellKind = Literal["count", "units", "price", "unit_prices", "money", "text"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,15 +101,32 @@ class V2Column:
 #: ``charge_usd`` (and in calls.csv the plan's prices and ``markup_pct``) here, first; its
 #: ``customer_id``, ``plan_id`` go before the totals (``usage_columns``).
 V2_CALLS_ADDED: Final[tuple[V2Column, ...]] = (
+    # The charge (CONTRACT "Keys, customers and plans (v2)"), recomputable from the row: at the
+    # plan's prices when they are given (tokens × plan_*_usd_per_mtok / 1,000,000 + units ×
+    # plan_unit_prices, one-hour writes as for the cost), else cost_usd × (1 + markup_pct /
+    # 100) when markup_pct is given, else cost_usd.
+    V2Column("charge_usd", "charge_pusd", "money"),
+    *(V2Column(f"plan_{rate.field}", f"plan_{rate.column}", "price") for rate in RATES),
+    V2Column("plan_unit_prices", "plan_unit_prices", "unit_prices"),
+    V2Column("markup_pct", "markup_pct", "text"),
+    V2Column("customer_id", "customer_id", "text"),
+    V2Column("plan_id", "plan_id", "text"),
     *(V2Column(name, name, "count") for name in V2_TOKEN_FIELDS),
     V2Column("units", "units", "units"),
     *(V2Column(rate.field, rate.column, "price") for rate in V2_RATES),
     V2Column("unit_prices", "unit_prices", "unit_prices"),
 )
 V2_USAGE_ADDED: Final[tuple[V2Column, ...]] = (
+    V2Column("charge_usd", "charge_pusd", "money"),
     *(V2Column(name, name, "count") for name in V2_TOKEN_FIELDS),
     V2Column("units", "units", "units"),
 )
+
+
+#: The ledger columns a v2 ``usage.csv`` groups by as well, written before the totals
+#: (CONTRACT "Keys, customers and plans (v2)": "before the totals ``customer_id``,
+#: ``plan_id``"); empty cells for entries without.
+V2_USAGE_GROUPS: Final[tuple[str, ...]] = ("customer_id", "plan_id")
 
 
 def calls_columns(format: Format = "v1") -> tuple[str, ...]:
@@ -122,4 +141,9 @@ def usage_columns(group_by: tuple[str, ...], format: Format = "v1") -> tuple[str
     totals (then, in v2, ``V2_USAGE_ADDED``)."""
     if format == "v1":
         return (*group_by, *USAGE_TOTAL_COLUMNS)
-    return (*group_by, *USAGE_TOTAL_COLUMNS, *(c.name for c in V2_USAGE_ADDED))
+    return (
+        *group_by,
+        *V2_USAGE_GROUPS,
+        *USAGE_TOTAL_COLUMNS,
+        *(c.name for c in V2_USAGE_ADDED),
+    )

@@ -231,13 +231,23 @@ class V2Cells:
                 out.append(units_cell(merged))
             elif kind == "price":
                 out.append(price_cell(value))
+            elif kind == "money":
+                out.append(pusd_cell(value))
+            elif kind == "text":
+                out.append(neutralise(value))
             else:
                 out.append(unit_prices_cell(value))
         return out
 
     def totals(self, totals: Sequence[Any]) -> list[Any]:
-        """A usage group's cells from its totals (counts, and units as a dict)."""
-        return [
-            units_cell(value) if kind == "units" else value
-            for kind, value in zip(self._kinds, totals, strict=True)
-        ]
+        """A usage group's cells from its totals (counts, units as a dict, money as ``[sum,
+        entries with an amount]``: empty when none has one)."""
+        out: list[Any] = []
+        for kind, value in zip(self._kinds, totals, strict=True):
+            if kind == "units":
+                out.append(units_cell(value))
+            elif kind == "money":
+                out.append(pusd_cell(value[0]) if value[1] else None)
+            else:
+                out.append(value)
+        return out

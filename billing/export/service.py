@@ -42,6 +42,7 @@ from billing.export.columns import (
     TOKEN_COLUMNS,
     V2_CALLS_ADDED,
     V2_USAGE_ADDED,
+    V2_USAGE_GROUPS,
     calls_columns,
     usage_columns,
 )
@@ -102,14 +103,21 @@ def _add_v2(
 ) -> None:
     """Add each row's v2 cells (``row[n:]``, in ``V2_USAGE_ADDED`` order) to its group's."""
     kinds = [c.kind for c in V2_USAGE_ADDED]
+    grouped = len(V2_USAGE_GROUPS)
     for row in part:
-        group = pick((*labels_of(row[0]), row[1], row[2]))
+        group = (*pick((*labels_of(row[0]), row[1], row[2])), *row[n : n + grouped])
         acc = added.get(group)
         if acc is None:
-            acc = added[group] = [{} if kind == "units" else 0 for kind in kinds]
-        for i, (kind, value) in enumerate(zip(kinds, row[n:], strict=True)):
+            acc = added[group] = [
+                {} if kind == "units" else [0, 0] if kind == "money" else 0 for kind in kinds
+            ]
+        for i, (kind, value) in enumerate(zip(kinds, row[n + grouped :], strict=True)):
             if kind == "units":
                 merge_units(acc[i], value)
+            elif kind == "money":
+                if value is not None:
+                    acc[i][0] += value
+                    acc[i][1] += 1
             else:
                 acc[i] += int(value or 0)
 
@@ -236,11 +244,28 @@ def _group_getter(params: ExportParams) -> Callable[[tuple[Any, ...]], tuple[Any
     return operator.itemgetter(*indexes)
 
 
-def _sort_key(params: ExportParams) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
+def _then_groups(
+    pick: Callable[[tuple[Any, ...]], tuple[Any, ...]],
+) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
+    """v2: ``pick`` over values whose key is ``(api_key_id, *V2_USAGE_GROUPS)``: the group key
+    in ``group_by`` order, then the customer and the plan."""
+
+    def picked(values: tuple[Any, ...]) -> tuple[Any, ...]:
+        *labels, (key, *grouped), model = values
+        return (*pick((*labels, key, model)), *grouped)
+
+    return picked
+
+
+def _sort_key(
+    params: ExportParams, v2: bool = False
+) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
+    names = (*params.group_by, *V2_USAGE_GROUPS) if v2 else params.group_by
+
     def key(group: tuple[Any, ...]) -> tuple[Any, ...]:
         parts: list[Any] = []
-        for name, value in zip(params.group_by, group, strict=True):
-            if name in TEXT_KEYS:
+        for name, value in zip(names, group, strict=True):
+            if name in TEXT_KEYS or name in V2_USAGE_GROUPS:
                 parts.append((0, "") if value is None else (1, value))
             elif name == "hour":
                 parts.append(hour_sort_key(value))
@@ -263,7 +288,7 @@ def _usage_chunks(
     labels_of = buckets.labels
     pick = _group_getter(params)
     v2 = params.format == "v2"
-    extra = [c.source for c in V2_USAGE_ADDED] if v2 else []
+    extra = [*V2_USAGE_GROUPS, *(c.source for c in V2_USAGE_ADDED)] if v2 else []
     # Per group: [settlements, the token totals, cost of priced entries, priced entries].
     groups: dict[tuple[Any, ...], list[int]] = {}
     # v2: per group, the v2 columns' totals (a count summed, units merged by name).
@@ -272,8 +297,15 @@ def _usage_chunks(
         chunks = store_for(session).export.usage_chunks
         for part in chunks(session, params.since, params.until, CHUNK_ROWS, extra):
             if v2:
+                # v2 groups by the customer and plan too (``V2_USAGE_GROUPS``), after the keys.
                 width = len(part[0]) - len(extra)
-                add_part([row[:width] for row in part], groups, pick, labels_of)
+                ends = width + len(V2_USAGE_GROUPS)
+                add_part(
+                    [(*row[:1], (row[1], *row[width:ends]), *row[2:width]) for row in part],
+                    groups,
+                    _then_groups(pick),
+                    labels_of,
+                )
                 _add_v2(part, width, added, pick, labels_of)
             else:
                 add_part(part, groups, pick, labels_of)
@@ -284,7 +316,7 @@ def _usage_chunks(
     cells = V2Cells(V2_USAGE_ADDED)
     n = neutralise
     rows: list[tuple[Any, ...]] = []
-    for group in sorted(groups, key=_sort_key(params)):
+    for group in sorted(groups, key=_sort_key(params, v2)):
         acc = groups[group]
         settlements, *token_totals, cost_sum, priced = acc
         stats.settlements += settlements

@@ -183,7 +183,9 @@ def settle_common(
     )
     for api_key_id, model, quarter, calls, *sums in groups:
         *tokens, whole_usd, pico = (int(value) for value in sums)
-        totals = Totals([calls, calls, *tokens, 0], whole_usd * PICO + pico)
+        # Charged at cost (the statements settle no call whose key has a customer or a plan).
+        cost = whole_usd * PICO + pico
+        totals = Totals([calls, calls, *tokens, 0, 0], cost, cost)
         deltas.add(CALL_START, Placed(quarter, api_key_id, model, totals))
         deltas.add(BOOKED, Placed(now, api_key_id, model, totals))
     return settled

@@ -41,26 +41,32 @@ _tokens = operator.attrgetter(*TOKEN_FIELDS)
 
 
 class Totals:
-    """Summed counts (``COUNT_FIELDS``) and the exact cost in picodollars (unbounded int)."""
+    """Summed counts (``COUNT_FIELDS``), the exact cost and (v2) charge in picodollars
+    (unbounded ints)."""
 
-    __slots__ = ("cost_pusd", "values")
+    __slots__ = ("charge_pusd", "cost_pusd", "values")
 
-    def __init__(self, values: Sequence[int] | None = None, cost_pusd: int = 0) -> None:
+    def __init__(
+        self, values: Sequence[int] | None = None, cost_pusd: int = 0, charge_pusd: int = 0
+    ) -> None:
         self.values = list(values) if values is not None else [0] * len(COUNT_FIELDS)
         self.cost_pusd = cost_pusd
+        self.charge_pusd = charge_pusd
 
     def add(self, other: Totals, sign: int = 1) -> None:
         self.values = [a + sign * b for a, b in zip(self.values, other.values, strict=True)]
         self.cost_pusd += sign * other.cost_pusd
+        self.charge_pusd += sign * other.charge_pusd
 
     def is_zero(self) -> bool:
-        return self.cost_pusd == 0 and not any(self.values)
+        return self.cost_pusd == 0 and self.charge_pusd == 0 and not any(self.values)
 
     def __eq__(self, other: object) -> bool:
         return (
             isinstance(other, Totals)
             and self.values == other.values
             and self.cost_pusd == other.cost_pusd
+            and self.charge_pusd == other.charge_pusd
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -68,16 +74,19 @@ class Totals:
 
 @dataclass(slots=True)
 class Placed:
-    """One call's or entry's contribution: where it lands (time, key, model) and what it adds."""
+    """One call's or entry's contribution: where it lands (time, key, model, customer) and what
+    it adds."""
 
     at: datetime
     api_key_id: str | None
     model: str | None
     totals: Totals
+    customer_id: str | None = None
 
 
-def _totals(row: Any, calls: int, cost: int | None) -> Totals:
-    return Totals([1, calls, *_tokens(row), 1 if cost is None else 0], cost or 0)
+def _totals(row: Any, calls: int, cost: int | None, charge: int | None) -> Totals:
+    flags = [1 if cost is None else 0, 1 if charge is None else 0]
+    return Totals([1, calls, *_tokens(row), *flags], cost or 0, charge or 0)
 
 
 class CallLike(Protocol):
@@ -91,6 +100,8 @@ class CallLike(Protocol):
     model: str | None
     anomalies: list[str]
     cost_pusd: int | None
+    customer_id: str | None
+    charge_pusd: int | None
 
 
 class EntryLike(Protocol):
@@ -102,6 +113,8 @@ class EntryLike(Protocol):
     api_key_id: str | None
     model: str | None
     cost_pusd: int | None
+    customer_id: str | None
+    charge_pusd: int | None
 
 
 def place_call(call: CallLike, keyless_start: datetime | None = None) -> Placed | None:
@@ -113,38 +126,49 @@ def place_call(call: CallLike, keyless_start: datetime | None = None) -> Placed 
     """
     if not call.settled or call.started_at is None:
         return None
-    totals = _totals(call, 1, call.cost_pusd)
+    totals = _totals(call, 1, call.cost_pusd, call.charge_pusd)
     if STARTED_MISSING in (call.anomalies or ()):
         return Placed(keyless_start or call.started_at, None, None, totals)
-    return Placed(call.started_at, call.api_key_id, call.model, totals)
+    return Placed(call.started_at, call.api_key_id, call.model, totals, call.customer_id)
 
 
 def place_entry(entry: EntryLike) -> Placed:
     """A ledger entry's booked contribution; ``calls`` counts settlement entries."""
     settlement = 1 if entry.kind == "settlement" else 0
     return Placed(
-        entry.booked_at, entry.api_key_id, entry.model, _totals(entry, settlement, entry.cost_pusd)
+        entry.booked_at,
+        entry.api_key_id,
+        entry.model,
+        _totals(entry, settlement, entry.cost_pusd, entry.charge_pusd),
+        entry.customer_id,
     )
 
 
 class Deltas:
-    """Changes to the rollups, summed per row (basis, key, level, bucket, model) in memory.
+    """Changes to the rollups, summed per row (basis, key, level, bucket, model, customer) in
+    memory.
 
     Contributions are summed per 15-minute bucket first (every coarser UTC bucket is a union of
     whole quarters), and spread over the coarser levels once, when written.
     """
 
     def __init__(self) -> None:
-        self.quarters: dict[tuple[str, str, datetime, str], list[int]] = {}
+        self.quarters: dict[tuple[str, str, datetime, str, str], list[int]] = {}
         self._floors: dict[datetime, datetime] = {}
 
     def add(self, basis: str, placed: Placed, sign: int = 1) -> None:
         quarter = self._floors.get(placed.at)
         if quarter is None:
             quarter = self._floors[placed.at] = floor(QUARTER, placed.at)
-        row = (basis, placed.api_key_id or "", quarter, placed.model or "")
+        row = (
+            basis,
+            placed.api_key_id or "",
+            quarter,
+            placed.model or "",
+            placed.customer_id or "",
+        )
         totals = placed.totals
-        values = [*totals.values, totals.cost_pusd]
+        values = [*totals.values, totals.cost_pusd, totals.charge_pusd]
         summed = self.quarters.get(row)
         if summed is None:
             self.quarters[row] = values if sign == 1 else [-v for v in values]
@@ -157,14 +181,14 @@ class Deltas:
         """Apply the deltas: one upsert into each rollup table."""
         keyed: dict[tuple[Any, ...], list[int]] = {}
         starts: dict[datetime, list[datetime]] = {}
-        for (basis, key, quarter, model), values in self.quarters.items():
+        for (basis, key, quarter, model, customer), values in self.quarters.items():
             levels = starts.get(quarter)
             if levels is None:
                 levels = starts[quarter] = [quarter, *(floor(lv, quarter) for lv in LEVELS[1:])]
             for level, start in zip(LEVELS, levels, strict=True):
-                _sum_into(keyed, (basis, key, level, start, model), values)
+                _sum_into(keyed, (basis, key, level, start, model, customer), values)
         all_keys: dict[tuple[Any, ...], list[int]] = {}
-        for (basis, _key, level, start, model), values in keyed.items():
+        for (basis, _key, level, start, model, _customer), values in keyed.items():
             _sum_into(all_keys, (basis, level, start, model), values)
         store_for(session).rollups.add(session, _rows(keyed), _rows(all_keys))
 
@@ -177,14 +201,17 @@ def _sum_into(
 
 
 def _rows(rows: Mapping[tuple[Any, ...], list[int]]) -> list[tuple[Any, ...]]:
-    """``rows`` (key → ``COUNT_FIELDS`` then the cost in picodollars) as the store adds them:
-    in key order, one lock order for every reconciler (no deadlocks), the cost split, rows that
-    change nothing left out (e.g. a call that moved between keys of one bucket)."""
+    """``rows`` (key → ``COUNT_FIELDS`` then the cost and the charge in picodollars) as the
+    store adds them: in key order, one lock order for every reconciler (no deadlocks), the cost
+    and charge split, rows that change nothing left out (e.g. a call that moved between keys of
+    one bucket)."""
     result = []
     for row in sorted(rows):
         values = rows[row]
         if any(values):
-            result.append((*row, *values[:-1], *divmod(values[-1], PICO)))
+            result.append(
+                (*row, *values[:-2], *divmod(values[-2], PICO), *divmod(values[-1], PICO))
+            )
     return result
 
 

@@ -38,7 +38,13 @@ def extra_columns(sources: Sequence[str]) -> str:
 
 
 #: The summed columns of a rollup row.
-ROLLUP_SUMMED = (*COUNT_FIELDS, "cost_whole_usd", "cost_frac_pusd")
+ROLLUP_SUMMED = (
+    *COUNT_FIELDS,
+    "cost_whole_usd",
+    "cost_frac_pusd",
+    "charge_whole_usd",
+    "charge_frac_pusd",
+)
 #: The sums of a rollup row's counts.
 COUNT_SUMS = ", ".join(f"sum({name})" for name in COUNT_FIELDS)
 
@@ -48,11 +54,14 @@ def added_on_conflict(table: str, mod: str) -> str:
     summed, the cost with its carry into whole dollars; ``mod`` is SQL's ``%`` as the driver
     wants it written."""
     counts = ", ".join(f"{c} = {table}.{c} + excluded.{c}" for c in COUNT_FIELDS)
-    frac = f"({table}.cost_frac_pusd + excluded.cost_frac_pusd)"
-    return (
-        f"{counts}, cost_frac_pusd = {frac} {mod} {PICO}, "
-        f"cost_whole_usd = {table}.cost_whole_usd + excluded.cost_whole_usd + {frac} / {PICO}"
-    )
+    money = []
+    for name in ("cost", "charge"):
+        frac = f"({table}.{name}_frac_pusd + excluded.{name}_frac_pusd)"
+        money.append(
+            f"{name}_frac_pusd = {frac} {mod} {PICO}, {name}_whole_usd = "
+            f"{table}.{name}_whole_usd + excluded.{name}_whole_usd + {frac} / {PICO}"
+        )
+    return f"{counts}, {', '.join(money)}"
 
 
 _KEYED: Table = UsageRollup.__table__  # type: ignore[assignment]
@@ -67,6 +76,8 @@ def rollup_slice(rows: RollupSlice) -> tuple[Table, list[ColumnElement[Any]]]:
         where.append(table.c.api_key_id == rows.api_key_id)
     if rows.model is not None:
         where.append(table.c.model == rows.model)
+    if rows.customer_id is not None:
+        where.append(table.c.customer_id == rows.customer_id)
     return table, where
 
 
@@ -82,24 +93,35 @@ class UnitsIn:
         until: datetime,
         api_key_id: str | None,
         model: str | None,
+        customer_id: str | None = None,
     ) -> list[Any]:
         query: Any
         at: Any
         if basis == CALL_START:
             at = Call.started_at
-            query = select(at, Call.api_key_id, Call.model, Call.units).where(
+            query = select(at, Call.api_key_id, Call.model, Call.units, Call.customer_id).where(
                 Call.units.is_not(None), Call.settled.is_(True)
             )
-            key, named = Call.api_key_id, Call.model
+            key, named, customer = Call.api_key_id, Call.model, Call.customer_id
         else:
             at = LedgerEntry.booked_at
-            query = select(at, LedgerEntry.api_key_id, LedgerEntry.model, LedgerEntry.units).where(
-                LedgerEntry.units.is_not(None)
+            query = select(
+                at,
+                LedgerEntry.api_key_id,
+                LedgerEntry.model,
+                LedgerEntry.units,
+                LedgerEntry.customer_id,
+            ).where(LedgerEntry.units.is_not(None))
+            key, named, customer = (
+                LedgerEntry.api_key_id,
+                LedgerEntry.model,
+                LedgerEntry.customer_id,
             )
-            key, named = LedgerEntry.api_key_id, LedgerEntry.model
         query = query.where(at >= since, at < until)
         if api_key_id is not None:
             query = query.where(key == api_key_id)
         if model is not None:
             query = query.where(named == model)
+        if customer_id is not None:
+            query = query.where(customer == customer_id)
         return list(session.execute(query))

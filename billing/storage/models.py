@@ -442,10 +442,15 @@ class _RollupTotals(TokenColumns):
     cost_whole_usd: Mapped[int] = _counter(sort_order=AFTER_TOKENS)
     cost_frac_pusd: Mapped[int] = _counter(sort_order=AFTER_TOKENS)
     unpriced: Mapped[int] = _counter(sort_order=AFTER_TOKENS)
+    #: (v2) The charge, split as the cost is, and the contributions without a charge (CONTRACT
+    #: "Keys, customers and plans (v2)").
+    charge_whole_usd: Mapped[int] = _counter(sort_order=AFTER_TOKENS + 1)
+    charge_frac_pusd: Mapped[int] = _counter(sort_order=AFTER_TOKENS + 1)
+    uncharged: Mapped[int] = _counter(sort_order=AFTER_TOKENS + 1)
 
 
 class UsageRollup(_RollupTotals, Base):
-    """Pre-aggregated usage per (basis, api key, level, UTC bucket, model).
+    """Pre-aggregated usage per (basis, api key, level, UTC bucket, model, customer).
 
     See billing.rollups.service.
 
@@ -466,8 +471,16 @@ class UsageRollup(_RollupTotals, Base):
     level: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
     bucket_start: Mapped[datetime] = mapped_column(UTCDateTime, primary_key=True)
     model: Mapped[str] = mapped_column(String(256), primary_key=True)
+    #: (v2) The customer the contributions were charged to ('' for none).
+    customer_id: Mapped[str] = mapped_column(
+        String(128), primary_key=True, server_default=text("''")
+    )
 
-    __table_args__ = (Index(None, "basis", "level", "bucket_start"),)
+    __table_args__ = (
+        Index(None, "basis", "level", "bucket_start"),
+        # (v2) A customer's rows (GET /v1/usage?customer_id=, group_by=customer_id).
+        Index(None, "basis", "customer_id", "level", "bucket_start"),
+    )
 
 
 class UsageRollupAllKeys(_RollupTotals, Base):

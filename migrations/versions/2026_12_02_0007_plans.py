@@ -55,6 +55,17 @@ def _entry_columns() -> list[sa.Column[object]]:
     ]
 
 
+ROLLUP_TABLES = ("usage_rollups", "usage_rollups_all_keys")
+ROLLUP_KEY = ("basis", "api_key_id", "level", "bucket_start", "model")
+
+
+def _rollup_columns() -> list[sa.Column[object]]:
+    return [
+        sa.Column(name, sa.BigInteger(), server_default=sa.text("0"), nullable=False)
+        for name in ("charge_whole_usd", "charge_frac_pusd", "uncharged")
+    ]
+
+
 def upgrade() -> None:
     op.create_table(
         "key_assignments",
@@ -121,9 +132,42 @@ def upgrade() -> None:
     )
     op.execute("UPDATE calls SET charge_pusd = cost_pusd WHERE cost_pusd IS NOT NULL")
     op.execute("UPDATE ledger_entries SET charge_pusd = cost_pusd WHERE cost_pusd IS NOT NULL")
+    # The rollups: the charge beside the cost (so far the cost itself), and on usage_rollups the
+    # customer in its key ('' so far). usage_rollups is rebuilt on SQLite (a new primary key).
+    for table in ROLLUP_TABLES:
+        for column in _rollup_columns():
+            op.add_column(table, column)
+        op.execute(
+            f"UPDATE {table} SET charge_whole_usd = cost_whole_usd, "
+            "charge_frac_pusd = cost_frac_pusd, uncharged = unpriced"
+        )
+    with op.batch_alter_table("usage_rollups") as batch:
+        batch.add_column(
+            sa.Column("customer_id", sa.String(128), server_default=sa.text("''"), nullable=False)
+        )
+        batch.drop_constraint("pk_usage_rollups", type_="primary")
+        batch.create_primary_key("pk_usage_rollups", [*ROLLUP_KEY, "customer_id"])
+    op.create_index(
+        "ix_usage_rollups_basis_customer_id_level_bucket_start",
+        "usage_rollups",
+        ["basis", "customer_id", "level", "bucket_start"],
+    )
 
 
 def downgrade() -> None:
+    op.drop_index("ix_usage_rollups_basis_customer_id_level_bucket_start", "usage_rollups")
+    # A key's rows of several customers cannot share the old key: the rollups are emptied, to be
+    # rebuilt from calls and the ledger (billing.rollups.service.rebuild) after the downgrade.
+    for table in (*ROLLUP_TABLES, "usage_rollup_keyless"):
+        op.execute(f"DELETE FROM {table}")
+    with op.batch_alter_table("usage_rollups") as batch:
+        batch.drop_constraint("pk_usage_rollups", type_="primary")
+        batch.create_primary_key("pk_usage_rollups", list(ROLLUP_KEY))
+        batch.drop_column("customer_id")
+    for table in ROLLUP_TABLES:
+        with op.batch_alter_table(table) as batch:
+            for column in reversed(_rollup_columns()):
+                batch.drop_column(column.name)
     op.drop_index("ix_ledger_entries_customer_id_booked_at", "ledger_entries")
     op.drop_index("ix_calls_customer_id_started_at_request_id", "calls")
     for table, columns in (("ledger_entries", _entry_columns()), ("calls", _calls_columns())):

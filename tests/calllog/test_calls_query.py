@@ -220,6 +220,10 @@ def test_newest_first_with_the_call_object(log: TestClient) -> None:
         "service_tier": None,
         "units": {},
         "other_models": [],
+        # v2 (CONTRACT "Keys, customers and plans (v2)"): no plan, charged at cost.
+        "customer_id": None,
+        "plan_id": None,
+        "charge_usd": "0.000141",
     }
 
 
@@ -453,8 +457,8 @@ def test_unknown_and_repeated_parameters_are_reported_together(priced: TestClien
     assert [(e["path"], e["message"]) for e in found] == [
         (
             "query.colour",
-            "is not a known query parameter; the known ones are api_key_id, model, status, "
-            "since, until, limit, cursor",
+            "is not a known query parameter; the known ones are api_key_id, customer_id, model, "
+            "status, since, until, limit, cursor",
         ),
         ("query.model", "is given 3 times; give it once"),
     ]

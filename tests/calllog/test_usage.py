@@ -81,6 +81,8 @@ def totals(
         "output_tokens_undelivered": out - delivered,
         "reasoning_tokens": 0,
         "cost_usd": cost,
+        # v2: no key of these tests has a plan, so each row is charged its cost.
+        "charge_usd": cost,
         "units": {},
     }
 
@@ -479,36 +481,49 @@ def reference(session: Session, query: UsageQuery) -> list[dict[str, Any]]:
     """The usage rows computed naively from ``calls`` / ``ledger_entries`` (no rollups)."""
     if query.basis == "call_start":
         items = [
-            (c.started_at, c.api_key_id, c.model, 1, c, c.cost_pusd)
+            (c.started_at, c.api_key_id, c.model, 1, c, c.cost_pusd, c.charge_pusd)
             for c in session.scalars(select(Call).where(Call.settled.is_(True)))
         ]
     else:
         items = [
-            (e.booked_at, e.api_key_id, e.model, int(e.kind == "settlement"), e, e.cost_pusd)
+            (
+                e.booked_at,
+                e.api_key_id,
+                e.model,
+                int(e.kind == "settlement"),
+                e,
+                e.cost_pusd,
+                e.charge_pusd,
+            )
             for e in session.scalars(select(LedgerEntry))
         ]
     groups: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for t, key, model, calls, row, cost in items:
+    for t, key, model, calls, row, cost, charge in items:
         if not query.since <= t < query.until:
             continue
         if query.api_key_id not in (None, key) or query.model not in (None, model):
+            continue
+        if query.customer_id not in (None, row.customer_id):
             continue
         local = t.astimezone(query.tz)
         labels: dict[str, Any] = {
             "api_key_id": key,
             "model": model,
+            "customer_id": row.customer_id,
             "hour": local.replace(minute=0, second=0, microsecond=0).isoformat(),
             "day": local.date().isoformat(),
             "month": local.strftime("%Y-%m"),
         }
         group = tuple((name, labels[name]) for name in query.group_by)
         acc = groups.setdefault(
-            group, {"calls": 0, **dict.fromkeys(TOKEN_FIELDS, 0), "costs": [], "units": {}}
+            group,
+            {"calls": 0, **dict.fromkeys(TOKEN_FIELDS, 0), "costs": [], "charges": [], "units": {}},
         )
         acc["calls"] += calls
         for name in TOKEN_FIELDS:
             acc[name] += getattr(row, name)
         acc["costs"].append(cost)
+        acc["charges"].append(charge)
         units = row.units or {}
         for unit, count in (json.loads(units) if isinstance(units, str) else units).items():
             acc["units"][unit] = acc["units"].get(unit, 0) + count
@@ -526,14 +541,24 @@ def reference(session: Session, query: UsageQuery) -> list[dict[str, Any]]:
     rows = []
     for group in sorted(groups, key=order):
         acc = groups[group]
-        costs = acc.pop("costs")
         units = {unit: n for unit, n in sorted(acc.pop("units").items()) if n}
-        priced = [c for c in costs if c is not None]
-        if query.basis == "call_start":
-            cost = None if len(priced) < len(costs) else sum(priced)
-        else:
-            cost = sum(priced) if priced else None
-        rows.append({**dict(group), **acc, "cost_usd": pusd_to_str(cost), "units": units})
+        money = []
+        for amounts in (acc.pop("costs"), acc.pop("charges")):
+            known = [c for c in amounts if c is not None]
+            if query.basis == "call_start":
+                money.append(None if len(known) < len(amounts) else sum(known))
+            else:
+                money.append(sum(known) if known else None)
+        cost, charge = money
+        rows.append(
+            {
+                **dict(group),
+                **acc,
+                "cost_usd": pusd_to_str(cost),
+                "charge_usd": pusd_to_str(charge),
+                "units": units,
+            }
+        )
     return rows
 
 
