@@ -349,3 +349,122 @@ def test_roles_admin_writes_read_and_export_read(app: FastAPI, client: TestClien
     for path in ("/v1/plans", "/v1/keys", "/v1/keys/key_a"):
         assert client.get(path, headers=auth("ingest")).status_code == 403
         assert client.get(path).status_code == 401
+
+
+# --- usage and exports ---------------------------------------------------------------------
+
+MARCH = {"since": "2026-03-01T00:00:00Z", "until": "2026-04-01T00:00:00Z"}
+DAY1 = {"since": "2026-03-01T00:00:00Z", "until": "2026-03-02T00:00:00Z"}
+
+
+def usage(client: TestClient, **params: str) -> list[dict[str, Any]]:
+    return list(ok(client.get("/v1/usage", params={**MARCH, **params}), 200)["data"])
+
+
+def test_a_customers_usage_groups_every_key_assigned_to_it(
+    priced: TestClient, app: FastAPI, settings: Settings
+) -> None:
+    ok(priced.post("/v1/plans", json=PRO), 201)
+    for key in ("key_a", "key_b"):
+        body = {"customer_id": "acme", "plan_id": "pro", **_SINCE_JAN}
+        ok(priced.put(f"/v1/keys/{key}", json=body), 201)
+    ok(priced.put("/v1/keys/key_c", json={"customer_id": "beta", **_SINCE_JAN}), 201)
+    post(priced, call_events("a1", "2026-03-01T10:00:00Z", key="key_a"))
+    post(priced, call_events("b1", "2026-03-02T10:07:00Z", key="key_b"))
+    post(priced, call_events("c1", "2026-03-02T10:00:00Z", key="key_c"))
+    post(priced, call_events("d1", "2026-03-02T10:00:00Z", key="key_d"))
+    reconcile(app, settings, "2026-03-03T00:00:00Z")
+    for basis in ("call_start", "booked"):
+        rows = usage(priced, group_by="customer_id", basis=basis)
+        found = {r["customer_id"]: (r["calls"], r["cost_usd"], r["charge_usd"]) for r in rows}
+        assert found == {
+            None: (1, "0.011316", "0.011316"),
+            "acme": (2, "0.022632", "0.0271584"),  # 2 × 0.0135792
+            "beta": (1, "0.011316", "0.011316"),
+        }, basis
+        (acme,) = usage(priced, customer_id="acme", basis=basis)
+        assert (acme["calls"], acme["charge_usd"]) == (2, "0.0271584")
+        by_key = usage(priced, customer_id="acme", group_by="api_key_id", basis=basis)
+        assert [(r["api_key_id"], r["charge_usd"]) for r in by_key] == [
+            ("key_a", "0.0135792"),
+            ("key_b", "0.0135792"),
+        ]
+    # A period off the quarter-hour grid reads the edges from the calls: the same figures.
+    (acme,) = usage(
+        priced, since="2026-03-01T10:00:00Z", until="2026-03-02T10:07:00.5Z", customer_id="acme"
+    )
+    assert (acme["calls"], acme["charge_usd"]) == (2, "0.0271584")
+
+
+def export(client: TestClient, kind: str, **params: str) -> bytes:
+    response = client.get(f"/v1/exports/{kind}.csv", params=params)
+    assert response.status_code == 200, response.text
+    return response.content
+
+
+def test_a_closed_periods_exports_keep_their_bytes_and_v2_recomputes_the_charge(
+    priced: TestClient, app: FastAPI, settings: Settings
+) -> None:
+    ok(priced.post("/v1/plans", json=PRO), 201)
+    ok(priced.post("/v1/plans", json=dict(GOLD, prices=[OWN_M2])), 201)
+    ok(priced.put("/v1/keys/key_a", json={"customer_id": "acme", "plan_id": "pro", **_SINCE_JAN}))
+    post(priced, call_events("r1", "2026-03-01T10:00:00Z"))
+    post(priced, call_events("r2", "2026-03-01T10:02:00Z", model="m2"))
+    reconcile(app, settings, "2026-03-01T10:05:00Z")
+    kinds = [(kind, fmt) for kind in ("calls", "usage") for fmt in ("v1", "v2")]
+    before = {(k, f): export(priced, k, **DAY1, format=f) for k, f in kinds}
+    v2 = before[("calls", "v2")].decode()
+    header = v2.split("\r\n")[0].split(",")
+    at = header.index("cost_usd")
+    assert header[at + 1 : at + 3] == ["charge_usd", "plan_input_usd_per_mtok"]
+    assert "markup_pct" in header and "customer_id" in header
+    # Move the key to gold (50 %, its own price for m2) from before the calls: re-rated, booked
+    # in a later period.
+    moved = {"customer_id": "acme", "plan_id": "gold", "effective_from": "2026-02-01T00:00:00Z"}
+    ok(priced.put("/v1/keys/key_a", json=moved), 201)
+    reconcile(app, settings, "2026-03-05T12:00:00Z")
+    for k, f in kinds:
+        assert export(priced, k, **DAY1, format=f) == before[(k, f)], (k, f)
+    later = {"since": "2026-03-05T00:00:00Z", "until": "2026-03-06T00:00:00Z"}
+    rows = csv_rows(export(priced, "calls", **later, format="v2"))
+    assert [(r["request_id"], r["plan_id"], r["charge_usd"]) for r in rows] == [
+        ("r1", "pro", "-0.0135792"),
+        ("r1", "gold", "0.016974"),
+        ("r2", "pro", "-0.0045264"),  # 0.003772 × 1.2
+        ("r2", "gold", "0.007544"),  # gold's own m2 price: 22 × 2 + 750 × 10 µ$
+    ]
+    for row in [*rows, *csv_rows(before[("calls", "v2")])]:
+        assert recomputed(row) == Decimal(row["charge_usd"]), row
+    usage_rows = csv_rows(export(priced, "usage", **later, format="v2", group_by="model"))
+    assert [(r["model"], r["plan_id"], r["charge_usd"]) for r in usage_rows] == [
+        ("m1", "gold", "0.016974"),
+        ("m1", "pro", "-0.0135792"),
+        ("m2", "gold", "0.007544"),
+        ("m2", "pro", "-0.0045264"),
+    ]
+
+
+def csv_rows(body: bytes) -> list[dict[str, str]]:
+    import csv
+    import io
+
+    return list(csv.DictReader(io.StringIO(body.decode(), newline="")))
+
+
+def recomputed(row: dict[str, str]) -> Decimal:
+    """A v2 calls.csv row's charge from its own cells (CONTRACT "Keys, customers and plans")."""
+    if row["plan_input_usd_per_mtok"]:
+        buckets = (
+            ("input_tokens", "input"),
+            ("cache_read_input_tokens", "cache_read"),
+            ("cache_creation_input_tokens", "cache_creation"),
+            ("output_tokens_billed", "output"),
+        )
+        total = sum(
+            Decimal(row[tokens]) * Decimal(row[f"plan_{rate}_usd_per_mtok"])
+            for tokens, rate in buckets
+        )
+        return total / 1_000_000
+    if row["markup_pct"]:
+        return Decimal(row["cost_usd"]) * (1 + Decimal(row["markup_pct"]) / 100)
+    return Decimal(row["cost_usd"])
