@@ -15,9 +15,7 @@ from billing.api.openapi import query_parameters
 from billing.api.state import AppState, get_state, read
 from billing.auth.guard import allow
 from billing.calllog.params import QueryReader
-from billing.errors import FieldError, ValidationFailed
-from billing.ingest.schemas import _not_a_secret
-from billing.plans.schemas import KeyIn, KeyList, KeyOut, KeysParams
+from billing.plans.schemas import KeyIn, KeyList, KeyOut, KeysParams, check_key_id
 from billing.plans.service import decode_key_cursor, get_key, list_keys, set_key
 from billing.storage.db import write_transaction
 
@@ -26,21 +24,6 @@ router = APIRouter()
 #: Keys per page of ``GET /v1/keys`` by default, and at most.
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
-
-
-def _key_id(api_key_id: str) -> str:
-    """The path's key id, checked as an event's ``api_key_id`` is (422 naming the path)."""
-    problem = None
-    if not 1 <= len(api_key_id) <= 128 or not api_key_id.isprintable() or api_key_id.isspace():
-        problem = "must be printable text of 1 to 128 characters"
-    else:
-        try:
-            _not_a_secret(api_key_id)
-        except ValueError as error:
-            problem = str(error)
-    if problem:
-        raise ValidationFailed([FieldError(None, "path.api_key_id", problem)])
-    return api_key_id
 
 
 @router.put(
@@ -65,7 +48,7 @@ async def put_key(
 ) -> JSONResponse:
     """201 with the key when the assignment is new, 200 when it was stored already; 409 for a
     different one at the same ``effective_from``; 422 for a ``plan_id`` no plan has."""
-    key_id = _key_id(api_key_id)
+    key_id = check_key_id(api_key_id)
     now = datetime.now(UTC)
 
     def run() -> tuple[dict[str, object], bool]:
@@ -107,6 +90,6 @@ async def get_one_key(
     api_key_id: str, state: Annotated[AppState, Depends(get_state)]
 ) -> JSONResponse:
     """The key; 404 for a key that has no assignment and that no call names."""
-    key_id = _key_id(api_key_id)
+    key_id = check_key_id(api_key_id)
     now = datetime.now(UTC)
     return JSONResponse(await read(state, lambda session: get_key(session, key_id, now)))

@@ -9,6 +9,7 @@ import typer
 from billing.cli.database import migrate, reconcile
 from billing.cli.drift import drift
 from billing.cli.export import export
+from billing.cli.plans import keys_app, plans_app
 from billing.cli.prices import prices_app
 from billing.cli.providers import providers_app
 from billing.cli.replay import replay
@@ -27,6 +28,8 @@ app.command()(serve)
 app.command()(migrate)
 app.add_typer(tokens_app, name="tokens")
 app.add_typer(prices_app, name="prices")
+app.add_typer(plans_app, name="plans")
+app.add_typer(keys_app, name="keys")
 app.command()(reconcile)
 app.command("export")(export)
 app.command()(replay)

@@ -19,6 +19,7 @@ from pydantic import (
 )
 from pydantic.json_schema import WithJsonSchema
 
+from billing.errors import FieldError, ValidationFailed
 from billing.ingest.schemas import Id128, Timestamp, _not_a_secret
 from billing.pricing.money import format_usd
 from billing.pricing.schemas import _POSTED, PriceOut, _with_defaults
@@ -195,3 +196,19 @@ class KeysParams(BaseModel):
 
     limit: int | None = Field(None, ge=1, le=1000, description="keys per page (default 100)")
     cursor: str | None = Field(None, description="``next_cursor`` of the previous page")
+
+
+def check_key_id(api_key_id: str) -> str:
+    """An ``api_key_id`` as a path or argument gives it, checked as an event's is (printable,
+    1–128 characters, never a secret); ``ValidationFailed`` (422) at ``path.api_key_id``."""
+    problem = None
+    if not 1 <= len(api_key_id) <= 128 or not api_key_id.isprintable() or api_key_id.isspace():
+        problem = "must be printable text of 1 to 128 characters"
+    else:
+        try:
+            _not_a_secret(api_key_id)
+        except ValueError as error:
+            problem = str(error)
+    if problem:
+        raise ValidationFailed([FieldError(None, "path.api_key_id", problem)])
+    return api_key_id

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from billing.errors import FieldError, NotFound, PlanConflict, ValidationFailed
 from billing.plans.rating import plan_price_row
-from billing.plans.schemas import KeyIn, PlanIn
+from billing.plans.schemas import KeyIn, PlanIn, check_key_id
 from billing.pricing.prices import PriceRow, PriceVersion, unit_prices_text
 from billing.pricing.rates import RATE_COLUMNS, RATE_FIELDS
 from billing.storage.models import KeyAssignment, PlanPrice, PlanVersion
@@ -57,6 +57,7 @@ def set_key(
     ``effective_from``); a ``plan_id`` no plan has raises ``ValidationFailed`` (422 naming it).
     When new, the key's calls started since ``effective_from`` are re-reconciled (settled ones
     are re-rated through adjustments). The caller commits."""
+    check_key_id(api_key_id)
     repo = store_for(session).plans
     if key.plan_id is not None and not repo.plan_exists(session, key.plan_id):
         raise ValidationFailed(
