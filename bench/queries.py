@@ -14,11 +14,15 @@ that the pages they need are in memory):
 
 for the busiest key and for random keys, plus a Kolkata variant of the usage queries, and once
 more through HTTP with a real server (uvicorn in this process, httpx). Targets at 1M calls: the
-per-key queries p95 under 20 ms, all keys by model for a month p95 under 100 ms.
+per-key queries p95 under 20 ms, all keys by model for a month p95 under 100 ms. With
+``--plans`` every key is first assigned a customer (one of 100) and a plan (100 % markup), the
+charges set as the reconciler books them, and the per-customer usage queries are timed too
+(targets: a customer's 30 days as a key's, all keys by customer as all keys by model).
 
     python bench/queries.py                     # SQLite file $TMPDIR/billing-bench-queries.db
     BILLING_DATABASE_URL=postgresql+psycopg://postgres@127.0.0.1:5432/bench python bench/queries.py
     python bench/queries.py --calls 100000 --reuse         # keep an already seeded database
+    python bench/queries.py --plans                        # every key with a customer and plan
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from billing.api.app import create_app
 from billing.calllog.cursor import Position, decode, encode
 from billing.calllog.queries import CallsQuery, list_calls
 from billing.calllog.usage import UsageQuery, usage_rows
+from billing.pricing.rates import PLAN_RATE_COLUMNS
 from billing.rollups import service as rollups
 from billing.settings import Settings
 from billing.storage.db import make_engine, make_sessionmaker, read_transaction
@@ -92,7 +97,20 @@ _CALL_COLUMNS = (
 #: The v2 columns of a ledger entry (usage dimensions), which the seeded calls leave at their
 #: defaults (0 one-hour cache writes, no units).
 _V2_ENTRY_COLUMNS = frozenset(
-    ("cache_creation_1h_input_tokens", "cache_creation_1h_uusd_per_mtok", "units", "unit_prices")
+    (
+        "cache_creation_1h_input_tokens",
+        "cache_creation_1h_uusd_per_mtok",
+        "units",
+        "unit_prices",
+        # Keys, customers and plans: set after loading (``_charge``).
+        "customer_id",
+        "plan_id",
+        "plan_price_id",
+        *PLAN_RATE_COLUMNS,
+        "plan_unit_prices",
+        "markup_pct",
+        "charge_pusd",
+    )
 )
 #: The ledger columns ``_rows`` fills, in its order: those of the ORM model (the public
 #: definition of the table) less ``entry_id``, which the database numbers, and the v2 ones.
@@ -281,10 +299,68 @@ def _copy_value(value: Any) -> str:
     return str(value)
 
 
-def seed(engine: Engine, n: int, keys: int, models: int) -> None:
-    """Empty the tables and load ``n`` calls with their ledger entries, then rebuild rollups."""
+#: The plan every key is assigned with ``--plans``: 100 % over cost (an exact doubling).
+BENCH_PLAN = "bench-plan"
+#: With ``--plans``, keys share customers: key rank r belongs to customer ``r % CUSTOMERS``.
+CUSTOMERS = 100
+
+
+def customer_of(key: str) -> str:
+    """The customer ``--plans`` assigns ``key`` (``key_0042`` → ``cust_042``)."""
+    return f"cust_{int(key.removeprefix('key_')) % CUSTOMERS:03d}"
+
+
+def _charge(conn: Any, keys: int, plans: bool) -> None:
+    """The calls' and entries' charge: their cost; with ``plans``, every key assigned a customer
+    and ``BENCH_PLAN`` (100 %) from before the first call, and the charge doubled, as the
+    reconciler books it (the rollups are rebuilt from these afterwards)."""
+    if not plans:
+        conn.execute(text("UPDATE calls SET charge_pusd = cost_pusd"))
+        conn.execute(text("UPDATE ledger_entries SET charge_pusd = cost_pusd"))
+        return
+    since = datetime(2025, 1, 1, tzinfo=UTC)
+    at = _sqlite_value(since) if conn.dialect.name == "sqlite" else since
+    conn.execute(
+        text(
+            "INSERT INTO plan_versions (plan_id, effective_from, markup_pct, created_at) "
+            "VALUES (:plan, :at, '100', :at)"
+        ),
+        {"plan": BENCH_PLAN, "at": at},
+    )
+    names = [f"key_{rank:04d}" for rank in range(1, keys + 1)]
+    conn.execute(
+        text(
+            "INSERT INTO key_assignments (api_key_id, effective_from, customer_id, plan_id, "
+            "created_at) VALUES (:key, :at, :customer, :plan, :at)"
+        ),
+        [{"key": k, "at": at, "customer": customer_of(k), "plan": BENCH_PLAN} for k in names],
+    )
+    customer = "(SELECT k.customer_id FROM key_assignments k WHERE k.api_key_id = {t}.api_key_id)"
+    conn.execute(
+        text(
+            f"UPDATE calls SET customer_id = {customer.format(t='calls')}, plan_id = :plan, "
+            "charge_pusd = cost_pusd * 2 WHERE api_key_id IS NOT NULL"
+        ),
+        {"plan": BENCH_PLAN},
+    )
+    conn.execute(
+        text(
+            f"UPDATE ledger_entries SET customer_id = {customer.format(t='ledger_entries')}, "
+            "plan_id = :plan, markup_pct = '100', charge_pusd = cost_pusd * 2 "
+            "WHERE api_key_id IS NOT NULL"
+        ),
+        {"plan": BENCH_PLAN},
+    )
+
+
+def seed(engine: Engine, n: int, keys: int, models: int, plans: bool = False) -> None:
+    """Empty the tables and load ``n`` calls with their ledger entries (with ``plans``, every
+    key assigned a customer and a plan: ``_charge``), then rebuild rollups."""
     dialect = engine.dialect.name
     tables = [
+        "key_assignments",
+        "plan_prices",
+        "plan_versions",
         "usage_rollups",
         "usage_rollups_all_keys",
         "usage_rollup_keyless",
@@ -345,6 +421,7 @@ def seed(engine: Engine, n: int, keys: int, models: int) -> None:
                             copy.write(buffer.getvalue())
             loaded += len(calls)
             print(f"  loaded {loaded:,} calls", end="\r", flush=True)
+        _charge(conn, keys, plans)
     print()
     started = time.perf_counter()
     with Session(engine) as session:
@@ -432,6 +509,7 @@ def run(url: str, iterations: int, http_iterations: int) -> None:
         entries = session.scalar(select(func.count()).select_from(LedgerEntry))
         rollup_rows = session.scalar(text("SELECT count(*) FROM usage_rollups"))
         all_key_rows = session.scalar(text("SELECT count(*) FROM usage_rollups_all_keys"))
+        with_plans = bool(session.scalar(text("SELECT count(*) FROM key_assignments")))
     busiest, busiest_calls = counts[0]
     keys = [k for k, _ in counts]
     rng = random.Random(7)
@@ -439,6 +517,7 @@ def run(url: str, iterations: int, http_iterations: int) -> None:
         f"{engine.dialect.name}: {total:,} calls, {entries:,} ledger entries, "
         f"{rollup_rows:,} + {all_key_rows:,} rollup rows; busiest key {busiest} "
         f"({busiest_calls:,} calls), median key {counts[len(counts) // 2][1]:,} calls"
+        + (f"; every key with a plan, {CUSTOMERS} customers" if with_plans else "")
     )
     randoms = [rng.choice(keys) for _ in range(iterations)]
     last_30 = (END - timedelta(days=30), END)
@@ -518,6 +597,30 @@ def run(url: str, iterations: int, http_iterations: int) -> None:
         iterations,
         100,
     )
+    if with_plans:
+        customer = customer_of(busiest)
+        timed(
+            f"usage: busiest key's customer ({customer}), 30 days by day (UTC)",
+            usage(lambda i: UsageQuery(*last_30, group_by=("day",), customer_id=customer)),
+            iterations,
+            20,
+        )
+        timed(
+            "usage: random customers, 30 days by day (UTC)",
+            usage(
+                lambda i: UsageQuery(
+                    *last_30, group_by=("day",), customer_id=customer_of(randoms[i])
+                )
+            ),
+            iterations,
+            20,
+        )
+        timed(
+            "usage: all keys by customer, October (UTC)",
+            usage(lambda i: UsageQuery(*MONTH, group_by=("customer_id",))),
+            iterations,
+            100,
+        )
     engine.dispose()
 
     if http_iterations <= 0:
@@ -587,6 +690,11 @@ def seed_arguments(parser: argparse.ArgumentParser, iterations: int) -> None:
     parser.add_argument(
         "--reuse", action="store_true", help="keep the database if it already holds --calls calls"
     )
+    parser.add_argument(
+        "--plans",
+        action="store_true",
+        help=f"assign every key a customer (of {CUSTOMERS}) and a plan before measuring",
+    )
 
 
 def seeded_url(name: str, args: argparse.Namespace) -> str:
@@ -599,10 +707,11 @@ def seeded_url(name: str, args: argparse.Namespace) -> str:
     engine = create_engine(url)
     with engine.connect() as conn:
         present = conn.scalar(text("SELECT count(*) FROM calls"))
-    if not (args.reuse and present == args.calls):
+        assigned = bool(conn.scalar(text("SELECT count(*) FROM key_assignments")))
+    if not (args.reuse and present == args.calls and assigned == getattr(args, "plans", False)):
         print(f"seeding {args.calls:,} calls into {engine.url.render_as_string()}")
         started = time.perf_counter()
-        seed(engine, args.calls, args.keys, args.models)
+        seed(engine, args.calls, args.keys, args.models, getattr(args, "plans", False))
         print(f"  seeded in {time.perf_counter() - started:.1f} s")
     engine.dispose()
     return url
