@@ -97,9 +97,9 @@ class V2Column:
 
 
 #: The columns ``?format=v2`` adds after ``cost_usd``, in order (CONTRACT: "adds, after
-#: ``cost_usd``, ``charge_usd``, … the v2 token and unit columns"). Issue #24 adds its
-#: ``charge_usd`` (and in calls.csv the plan's prices and ``markup_pct``) here, first; its
-#: ``customer_id``, ``plan_id`` go before the totals (``usage_columns``).
+#: ``cost_usd``, ``charge_usd``, … the v2 token and unit columns"): first the charge (in
+#: calls.csv with the plan's prices, ``markup_pct``, the customer and the plan); usage.csv's
+#: ``customer_id``, ``plan_id`` go before the totals (``V2_USAGE_GROUPS``, ``usage_columns``).
 V2_CALLS_ADDED: Final[tuple[V2Column, ...]] = (
     # The charge (CONTRACT "Keys, customers and plans (v2)"), recomputable from the row: at the
     # plan's prices when they are given (tokens × plan_*_usd_per_mtok / 1,000,000 + units ×
