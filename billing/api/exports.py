@@ -70,6 +70,7 @@ async def export_response(request: Request, kind: Kind) -> StreamingResponse:
         query.get("tz") if kind == "usage" else None,
         query.multi_items(),
         query.get("format"),
+        query.get("customer_id") if kind == "usage" else None,
     )
     state = get_state(request)
     period = period_label(params, datetime.now(UTC), state.settings.close_lag_s)

@@ -33,6 +33,7 @@ _EXPORT_FLAGS = {
     "query.group_by": "--group-by",
     "query.tz": "--tz",
     "query.format": "--format",
+    "query.customer_id": "--customer",
 }
 
 
@@ -80,6 +81,9 @@ _Tz = Annotated[
 _Format = Annotated[
     str | None, typer.Option("--format", help="v1 (default) or v2 (the v2 columns after v1's).")
 ]
+_Customer = Annotated[
+    str | None, typer.Option("--customer", help="usage: only this customer's entries (v2).")
+]
 _Output = Annotated[
     Path | None,
     typer.Option(help="Write the CSV to FILE and a manifest to FILE.manifest.json."),
@@ -94,6 +98,7 @@ def export(
     tz: _Tz = None,
     output: _Output = None,
     format: _Format = None,
+    customer: _Customer = None,
 ) -> None:
     """Export the ledger booked in [since, until) as CSV: the bytes of GET /v1/exports/KIND.csv.
 
@@ -104,11 +109,17 @@ def export(
     settings = load_settings()
     if kind not in KINDS:
         fail(f"unknown export {kind!r}: use usage or calls")
-    if kind == "calls" and (group_by is not None or tz is not None):
-        fail("--group-by and --tz apply to usage exports only")
+    if kind == "calls" and (group_by is not None or tz is not None or customer is not None):
+        fail("--group-by, --tz and --customer apply to usage exports only")
     try:
         params = parse_params(
-            "calls" if kind == "calls" else "usage", since, until, group_by, tz, format=format
+            "calls" if kind == "calls" else "usage",
+            since,
+            until,
+            group_by,
+            tz,
+            format=format,
+            customer_id=customer,
         )
     except ValidationFailed as error:
         fail("; ".join(f"{_EXPORT_FLAGS.get(e.path, e.path)} {e.message}" for e in error.errors))

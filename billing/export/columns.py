@@ -3,9 +3,9 @@
 ``usage.csv`` — one row per group of ledger entries booked in ``[since, until)``:
 
 1. the group columns, in the order given by ``group_by`` (default ``day,api_key_id,model``):
-   ``api_key_id``, ``model`` (text), ``hour`` (RFC 3339 with the zone's offset,
-   ``2026-10-15T08:00:00+02:00``), ``day`` (``YYYY-MM-DD``), ``month`` (``YYYY-MM``), the buckets
-   starting where the ``tz`` zone's hours, days and months start;
+   ``api_key_id``, ``model``, (v2) ``customer_id`` (text), ``hour`` (RFC 3339 with the zone's
+   offset, ``2026-10-15T08:00:00+02:00``), ``day`` (``YYYY-MM-DD``), ``month`` (``YYYY-MM``),
+   the buckets starting where the ``tz`` zone's hours, days and months start;
 2. ``calls`` (the number of ``settlement`` entries in the group), then the token totals
    ``input_tokens``, ``cache_read_input_tokens``, ``cache_creation_input_tokens``,
    ``output_tokens_billed``, ``output_tokens_delivered``, ``output_tokens_undelivered``,
@@ -46,7 +46,7 @@ TOKEN_COLUMNS: Final[tuple[str, ...]] = tuple(V1_TOKEN_FIELDS)
 
 #: The names ``group_by`` accepts; time buckets (as ``GET /v1/usage``) and text keys.
 TIME_KEYS: Final[tuple[str, ...]] = TIME_DIMS
-TEXT_KEYS: Final[tuple[str, ...]] = ("api_key_id", "model")
+TEXT_KEYS: Final[tuple[str, ...]] = ("api_key_id", "model", "customer_id")
 GROUP_KEYS: Final[tuple[str, ...]] = (*TEXT_KEYS, *TIME_KEYS)
 DEFAULT_GROUP_BY: Final[tuple[str, ...]] = ("day", "api_key_id", "model")
 
@@ -143,7 +143,12 @@ def usage_columns(group_by: tuple[str, ...], format: Format = "v1") -> tuple[str
         return (*group_by, *USAGE_TOTAL_COLUMNS)
     return (
         *group_by,
-        *V2_USAGE_GROUPS,
+        *v2_groups(group_by),
         *USAGE_TOTAL_COLUMNS,
         *(c.name for c in V2_USAGE_ADDED),
     )
+
+
+def v2_groups(group_by: tuple[str, ...]) -> tuple[str, ...]:
+    """The ``V2_USAGE_GROUPS`` a v2 ``usage.csv`` adds after ``group_by`` (those not in it)."""
+    return tuple(name for name in V2_USAGE_GROUPS if name not in group_by)

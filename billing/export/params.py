@@ -45,6 +45,8 @@ class ExportParams:
     #: ``v1`` (the default, its columns fixed) or ``v2`` (CONTRACT "Keys, customers and plans
     #: (v2)": the v2 columns after the v1 ones).
     format: Format = "v1"
+    #: (v2) Only the entries charged to this customer (usage exports only).
+    customer_id: str | None = None
 
     @property
     def zone(self) -> ZoneInfo:
@@ -62,6 +64,7 @@ class ExportParams:
             "tz": self.tz if usage else None,
             # v1 manifests are as they were; a v2 one says its format.
             **({"format": self.format} if self.format != "v1" else {}),
+            **({"customer_id": self.customer_id} if self.customer_id is not None else {}),
         }
 
 
@@ -82,7 +85,7 @@ def parse_group_by(value: str) -> tuple[str, ...]:
 
 #: The query parameters of each export.
 PARAMETERS: dict[Kind, tuple[str, ...]] = {
-    "usage": ("since", "until", "format", "group_by", "tz"),
+    "usage": ("since", "until", "format", "group_by", "tz", "customer_id"),
     "calls": ("since", "until", "format"),
 }
 
@@ -95,6 +98,7 @@ def parse_params(
     tz: str | None = None,
     query: Iterable[tuple[str, str]] = (),
     format: str | None = None,
+    customer_id: str | None = None,
 ) -> ExportParams:
     """Check every parameter; raise ``ValidationFailed`` listing all the problems (index null).
 
@@ -131,6 +135,8 @@ def parse_params(
             zone = parse_zone(tz).key
         except ValueError as error:
             errors.append(FieldError(None, "query.tz", str(error)))
+    if customer_id is not None and (problem := length_problem(customer_id, 128)):
+        errors.append(FieldError(None, "query.customer_id", problem))
     chosen: Format = "v1"
     if format is not None:
         if format in FORMATS:
@@ -139,4 +145,4 @@ def parse_params(
             errors.append(FieldError(None, "query.format", "must be v1 (the default) or v2"))
     if errors:
         raise ValidationFailed(errors)
-    return ExportParams(kind, bounds["since"], bounds["until"], keys, zone, chosen)
+    return ExportParams(kind, bounds["since"], bounds["until"], keys, zone, chosen, customer_id)

@@ -33,3 +33,6 @@ class UsageCsvParams(CallsCsvParams):
         ),
     )
     tz: str | None = Field(None, description="IANA zone where hours, days and months begin")
+    customer_id: str | None = Field(
+        None, max_length=128, description="only the entries charged to this customer (v2)"
+    )

@@ -45,6 +45,7 @@ from billing.export.columns import (
     V2_USAGE_GROUPS,
     calls_columns,
     usage_columns,
+    v2_groups,
 )
 from billing.export.csvwriter import (
     CallsRenderer,
@@ -94,32 +95,63 @@ exec(_ADD_PART_SOURCE, _namespace)
 add_part: Callable[..., None] = _namespace["add_part"]
 
 
-def _add_v2(
+def _add_extended(
     part: list[Any],
-    n: int,
+    width: int,
+    params: ExportParams,
+    groups: dict[tuple[Any, ...], list[int]],
     added: dict[tuple[Any, ...], list[Any]],
     pick: Callable[[tuple[Any, ...]], tuple[Any, ...]],
     labels_of: Callable[[Any], tuple[Any, ...]],
-) -> None:
-    """Add each row's v2 cells (``row[n:]``, in ``V2_USAGE_ADDED`` order) to its group's."""
-    kinds = [c.kind for c in V2_USAGE_ADDED]
-    grouped = len(V2_USAGE_GROUPS)
+) -> int:
+    """Add each row (the v1 cells, then ``customer_id``, ``plan_id``, then in v2 the sources of
+    ``V2_USAGE_ADDED``) to its group: by ``group_by`` (``customer_id`` among them), then in v2
+    by the customer and plan not in it (``v2_groups``); only the customer's rows with
+    ``params.customer_id``. Returns how many rows were added."""
+    v2 = params.format == "v2"
+    kinds = [c.kind for c in V2_USAGE_ADDED] if v2 else []
+    extra_groups = [V2_USAGE_GROUPS.index(n) for n in v2_groups(params.group_by)] if v2 else []
+    only = params.customer_id
+    taken = 0
     for row in part:
-        group = (*pick((*labels_of(row[0]), row[1], row[2])), *row[n : n + grouped])
-        acc = added.get(group)
+        booked, key, model, kind, *rest = row[:width]
+        customer, plan = row[width], row[width + 1]
+        if only is not None and customer != only:
+            continue
+        taken += 1
+        named = (customer, plan)
+        group = (
+            *pick((*labels_of(booked), key, model, customer)),
+            *(named[i] for i in extra_groups),
+        )
+        acc = groups.get(group)
         if acc is None:
-            acc = added[group] = [
-                {} if kind == "units" else [0, 0] if kind == "money" else 0 for kind in kinds
+            acc = groups[group] = [0] * _ACC_WIDTH
+        if kind == "settlement":
+            acc[0] += 1
+        *tokens, cost = rest
+        for i, count in enumerate(tokens, 1):
+            acc[i] += count
+        if cost is not None:
+            acc[_COST] += cost
+            acc[_PRICED] += 1
+        if not v2:
+            continue
+        cells = added.get(group)
+        if cells is None:
+            cells = added[group] = [
+                {} if k == "units" else [0, 0] if k == "money" else 0 for k in kinds
             ]
-        for i, (kind, value) in enumerate(zip(kinds, row[n + grouped :], strict=True)):
-            if kind == "units":
-                merge_units(acc[i], value)
-            elif kind == "money":
+        for i, (k, value) in enumerate(zip(kinds, row[width + 2 :], strict=True)):
+            if k == "units":
+                merge_units(cells[i], value)
+            elif k == "money":
                 if value is not None:
-                    acc[i][0] += value
-                    acc[i][1] += 1
+                    cells[i][0] += value
+                    cells[i][1] += 1
             else:
-                acc[i] += int(value or 0)
+                cells[i] += int(value or 0)
+    return taken
 
 
 def is_closed(until: datetime, now: datetime, close_lag_s: float) -> bool:
@@ -232,11 +264,13 @@ def _calls_chunks(
 
 
 def _group_getter(params: ExportParams) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
-    """Picks the group key, in ``group_by`` order, out of ``(*time labels, api_key_id, model)``."""
+    """Picks the group key, in ``group_by`` order, out of ``(*time labels, api_key_id, model)``
+    (and ``customer_id`` after them when grouped by it)."""
     time_keys = [k for k in params.group_by if k not in TEXT_KEYS]
     place = {k: i for i, k in enumerate(time_keys)}
     place["api_key_id"] = len(time_keys)
     place["model"] = len(time_keys) + 1
+    place["customer_id"] = len(time_keys) + 2
     indexes = [place[k] for k in params.group_by]
     if len(indexes) == 1:
         only = indexes[0]
@@ -244,23 +278,10 @@ def _group_getter(params: ExportParams) -> Callable[[tuple[Any, ...]], tuple[Any
     return operator.itemgetter(*indexes)
 
 
-def _then_groups(
-    pick: Callable[[tuple[Any, ...]], tuple[Any, ...]],
-) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
-    """v2: ``pick`` over values whose key is ``(api_key_id, *V2_USAGE_GROUPS)``: the group key
-    in ``group_by`` order, then the customer and the plan."""
-
-    def picked(values: tuple[Any, ...]) -> tuple[Any, ...]:
-        *labels, (key, *grouped), model = values
-        return (*pick((*labels, key, model)), *grouped)
-
-    return picked
-
-
 def _sort_key(
     params: ExportParams, v2: bool = False
 ) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
-    names = (*params.group_by, *V2_USAGE_GROUPS) if v2 else params.group_by
+    names = (*params.group_by, *v2_groups(params.group_by)) if v2 else params.group_by
 
     def key(group: tuple[Any, ...]) -> tuple[Any, ...]:
         parts: list[Any] = []
@@ -288,7 +309,10 @@ def _usage_chunks(
     labels_of = buckets.labels
     pick = _group_getter(params)
     v2 = params.format == "v2"
-    extra = [*V2_USAGE_GROUPS, *(c.source for c in V2_USAGE_ADDED)] if v2 else []
+    # v2, a customer group or a customer filter read the customer and plan of every entry (and
+    # v2 its columns) and go through ``_add_extended``; v1's other exports are v1's hot loop.
+    extended = v2 or "customer_id" in params.group_by or params.customer_id is not None
+    extra = [*V2_USAGE_GROUPS, *(c.source for c in V2_USAGE_ADDED if v2)] if extended else []
     # Per group: [settlements, the token totals, cost of priced entries, priced entries].
     groups: dict[tuple[Any, ...], list[int]] = {}
     # v2: per group, the v2 columns' totals (a count summed, units merged by name).
@@ -296,20 +320,12 @@ def _usage_chunks(
     with read_transaction(sessions) as session:
         chunks = store_for(session).export.usage_chunks
         for part in chunks(session, params.since, params.until, CHUNK_ROWS, extra):
-            if v2:
-                # v2 groups by the customer and plan too (``V2_USAGE_GROUPS``), after the keys.
+            if extended:
                 width = len(part[0]) - len(extra)
-                ends = width + len(V2_USAGE_GROUPS)
-                add_part(
-                    [(*row[:1], (row[1], *row[width:ends]), *row[2:width]) for row in part],
-                    groups,
-                    _then_groups(pick),
-                    labels_of,
-                )
-                _add_v2(part, width, added, pick, labels_of)
+                stats.entries += _add_extended(part, width, params, groups, added, pick, labels_of)
             else:
                 add_part(part, groups, pick, labels_of)
-            stats.entries += len(part)
+                stats.entries += len(part)
             if progress is not None:
                 progress(len(part))
     yield header

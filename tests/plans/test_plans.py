@@ -389,6 +389,25 @@ def test_a_customers_usage_groups_every_key_assigned_to_it(
             ("key_a", "0.0135792"),
             ("key_b", "0.0135792"),
         ]
+    # usage.csv groups and filters by customer too (the booked basis: the same figures).
+    body = export(priced, "usage", **MARCH, group_by="customer_id")
+    assert [(r["customer_id"], r["calls"], r["cost_usd"]) for r in csv_rows(body)] == [
+        ("", "1", "0.011316"),
+        ("acme", "2", "0.022632"),
+        ("beta", "1", "0.011316"),
+    ]
+    assert body.decode().split("\r\n")[0].startswith("customer_id,calls,input_tokens,")
+    only = csv_rows(export(priced, "usage", **MARCH, group_by="api_key_id", customer_id="acme"))
+    assert [(r["api_key_id"], r["cost_usd"]) for r in only] == [
+        ("key_a", "0.011316"),
+        ("key_b", "0.011316"),
+    ]
+    v2 = csv_rows(export(priced, "usage", **MARCH, group_by="customer_id", format="v2"))
+    assert [(r["customer_id"], r["plan_id"], r["charge_usd"]) for r in v2] == [
+        ("", "", "0.011316"),
+        ("acme", "pro", "0.0271584"),
+        ("beta", "", "0.011316"),
+    ]
     # A period off the quarter-hour grid reads the edges from the calls: the same figures.
     (acme,) = usage(
         priced, since="2026-03-01T10:00:00Z", until="2026-03-02T10:07:00.5Z", customer_id="acme"
