@@ -339,16 +339,23 @@ def test_the_v2_exports_carry_the_dimensions_and_v1_stays_as_it_was(priced: Test
     v2 = priced.get("/v1/exports/calls.csv", params={**period, "format": "v2"}).content
     (row,) = list(csv.DictReader(io.StringIO(v2.decode())))
     assert v2.split(b"\r\n")[0] == header_v1 + (
+        # Keys, customers and plans (v2): the charge, the plan's prices used, the markup, the
+        # customer and the plan first.
+        b",charge_usd,plan_input_usd_per_mtok,plan_output_usd_per_mtok,"
+        b"plan_cache_read_usd_per_mtok,plan_cache_creation_usd_per_mtok,"
+        b"plan_cache_creation_1h_usd_per_mtok,plan_unit_prices,markup_pct,customer_id,plan_id"
         b",cache_creation_1h_input_tokens,units,cache_creation_1h_usd_per_mtok,unit_prices"
     )
+    assert (row["charge_usd"], row["customer_id"], row["markup_pct"]) == ("", "", "")
     # code_execution has no price: the entry is unpriced, its cells empty.
     assert row["units"] == '{"code_execution":1,"web_search_requests":3}'
     assert (row["cache_creation_1h_input_tokens"], row["cost_usd"]) == ("10", "")
     usage_v2 = priced.get(
         "/v1/exports/usage.csv", params={**period, "format": "v2", "group_by": "model"}
     )
+    # v2: no customer, no plan (before the totals); no cost and no charge (after cost_usd).
     assert usage_v2.content.split(b"\r\n")[1] == (
-        b'm1,1,100,0,30,50,50,0,0,,10,"{""code_execution"":1,""web_search_requests"":3}"'
+        b'm1,,,1,100,0,30,50,50,0,0,,,10,"{""code_execution"":1,""web_search_requests"":3}"'
     )
     bad = priced.get("/v1/exports/usage.csv", params={**period, "format": "v3"})
     assert bad.status_code == 422
