@@ -605,8 +605,9 @@ class BudgetAlert(Base):
 
 class WebhookOutbox(Base):
     """The webhook of an alert to deliver (written in the alert's transaction): ``state``
-    ``pending`` → ``delivered``, or ``failed`` once ``give_up_at`` has passed. A worker claims
-    a due row by setting ``lease_owner`` / ``lease_until`` (``billing.budgets.webhooks``)."""
+    ``pending`` → ``delivered``, or ``failed`` once ``BILLING_WEBHOOK_RETRY_S`` have passed
+    since ``created_at``. A worker claims a due row by setting ``lease_owner`` /
+    ``lease_until`` (``billing.budgets.webhooks``)."""
 
     __tablename__ = "webhook_outbox"
 
@@ -617,7 +618,7 @@ class WebhookOutbox(Base):
     state: Mapped[str] = mapped_column(String(16), nullable=False)
     attempts: Mapped[int] = mapped_column(Integer, nullable=False)
     next_attempt_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
-    give_up_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
     lease_owner: Mapped[str | None] = mapped_column(String(40))
     lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
     last_status: Mapped[int | None] = mapped_column(Integer)

@@ -118,7 +118,7 @@ def upgrade() -> None:
         sa.Column("state", sa.String(length=16), nullable=False),
         sa.Column("attempts", sa.Integer(), nullable=False),
         sa.Column("next_attempt_at", UTC_DATETIME, nullable=False),
-        sa.Column("give_up_at", UTC_DATETIME, nullable=False),
+        sa.Column("created_at", UTC_DATETIME, nullable=False),
         sa.Column("lease_owner", sa.String(length=40), nullable=True),
         sa.Column("lease_until", UTC_DATETIME, nullable=True),
         sa.Column("last_status", sa.Integer(), nullable=True),

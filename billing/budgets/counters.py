@@ -1,0 +1,122 @@
+"""The budgets' counters, kept by each reconciliation step in its own transaction
+(CONTRACT "Budgets and alerts (v2)": spend kept current incrementally, not by scanning calls).
+
+A step changes spend in two ways, and both are read back once per step, set-based, whichever
+path (the SQL fast path or the rule) wrote them:
+
+- the ledger entries it booked (``booked_at`` = the step's time): settled spend of the entries'
+  key, in the period of the entry's call start;
+- the figures of the calls it left open: provisional spend. ``budget_open_calls`` holds what
+  each open call adds now; the step takes that back and adds the call's new figures (0 once
+  it settled: its entries replace it).
+
+The changes are summed per (key, call start), then per budget version in force over the key
+(or its customer, ``billing.budgets.customers``) and period, and added to the counters (one
+upsert each, returning the new figures); a counter whose spend crossed a threshold makes its
+alerts there (``billing.budgets.service.record_crossings``). Periods before a version's first
+(``tracked_from``) are not kept. With no budget in force a step does nothing here but one
+lookup (and, on PostgreSQL, the shared advisory lock that orders it with a budget's first
+counter).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from datetime import datetime
+
+from sqlalchemy.orm import Session
+
+from billing.budgets import customers
+from billing.budgets.periods import period_start
+from billing.budgets.repository import OpenAmounts
+from billing.budgets.service import record_crossings
+from billing.storage.store import store_for
+
+#: Per (key, call start): [settled cost, settled charge, provisional cost, provisional charge].
+Deltas = dict[tuple[str, datetime], list[int]]
+
+
+def after_step(session: Session, request_ids: Sequence[str], now: datetime) -> int:
+    """Update the counters for the calls ``request_ids`` a step just wrote (entries booked at
+    ``now``); returns the number of alerts made."""
+    if not request_ids:
+        return 0
+    repo = store_for(session).budgets
+    repo.lock_shared(session)
+    if not repo.any_live(session):
+        return 0
+    deltas: Deltas = defaultdict(lambda: [0, 0, 0, 0])
+    for old in repo.open_amounts(session, request_ids):
+        d = deltas[(old.api_key_id, old.started_at)]
+        d[2] -= old.cost_pusd
+        d[3] -= old.charge_pusd
+    still_open: list[OpenAmounts] = []
+    for call in repo.call_amounts(session, request_ids):
+        if call.settled or call.api_key_id is None or call.started_at is None:
+            continue
+        if call.cost_pusd is None and call.charge_pusd is None:
+            continue
+        amounts = OpenAmounts(
+            call.request_id,
+            call.api_key_id,
+            call.started_at,
+            call.cost_pusd or 0,
+            call.charge_pusd or 0,
+        )
+        still_open.append(amounts)
+        d = deltas[(amounts.api_key_id, amounts.started_at)]
+        d[2] += amounts.cost_pusd
+        d[3] += amounts.charge_pusd
+    for entry in repo.entry_amounts(session, request_ids, now):
+        d = deltas[(entry.api_key_id, entry.call_started_at)]
+        d[0] += entry.cost_pusd
+        d[1] += entry.charge_pusd
+    repo.replace_open(session, request_ids, still_open)
+    return apply(session, {k: v for k, v in deltas.items() if any(v)}, now)
+
+
+def apply(session: Session, deltas: Deltas, now: datetime) -> int:
+    """Add ``deltas`` to the counters of the budgets in force over their keys (and the keys'
+    customers), making the alerts of the thresholds crossed; returns the alerts made."""
+    if not deltas:
+        return 0
+    repo = store_for(session).budgets
+    keys = {key for key, _ in deltas}
+    owners = customers.customers_of_keys(session, keys)
+    budgets = repo.live_for(session, keys, set(owners.values()))
+    if not budgets:
+        return 0
+    by_key = defaultdict(list)
+    by_customer = defaultdict(list)
+    for budget in budgets:
+        if budget.api_key_id is not None:
+            by_key[budget.api_key_id].append(budget)
+        elif budget.customer_id is not None:
+            by_customer[budget.customer_id].append(budget)
+    # Per (budget row, period start): [settled, provisional] in the budget's measure.
+    sums: dict[tuple[int, datetime], list[int]] = defaultdict(lambda: [0, 0])
+    rows = {}
+    for (key, started), d in deltas.items():
+        owner = owners.get(key)
+        for budget in by_key.get(key, []) + (by_customer.get(owner, []) if owner else []):
+            start = period_start(budget.period, budget.tz, started)
+            if start < budget.tracked_from:
+                continue
+            rows[budget.id] = budget
+            s = sums[(budget.id, start)]
+            if budget.measure == "cost":
+                s[0] += d[0]
+                s[1] += d[2]
+            else:
+                s[0] += d[1]
+                s[1] += d[3]
+    made = 0
+    # Counters in key order: one lock order for every reconciler.
+    for (row, start), (settled, provisional) in sorted(sums.items()):
+        if not settled and not provisional:
+            continue
+        new_settled, new_provisional = repo.add_spend(session, row, start, settled, provisional)
+        old = new_settled + new_provisional - settled - provisional
+        made += record_crossings(session, rows[row], start, old, new_settled, new_provisional, now)
+    return made
