@@ -31,6 +31,7 @@ from billing.budgets import customers
 from billing.budgets.periods import period_start
 from billing.budgets.repository import OpenAmounts
 from billing.budgets.service import record_crossings
+from billing.storage.models import Budget
 from billing.storage.store import store_for
 
 #: Per (key, call start): [settled cost, settled charge, provisional cost, provisional charge].
@@ -39,21 +40,35 @@ Deltas = dict[tuple[str, datetime], list[int]]
 
 def after_step(session: Session, request_ids: Sequence[str], now: datetime) -> int:
     """Update the counters for the calls ``request_ids`` a step just wrote (entries booked at
-    ``now``); returns the number of alerts made."""
+    ``now``); returns the number of alerts made.
+
+    Only the open calls of keys that a budget in force counts (directly or through their
+    customer) are kept in ``budget_open_calls``: what is kept is exactly what was added, so a
+    call of a key without a budget adds and takes back nothing (a budget made later fills its
+    key's rows from ``calls``, ``BudgetsRepository.refresh_open_of_key``). A pass run with a
+    fixed ``now`` (tests, benchmarks) must not step the same call twice: its entries are found
+    by their booking time.
+    """
     if not request_ids:
         return 0
     repo = store_for(session).budgets
     repo.lock_shared(session)
     if not repo.any_live(session):
         return 0
+    olds = repo.open_amounts(session, request_ids)
+    calls = repo.call_amounts(session, request_ids)
+    entries = repo.entry_amounts(session, request_ids, now)
+    keys = {o.api_key_id for o in olds} | {e.api_key_id for e in entries}
+    keys |= {c.api_key_id for c in calls if c.api_key_id is not None}
+    budgets = _budgets_of(session, keys)
     deltas: Deltas = defaultdict(lambda: [0, 0, 0, 0])
-    for old in repo.open_amounts(session, request_ids):
+    for old in olds:
         d = deltas[(old.api_key_id, old.started_at)]
         d[2] -= old.cost_pusd
         d[3] -= old.charge_pusd
     still_open: list[OpenAmounts] = []
-    for call in repo.call_amounts(session, request_ids):
-        if call.settled or call.api_key_id is None or call.started_at is None:
+    for call in calls:
+        if call.settled or call.api_key_id not in budgets or call.started_at is None:
             continue
         if call.cost_pusd is None and call.charge_pusd is None:
             continue
@@ -68,38 +83,59 @@ def after_step(session: Session, request_ids: Sequence[str], now: datetime) -> i
         d = deltas[(amounts.api_key_id, amounts.started_at)]
         d[2] += amounts.cost_pusd
         d[3] += amounts.charge_pusd
-    for entry in repo.entry_amounts(session, request_ids, now):
-        d = deltas[(entry.api_key_id, entry.call_started_at)]
-        d[0] += entry.cost_pusd
-        d[1] += entry.charge_pusd
-    repo.replace_open(session, request_ids, still_open)
-    return apply(session, {k: v for k, v in deltas.items() if any(v)}, now)
+    for entry in entries:
+        if entry.api_key_id in budgets:
+            d = deltas[(entry.api_key_id, entry.call_started_at)]
+            d[0] += entry.cost_pusd
+            d[1] += entry.charge_pusd
+    if olds or still_open:
+        repo.replace_open(session, [o.request_id for o in olds], still_open)
+    return apply(session, {k: v for k, v in deltas.items() if any(v)}, now, budgets)
 
 
-def apply(session: Session, deltas: Deltas, now: datetime) -> int:
-    """Add ``deltas`` to the counters of the budgets in force over their keys (and the keys'
-    customers), making the alerts of the thresholds crossed; returns the alerts made."""
-    if not deltas:
-        return 0
+def _budgets_of(session: Session, keys: set[str]) -> dict[str, list[Budget]]:
+    """The budget versions in force over each of ``keys`` (directly or through its customer);
+    keys without any are left out."""
+    if not keys:
+        return {}
     repo = store_for(session).budgets
-    keys = {key for key, _ in deltas}
     owners = customers.customers_of_keys(session, keys)
-    budgets = repo.live_for(session, keys, set(owners.values()))
-    if not budgets:
-        return 0
-    by_key = defaultdict(list)
-    by_customer = defaultdict(list)
-    for budget in budgets:
+    found = repo.live_for(session, keys, set(owners.values()))
+    by_key: dict[str, list[Budget]] = defaultdict(list)
+    by_customer: dict[str, list[Budget]] = defaultdict(list)
+    for budget in found:
         if budget.api_key_id is not None:
             by_key[budget.api_key_id].append(budget)
         elif budget.customer_id is not None:
             by_customer[budget.customer_id].append(budget)
+    out = {}
+    for key in keys:
+        owner = owners.get(key)
+        mine = by_key.get(key, []) + (by_customer.get(owner, []) if owner else [])
+        if mine:
+            out[key] = mine
+    return out
+
+
+def apply(
+    session: Session,
+    deltas: Deltas,
+    now: datetime,
+    budgets: dict[str, list[Budget]] | None = None,
+) -> int:
+    """Add ``deltas`` to the counters of the budgets in force over their keys (and the keys'
+    customers; ``budgets`` as ``_budgets_of`` gives them, read when None), making the alerts of
+    the thresholds crossed; returns the alerts made."""
+    if not deltas:
+        return 0
+    if budgets is None:
+        budgets = _budgets_of(session, {key for key, _ in deltas})
+    repo = store_for(session).budgets
     # Per (budget row, period start): [settled, provisional] in the budget's measure.
     sums: dict[tuple[int, datetime], list[int]] = defaultdict(lambda: [0, 0])
-    rows = {}
+    rows: dict[int, Budget] = {}
     for (key, started), d in deltas.items():
-        owner = owners.get(key)
-        for budget in by_key.get(key, []) + (by_customer.get(owner, []) if owner else []):
+        for budget in budgets.get(key, ()):
             start = period_start(budget.period, budget.tz, started)
             if start < budget.tracked_from:
                 continue
