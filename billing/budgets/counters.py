@@ -67,10 +67,8 @@ def after_step(session: Session, request_ids: Sequence[str], now: datetime) -> i
         d[2] -= old.cost_pusd
         d[3] -= old.charge_pusd
     still_open: list[OpenAmounts] = []
-    for call in calls:
-        if call.settled or call.api_key_id not in budgets or call.started_at is None:
-            continue
-        if call.cost_pusd is None and call.charge_pusd is None:
+    for call in calls:  # open, with a key, a start and an amount
+        if call.api_key_id not in budgets or call.started_at is None:
             continue
         amounts = OpenAmounts(
             call.request_id,
@@ -147,12 +145,12 @@ def apply(
             else:
                 s[0] += d[1]
                 s[1] += d[3]
+    # Counters in key order: one lock order for every reconciler; one statement.
+    changes = [(row, start, d[0], d[1]) for (row, start), d in sorted(sums.items()) if any(d)]
+    news = repo.add_spends(session, changes)
     made = 0
-    # Counters in key order: one lock order for every reconciler.
-    for (row, start), (settled, provisional) in sorted(sums.items()):
-        if not settled and not provisional:
-            continue
-        new_settled, new_provisional = repo.add_spend(session, row, start, settled, provisional)
+    for row, start, settled, provisional in changes:
+        new_settled, new_provisional = news[(row, start)]
         old = new_settled + new_provisional - settled - provisional
         made += record_crossings(session, rows[row], start, old, new_settled, new_provisional, now)
     return made

@@ -38,7 +38,8 @@ class CallAmounts(NamedTuple):
 
 
 class EntryAmounts(NamedTuple):
-    """The ledger entries a step booked, summed per key and call start."""
+    """The ledger entries a step booked, summed per key and UTC quarter hour of the call's
+    start (``call_started_at`` is that quarter's start)."""
 
     api_key_id: str
     call_started_at: datetime
@@ -81,6 +82,12 @@ class BudgetsRepository(Protocol):
         self, session: Session, row: int, start: datetime, settled: int, provisional: int
     ) -> tuple[int, int]:
         """Add to (or create) the counter; returns its new (settled, provisional)."""
+
+    def add_spends(
+        self, session: Session, changes: Sequence[tuple[int, datetime, int, int]]
+    ) -> dict[tuple[int, datetime], tuple[int, int]]:
+        """``add_spend`` of (row, start, settled, provisional) changes in one statement (in the
+        order given: one lock order for every reconciler)."""
 
     def settled_of_key(
         self, session: Session, key: str, measure: str, start: datetime, end: datetime | None

@@ -8,7 +8,18 @@ from collections.abc import Callable, Collection, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, delete, func, or_, select, update
+from sqlalchemy import (
+    ColumnElement,
+    and_,
+    bindparam,
+    delete,
+    func,
+    or_,
+    select,
+    tuple_,
+    type_coerce,
+    update,
+)
 from sqlalchemy.orm import Session
 
 from billing.budgets.measure import AMOUNT_COLUMNS
@@ -27,6 +38,7 @@ from billing.storage.models import (
     LedgerEntry,
     WebhookOutbox,
 )
+from billing.storage.types import UTCDateTime
 
 _L = LedgerEntry.__table__.c
 _C = Call.__table__.c
@@ -34,11 +46,35 @@ _COST = AMOUNT_COLUMNS["cost"]
 _CHARGE = AMOUNT_COLUMNS["charge"]
 
 
+#: The counters of (budget row, period start) pairs (``spend``).
+_SPEND = select(
+    BudgetSpend.budget_row,
+    BudgetSpend.period_start,
+    BudgetSpend.settled_pusd,
+    BudgetSpend.provisional_pusd,
+).where(
+    tuple_(BudgetSpend.budget_row, BudgetSpend.period_start).in_(bindparam("pairs", expanding=True))
+)
+#: The budget versions in force over one key, by id (``live_for``).
+_LIVE_FOR_KEY = (
+    select(Budget)
+    .where(Budget.api_key_id == bindparam("key"), Budget.ended_at.is_(None))
+    .order_by(Budget.budget_id)
+)
+
+
 class BudgetsCore:
     """``BudgetsRepository`` over a dialect's ``insert``; ``lock_shared`` / ``lock_exclusive``
     and ``claim_due`` are the dialect's."""
 
     insert: Callable[..., Any]
+    #: SQL for the UTC quarter hour of an instant column (``billing.rollups.buckets.floor``).
+    quarter: Callable[[Any], ColumnElement[Any]]
+
+    def among(self, column: Any, ids: Sequence[str]) -> ColumnElement[bool]:
+        """``column`` is one of ``ids``, as one bound value (a step's thousands of ids are not
+        thousands of parameters)."""
+        raise NotImplementedError
 
     # -- locks: a budget's first counter and the steps' counter updates never interleave ------
 
@@ -89,6 +125,9 @@ class BudgetsCore:
     def live_for(
         self, session: Session, keys: Collection[str], customers: Collection[str]
     ) -> list[Budget]:
+        if len(keys) == 1 and not customers:
+            # The spend check's: one statement, built once.
+            return list(session.scalars(_LIVE_FOR_KEY, {"key": next(iter(keys))}))
         terms = []
         if keys:
             terms.append(Budget.api_key_id.in_(list(keys)))
@@ -106,42 +145,58 @@ class BudgetsCore:
     ) -> dict[tuple[int, datetime], tuple[int, int]]:
         if not pairs:
             return {}
-        rows = {row for row, _ in pairs}
-        starts = {start for _, start in pairs}
-        found = session.execute(
-            select(
-                BudgetSpend.budget_row,
-                BudgetSpend.period_start,
-                BudgetSpend.settled_pusd,
-                BudgetSpend.provisional_pusd,
-            ).where(
-                BudgetSpend.budget_row.in_(list(rows)),
-                BudgetSpend.period_start.in_(list(starts)),
-            )
-        )
-        wanted = set(pairs)
-        return {
-            (row, start): (settled, provisional)
-            for row, start, settled, provisional in found
-            if (row, start) in wanted
-        }
+        found = session.execute(_SPEND, {"pairs": list(pairs)})
+        return {(row, start): (settled, provisional) for row, start, settled, provisional in found}
 
     def add_spend(
         self, session: Session, row: int, start: datetime, settled: int, provisional: int
     ) -> tuple[int, int]:
-        statement = self.insert(BudgetSpend).values(
-            budget_row=row, period_start=start, settled_pusd=settled, provisional_pusd=provisional
+        return self.add_spends(session, [(row, start, settled, provisional)])[(row, start)]
+
+    def add_spends(
+        self, session: Session, changes: Sequence[tuple[int, datetime, int, int]]
+    ) -> dict[tuple[int, datetime], tuple[int, int]]:
+        if not changes:
+            return {}
+        rows = session.execute(
+            self._add_spend_statement(),
+            [
+                {
+                    "budget_row": row,
+                    "period_start": start,
+                    "settled_pusd": settled,
+                    "provisional_pusd": provisional,
+                }
+                for row, start, settled, provisional in changes
+            ],
         )
-        statement = statement.on_conflict_do_update(
-            index_elements=["budget_row", "period_start"],
-            set_={
-                "settled_pusd": BudgetSpend.settled_pusd + statement.excluded.settled_pusd,
-                "provisional_pusd": BudgetSpend.provisional_pusd
-                + statement.excluded.provisional_pusd,
-            },
-        ).returning(BudgetSpend.settled_pusd, BudgetSpend.provisional_pusd)
-        new_settled, new_provisional = session.execute(statement).one()
-        return int(new_settled), int(new_provisional)
+        return {
+            (int(row), start): (int(settled), int(provisional))
+            for row, start, settled, provisional in rows
+        }
+
+    def _add_spend_statement(self) -> Any:
+        """The counters' upsert, built once (executed for many rows as one multi-row statement:
+        SQLAlchemy's "insertmanyvalues", in the order given)."""
+        built = self.__dict__.get("_add_spend")
+        if built is None:
+            statement = self.insert(BudgetSpend)
+            built = statement.on_conflict_do_update(
+                index_elements=["budget_row", "period_start"],
+                set_={
+                    "settled_pusd": BudgetSpend.settled_pusd + statement.excluded.settled_pusd,
+                    "provisional_pusd": BudgetSpend.provisional_pusd
+                    + statement.excluded.provisional_pusd,
+                },
+            ).returning(
+                BudgetSpend.budget_row,
+                BudgetSpend.period_start,
+                BudgetSpend.settled_pusd,
+                BudgetSpend.provisional_pusd,
+                sort_by_parameter_order=True,
+            )
+            self.__dict__["_add_spend"] = built
+        return built
 
     def settled_of_key(
         self, session: Session, key: str, measure: str, start: datetime, end: datetime | None
@@ -196,35 +251,47 @@ class BudgetsCore:
                 BudgetOpenCall.started_at,
                 BudgetOpenCall.cost_pusd,
                 BudgetOpenCall.charge_pusd,
-            ).where(BudgetOpenCall.request_id.in_(list(ids)))
+            ).where(self.among(BudgetOpenCall.request_id, ids))
         )
         return [OpenAmounts(*row) for row in rows]
 
     def call_amounts(self, session: Session, ids: Sequence[str]) -> list[CallAmounts]:
+        """The calls of ``ids`` left open with a key, a start and an amount (the others add no
+        provisional spend)."""
         rows = session.execute(
             select(
                 _C.request_id, _C.api_key_id, _C.started_at, _C.settled, _C[_COST], _C[_CHARGE]
-            ).where(_C.request_id.in_(list(ids)))
+            ).where(
+                self.among(_C.request_id, ids),
+                _C.settled.is_(False),
+                _C.api_key_id.is_not(None),
+                _C.started_at.is_not(None),
+                or_(_C[_COST].is_not(None), _C[_CHARGE].is_not(None)),
+            )
         )
         return [CallAmounts(*row) for row in rows]
 
     def entry_amounts(
         self, session: Session, ids: Sequence[str], booked_at: datetime
     ) -> list[EntryAmounts]:
+        """The entries of ``ids`` booked at ``booked_at``, summed per key and UTC quarter hour
+        of the call's start (``quarter``): every period boundary of an IANA zone (a local
+        midnight) is on a quarter hour of UTC, so a quarter lies in one period of any budget."""
+        quarter = type_coerce(self.quarter(_L.call_started_at), UTCDateTime)
         rows = session.execute(
             select(
                 _L.api_key_id,
-                _L.call_started_at,
+                quarter,
                 func.coalesce(func.sum(_L[_COST]), 0),
                 func.coalesce(func.sum(_L[_CHARGE]), 0),
             )
             .where(
-                _L.request_id.in_(list(ids)),
+                self.among(_L.request_id, ids),
                 _L.booked_at == booked_at,
                 _L.api_key_id.is_not(None),
                 _L.call_started_at.is_not(None),
             )
-            .group_by(_L.api_key_id, _L.call_started_at)
+            .group_by(_L.api_key_id, quarter)
         )
         return [
             EntryAmounts(key, start, int(cost), int(charge)) for key, start, cost, charge in rows
@@ -233,7 +300,7 @@ class BudgetsCore:
     def replace_open(
         self, session: Session, ids: Sequence[str], rows: Sequence[OpenAmounts]
     ) -> None:
-        session.execute(delete(BudgetOpenCall).where(BudgetOpenCall.request_id.in_(list(ids))))
+        session.execute(delete(BudgetOpenCall).where(self.among(BudgetOpenCall.request_id, ids)))
         if rows:
             session.execute(
                 self.insert(BudgetOpenCall),

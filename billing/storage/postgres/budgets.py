@@ -10,14 +10,19 @@ replicas never claim the same row.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
+from functools import partial
+from typing import Any
 
-from sqlalchemy import text
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import ColumnElement, String, bindparam, func, text
+from sqlalchemy.dialects.postgresql import ARRAY, insert
 from sqlalchemy.orm import Session
 
 from billing.budgets.repository import Claimed
+from billing.rollups.buckets import QUARTER
 from billing.storage.budgets_core import BudgetsCore
+from billing.storage.postgres.rollups import floor_sql
 
 #: The advisory lock's key (any constant of this service's own).
 BUDGETS_LOCK = 0x6275_6467_6574  # "budget"
@@ -30,6 +35,13 @@ class PostgresBudgets(BudgetsCore):
     """``BudgetsRepository`` on PostgreSQL."""
 
     insert = staticmethod(insert)
+    quarter = staticmethod(partial(floor_sql, QUARTER))
+
+    def among(self, column: Any, ids: Sequence[str]) -> ColumnElement[bool]:
+        clause: ColumnElement[bool] = column == func.any(
+            bindparam("ids", list(ids), type_=ARRAY(String))
+        )
+        return clause
 
     def lock_shared(self, session: Session) -> None:
         session.execute(LOCK_SHARED, {"key": BUDGETS_LOCK})
