@@ -244,6 +244,11 @@ def _statuses(session: Session, budgets: Sequence[Budget], now: datetime) -> lis
     return out
 
 
+def statuses_in_force(session: Session, now: datetime) -> list[dict[str, Any]]:
+    """The status of every budget in force, by ``budget_id`` (the console's Budgets page)."""
+    return _statuses(session, _repo(session).list_budgets(session, False), now)
+
+
 def budget_status(session: Session, budget_id: str, now: datetime) -> dict[str, Any]:
     """``GET /v1/budgets/{budget_id}``: the current period's spend; 404 for an unknown or
     deleted budget."""
