@@ -108,3 +108,56 @@ def test_the_counters_equal_their_definition_after_every_step(client: TestClient
     _check(client)
     kept = read(client, _kept)
     assert len(kept) > 12 and all(settled > 0 for settled, _ in kept.values())
+
+
+def test_budgets_made_while_steps_run_miss_and_double_nothing(client: TestClient) -> None:
+    """A budget's first counter (read from the ledger) and the steps' counter updates are
+    ordered (PostgreSQL: the advisory lock), so budgets created while calls are being settled
+    hold exactly their definition."""
+    import threading
+    import time
+
+    from billing.reconcile.runner import run_pass
+    from tests.budgets.helpers import state
+
+    price(client)
+    st = state(client)
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def settle() -> None:
+        try:
+            while not done.is_set():
+                run_pass(st.sessions, st.settings)
+        except BaseException as error:  # pragma: no cover - reported below
+            errors.append(error)
+
+    def ingest() -> None:
+        try:
+            now = datetime.now(UTC) - timedelta(minutes=2)
+            for i in range(60):
+                call(client, f"x{i}", now + timedelta(seconds=i), 1_000 * (i + 1), key="key_c")
+        except BaseException as error:  # pragma: no cover - reported below
+            errors.append(error)
+
+    workers = [threading.Thread(target=settle), threading.Thread(target=ingest)]
+    for w in workers:
+        w.start()
+    for i in range(8):
+        create(
+            client,
+            datetime.now(UTC),
+            budget_id=f"c{i}",
+            scope={"api_key_id": "key_c"},
+            limit_usd="1",
+            period="total" if i % 2 else "month",
+        )
+        time.sleep(0.05)
+    workers[1].join()
+    done.set()
+    workers[0].join()
+    assert errors == []
+    run_pass(st.sessions, st.settings)
+    _check(client)
+    spent = read(client, _kept)
+    assert len(spent) >= 1
