@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from datetime import datetime
+from functools import lru_cache
 
 from sqlalchemy.orm import Session
 
@@ -34,7 +35,11 @@ from billing.budgets.service import record_crossings
 from billing.storage.models import Budget
 from billing.storage.store import store_for
 
-#: Per (key, call start): [settled cost, settled charge, provisional cost, provisional charge].
+#: ``period_start`` remembered: a step's changes are by quarter hour, which repeat.
+_period_start = lru_cache(maxsize=16384)(period_start)
+
+#: Per (key, call start: its UTC quarter hour for entries): [settled cost, settled charge,
+#: provisional cost, provisional charge].
 Deltas = dict[tuple[str, datetime], list[int]]
 
 
@@ -134,7 +139,7 @@ def apply(
     rows: dict[int, Budget] = {}
     for (key, started), d in deltas.items():
         for budget in budgets.get(key, ()):
-            start = period_start(budget.period, budget.tz, started)
+            start = _period_start(budget.period, budget.tz, started)
             if start < budget.tracked_from:
                 continue
             rows[budget.id] = budget

@@ -12,6 +12,7 @@ counter changes, in the same transaction, with their webhook in the outbox
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import secrets
 import time
@@ -272,6 +273,13 @@ def spend_check(session: Session, api_key_id: str, now: datetime) -> dict[str, A
 # -- alerts ---------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=65536)
+def _bars(limit_usd: str, thresholds: str) -> tuple[tuple[str, Decimal], ...]:
+    """Each threshold (text) with the spend that reaches it, in picodollars (exact)."""
+    limit_pusd = Decimal(limit_usd) * PICO
+    return tuple((t, limit_pusd * Decimal(t)) for t in json.loads(thresholds))
+
+
 def record_crossings(
     session: Session,
     budget: Budget,
@@ -289,12 +297,10 @@ def record_crossings(
     new_pusd = settled_pusd + provisional_pusd
     if new_pusd == old_pusd:
         return 0
-    limit_pusd = Decimal(budget.limit_usd) * PICO
-    thresholds = thresholds_of(budget)
+    bars = _bars(budget.limit_usd, budget.thresholds)
     # Crossed upward from the lowest threshold, resolved downward from the highest.
     changes: list[tuple[str, str]] = []
-    for t in thresholds if new_pusd > old_pusd else reversed(thresholds):
-        bar = limit_pusd * Decimal(t)
+    for t, bar in bars if new_pusd > old_pusd else reversed(bars):
         if old_pusd < bar <= new_pusd:
             changes.append((CROSSED, t))
         elif new_pusd < bar <= old_pusd:

@@ -176,8 +176,9 @@ class BudgetsCore:
         }
 
     def _add_spend_statement(self) -> Any:
-        """The counters' upsert, built once (executed for many rows as one multi-row statement:
-        SQLAlchemy's "insertmanyvalues", in the order given)."""
+        """The counters' upsert, built once (executed for many rows as multi-row statements:
+        SQLAlchemy's "insertmanyvalues", rows in the order given; the answer is matched by
+        key, not by order)."""
         built = self.__dict__.get("_add_spend")
         if built is None:
             statement = self.insert(BudgetSpend)
@@ -193,7 +194,6 @@ class BudgetsCore:
                 BudgetSpend.period_start,
                 BudgetSpend.settled_pusd,
                 BudgetSpend.provisional_pusd,
-                sort_by_parameter_order=True,
             )
             self.__dict__["_add_spend"] = built
         return built
