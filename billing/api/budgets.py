@@ -30,8 +30,6 @@ from billing.storage.db import write_transaction
 
 router = APIRouter()
 
-_BudgetId = Annotated[str, "the budget_id"]
-
 
 def _known(request: Request, *names: str) -> None:
     problems = query_problems(request.query_params.multi_items(), names)
@@ -72,7 +70,7 @@ async def post_budget(
 
 
 @router.put(
-    "/v1/budgets/{budget_id}",
+    "/v1/budgets/{budget_id:path}",
     summary="Change a budget (a new version; the history stays)",
     dependencies=[Depends(allow())],
     responses=answers(401, 403, 404, 422, 503, ok={200: (BudgetOut, "the new version")}),
@@ -88,7 +86,7 @@ async def put_budget(
 
 
 @router.delete(
-    "/v1/budgets/{budget_id}",
+    "/v1/budgets/{budget_id:path}",
     summary="End a budget (its history stays)",
     dependencies=[Depends(allow())],
     responses=answers(401, 403, 404, 503, ok={200: (BudgetOut, "the ended budget")}),
@@ -120,7 +118,7 @@ async def get_budgets(
 
 
 @router.get(
-    "/v1/budgets/{budget_id}",
+    "/v1/budgets/{budget_id:path}",
     summary="A budget's spend in its current period",
     dependencies=[Depends(allow("read"))],
     responses=answers(401, 403, 404, 503, ok={200: (BudgetStatus, "the status")}),

@@ -38,9 +38,10 @@ from billing.storage.store import store_for
 
 log = logging.getLogger("billing.webhooks")
 
-#: Rows claimed per round, and how long a claim holds (longer than a delivery's timeout).
+#: Rows claimed per round; a claim holds for the delivery's timeout and this much more (a
+#: worker that died holding one leaves it to another that long after).
 CLAIM_BATCH = 50
-LEASE_S = 60.0
+LEASE_MARGIN_S = 5.0
 #: The first retry's pause and the longest pause, seconds (exponential between them, jittered).
 FIRST_RETRY_S = 1.0
 MAX_RETRY_PAUSE_S = 3600.0
@@ -81,6 +82,24 @@ def retry_pause_s(attempts: int, rng: random.Random | None = None) -> float:
     return (rng or random).uniform(ceiling / 2, ceiling)
 
 
+class _RedactUrls(logging.Filter):
+    """httpx logs each request's URL at INFO: keep only its scheme, host and port (a webhook
+    URL's credentials and query never reach a log)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and any(isinstance(a, httpx.URL) for a in record.args):
+            record.args = tuple(
+                safe_url(str(a)) if isinstance(a, httpx.URL) else a for a in record.args
+            )
+        return True
+
+
+def _redact_httpx_logs() -> None:
+    logger = logging.getLogger("httpx")
+    if not any(isinstance(f, _RedactUrls) for f in logger.filters):
+        logger.addFilter(_RedactUrls())
+
+
 class DeliveryWorker:
     """Claims, posts and records the outbox's due webhooks; ``run`` loops until cancelled."""
 
@@ -94,12 +113,14 @@ class DeliveryWorker:
         self.settings = settings
         self.owner = uuid.uuid4().hex
         self.transport = transport
+        _redact_httpx_logs()
 
     def _claim(self) -> list[Claimed]:
         now = datetime.now(UTC)
+        lease = timedelta(seconds=self.settings.webhook_timeout_s + LEASE_MARGIN_S)
         with write_transaction(self.sessions) as session:
             return store_for(session).budgets.claim_due(
-                session, now, now + timedelta(seconds=LEASE_S), self.owner, CLAIM_BATCH
+                session, now, now + lease, self.owner, CLAIM_BATCH
             )
 
     def _record(self, item: Claimed, status: int | None, error: str | None) -> None:

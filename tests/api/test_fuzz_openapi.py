@@ -242,12 +242,12 @@ def test_real_answers_match_the_declared_models(app: FastAPI, client: TestClient
         ("POST", "/v1/budgets", "/v1/budgets", {"json": BUDGET}),
         ("POST", "/v1/budgets", "/v1/budgets", {"json": {**BUDGET, "tz": "Mars"}}),
         ("GET", "/v1/budgets", "/v1/budgets", {}),
-        ("GET", "/v1/budgets/{budget_id}", "/v1/budgets/b1", {}),
-        ("GET", "/v1/budgets/{budget_id}", "/v1/budgets/nope", {}),
+        ("GET", "/v1/budgets/{budget_id:path}", "/v1/budgets/b1", {}),
+        ("GET", "/v1/budgets/{budget_id:path}", "/v1/budgets/nope", {}),
         ("GET", "/v1/spend", "/v1/spend", {"params": {"api_key_id": "key_1"}}),
         ("GET", "/v1/alerts", "/v1/alerts", {"params": {"budget_id": "b1"}}),
-        ("PUT", "/v1/budgets/{budget_id}", "/v1/budgets/b1", {"json": BUDGET_CHANGE}),
-        ("DELETE", "/v1/budgets/{budget_id}", "/v1/budgets/b1", {}),
+        ("PUT", "/v1/budgets/{budget_id:path}", "/v1/budgets/b1", {"json": BUDGET_CHANGE}),
+        ("DELETE", "/v1/budgets/{budget_id:path}", "/v1/budgets/b1", {}),
     ]
     seen = set()
     for method, route, url, request in calls:

@@ -85,6 +85,9 @@ def test_create_read_change_delete(client: TestClient) -> None:
     assert [(b["budget_id"], b["version"]) for b in history] == [("b-total", 2)]
     # The id stays taken: its history keeps it.
     assert client.post("/v1/budgets", json=BODY).status_code == 409
+    # An id may hold a slash.
+    assert client.post("/v1/budgets", json={**BODY, "budget_id": "team/a"}).status_code == 201
+    assert client.get("/v1/budgets/team/a").json()["budget_id"] == "team/a"
 
 
 def test_the_spend_check_stops_a_key_over_its_budget(client: TestClient) -> None:

@@ -34,6 +34,7 @@ def test_a_crossing_is_delivered_signed_and_retried_with_the_same_id(
     client: TestClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="billing")
+    caplog.set_level(logging.INFO, logger="httpx")
     price(client)
     with receiving(answers=[500]) as receiver:
         created = client.post(
