@@ -29,6 +29,7 @@ from billing.errors import ValidationFailed
 from billing.storage.db import write_transaction
 
 router = APIRouter()
+# DELETE is declared last: the access matrix (tests/auth) calls the routes in this order.
 
 
 def _known(request: Request, *names: str) -> None:
@@ -82,21 +83,6 @@ async def put_budget(
     budget. Its current period's counter is filled again for the new definition."""
     return JSONResponse(
         await _write(state, lambda s, now: service.update_budget(s, budget_id, body, now))
-    )
-
-
-@router.delete(
-    "/v1/budgets/{budget_id:path}",
-    summary="End a budget (its history stays)",
-    dependencies=[Depends(allow())],
-    responses=answers(401, 403, 404, 503, ok={200: (BudgetOut, "the ended budget")}),
-)
-async def delete_budget(
-    budget_id: str, state: Annotated[AppState, Depends(get_state)]
-) -> JSONResponse:
-    """The budget with its ``ended_at``; 404 for an unknown or already deleted budget."""
-    return JSONResponse(
-        await _write(state, lambda s, now: service.delete_budget(s, budget_id, now))
     )
 
 
@@ -166,3 +152,18 @@ async def get_alerts(
     _known(request, "budget_id", "since")
     data = await read(state, lambda s: service.list_alerts(s, budget_id, since))
     return JSONResponse({"data": data})
+
+
+@router.delete(
+    "/v1/budgets/{budget_id:path}",
+    summary="End a budget (its history stays)",
+    dependencies=[Depends(allow())],
+    responses=answers(401, 403, 404, 503, ok={200: (BudgetOut, "the ended budget")}),
+)
+async def delete_budget(
+    budget_id: str, state: Annotated[AppState, Depends(get_state)]
+) -> JSONResponse:
+    """The budget with its ``ended_at``; 404 for an unknown or already deleted budget."""
+    return JSONResponse(
+        await _write(state, lambda s, now: service.delete_budget(s, budget_id, now))
+    )

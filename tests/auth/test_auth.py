@@ -39,6 +39,12 @@ EMPTY_PAGE = {"object": "page", "data": [], "has_more": False, "next_page": None
 PERIOD = {"since": "2026-10-01T00:00:00Z", "until": "2026-11-01T00:00:00Z"}
 
 #: A valid request for every guarded endpoint, and the roles (besides admin) allowed to call it.
+BUDGET = {
+    "budget_id": "auth-b",
+    "scope": {"api_key_id": "key_auth"},
+    "limit_usd": "1",
+    "period": "month",
+}
 EXAMPLES: dict[tuple[str, str], tuple[dict[str, Any], set[str]]] = {
     ("POST", "/v1/events"): ({"json": {"events": [EVENT]}}, {"ingest"}),
     ("POST", "/v1/prices"): ({"json": PRICE}, set()),
@@ -59,6 +65,19 @@ EXAMPLES: dict[tuple[str, str], tuple[dict[str, Any], set[str]]] = {
     ("GET", "/v1/drift"): ({"params": PERIOD}, {"read", "export"}),
     ("GET", "/v1/exports/drift.csv"): ({"params": PERIOD}, {"read", "export"}),
     ("GET", "/v1/schema/events.json"): ({}, {"ingest", "read", "export"}),
+    ("POST", "/v1/budgets"): ({"json": BUDGET}, set()),
+    ("PUT", "/v1/budgets/{budget_id:path}"): (
+        {
+            "path": "/v1/budgets/auth-b",
+            "json": {k: v for k, v in BUDGET.items() if k != "budget_id"},
+        },
+        set(),
+    ),
+    ("GET", "/v1/budgets"): ({}, {"read"}),
+    ("GET", "/v1/budgets/{budget_id:path}"): ({"path": "/v1/budgets/auth-b"}, {"read"}),
+    ("GET", "/v1/spend"): ({"params": {"api_key_id": "key_auth"}}, {"ingest", "read"}),
+    ("GET", "/v1/alerts"): ({}, {"read"}),
+    ("DELETE", "/v1/budgets/{budget_id:path}"): ({"path": "/v1/budgets/auth-b"}, set()),
 }
 OPEN = {"/healthz", "/readyz", "/metrics"}
 

@@ -90,7 +90,7 @@ def test_an_alert_crossed_before_a_sigkill_is_delivered_after_the_restart(
         http.close()
         with receiving(port=port) as receiver:
             server.start()
-            _wait("the webhook", lambda: receiver.received)
+            _wait("the webhook", lambda: receiver.received, timeout=60)
             http = httpx.Client(base_url=server.url, timeout=10)
             delivered = _wait(
                 "the delivered state",
