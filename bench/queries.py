@@ -470,12 +470,18 @@ def _page_50_position(sessions: sessionmaker[Session], key: str) -> Position:
 
 
 class _Server:
-    def __init__(self, settings: Settings) -> None:
+    """The app on uvicorn in a thread of this process (``background``: with the reconciler and
+    the webhook worker, as ``billing serve`` runs them)."""
+
+    def __init__(self, settings: Settings, background: bool = False) -> None:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
         config = uvicorn.Config(
-            create_app(settings), host="127.0.0.1", port=self.port, log_level="warning"
+            create_app(settings, background=background),
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)

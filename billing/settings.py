@@ -38,6 +38,11 @@ class Settings(BaseSettings):
     - ``header_timeout_s``: a connection must send a request's headers in full within this many
       seconds of opening (or of starting that request), or it is closed (408).
     - ``keep_alive_s``: an idle connection between requests is closed after this many seconds.
+    - ``webhook_retry_s``: a budget alert's webhook is retried (exponential backoff with jitter)
+      for this many seconds after the alert, then marked failed (CONTRACT "Budgets and alerts
+      (v2)", default 24 h).
+    - ``webhook_timeout_s``: one webhook delivery's timeout (default 10 s).
+    - ``webhook_poll_s``: seconds between the delivery worker's looks at the outbox.
     """
 
     model_config = SettingsConfigDict(env_prefix="BILLING_", extra="ignore")
@@ -57,6 +62,9 @@ class Settings(BaseSettings):
     max_header_bytes: int = Field(default=32 * 1024, ge=1024)
     header_timeout_s: float = Field(default=10.0, gt=0)
     keep_alive_s: float = Field(default=5.0, gt=0)
+    webhook_retry_s: float = Field(default=86_400.0, gt=0)
+    webhook_timeout_s: float = Field(default=10.0, gt=0)
+    webhook_poll_s: float = Field(default=1.0, gt=0)
     log_level: str = "info"
 
     @field_validator("database_url")

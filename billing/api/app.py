@@ -16,6 +16,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from billing.api import (
+    budgets,
     calls,
     drift,
     errors,
@@ -36,6 +37,7 @@ from billing.api.limits import RequestLimits
 from billing.api.openapi import hoist_definitions
 from billing.api.state import AppState
 from billing.auth.guard import LAST_USED_EVERY_S, TokenCache
+from billing.budgets.webhooks import DeliveryWorker
 from billing.console import FORM_PATHS
 from billing.console import install as install_console
 from billing.errors import FieldError, ValidationFailed
@@ -165,7 +167,8 @@ def create_app(settings: Settings | None = None, *, background: bool = False) ->
 
     The database must already be at the migration head (``billing serve`` and ``billing migrate``
     take care of it). With ``background=True`` the app runs reconciliation passes every
-    ``settings.reconcile_interval_s`` seconds while it serves.
+    ``settings.reconcile_interval_s`` seconds while it serves, and delivers the budget alerts'
+    webhooks (``billing.budgets.webhooks.DeliveryWorker``).
     """
     settings = settings or get_settings()
     engine = make_engine(settings)
@@ -185,6 +188,7 @@ def create_app(settings: Settings | None = None, *, background: bool = False) ->
         tasks = [asyncio.create_task(_last_used_loop(app.state.tokens))]
         if background:
             tasks.append(asyncio.create_task(_reconcile_loop(state)))
+            tasks.append(asyncio.create_task(DeliveryWorker(sessions, settings).run()))
         try:
             yield
         finally:
@@ -241,6 +245,7 @@ _ROUTERS: list[Any] = [
     drift,
     tokens_api,
     schema,
+    budgets,
 ]
 
 

@@ -6,6 +6,7 @@ import sys
 
 import typer
 
+from billing.cli.budgets import budgets_app
 from billing.cli.database import migrate, reconcile
 from billing.cli.drift import drift
 from billing.cli.export import export
@@ -35,6 +36,7 @@ app.command("export")(export)
 app.command()(replay)
 app.add_typer(providers_app, name="providers")
 app.command()(drift)
+app.add_typer(budgets_app, name="budgets")
 
 
 def main() -> None:

@@ -187,11 +187,14 @@ async def usage(request: Request) -> Response:
 
 @router.get("/budgets")
 async def budgets(request: Request) -> Response:
-    """Budgets: not built yet (issue #25)."""
+    """Budgets (``GET /v1/budgets/{id}`` for each in force): progress and state."""
     viewer = await _gate(request, "budgets")
     if isinstance(viewer, Response):
         return viewer
-    return render("budgets.html", {"viewer": viewer, "current": "budgets"})
+    now = datetime.now(UTC)
+    return await _show(
+        request, viewer, "budgets", "budgets.html", lambda s: views.budgets_view(s, now), {}
+    )
 
 
 @router.get("/drift")

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 from zoneinfo import ZoneInfo
 
 from sqlalchemy.orm import Session
 
+from billing.budgets.schemas import plain
+from billing.budgets.service import statuses_in_force
 from billing.calllog import buckets
 from billing.calllog.params import parse_zone
 from billing.calllog.queries import STATUSES, list_calls, parse_calls_query
@@ -200,6 +203,16 @@ def drift_view(rows: list[dict[str, Any]]) -> dict[str, Any]:
     keys = [k for k in (rows[0] if rows else {}) if k not in DRIFT_FIGURES]
     ordered = sorted(rows, key=lambda row: row.get("status") == "match")
     return {"rows": ordered, "keys": keys, "fields": DRIFT_FIELDS}
+
+
+def budgets_view(session: Session, now: datetime) -> dict[str, Any]:
+    """The Budgets page: each budget in force with its current period's status
+    (``billing.budgets.service.statuses_in_force``, the shape of ``GET /v1/budgets/{id}``) and
+    its progress (``fraction_used``, at most 1 for the bar)."""
+    rows = statuses_in_force(session, now)
+    for row in rows:
+        row["progress"] = plain(min(Decimal(row["fraction_used"]), Decimal(1)))
+    return {"budgets": rows}
 
 
 STATUS_CHOICES = STATUSES

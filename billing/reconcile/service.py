@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from billing.budgets import counters as budget_counters
 from billing.dimensions import set_tokens
 from billing.drift import rollup as drift_rollup
 from billing.plans.rating import Rating
@@ -146,6 +147,7 @@ def reconcile_calls(
     if not request_ids:
         return result
     deltas = rollups.Deltas()
+    every = list(request_ids)
     # The calls the fast path settles were not settled: the drift rollup held none of them.
     common: list[str] = []
     if common_in_sql:
@@ -158,6 +160,7 @@ def reconcile_calls(
             if not request_ids:
                 rollups.after_step(session, {}, [], [], deltas)
                 drift_rollup.after_writes(session, {}, common)
+                budget_counters.after_step(session, every, now)
                 return result
     repo = _repo(session)
     states = load_states(session, request_ids)
@@ -225,6 +228,7 @@ def reconcile_calls(
     rollups.after_step(session, rolled_up, after, entries, deltas)
     held = [new.request_id for _, new, _ in updates if drift_rollup.holds(new)]
     drift_rollup.after_writes(session, drift_before, common + held)
+    budget_counters.after_step(session, every, now)
     return result
 
 

@@ -19,6 +19,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
 
 if TYPE_CHECKING:
+    from billing.budgets.repository import BudgetsRepository
     from billing.calllog.repository import CalllogRepository
     from billing.drift.repository import DriftRepository
     from billing.export.repository import ExportRepository
@@ -43,6 +44,7 @@ class Store:
     providers: ProvidersRepository
     drift: DriftRepository
     plans: PlansRepository
+    budgets: BudgetsRepository
 
 
 _STORES: dict[str, Store] = {}
@@ -51,7 +53,17 @@ _STORES: dict[str, Store] = {}
 #: The package of each database's implementations, by SQLAlchemy dialect name.
 _PACKAGES = {"sqlite": "billing.storage.sqlite", "postgresql": "billing.storage.postgres"}
 #: The rooms, as ``Store`` names them: each package has a module of that name.
-_ROOMS = ("ingest", "reconcile", "rollups", "calllog", "export", "providers", "drift", "plans")
+_ROOMS = (
+    "ingest",
+    "reconcile",
+    "rollups",
+    "calllog",
+    "export",
+    "providers",
+    "drift",
+    "plans",
+    "budgets",
+)
 
 
 def _build(dialect: str) -> Store:

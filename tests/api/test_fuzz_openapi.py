@@ -189,6 +189,10 @@ def _declared(app: FastAPI, method: str, path: str, status: int) -> type[BaseMod
     raise AssertionError(f"no route {method} {path}")
 
 
+BUDGET_CHANGE = {"scope": {"api_key_id": "key_1"}, "limit_usd": "10", "period": "month"}
+BUDGET = {"budget_id": "b1", **BUDGET_CHANGE}
+
+
 def test_real_answers_match_the_declared_models(app: FastAPI, client: TestClient) -> None:
     calls: list[tuple[str, str, str, dict[str, Any]]] = [
         ("POST", "/v1/prices", "/v1/prices", {"json": PRICE}),
@@ -234,6 +238,16 @@ def test_real_answers_match_the_declared_models(app: FastAPI, client: TestClient
         ("GET", "/v1/exports/calls.csv", "/v1/exports/calls.csv", {}),
         ("GET", "/healthz", "/healthz", {}),
         ("GET", "/readyz", "/readyz", {}),
+        ("POST", "/v1/budgets", "/v1/budgets", {"json": BUDGET}),
+        ("POST", "/v1/budgets", "/v1/budgets", {"json": BUDGET}),
+        ("POST", "/v1/budgets", "/v1/budgets", {"json": {**BUDGET, "tz": "Mars"}}),
+        ("GET", "/v1/budgets", "/v1/budgets", {}),
+        ("GET", "/v1/budgets/{budget_id:path}", "/v1/budgets/b1", {}),
+        ("GET", "/v1/budgets/{budget_id:path}", "/v1/budgets/nope", {}),
+        ("GET", "/v1/spend", "/v1/spend", {"params": {"api_key_id": "key_1"}}),
+        ("GET", "/v1/alerts", "/v1/alerts", {"params": {"budget_id": "b1"}}),
+        ("PUT", "/v1/budgets/{budget_id:path}", "/v1/budgets/b1", {"json": BUDGET_CHANGE}),
+        ("DELETE", "/v1/budgets/{budget_id:path}", "/v1/budgets/b1", {}),
     ]
     seen = set()
     for method, route, url, request in calls:

@@ -40,6 +40,12 @@ PLAN_TIME = {"effective_from": "2026-01-01T00:00:00Z"}
 PERIOD = {"since": "2026-10-01T00:00:00Z", "until": "2026-11-01T00:00:00Z"}
 
 #: A valid request for every guarded endpoint, and the roles (besides admin) allowed to call it.
+BUDGET = {
+    "budget_id": "auth-b",
+    "scope": {"api_key_id": "key_auth"},
+    "limit_usd": "1",
+    "period": "month",
+}
 EXAMPLES: dict[tuple[str, str], tuple[dict[str, Any], set[str]]] = {
     ("POST", "/v1/events"): ({"json": {"events": [EVENT]}}, {"ingest"}),
     ("POST", "/v1/prices"): ({"json": PRICE}, set()),
@@ -68,6 +74,19 @@ EXAMPLES: dict[tuple[str, str], tuple[dict[str, Any], set[str]]] = {
     ),
     ("GET", "/v1/keys"): ({}, {"read", "export"}),
     ("GET", "/v1/keys/{api_key_id:path}"): ({"path": "/v1/keys/key_auth"}, {"read", "export"}),
+    ("POST", "/v1/budgets"): ({"json": BUDGET}, set()),
+    ("PUT", "/v1/budgets/{budget_id:path}"): (
+        {
+            "path": "/v1/budgets/auth-b",
+            "json": {k: v for k, v in BUDGET.items() if k != "budget_id"},
+        },
+        set(),
+    ),
+    ("GET", "/v1/budgets"): ({}, {"read"}),
+    ("GET", "/v1/budgets/{budget_id:path}"): ({"path": "/v1/budgets/auth-b"}, {"read"}),
+    ("GET", "/v1/spend"): ({"params": {"api_key_id": "key_auth"}}, {"ingest", "read"}),
+    ("GET", "/v1/alerts"): ({}, {"read"}),
+    ("DELETE", "/v1/budgets/{budget_id:path}"): ({"path": "/v1/budgets/auth-b"}, set()),
 }
 OPEN = {"/healthz", "/readyz", "/metrics"}
 

@@ -371,9 +371,16 @@ def test_the_console_exports_are_the_api_exports(
         assert mine.headers["x-billing-period"] == "closed"
 
 
-def test_budgets_say_they_are_not_built(seeded: TestClient, tokens: dict[str, str]) -> None:
+def test_budgets_list_their_progress_and_state(seeded: TestClient, tokens: dict[str, str]) -> None:
     sign_in(seeded, tokens["admin"])
-    assert "Not built yet." in seeded.get("/console/budgets").text
+    assert "No budget in force." in seeded.get("/console/budgets").text
+    admin = {"Authorization": f"Bearer {tokens['admin']}"}
+    body = {"scope": {"api_key_id": "key_<b>x</b>"}, "limit_usd": "2", "period": "total"}
+    made = seeded.post("/v1/budgets", json={"budget_id": "b-console", **body}, headers=admin)
+    assert made.status_code == 201, made.text
+    html = seeded.get("/console/budgets").text
+    assert "b-console" in html and "key_&lt;b&gt;x&lt;/b&gt;" in html and "<b>x</b>" not in html
+    assert '<progress max="1" value="0">0</progress>' in html and "<strong>ok</strong>" in html
     calls = seeded.get("/console/calls").text
     assert "Customer filter and column: not built yet" in calls
     assert 'name="customer_id"' not in calls

@@ -1,0 +1,1 @@
+"""Budgets, the spend check and alerts (CONTRACT "Budgets and alerts (v2)")."""

@@ -1,0 +1,161 @@
+"""The budgets' counters, kept by each reconciliation step in its own transaction
+(CONTRACT "Budgets and alerts (v2)": spend kept current incrementally, not by scanning calls).
+
+A step changes spend in two ways, and both are read back once per step, set-based, whichever
+path (the SQL fast path or the rule) wrote them:
+
+- the ledger entries it booked (``booked_at`` = the step's time): settled spend of the entries'
+  key, in the period of the entry's call start;
+- the figures of the calls it left open: provisional spend. ``budget_open_calls`` holds what
+  each open call adds now; the step takes that back and adds the call's new figures (0 once
+  it settled: its entries replace it).
+
+The changes are summed per (key, call start), then per budget version in force over the key
+(or its customer, ``billing.budgets.customers``) and period, and added to the counters (one
+upsert each, returning the new figures); a counter whose spend crossed a threshold makes its
+alerts there (``billing.budgets.service.record_crossings``). Periods before a version's first
+(``tracked_from``) are not kept. With no budget in force a step does nothing here but one
+lookup (and, on PostgreSQL, the shared advisory lock that orders it with a budget's first
+counter).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from datetime import datetime
+from functools import lru_cache
+
+from sqlalchemy.orm import Session
+
+from billing.budgets import customers
+from billing.budgets.periods import period_start
+from billing.budgets.repository import OpenAmounts
+from billing.budgets.service import record_crossings
+from billing.storage.models import Budget
+from billing.storage.store import store_for
+
+#: ``period_start`` remembered: a step's changes are by quarter hour, which repeat.
+_period_start = lru_cache(maxsize=16384)(period_start)
+
+#: Per (key, call start: its UTC quarter hour for entries): [settled cost, settled charge,
+#: provisional cost, provisional charge].
+Deltas = dict[tuple[str, datetime], list[int]]
+
+
+def after_step(session: Session, request_ids: Sequence[str], now: datetime) -> int:
+    """Update the counters for the calls ``request_ids`` a step just wrote (entries booked at
+    ``now``); returns the number of alerts made.
+
+    Only the open calls of keys that a budget in force counts (directly or through their
+    customer) are kept in ``budget_open_calls``: what is kept is exactly what was added, so a
+    call of a key without a budget adds and takes back nothing (a budget made later fills its
+    key's rows from ``calls``, ``BudgetsRepository.refresh_open_of_key``). A pass run with a
+    fixed ``now`` (tests, benchmarks) must not step the same call twice: its entries are found
+    by their booking time.
+    """
+    if not request_ids:
+        return 0
+    repo = store_for(session).budgets
+    repo.lock_shared(session)
+    if not repo.any_live(session):
+        return 0
+    olds = repo.open_amounts(session, request_ids)
+    calls = repo.call_amounts(session, request_ids)
+    entries = repo.entry_amounts(session, request_ids, now)
+    keys = {o.api_key_id for o in olds} | {e.api_key_id for e in entries}
+    keys |= {c.api_key_id for c in calls if c.api_key_id is not None}
+    budgets = _budgets_of(session, keys)
+    deltas: Deltas = defaultdict(lambda: [0, 0, 0, 0])
+    for old in olds:
+        d = deltas[(old.api_key_id, old.started_at)]
+        d[2] -= old.cost_pusd
+        d[3] -= old.charge_pusd
+    still_open: list[OpenAmounts] = []
+    for call in calls:  # open, with a key, a start and an amount
+        if call.api_key_id not in budgets or call.started_at is None:
+            continue
+        amounts = OpenAmounts(
+            call.request_id,
+            call.api_key_id,
+            call.started_at,
+            call.cost_pusd or 0,
+            call.charge_pusd or 0,
+        )
+        still_open.append(amounts)
+        d = deltas[(amounts.api_key_id, amounts.started_at)]
+        d[2] += amounts.cost_pusd
+        d[3] += amounts.charge_pusd
+    for entry in entries:
+        if entry.api_key_id in budgets:
+            d = deltas[(entry.api_key_id, entry.call_started_at)]
+            d[0] += entry.cost_pusd
+            d[1] += entry.charge_pusd
+    if olds or still_open:
+        repo.replace_open(session, [o.request_id for o in olds], still_open)
+    return apply(session, {k: v for k, v in deltas.items() if any(v)}, now, budgets)
+
+
+def _budgets_of(session: Session, keys: set[str]) -> dict[str, list[Budget]]:
+    """The budget versions in force over each of ``keys`` (directly or through its customer);
+    keys without any are left out."""
+    if not keys:
+        return {}
+    repo = store_for(session).budgets
+    owners = customers.customers_of_keys(session, keys)
+    found = repo.live_for(session, keys, set(owners.values()))
+    by_key: dict[str, list[Budget]] = defaultdict(list)
+    by_customer: dict[str, list[Budget]] = defaultdict(list)
+    for budget in found:
+        if budget.api_key_id is not None:
+            by_key[budget.api_key_id].append(budget)
+        elif budget.customer_id is not None:
+            by_customer[budget.customer_id].append(budget)
+    out = {}
+    for key in keys:
+        owner = owners.get(key)
+        mine = by_key.get(key, []) + (by_customer.get(owner, []) if owner else [])
+        if mine:
+            out[key] = mine
+    return out
+
+
+def apply(
+    session: Session,
+    deltas: Deltas,
+    now: datetime,
+    budgets: dict[str, list[Budget]] | None = None,
+) -> int:
+    """Add ``deltas`` to the counters of the budgets in force over their keys (and the keys'
+    customers; ``budgets`` as ``_budgets_of`` gives them, read when None), making the alerts of
+    the thresholds crossed; returns the alerts made."""
+    if not deltas:
+        return 0
+    if budgets is None:
+        budgets = _budgets_of(session, {key for key, _ in deltas})
+    repo = store_for(session).budgets
+    # Per (budget row, period start): [settled, provisional] in the budget's measure.
+    sums: dict[tuple[int, datetime], list[int]] = defaultdict(lambda: [0, 0])
+    rows: dict[int, Budget] = {}
+    for (key, started), d in deltas.items():
+        for budget in budgets.get(key, ()):
+            start = _period_start(budget.period, budget.tz, started)
+            if start < budget.tracked_from:
+                continue
+            rows[budget.id] = budget
+            s = sums[(budget.id, start)]
+            if budget.measure == "cost":
+                s[0] += d[0]
+                s[1] += d[2]
+            else:
+                s[0] += d[1]
+                s[1] += d[3]
+    # Counters in key order: one lock order for every reconciler; one statement.
+    changes = [(row, start, d[0], d[1]) for (row, start), d in sorted(sums.items()) if any(d)]
+    news = repo.add_spends(session, changes)
+    made = 0
+    for row, start, settled, provisional in changes:
+        new_settled, new_provisional = news[(row, start)]
+        old = new_settled + new_provisional - settled - provisional
+        made += record_crossings(session, rows[row], start, old, new_settled, new_provisional, now)
+    return made

@@ -1,0 +1,392 @@
+"""Budgets: define, change, end, list; their status, the spend check, alerts
+(CONTRACT "Budgets and alerts (v2)").
+
+A budget version keeps its spend in counters (``budget_spend``: settled and provisional
+picodollars per period), kept by the reconciler (``billing.budgets.counters``); reading a status
+is two indexed lookups, never a scan of calls. A version fills its first counter (the period it
+was created in) from the ledger and the open calls once, when created. Alerts are made where a
+counter changes, in the same transaction, with their webhook in the outbox
+(``billing.budgets.webhooks`` delivers it).
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import ROUND_FLOOR, Decimal
+from typing import Any
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from billing.budgets import customers
+from billing.budgets.periods import period_bounds
+from billing.budgets.repository import BudgetsRepository
+from billing.budgets.schemas import BudgetChange, BudgetIn, plain
+from billing.errors import BillingError, NotFound
+from billing.pricing.money import PICO
+from billing.storage.models import Budget
+from billing.storage.store import store_for
+from billing.timefmt import rfc3339
+
+CROSSED = "budget.threshold_crossed"
+RESOLVED = "budget.threshold_resolved"
+#: ``fraction_used`` is shown with this many decimal places, rounded down.
+FRACTION_PLACES = Decimal("0.000001")
+MAX_ALERTS = 1000
+
+
+class BudgetExists(BillingError):
+    """409: a budget with this ``budget_id`` exists (or existed: its history keeps the id)."""
+
+    status = 409
+
+
+def _repo(session: Session) -> BudgetsRepository:
+    repo: BudgetsRepository = store_for(session).budgets
+    return repo
+
+
+def new_alert_id() -> str:
+    """``alert_`` + 16 hex digits of the clock (ns, so that a process's alerts sort in the order
+    made) + 12 random ones: the webhook's ``webhook-id``."""
+    return f"alert_{time.time_ns():016x}{secrets.token_hex(6)}"
+
+
+def new_secret() -> str:
+    """A Standard Webhooks secret: ``whsec_`` + base64 of 24 random bytes."""
+    return "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
+
+
+def thresholds_of(budget: Budget) -> list[str]:
+    value: list[str] = json.loads(budget.thresholds)
+    return value
+
+
+def scope_of(budget: Budget) -> dict[str, str]:
+    if budget.api_key_id is not None:
+        return {"api_key_id": budget.api_key_id}
+    assert budget.customer_id is not None
+    return {"customer_id": budget.customer_id}
+
+
+def budget_json(budget: Budget, secret: bool = False) -> dict[str, Any]:
+    """A budget version as answered (``BudgetOut``); the secret only when ``secret``."""
+    out: dict[str, Any] = {
+        "budget_id": budget.budget_id,
+        "version": budget.version,
+        "scope": scope_of(budget),
+        "limit_usd": budget.limit_usd,
+        "measure": budget.measure,
+        "period": budget.period,
+        "tz": budget.tz,
+        "thresholds": thresholds_of(budget),
+        "webhook_url": budget.webhook_url,
+        "created_at": rfc3339(budget.created_at),
+        "ended_at": rfc3339(budget.ended_at),
+    }
+    if secret:
+        out["webhook_secret"] = budget.webhook_secret
+    return out
+
+
+# -- definitions ----------------------------------------------------------------------------
+
+
+def _live(session: Session, budget_id: str) -> Budget:
+    versions = _repo(session).versions(session, budget_id)
+    if not versions or versions[-1].ended_at is not None:
+        state = "was deleted" if versions else "does not exist"
+        raise NotFound(f"budget {budget_id!r} {state}")
+    return versions[-1]
+
+
+def create_budget(session: Session, body: BudgetIn, now: datetime) -> dict[str, Any]:
+    """Store a new budget (version 1) and fill its current period's counter; the answer holds
+    its ``webhook_secret`` (this once). 409 ``BudgetExists`` when the id is taken (or was)."""
+    repo = _repo(session)
+    if repo.versions(session, body.budget_id):
+        raise BudgetExists(
+            f"budget {body.budget_id!r} already exists (or existed); "
+            "change it with PUT /v1/budgets/{budget_id}"
+        )
+    try:
+        with session.begin_nested():
+            budget = _add_version(session, body.budget_id, 1, body, new_secret(), now)
+    except IntegrityError:  # a concurrent POST of the same id
+        raise BudgetExists(f"budget {body.budget_id!r} already exists") from None
+    return budget_json(budget, secret=True)
+
+
+def update_budget(
+    session: Session, budget_id: str, body: BudgetChange, now: datetime
+) -> dict[str, Any]:
+    """End the version in force and store the next one (its counter filled again). 404 for a
+    budget that does not exist or was deleted."""
+    old = _live(session, budget_id)
+    repo = _repo(session)
+    repo.end_budget(session, old.id, now)
+    budget = _add_version(session, budget_id, old.version + 1, body, old.webhook_secret, now)
+    return budget_json(budget)
+
+
+def delete_budget(session: Session, budget_id: str, now: datetime) -> dict[str, Any]:
+    """End the budget (its versions, counters and alerts stay). 404 as ``update_budget``."""
+    old = _live(session, budget_id)
+    _repo(session).end_budget(session, old.id, now)
+    old.ended_at = now
+    return budget_json(old)
+
+
+def list_budgets(session: Session, include_ended: bool = False) -> list[dict[str, Any]]:
+    """The budgets in force (and with ``include_ended`` the last version of ended ones), by id."""
+    return [budget_json(b) for b in _repo(session).list_budgets(session, include_ended)]
+
+
+def _add_version(
+    session: Session, budget_id: str, version: int, body: BudgetChange, secret: str, now: datetime
+) -> Budget:
+    repo = _repo(session)
+    # No reconciliation step updates counters while this version fills its first one.
+    repo.lock_exclusive(session)
+    start, end = period_bounds(body.period, body.tz, now)
+    budget = repo.insert_budget(
+        session,
+        {
+            "budget_id": budget_id,
+            "version": version,
+            "api_key_id": body.scope.api_key_id,
+            "customer_id": body.scope.customer_id,
+            "measure": body.measure,
+            "period": body.period,
+            "tz": body.tz,
+            "limit_usd": body.limit_usd,
+            "thresholds": json.dumps(body.thresholds),
+            "webhook_url": body.webhook_url,
+            "webhook_secret": secret,
+            "tracked_from": start,
+            "created_at": now,
+        },
+    )
+    keys = (
+        [body.scope.api_key_id]
+        if body.scope.api_key_id is not None
+        else customers.keys_of_customer(session, body.scope.customer_id or "")
+    )
+    settled = provisional = 0
+    for key in keys:
+        repo.refresh_open_of_key(session, key)
+        settled += repo.settled_of_key(session, key, body.measure, start, end)
+        provisional += repo.provisional_of_key(session, key, body.measure, start, end)
+    repo.add_spend(session, budget.id, start, settled, provisional)
+    record_crossings(session, budget, start, 0, settled, provisional, now)
+    return budget
+
+
+# -- status ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Spent:
+    settled_pusd: int
+    provisional_pusd: int
+
+
+def status_json(
+    budget: Budget, start: datetime, end: datetime | None, spent: Spent, now: datetime
+) -> dict[str, Any]:
+    """The contract's budget status (``BudgetStatus``) from a counter's figures."""
+    limit = Decimal(budget.limit_usd)
+    settled = Decimal(spent.settled_pusd) / PICO
+    provisional = Decimal(spent.provisional_pusd) / PICO
+    total = settled + provisional
+    fraction = (total / limit).quantize(FRACTION_PLACES, rounding=ROUND_FLOOR)
+    thresholds = thresholds_of(budget)
+    crossed = [t for t in thresholds if total >= limit * Decimal(t)]
+    if total >= limit:
+        state = "exceeded"
+    elif crossed:
+        state = "warning"
+    else:
+        state = "ok"
+    return {
+        "budget_id": budget.budget_id,
+        "scope": scope_of(budget),
+        "limit_usd": budget.limit_usd,
+        "measure": budget.measure,
+        "period": budget.period,
+        "period_start": rfc3339(start),
+        "period_end": rfc3339(end),
+        "spent_usd": plain(total),
+        "settled_usd": plain(settled),
+        "provisional_usd": plain(provisional),
+        "remaining_usd": plain(max(limit - total, Decimal(0))),
+        "fraction_used": plain(max(fraction, Decimal(0))),
+        "state": state,
+        "thresholds_crossed": crossed,
+        "as_of": rfc3339(now),
+    }
+
+
+def _statuses(session: Session, budgets: Sequence[Budget], now: datetime) -> list[dict[str, Any]]:
+    bounds = {b.id: period_bounds(b.period, b.tz, now) for b in budgets}
+    counters = _repo(session).spend(session, [(b.id, bounds[b.id][0]) for b in budgets])
+    out = []
+    for budget in budgets:
+        start, end = bounds[budget.id]
+        settled, provisional = counters.get((budget.id, start), (0, 0))
+        out.append(status_json(budget, start, end, Spent(settled, provisional), now))
+    return out
+
+
+def statuses_in_force(session: Session, now: datetime) -> list[dict[str, Any]]:
+    """The status of every budget in force, by ``budget_id`` (the console's Budgets page)."""
+    return _statuses(session, _repo(session).list_budgets(session, False), now)
+
+
+def budget_status(session: Session, budget_id: str, now: datetime) -> dict[str, Any]:
+    """``GET /v1/budgets/{budget_id}``: the current period's spend; 404 for an unknown or
+    deleted budget."""
+    return _statuses(session, [_live(session, budget_id)], now)[0]
+
+
+def spend_check(session: Session, api_key_id: str, now: datetime) -> dict[str, Any]:
+    """``GET /v1/spend``: every budget in force over the key or its customer, and ``allowed``
+    (false when any of them is exceeded)."""
+    owner = customers.customers_of_keys(session, [api_key_id]).get(api_key_id)
+    budgets = _repo(session).live_for(session, [api_key_id], [owner] if owner else [])
+    statuses = _statuses(session, budgets, now)
+    return {
+        "api_key_id": api_key_id,
+        "allowed": all(s["state"] != "exceeded" for s in statuses),
+        "budgets": statuses,
+        "as_of": rfc3339(now),
+    }
+
+
+# -- alerts ---------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=65536)
+def _bars(limit_usd: str, thresholds: str) -> tuple[tuple[str, Decimal], ...]:
+    """Each threshold (text) with the spend that reaches it, in picodollars (exact)."""
+    limit_pusd = Decimal(limit_usd) * PICO
+    return tuple((t, limit_pusd * Decimal(t)) for t in json.loads(thresholds))
+
+
+def record_crossings(
+    session: Session,
+    budget: Budget,
+    start: datetime,
+    old_pusd: int,
+    settled_pusd: int,
+    provisional_pusd: int,
+    now: datetime,
+) -> int:
+    """Make the alerts of a counter of ``budget`` (period ``start``) going from ``old_pusd``
+    spent to ``settled_pusd + provisional_pusd``: ``budget.threshold_crossed`` for each threshold
+    it reached upward, ``budget.threshold_resolved`` for each it fell back below; each at most
+    once per (budget, period, threshold) (insert-or-skip); with its webhook in the outbox when
+    the budget has a URL. Returns how many alerts were made."""
+    new_pusd = settled_pusd + provisional_pusd
+    if new_pusd == old_pusd:
+        return 0
+    bars = _bars(budget.limit_usd, budget.thresholds)
+    # Crossed upward from the lowest threshold, resolved downward from the highest.
+    changes: list[tuple[str, str]] = []
+    for t, bar in bars if new_pusd > old_pusd else reversed(bars):
+        if old_pusd < bar <= new_pusd:
+            changes.append((CROSSED, t))
+        elif new_pusd < bar <= old_pusd:
+            changes.append((RESOLVED, t))
+    if not changes:
+        return 0
+    repo = _repo(session)
+    _, end = period_bounds(budget.period, budget.tz, start)
+    status = status_json(budget, start, end, Spent(settled_pusd, provisional_pusd), now)
+    made = 0
+    for kind, threshold in changes:
+        alert_id = new_alert_id()
+        body = json.dumps(
+            {
+                "type": kind,
+                "timestamp": rfc3339(now),
+                "data": {**status, "budget_id": budget.budget_id, "threshold": threshold},
+            },
+            separators=(",", ":"),
+        )
+        inserted = repo.insert_alert(
+            session,
+            {
+                "alert_id": alert_id,
+                "budget_id": budget.budget_id,
+                "budget_row": budget.id,
+                "period_start": start,
+                "threshold": threshold,
+                "type": kind,
+                "created_at": now,
+                "body": body,
+            },
+        )
+        if not inserted:
+            continue
+        made += 1
+        if budget.webhook_url:
+            repo.insert_outbox(
+                session,
+                {
+                    "alert_id": alert_id,
+                    "url": budget.webhook_url,
+                    "state": "pending",
+                    "attempts": 0,
+                    "next_attempt_at": now,
+                    "created_at": now,
+                },
+            )
+    return made
+
+
+def list_alerts(
+    session: Session, budget_id: str | None, since: datetime | None
+) -> list[dict[str, Any]]:
+    """``GET /v1/alerts``: alerts oldest first (at most ``MAX_ALERTS``), each with its delivery
+    state (``none`` for a budget without a webhook URL)."""
+    out = []
+    for alert, box in _repo(session).alerts(session, budget_id, since, MAX_ALERTS):
+        if box is None:
+            delivery: dict[str, Any] = {
+                "state": "none",
+                "attempts": 0,
+                "last_status": None,
+                "last_error": None,
+                "next_attempt_at": None,
+                "delivered_at": None,
+            }
+        else:
+            delivery = {
+                "state": box.state,
+                "attempts": box.attempts,
+                "last_status": box.last_status,
+                "last_error": box.last_error,
+                "next_attempt_at": rfc3339(box.next_attempt_at) if box.state == "pending" else None,
+                "delivered_at": rfc3339(box.delivered_at),
+            }
+        out.append(
+            {
+                "alert_id": alert.alert_id,
+                "type": alert.type,
+                "budget_id": alert.budget_id,
+                "threshold": alert.threshold,
+                "period_start": rfc3339(alert.period_start),
+                "created_at": rfc3339(alert.created_at),
+                "payload": json.loads(alert.body),
+                "delivery": delivery,
+            }
+        )
+    return out

@@ -1,0 +1,398 @@
+"""The budgets' SQL both databases share (``billing.budgets.repository.BudgetsRepository``),
+built with SQLAlchemy on the ORM tables; each database's module gives its own ``insert`` (with
+``on_conflict_…``), its locks and its claim of due webhooks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    ColumnElement,
+    and_,
+    bindparam,
+    delete,
+    func,
+    or_,
+    select,
+    tuple_,
+    type_coerce,
+    update,
+)
+from sqlalchemy.orm import Session
+
+from billing.budgets.measure import AMOUNT_COLUMNS
+from billing.budgets.repository import (
+    CallAmounts,
+    Claimed,
+    EntryAmounts,
+    OpenAmounts,
+)
+from billing.storage.models import (
+    Budget,
+    BudgetAlert,
+    BudgetOpenCall,
+    BudgetSpend,
+    Call,
+    LedgerEntry,
+    WebhookOutbox,
+)
+from billing.storage.types import UTCDateTime
+
+_L = LedgerEntry.__table__.c
+_C = Call.__table__.c
+_COST = AMOUNT_COLUMNS["cost"]
+_CHARGE = AMOUNT_COLUMNS["charge"]
+
+
+#: The counters of (budget row, period start) pairs (``spend``).
+_SPEND = select(
+    BudgetSpend.budget_row,
+    BudgetSpend.period_start,
+    BudgetSpend.settled_pusd,
+    BudgetSpend.provisional_pusd,
+).where(
+    tuple_(BudgetSpend.budget_row, BudgetSpend.period_start).in_(bindparam("pairs", expanding=True))
+)
+#: The budget versions in force over one key, by id (``live_for``).
+_LIVE_FOR_KEY = (
+    select(Budget)
+    .where(Budget.api_key_id == bindparam("key"), Budget.ended_at.is_(None))
+    .order_by(Budget.budget_id)
+)
+
+
+class BudgetsCore:
+    """``BudgetsRepository`` over a dialect's ``insert``; ``lock_shared`` / ``lock_exclusive``
+    and ``claim_due`` are the dialect's."""
+
+    insert: Callable[..., Any]
+    #: SQL for the UTC quarter hour of an instant column (``billing.rollups.buckets.floor``).
+    quarter: Callable[[Any], ColumnElement[Any]]
+
+    def among(self, column: Any, ids: Sequence[str]) -> ColumnElement[bool]:
+        """``column`` is one of ``ids``, as one bound value (a step's thousands of ids are not
+        thousands of parameters)."""
+        raise NotImplementedError
+
+    # -- locks: a budget's first counter and the steps' counter updates never interleave ------
+
+    def lock_shared(self, session: Session) -> None:
+        raise NotImplementedError
+
+    def lock_exclusive(self, session: Session) -> None:
+        raise NotImplementedError
+
+    # -- budgets -----------------------------------------------------------------------------
+
+    def insert_budget(self, session: Session, values: dict[str, Any]) -> Budget:
+        budget = Budget(**values)
+        session.add(budget)
+        session.flush()
+        return budget
+
+    def versions(self, session: Session, budget_id: str) -> list[Budget]:
+        return list(
+            session.scalars(
+                select(Budget).where(Budget.budget_id == budget_id).order_by(Budget.version)
+            )
+        )
+
+    def end_budget(self, session: Session, row: int, now: datetime) -> None:
+        session.execute(update(Budget).where(Budget.id == row).values(ended_at=now))
+
+    def list_budgets(self, session: Session, include_ended: bool) -> list[Budget]:
+        if include_ended:
+            # The last version of each budget.
+            last = (
+                select(Budget.budget_id, func.max(Budget.version).label("v"))
+                .group_by(Budget.budget_id)
+                .subquery()
+            )
+            query = select(Budget).join(
+                last, and_(Budget.budget_id == last.c.budget_id, Budget.version == last.c.v)
+            )
+        else:
+            query = select(Budget).where(Budget.ended_at.is_(None))
+        return list(session.scalars(query.order_by(Budget.budget_id)))
+
+    def any_live(self, session: Session) -> bool:
+        return (
+            session.scalar(select(Budget.id).where(Budget.ended_at.is_(None)).limit(1)) is not None
+        )
+
+    def live_for(
+        self, session: Session, keys: Collection[str], customers: Collection[str]
+    ) -> list[Budget]:
+        if len(keys) == 1 and not customers:
+            # The spend check's: one statement, built once.
+            return list(session.scalars(_LIVE_FOR_KEY, {"key": next(iter(keys))}))
+        terms = []
+        if keys:
+            terms.append(Budget.api_key_id.in_(list(keys)))
+        if customers:
+            terms.append(Budget.customer_id.in_(list(customers)))
+        if not terms:
+            return []
+        query = select(Budget).where(or_(*terms), Budget.ended_at.is_(None))
+        return list(session.scalars(query.order_by(Budget.budget_id)))
+
+    # -- counters ----------------------------------------------------------------------------
+
+    def spend(
+        self, session: Session, pairs: Sequence[tuple[int, datetime]]
+    ) -> dict[tuple[int, datetime], tuple[int, int]]:
+        if not pairs:
+            return {}
+        found = session.execute(_SPEND, {"pairs": list(pairs)})
+        return {(row, start): (settled, provisional) for row, start, settled, provisional in found}
+
+    def add_spend(
+        self, session: Session, row: int, start: datetime, settled: int, provisional: int
+    ) -> tuple[int, int]:
+        return self.add_spends(session, [(row, start, settled, provisional)])[(row, start)]
+
+    def add_spends(
+        self, session: Session, changes: Sequence[tuple[int, datetime, int, int]]
+    ) -> dict[tuple[int, datetime], tuple[int, int]]:
+        if not changes:
+            return {}
+        rows = session.execute(
+            self._add_spend_statement(),
+            [
+                {
+                    "budget_row": row,
+                    "period_start": start,
+                    "settled_pusd": settled,
+                    "provisional_pusd": provisional,
+                }
+                for row, start, settled, provisional in changes
+            ],
+        )
+        return {
+            (int(row), start): (int(settled), int(provisional))
+            for row, start, settled, provisional in rows
+        }
+
+    def _add_spend_statement(self) -> Any:
+        """The counters' upsert, built once (executed for many rows as multi-row statements:
+        SQLAlchemy's "insertmanyvalues", rows in the order given; the answer is matched by
+        key, not by order)."""
+        built = self.__dict__.get("_add_spend")
+        if built is None:
+            statement = self.insert(BudgetSpend)
+            built = statement.on_conflict_do_update(
+                index_elements=["budget_row", "period_start"],
+                set_={
+                    "settled_pusd": BudgetSpend.settled_pusd + statement.excluded.settled_pusd,
+                    "provisional_pusd": BudgetSpend.provisional_pusd
+                    + statement.excluded.provisional_pusd,
+                },
+            ).returning(
+                BudgetSpend.budget_row,
+                BudgetSpend.period_start,
+                BudgetSpend.settled_pusd,
+                BudgetSpend.provisional_pusd,
+            )
+            self.__dict__["_add_spend"] = built
+        return built
+
+    def settled_of_key(
+        self, session: Session, key: str, measure: str, start: datetime, end: datetime | None
+    ) -> int:
+        amount = _L[AMOUNT_COLUMNS[measure]]
+        query = select(func.coalesce(func.sum(amount), 0)).where(
+            _L.api_key_id == key, _L.call_started_at >= start
+        )
+        if end is not None:
+            query = query.where(_L.call_started_at < end)
+        return int(session.scalar(query) or 0)
+
+    def provisional_of_key(
+        self, session: Session, key: str, measure: str, start: datetime, end: datetime | None
+    ) -> int:
+        amount = getattr(BudgetOpenCall, measure + "_pusd")
+        query = select(func.coalesce(func.sum(amount), 0)).where(
+            BudgetOpenCall.api_key_id == key, BudgetOpenCall.started_at >= start
+        )
+        if end is not None:
+            query = query.where(BudgetOpenCall.started_at < end)
+        return int(session.scalar(query) or 0)
+
+    def refresh_open_of_key(self, session: Session, key: str) -> None:
+        """``budget_open_calls`` of ``key`` set to its open calls' current amounts."""
+        session.execute(delete(BudgetOpenCall).where(BudgetOpenCall.api_key_id == key))
+        source = select(
+            _C.request_id,
+            _C.api_key_id,
+            _C.started_at,
+            func.coalesce(_C[_COST], 0),
+            func.coalesce(_C[_CHARGE], 0),
+        ).where(
+            _C.api_key_id == key,
+            _C.settled.is_(False),
+            _C.started_at.is_not(None),
+            _C[_COST].is_not(None),
+        )
+        session.execute(
+            self.insert(BudgetOpenCall).from_select(
+                ["request_id", "api_key_id", "started_at", "cost_pusd", "charge_pusd"], source
+            )
+        )
+
+    # -- a reconciliation step's amounts -----------------------------------------------------
+
+    def open_amounts(self, session: Session, ids: Sequence[str]) -> list[OpenAmounts]:
+        rows = session.execute(
+            select(
+                BudgetOpenCall.request_id,
+                BudgetOpenCall.api_key_id,
+                BudgetOpenCall.started_at,
+                BudgetOpenCall.cost_pusd,
+                BudgetOpenCall.charge_pusd,
+            ).where(self.among(BudgetOpenCall.request_id, ids))
+        )
+        return [OpenAmounts(*row) for row in rows]
+
+    def call_amounts(self, session: Session, ids: Sequence[str]) -> list[CallAmounts]:
+        """The calls of ``ids`` left open with a key, a start and an amount (the others add no
+        provisional spend)."""
+        rows = session.execute(
+            select(
+                _C.request_id, _C.api_key_id, _C.started_at, _C.settled, _C[_COST], _C[_CHARGE]
+            ).where(
+                self.among(_C.request_id, ids),
+                _C.settled.is_(False),
+                _C.api_key_id.is_not(None),
+                _C.started_at.is_not(None),
+                or_(_C[_COST].is_not(None), _C[_CHARGE].is_not(None)),
+            )
+        )
+        return [CallAmounts(*row) for row in rows]
+
+    def entry_amounts(
+        self, session: Session, ids: Sequence[str], booked_at: datetime
+    ) -> list[EntryAmounts]:
+        """The entries of ``ids`` booked at ``booked_at``, summed per key and UTC quarter hour
+        of the call's start (``quarter``): every period boundary of an IANA zone (a local
+        midnight) is on a quarter hour of UTC, so a quarter lies in one period of any budget."""
+        quarter = type_coerce(self.quarter(_L.call_started_at), UTCDateTime)
+        rows = session.execute(
+            select(
+                _L.api_key_id,
+                quarter,
+                func.coalesce(func.sum(_L[_COST]), 0),
+                func.coalesce(func.sum(_L[_CHARGE]), 0),
+            )
+            .where(
+                self.among(_L.request_id, ids),
+                _L.booked_at == booked_at,
+                _L.api_key_id.is_not(None),
+                _L.call_started_at.is_not(None),
+            )
+            .group_by(_L.api_key_id, quarter)
+        )
+        return [
+            EntryAmounts(key, start, int(cost), int(charge)) for key, start, cost, charge in rows
+        ]
+
+    def replace_open(
+        self, session: Session, ids: Sequence[str], rows: Sequence[OpenAmounts]
+    ) -> None:
+        session.execute(delete(BudgetOpenCall).where(self.among(BudgetOpenCall.request_id, ids)))
+        if rows:
+            session.execute(
+                self.insert(BudgetOpenCall),
+                [
+                    {
+                        "request_id": r.request_id,
+                        "api_key_id": r.api_key_id,
+                        "started_at": r.started_at,
+                        "cost_pusd": r.cost_pusd,
+                        "charge_pusd": r.charge_pusd,
+                    }
+                    for r in rows
+                ],
+            )
+
+    # -- alerts and the outbox ---------------------------------------------------------------
+
+    def insert_alert(self, session: Session, values: dict[str, Any]) -> bool:
+        statement = (
+            self.insert(BudgetAlert)
+            .values(**values)
+            .on_conflict_do_nothing(
+                index_elements=["budget_id", "period_start", "threshold", "type"]
+            )
+            .returning(BudgetAlert.alert_id)
+        )
+        return session.execute(statement).first() is not None
+
+    def insert_outbox(self, session: Session, values: dict[str, Any]) -> None:
+        session.execute(self.insert(WebhookOutbox).values(**values))
+
+    def alerts(
+        self, session: Session, budget_id: str | None, since: datetime | None, limit: int
+    ) -> list[tuple[BudgetAlert, WebhookOutbox | None]]:
+        query = select(BudgetAlert, WebhookOutbox).outerjoin(
+            WebhookOutbox, WebhookOutbox.alert_id == BudgetAlert.alert_id
+        )
+        if budget_id is not None:
+            query = query.where(BudgetAlert.budget_id == budget_id)
+        if since is not None:
+            query = query.where(BudgetAlert.created_at >= since)
+        query = query.order_by(BudgetAlert.created_at, BudgetAlert.alert_id).limit(limit)
+        return [(row[0], row[1]) for row in session.execute(query)]
+
+    def _due(self, now: datetime, limit: int) -> Any:
+        return (
+            select(WebhookOutbox.alert_id)
+            .where(
+                WebhookOutbox.state == "pending",
+                WebhookOutbox.next_attempt_at <= now,
+                or_(WebhookOutbox.lease_until.is_(None), WebhookOutbox.lease_until < now),
+            )
+            .order_by(WebhookOutbox.next_attempt_at)
+            .limit(limit)
+        )
+
+    def claim_due(
+        self, session: Session, now: datetime, lease_until: datetime, owner: str, limit: int
+    ) -> list[Claimed]:
+        ids = list(session.scalars(self._due(now, limit)))
+        return self._lease(session, ids, lease_until, owner)
+
+    def _lease(
+        self, session: Session, ids: Sequence[str], lease_until: datetime, owner: str
+    ) -> list[Claimed]:
+        if not ids:
+            return []
+        session.execute(
+            update(WebhookOutbox)
+            .where(WebhookOutbox.alert_id.in_(list(ids)))
+            .values(lease_owner=owner, lease_until=lease_until)
+        )
+        rows = session.execute(
+            select(
+                WebhookOutbox.alert_id,
+                WebhookOutbox.url,
+                BudgetAlert.body,
+                Budget.webhook_secret,
+                WebhookOutbox.attempts,
+                WebhookOutbox.created_at,
+            )
+            .join(BudgetAlert, BudgetAlert.alert_id == WebhookOutbox.alert_id)
+            .join(Budget, Budget.id == BudgetAlert.budget_row)
+            .where(WebhookOutbox.alert_id.in_(list(ids)))
+        )
+        return [Claimed(*row) for row in rows]
+
+    def record_attempt(
+        self, session: Session, alert_id: str, owner: str, values: dict[str, Any]
+    ) -> None:
+        session.execute(
+            update(WebhookOutbox)
+            .where(WebhookOutbox.alert_id == alert_id, WebhookOutbox.lease_owner == owner)
+            .values(lease_owner=None, lease_until=None, **values)
+        )
