@@ -276,6 +276,6 @@ def test_cost_measure_and_a_customer_budget_are_stored(client: TestClient) -> No
     call(client, "c1", NOV + timedelta(hours=1), 100_000)
     reconcile(client, NOV + timedelta(hours=2))
     assert status(client, "cost", NOV + timedelta(hours=2))["spent_usd"] == "0.1"
-    # No key is assigned to a customer in this branch (billing.budgets.customers, #24).
+    # No key is assigned to cus_1: its budget sums no key.
     c = status(client, "cust", NOV + timedelta(hours=2))
     assert (c["scope"], c["spent_usd"], c["state"]) == ({"customer_id": "cus_1"}, "0", "ok")
