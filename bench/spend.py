@@ -36,9 +36,10 @@ from typing import Any
 import httpx
 from sqlalchemy import text
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench.queries import _Server, percentiles, seed_arguments, seeded_url
+from queries import _Server, percentiles, seed_arguments, seeded_url
+
 from billing.budgets import service
 from billing.budgets.schemas import BudgetIn
 from billing.settings import Settings

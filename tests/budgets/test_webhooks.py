@@ -93,3 +93,29 @@ def test_the_backoff_grows_with_jitter_up_to_an_hour() -> None:
     pauses = [retry_pause_s(n, rng) for n in range(1, 20)]
     assert 0.5 <= pauses[0] <= 1 and 1 <= pauses[1] <= 2 and 4 <= pauses[3] <= 8
     assert max(pauses) <= 3600 and pauses[-1] >= 1800
+
+
+def test_a_webhook_failing_past_the_retry_window_is_marked_failed(client: TestClient) -> None:
+    price(client)
+    st = state(client)
+    st.settings = st.settings.model_copy(update={"webhook_retry_s": 0.5})
+    with receiving(answers=[500, 500, 500]) as receiver:
+        client.post(
+            "/v1/budgets",
+            json={
+                "budget_id": "gives-up",
+                "scope": {"api_key_id": "key_b1"},
+                "limit_usd": "1",
+                "period": "total",
+                "thresholds": ["0.5"],
+                "webhook_url": receiver.url,
+            },
+        )
+        call(client, "c1", datetime.now(UTC) - timedelta(minutes=1), 600_000)
+        assert client.post("/v1/reconcile", json={}).status_code == 200
+        time.sleep(0.6)
+        assert _deliver(client) == 1  # 500, and the next try would be past the window
+    [alert] = client.get("/v1/alerts").json()["data"]
+    delivery = alert["delivery"]
+    assert (delivery["state"], delivery["attempts"], delivery["last_status"]) == ("failed", 1, 500)
+    assert delivery["next_attempt_at"] is None and _deliver(client) == 0
