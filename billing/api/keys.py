@@ -33,6 +33,7 @@ MAX_LIMIT = 1000
     responses=answers(
         401,
         403,
+        404,
         409,
         422,
         503,
@@ -40,7 +41,10 @@ MAX_LIMIT = 1000
             200: (KeyOut, "the key (the same assignment was already stored)"),
             201: (KeyOut, "the key, with the new assignment"),
         },
-        described={409: "a different assignment exists for this key and effective_from"},
+        described={
+            404: "no such route: the path's key id holds a line break",
+            409: "a different assignment exists for this key and effective_from",
+        },
     ),
 )
 async def put_key(
