@@ -54,7 +54,7 @@ class CallAccount:
         self.bytes_relayed = 0  # bytes handed to the client, all attempts
         self.disconnected = False
         self.settled = False  # the attempt's closing events are sent
-        self._next_progress = progress_every
+        self.next_progress = progress_every
 
     def _event(self, kind: str, payload: Mapping[str, Any]) -> None:
         self._send(
@@ -67,7 +67,7 @@ class CallAccount:
         self.tap = open_tap(self.protocol)
         self.delivered = 0
         self.settled = False
-        self._next_progress = self.progress_every
+        self.next_progress = self.progress_every
         started: dict[str, Any] = {
             "api_key_id": self.api_key_id,
             "model": self.model,
@@ -80,15 +80,23 @@ class CallAccount:
         self._event("stream.started", started)
 
     def fed(self) -> int:
-        """After a chunk was fed to the tap: sends progress when due; returns generated tokens."""
+        """After a chunk was fed to the tap: sends progress when due; returns generated tokens.
+
+        The relays inline it (``tap.output_tokens``, then :meth:`progress` once
+        ``next_progress`` is reached): it runs for every chunk."""
         generated = self.tap.output_tokens
-        if generated >= self._next_progress:
-            self._next_progress = generated + self.progress_every
-            self._event(
-                "stream.tokens",
-                {"output_tokens_generated": generated, "output_tokens_delivered": self.delivered},
-            )
+        if generated >= self.next_progress:
+            self.progress(generated)
         return generated
+
+    def progress(self, generated: int) -> None:
+        """A ``stream.tokens`` progress event at ``generated`` output tokens; the next one is
+        due ``progress_every`` tokens later."""
+        self.next_progress = generated + self.progress_every
+        self._event(
+            "stream.tokens",
+            {"output_tokens_generated": generated, "output_tokens_delivered": self.delivered},
+        )
 
     def client_left(self) -> None:
         """The client went away: ``stream.client_disconnected`` with the counts now (once)."""

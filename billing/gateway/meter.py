@@ -165,7 +165,8 @@ class Meter:
                 ready = pump.ready
                 if ready:
                     chunk, generated = ready.popleft()
-                    pump.taken()
+                    if pump.room is not None:  # (the call only when the pump waits: a call a chunk)
+                        pump.taken()
                     yield chunk
                     account.delivered = generated
                     account.bytes_relayed += len(chunk)
@@ -243,7 +244,9 @@ class Meter:
                         continue
                     return
                 tap.feed(chunk)
-                generated = account.fed()
+                generated = tap.output_tokens
+                if generated >= account.next_progress:
+                    account.progress(generated)
                 yield chunk
                 account.delivered = generated
                 account.bytes_relayed += len(chunk)

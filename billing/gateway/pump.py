@@ -58,7 +58,8 @@ class Pump:
         self._skip = False
         self._loop = asyncio.get_running_loop()
         self._arrival: asyncio.Future[None] | None = None  # the relay waits for a pair
-        self._room: asyncio.Future[None] | None = None  # the pump waits for the relay
+        #: set while the pump waits for the relay to take a pair (the read-ahead is full)
+        self.room: asyncio.Future[None] | None = None
         self._timeout: asyncio.Timeout | None = None
         self._started = False
         self.task = self._loop.create_task(self._run(), name=f"billing-pump-{account.request_id}")
@@ -70,9 +71,9 @@ class Pump:
 
     def taken(self) -> None:
         """The relay took a pair: a pump waiting for room goes on."""
-        room = self._room
+        room = self.room
         if room is not None:
-            self._room = None
+            self.room = None
             if not room.done():
                 room.set_result(None)
 
@@ -130,7 +131,9 @@ class Pump:
                     self._reschedule()
                 async for chunk in chunks:
                     tap.feed(chunk)
-                    generated = account.fed()
+                    generated = tap.output_tokens
+                    if generated >= account.next_progress:
+                        account.progress(generated)
                     if self.detached:
                         if drain.exceeded(generated, loop.time()):
                             self._skip = True
@@ -142,7 +145,7 @@ class Pump:
                     if self._arrival is not None:
                         self._arrived()
                     if len(ready) >= READ_AHEAD:
-                        self._room = room = loop.create_future()
+                        self.room = room = loop.create_future()
                         await room
             outcome = END
         except (TimeoutError, httpx.TimeoutException):

@@ -107,11 +107,21 @@ class ChatCompletionsTap(Tap):
         choices = data.get("choices")
         if choices is not None:
             if isinstance(choices, list):
-                for choice in choices:
+                for choice in choices:  # (the choice's rules in line: they run for every chunk)
                     try:
-                        self._on_choice(
-                            choice if type(choice) is dict else as_dict(choice, "choice")
-                        )
+                        if type(choice) is not dict:
+                            choice = as_dict(choice, "choice")
+                        delta = choice.get("delta")
+                        if delta is not None:
+                            pieces = _delta_pieces(
+                                delta if type(delta) is dict else as_dict(delta, "delta")
+                            )
+                            if pieces:
+                                self._deltas_total += pieces
+                                self._deltas_since_exact += pieces
+                        finish = choice.get("finish_reason")
+                        if finish and isinstance(finish, str):
+                            self._set_stop_reason(finish)
                     except MalformedEventError:
                         self._mark_malformed()
             else:
@@ -124,16 +134,6 @@ class ChatCompletionsTap(Tap):
                 usage = x_groq.get("usage")
         if usage is not None:
             self._on_usage(as_dict(usage, "usage"))
-
-    def _on_choice(self, choice: dict[str, Any]) -> None:
-        delta = choice.get("delta")
-        if delta is not None:
-            pieces = _delta_pieces(delta if type(delta) is dict else as_dict(delta, "delta"))
-            if pieces:
-                self._count_deltas(pieces)
-        finish = choice.get("finish_reason")
-        if isinstance(finish, str) and finish:
-            self._set_stop_reason(finish)
 
     def _on_usage(self, usage: dict[str, Any]) -> None:
         found: dict[str, int | None] = {
