@@ -28,7 +28,8 @@ class PlansRepository(Protocol):
         ...
 
     def key_page(self, session: Session, after: str | None, limit: int) -> list[str]:
-        """Up to ``limit`` keys with an assignment, by ``api_key_id``, after ``after``."""
+        """Up to ``limit`` keys, by ``api_key_id``, after ``after``: those with an assignment
+        and those a call names."""
         ...
 
     def keys_ever_of_customer(self, session: Session, customer_id: str) -> list[str]:

@@ -133,8 +133,9 @@ def decode_key_cursor(text: str) -> str:
 def list_keys(
     session: Session, after: str | None, limit: int, now: datetime
 ) -> tuple[list[dict[str, Any]], str | None]:
-    """A page of the keys with an assignment, by ``api_key_id`` (keys seen only in events have
-    none and are not listed), and the cursor of the next page (None: the last)."""
+    """A page of the keys, by ``api_key_id`` (those with an assignment and those seen only in
+    events, which have no customer and no plan), and the cursor of the next page (None: the
+    last)."""
     repo = store_for(session).plans
     ids = repo.key_page(session, after, limit + 1)
     more = len(ids) > limit

@@ -7,13 +7,37 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from sqlalchemy import exists, select, update
+from sqlalchemy import exists, select, text, update
 from sqlalchemy.orm import Session
 
 from billing.storage.models import Call, KeyAssignment, PlanPrice, PlanVersion
 
 #: Ids per ``IN (…)`` list.
 CHUNK = 2000
+
+
+def _key_page_sql(first: bool) -> str:
+    """The page of keys by ``api_key_id``: those with an assignment and those a call names (a
+    key seen only in events exists implicitly), after ``:after`` unless ``first``. The calls'
+    keys are found by one index seek each (``calls (api_key_id, started_at, request_id)``),
+    at most ``:limit`` of them, instead of reading every call of every key."""
+    after = "" if first else "WHERE api_key_id > :after"
+    seek = "api_key_id IS NOT NULL" if first else "api_key_id > :after"
+    return f"""
+WITH RECURSIVE seen(id, n) AS (
+    SELECT (SELECT min(api_key_id) FROM calls WHERE {seek}), 1
+    UNION ALL
+    SELECT (SELECT min(c.api_key_id) FROM calls c WHERE c.api_key_id > seen.id), seen.n + 1
+    FROM seen WHERE seen.id IS NOT NULL AND seen.n < :limit
+)
+SELECT id FROM seen WHERE id IS NOT NULL
+UNION
+SELECT api_key_id FROM key_assignments {after}
+ORDER BY 1 LIMIT :limit"""
+
+
+_FIRST_KEYS = text(_key_page_sql(True))
+_NEXT_KEYS = text(_key_page_sql(False))
 
 
 class CorePlans:
@@ -39,10 +63,9 @@ class CorePlans:
         session.flush()
 
     def key_page(self, session: Session, after: str | None, limit: int) -> list[str]:
-        query = select(KeyAssignment.api_key_id).distinct().order_by(KeyAssignment.api_key_id)
-        if after is not None:
-            query = query.where(KeyAssignment.api_key_id > after)
-        return list(session.scalars(query.limit(limit)))
+        if after is None:
+            return list(session.scalars(_FIRST_KEYS, {"limit": limit}))
+        return list(session.scalars(_NEXT_KEYS, {"after": after, "limit": limit}))
 
     def keys_ever_of_customer(self, session: Session, customer_id: str) -> list[str]:
         query = (

@@ -322,6 +322,19 @@ def test_keys_put_get_list_and_bad_input(priced: TestClient) -> None:
         None,
         [],
     )
+    # ... and is listed among the assigned keys, in order, across pages.
+    post(priced, call_events("r2", "2026-03-01T10:00:00Z", key="key_2b"))
+    listed: list[str] = []
+    cursor = None
+    while True:
+        params = {"limit": "3", **({"cursor": cursor} if cursor else {})}
+        page = ok(priced.get("/v1/keys", params=params), 200)
+        listed += [k["api_key_id"] for k in page["data"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert listed == ["key_0", "key_1", "key_2", "key_2b", "key_3", "key_4", "key_seen"]
+    assert ok(priced.get("/v1/keys"), 200)["data"][3]["plan_id"] is None
     secret = priced.put("/v1/keys/sk-ant-api03-" + "a" * 40, json={})
     assert secret.status_code == 422
     assert secret.json()["errors"][0]["path"] == "path.api_key_id"
