@@ -10,8 +10,9 @@ path (the SQL fast path or the rule) wrote them:
   each open call adds now; the step takes that back and adds the call's new figures (0 once
   it settled: its entries replace it).
 
-The changes are summed per (key, call start), then per budget version in force over the key
-(or its customer, ``billing.budgets.customers``) and period, and added to the counters (one
+The changes are summed per (key, customer, call start), then per budget version in force over
+the key or over the customer (the call's customer at its start, as the step wrote it on the call
+and its entries) and period, and added to the counters (one
 upsert each, returning the new figures); a counter whose spend crossed a threshold makes its
 alerts there (``billing.budgets.service.record_crossings``). Periods before a version's first
 (``tracked_from``) are not kept. With no budget in force a step does nothing here but one
@@ -28,7 +29,6 @@ from functools import lru_cache
 
 from sqlalchemy.orm import Session
 
-from billing.budgets import customers
 from billing.budgets.periods import period_start
 from billing.budgets.repository import OpenAmounts
 from billing.budgets.service import record_crossings
@@ -38,19 +38,22 @@ from billing.storage.store import store_for
 #: ``period_start`` remembered: a step's changes are by quarter hour, which repeat.
 _period_start = lru_cache(maxsize=16384)(period_start)
 
-#: Per (key, call start: its UTC quarter hour for entries): [settled cost, settled charge,
-#: provisional cost, provisional charge].
-Deltas = dict[tuple[str, datetime], list[int]]
+#: Per (key, customer or None, call start: its UTC quarter hour for entries): [settled cost,
+#: settled charge, provisional cost, provisional charge].
+Deltas = dict[tuple[str, str | None, datetime], list[int]]
+
+#: The budget versions in force by key and by customer.
+InForce = tuple[dict[str, list[Budget]], dict[str, list[Budget]]]
 
 
 def after_step(session: Session, request_ids: Sequence[str], now: datetime) -> int:
     """Update the counters for the calls ``request_ids`` a step just wrote (entries booked at
     ``now``); returns the number of alerts made.
 
-    Only the open calls of keys that a budget in force counts (directly or through their
-    customer) are kept in ``budget_open_calls``: what is kept is exactly what was added, so a
-    call of a key without a budget adds and takes back nothing (a budget made later fills its
-    key's rows from ``calls``, ``BudgetsRepository.refresh_open_of_key``). A pass run with a
+    Only the open calls that a budget in force counts (over their key or their customer) are
+    kept in ``budget_open_calls``: what is kept is exactly what was added, so a call without a
+    budget adds and takes back nothing (a budget made later fills its scope's rows from
+    ``calls``, ``BudgetsRepository.refresh_open``). A pass run with a
     fixed ``now`` (tests, benchmarks) must not step the same call twice: its entries are found
     by their booking time.
     """
@@ -65,30 +68,43 @@ def after_step(session: Session, request_ids: Sequence[str], now: datetime) -> i
     entries = repo.entry_amounts(session, request_ids, now)
     keys = {o.api_key_id for o in olds} | {e.api_key_id for e in entries}
     keys |= {c.api_key_id for c in calls if c.api_key_id is not None}
-    budgets = _budgets_of(session, keys)
+    owners = {
+        c
+        for c in (
+            *(o.customer_id for o in olds),
+            *(e.customer_id for e in entries),
+            *(c.customer_id for c in calls),
+        )
+        if c is not None
+    }
+    budgets = _budgets_of(session, keys, owners)
+    by_key, by_customer = budgets
     deltas: Deltas = defaultdict(lambda: [0, 0, 0, 0])
     for old in olds:
-        d = deltas[(old.api_key_id, old.started_at)]
+        d = deltas[(old.api_key_id, old.customer_id, old.started_at)]
         d[2] -= old.cost_pusd
         d[3] -= old.charge_pusd
     still_open: list[OpenAmounts] = []
     for call in calls:  # open, with a key, a start and an amount
-        if call.api_key_id not in budgets or call.started_at is None:
+        if call.started_at is None or call.api_key_id is None:
+            continue
+        if call.api_key_id not in by_key and call.customer_id not in by_customer:
             continue
         amounts = OpenAmounts(
             call.request_id,
             call.api_key_id,
+            call.customer_id,
             call.started_at,
             call.cost_pusd or 0,
             call.charge_pusd or 0,
         )
         still_open.append(amounts)
-        d = deltas[(amounts.api_key_id, amounts.started_at)]
+        d = deltas[(amounts.api_key_id, amounts.customer_id, amounts.started_at)]
         d[2] += amounts.cost_pusd
         d[3] += amounts.charge_pusd
     for entry in entries:
-        if entry.api_key_id in budgets:
-            d = deltas[(entry.api_key_id, entry.call_started_at)]
+        if entry.api_key_id in by_key or entry.customer_id in by_customer:
+            d = deltas[(entry.api_key_id, entry.customer_id, entry.call_started_at)]
             d[0] += entry.cost_pusd
             d[1] += entry.charge_pusd
     if olds or still_open:
@@ -96,14 +112,12 @@ def after_step(session: Session, request_ids: Sequence[str], now: datetime) -> i
     return apply(session, {k: v for k, v in deltas.items() if any(v)}, now, budgets)
 
 
-def _budgets_of(session: Session, keys: set[str]) -> dict[str, list[Budget]]:
-    """The budget versions in force over each of ``keys`` (directly or through its customer);
-    keys without any are left out."""
-    if not keys:
-        return {}
-    repo = store_for(session).budgets
-    owners = customers.customers_of_keys(session, keys)
-    found = repo.live_for(session, keys, set(owners.values()))
+def _budgets_of(session: Session, keys: set[str], owners: set[str]) -> InForce:
+    """The budget versions in force over each of ``keys`` and over each of the customers
+    ``owners``; keys and customers without any are left out."""
+    if not keys and not owners:
+        return {}, {}
+    found = store_for(session).budgets.live_for(session, keys, owners)
     by_key: dict[str, list[Budget]] = defaultdict(list)
     by_customer: dict[str, list[Budget]] = defaultdict(list)
     for budget in found:
@@ -111,34 +125,34 @@ def _budgets_of(session: Session, keys: set[str]) -> dict[str, list[Budget]]:
             by_key[budget.api_key_id].append(budget)
         elif budget.customer_id is not None:
             by_customer[budget.customer_id].append(budget)
-    out = {}
-    for key in keys:
-        owner = owners.get(key)
-        mine = by_key.get(key, []) + (by_customer.get(owner, []) if owner else [])
-        if mine:
-            out[key] = mine
-    return out
+    return dict(by_key), dict(by_customer)
 
 
 def apply(
     session: Session,
     deltas: Deltas,
     now: datetime,
-    budgets: dict[str, list[Budget]] | None = None,
+    budgets: InForce | None = None,
 ) -> int:
-    """Add ``deltas`` to the counters of the budgets in force over their keys (and the keys'
-    customers; ``budgets`` as ``_budgets_of`` gives them, read when None), making the alerts of
-    the thresholds crossed; returns the alerts made."""
+    """Add ``deltas`` to the counters of the budgets in force over their keys and customers
+    (``budgets`` as ``_budgets_of`` gives them, read when None), making the alerts of the
+    thresholds crossed; returns the alerts made."""
     if not deltas:
         return 0
     if budgets is None:
-        budgets = _budgets_of(session, {key for key, _ in deltas})
+        budgets = _budgets_of(
+            session, {key for key, _, _ in deltas}, {c for _, c, _ in deltas if c is not None}
+        )
+    by_key, by_customer = budgets
     repo = store_for(session).budgets
     # Per (budget row, period start): [settled, provisional] in the budget's measure.
     sums: dict[tuple[int, datetime], list[int]] = defaultdict(lambda: [0, 0])
     rows: dict[int, Budget] = {}
-    for (key, started), d in deltas.items():
-        for budget in budgets.get(key, ()):
+    for (key, customer, started), d in deltas.items():
+        over = by_key.get(key, [])
+        if customer is not None:
+            over = over + by_customer.get(customer, [])
+        for budget in over:
             start = _period_start(budget.period, budget.tz, started)
             if start < budget.tracked_from:
                 continue

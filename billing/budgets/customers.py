@@ -1,8 +1,8 @@
-"""Which customer a key belongs to, for budgets over a customer: the one place that says so.
-
-A key's customer is its assignment in force now (``key_assignments``, CONTRACT "Keys,
-customers and plans (v2)"): a customer budget counts the keys assigned to it now, with all of
-their spend in the period (a key moved to another customer mid-period takes its spend with it).
+"""Which customer a key belongs to now, for the spend check (``GET /v1/spend?api_key_id=``
+answers the budgets over the key and over its customer): its assignment in force now
+(``key_assignments``, CONTRACT "Keys, customers and plans (v2)"). A customer budget's spend is
+not resolved through keys: it counts the calls whose customer at their start is the budget's
+(``calls.customer_id``, ``ledger_entries.customer_id``; ``billing.budgets.counters``).
 """
 
 from __future__ import annotations
@@ -37,10 +37,3 @@ def customers_of_keys(session: Session, keys: Collection[str]) -> dict[str, str]
         if row is not None and row.customer_id is not None:
             owners[key] = row.customer_id
     return owners
-
-
-def keys_of_customer(session: Session, customer_id: str) -> list[str]:
-    """The keys assigned to ``customer_id`` now, by ``api_key_id``."""
-    keys = store_for(session).plans.keys_ever_of_customer(session, customer_id)
-    owners = customers_of_keys(session, keys)
-    return [key for key in keys if owners.get(key) == customer_id]

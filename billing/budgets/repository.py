@@ -16,11 +16,17 @@ if TYPE_CHECKING:
     from billing.storage.models import Budget, BudgetAlert, WebhookOutbox
 
 
+#: A budget's scope as a column of ``calls`` / ``ledger_entries`` / ``budget_open_calls`` and
+#: its value: ``("api_key_id", key)`` or ``("customer_id", customer)``.
+Scope = tuple[str, str]
+
+
 class OpenAmounts(NamedTuple):
     """What an open call adds to provisional spend (``budget_open_calls``)."""
 
     request_id: str
     api_key_id: str
+    customer_id: str | None
     started_at: datetime
     cost_pusd: int
     charge_pusd: int
@@ -31,6 +37,7 @@ class CallAmounts(NamedTuple):
 
     request_id: str
     api_key_id: str | None
+    customer_id: str | None
     started_at: datetime | None
     settled: bool
     cost_pusd: int | None
@@ -38,10 +45,11 @@ class CallAmounts(NamedTuple):
 
 
 class EntryAmounts(NamedTuple):
-    """The ledger entries a step booked, summed per key and UTC quarter hour of the call's
-    start (``call_started_at`` is that quarter's start)."""
+    """The ledger entries a step booked, summed per key, customer (the call's, at its start)
+    and UTC quarter hour of the call's start (``call_started_at`` is that quarter's start)."""
 
     api_key_id: str
+    customer_id: str | None
     call_started_at: datetime
     cost_pusd: int
     charge_pusd: int
@@ -89,15 +97,28 @@ class BudgetsRepository(Protocol):
         """``add_spend`` of (row, start, settled, provisional) changes in one statement (in the
         order given: one lock order for every reconciler)."""
 
-    def settled_of_key(
-        self, session: Session, key: str, measure: str, start: datetime, end: datetime | None
+    def settled_of(
+        self,
+        session: Session,
+        scope: Scope,
+        measure: str,
+        start: datetime,
+        end: datetime | None,
     ) -> int:
-        """The ledger's amounts of ``key``'s calls started in ``[start, end)``."""
+        """The ledger's amounts of the scope's calls started in ``[start, end)`` (a key's, or
+        a customer's: the entries' ``customer_id``, the customer at the call's start)."""
 
-    def provisional_of_key(
-        self, session: Session, key: str, measure: str, start: datetime, end: datetime | None
+    def provisional_of(
+        self,
+        session: Session,
+        scope: Scope,
+        measure: str,
+        start: datetime,
+        end: datetime | None,
     ) -> int: ...
-    def refresh_open_of_key(self, session: Session, key: str) -> None: ...
+    def refresh_open(self, session: Session, scope: Scope) -> None:
+        """``budget_open_calls`` of the scope's open calls set to their current amounts."""
+
     def open_amounts(self, session: Session, ids: Sequence[str]) -> list[OpenAmounts]: ...
     def call_amounts(self, session: Session, ids: Sequence[str]) -> list[CallAmounts]: ...
     def entry_amounts(

@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 
 from billing.budgets import customers
 from billing.budgets.periods import period_bounds
-from billing.budgets.repository import BudgetsRepository
+from billing.budgets.repository import BudgetsRepository, Scope
 from billing.budgets.schemas import BudgetChange, BudgetIn, plain
 from billing.errors import BillingError, NotFound
 from billing.pricing.money import PICO
@@ -174,16 +174,14 @@ def _add_version(
             "created_at": now,
         },
     )
-    keys = (
-        [body.scope.api_key_id]
+    scope: Scope = (
+        ("api_key_id", body.scope.api_key_id)
         if body.scope.api_key_id is not None
-        else customers.keys_of_customer(session, body.scope.customer_id or "")
+        else ("customer_id", body.scope.customer_id or "")
     )
-    settled = provisional = 0
-    for key in keys:
-        repo.refresh_open_of_key(session, key)
-        settled += repo.settled_of_key(session, key, body.measure, start, end)
-        provisional += repo.provisional_of_key(session, key, body.measure, start, end)
+    repo.refresh_open(session, scope)
+    settled = repo.settled_of(session, scope, body.measure, start, end)
+    provisional = repo.provisional_of(session, scope, body.measure, start, end)
     repo.add_spend(session, budget.id, start, settled, provisional)
     record_crossings(session, budget, start, 0, settled, provisional, now)
     return budget

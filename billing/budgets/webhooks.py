@@ -24,6 +24,7 @@ import hashlib
 import hmac
 import logging
 import random
+import re
 import uuid
 from datetime import UTC, datetime, timedelta
 from urllib.parse import urlsplit
@@ -87,11 +88,24 @@ class _RedactUrls(logging.Filter):
     URL's credentials and query never reach a log)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.args, tuple) and any(isinstance(a, httpx.URL) for a in record.args):
-            record.args = tuple(
-                safe_url(str(a)) if isinstance(a, httpx.URL) else a for a in record.args
-            )
+        if isinstance(record.args, tuple) and any(map(_is_url, record.args)):
+            record.args = tuple(safe_url(str(a)) if _is_url(a) else a for a in record.args)
+        elif not record.args and isinstance(record.msg, str) and "://" in record.msg:
+            # another filter (an installed SDK's, e.g. LiteLLM's on "httpx") formatted it first
+            record.msg = _URL_TEXT.sub(lambda m: safe_url(m.group(0)), record.msg)
         return True
+
+
+#: A URL in a formatted log line.
+_URL_TEXT = re.compile(r"https?://[^\s\"'<>]+")
+
+
+def _is_url(arg: object) -> bool:
+    """An ``httpx.URL``, or its text (another filter, e.g. an installed SDK's, may have
+    turned it into a string before this one runs)."""
+    return isinstance(arg, httpx.URL) or (
+        isinstance(arg, str) and arg.startswith(("http://", "https://"))
+    )
 
 
 def _redact_httpx_logs() -> None:

@@ -32,10 +32,6 @@ class PlansRepository(Protocol):
         and those a call names."""
         ...
 
-    def keys_ever_of_customer(self, session: Session, customer_id: str) -> list[str]:
-        """The keys with an assignment (of any time) naming ``customer_id``, by ``api_key_id``."""
-        ...
-
     def key_seen(self, session: Session, api_key_id: str) -> bool:
         """Whether a call names the key (a key seen only in events exists implicitly)."""
         ...

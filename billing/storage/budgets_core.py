@@ -28,6 +28,7 @@ from billing.budgets.repository import (
     Claimed,
     EntryAmounts,
     OpenAmounts,
+    Scope,
 )
 from billing.storage.models import (
     Budget,
@@ -198,46 +199,76 @@ class BudgetsCore:
             self.__dict__["_add_spend"] = built
         return built
 
-    def settled_of_key(
-        self, session: Session, key: str, measure: str, start: datetime, end: datetime | None
+    def settled_of(
+        self,
+        session: Session,
+        scope: Scope,
+        measure: str,
+        start: datetime,
+        end: datetime | None,
     ) -> int:
+        column, value = scope
         amount = _L[AMOUNT_COLUMNS[measure]]
         query = select(func.coalesce(func.sum(amount), 0)).where(
-            _L.api_key_id == key, _L.call_started_at >= start
+            _L[column] == value, _L.call_started_at >= start
         )
         if end is not None:
             query = query.where(_L.call_started_at < end)
         return int(session.scalar(query) or 0)
 
-    def provisional_of_key(
-        self, session: Session, key: str, measure: str, start: datetime, end: datetime | None
+    def provisional_of(
+        self,
+        session: Session,
+        scope: Scope,
+        measure: str,
+        start: datetime,
+        end: datetime | None,
     ) -> int:
+        column, value = scope
         amount = getattr(BudgetOpenCall, measure + "_pusd")
         query = select(func.coalesce(func.sum(amount), 0)).where(
-            BudgetOpenCall.api_key_id == key, BudgetOpenCall.started_at >= start
+            getattr(BudgetOpenCall, column) == value, BudgetOpenCall.started_at >= start
         )
         if end is not None:
             query = query.where(BudgetOpenCall.started_at < end)
         return int(session.scalar(query) or 0)
 
-    def refresh_open_of_key(self, session: Session, key: str) -> None:
-        """``budget_open_calls`` of ``key`` set to its open calls' current amounts."""
-        session.execute(delete(BudgetOpenCall).where(BudgetOpenCall.api_key_id == key))
+    def refresh_open(self, session: Session, scope: Scope) -> None:
+        column, value = scope
+        opened = (
+            _C[column] == value,
+            _C.settled.is_(False),
+            _C.api_key_id.is_not(None),
+            _C.started_at.is_not(None),
+            or_(_C[_COST].is_not(None), _C[_CHARGE].is_not(None)),
+        )
+        session.execute(
+            delete(BudgetOpenCall).where(
+                or_(
+                    getattr(BudgetOpenCall, column) == value,
+                    BudgetOpenCall.request_id.in_(select(_C.request_id).where(*opened)),
+                )
+            )
+        )
         source = select(
             _C.request_id,
             _C.api_key_id,
+            _C.customer_id,
             _C.started_at,
             func.coalesce(_C[_COST], 0),
             func.coalesce(_C[_CHARGE], 0),
-        ).where(
-            _C.api_key_id == key,
-            _C.settled.is_(False),
-            _C.started_at.is_not(None),
-            _C[_COST].is_not(None),
-        )
+        ).where(*opened)
         session.execute(
             self.insert(BudgetOpenCall).from_select(
-                ["request_id", "api_key_id", "started_at", "cost_pusd", "charge_pusd"], source
+                [
+                    "request_id",
+                    "api_key_id",
+                    "customer_id",
+                    "started_at",
+                    "cost_pusd",
+                    "charge_pusd",
+                ],
+                source,
             )
         )
 
@@ -248,6 +279,7 @@ class BudgetsCore:
             select(
                 BudgetOpenCall.request_id,
                 BudgetOpenCall.api_key_id,
+                BudgetOpenCall.customer_id,
                 BudgetOpenCall.started_at,
                 BudgetOpenCall.cost_pusd,
                 BudgetOpenCall.charge_pusd,
@@ -260,7 +292,13 @@ class BudgetsCore:
         provisional spend)."""
         rows = session.execute(
             select(
-                _C.request_id, _C.api_key_id, _C.started_at, _C.settled, _C[_COST], _C[_CHARGE]
+                _C.request_id,
+                _C.api_key_id,
+                _C.customer_id,
+                _C.started_at,
+                _C.settled,
+                _C[_COST],
+                _C[_CHARGE],
             ).where(
                 self.among(_C.request_id, ids),
                 _C.settled.is_(False),
@@ -281,6 +319,7 @@ class BudgetsCore:
         rows = session.execute(
             select(
                 _L.api_key_id,
+                _L.customer_id,
                 quarter,
                 func.coalesce(func.sum(_L[_COST]), 0),
                 func.coalesce(func.sum(_L[_CHARGE]), 0),
@@ -291,10 +330,11 @@ class BudgetsCore:
                 _L.api_key_id.is_not(None),
                 _L.call_started_at.is_not(None),
             )
-            .group_by(_L.api_key_id, quarter)
+            .group_by(_L.api_key_id, _L.customer_id, quarter)
         )
         return [
-            EntryAmounts(key, start, int(cost), int(charge)) for key, start, cost, charge in rows
+            EntryAmounts(key, customer, start, int(cost), int(charge))
+            for key, customer, start, cost, charge in rows
         ]
 
     def replace_open(
@@ -308,6 +348,7 @@ class BudgetsCore:
                     {
                         "request_id": r.request_id,
                         "api_key_id": r.api_key_id,
+                        "customer_id": r.customer_id,
                         "started_at": r.started_at,
                         "cost_pusd": r.cost_pusd,
                         "charge_pusd": r.charge_pusd,

@@ -676,9 +676,9 @@ class BudgetSpend(Base):
 
 
 class BudgetOpenCall(Base):
-    """What an open call adds to the budgets' provisional spend now (its key, start and current
-    amounts per measure, picodollars), so that a step takes exactly that back when the call's
-    figures change or it settles (``billing.budgets.counters``)."""
+    """What an open call adds to the budgets' provisional spend now (its key, customer, start
+    and current amounts per measure, picodollars), so that a step takes exactly that back when
+    the call's figures change or it settles (``billing.budgets.counters``)."""
 
     __tablename__ = "budget_open_calls"
 
@@ -687,8 +687,13 @@ class BudgetOpenCall(Base):
     started_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
     cost_pusd: Mapped[int] = _counter()
     charge_pusd: Mapped[int] = _counter()
+    # (0009) the call's customer at its start, as the step wrote it: a customer budget's share
+    customer_id: Mapped[str | None] = mapped_column(String(128))
 
-    __table_args__ = (Index(None, "api_key_id", "started_at"),)
+    __table_args__ = (
+        Index(None, "api_key_id", "started_at"),
+        Index(None, "customer_id", "started_at"),
+    )
 
 
 class BudgetAlert(Base):

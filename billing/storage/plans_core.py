@@ -67,15 +67,6 @@ class CorePlans:
             return list(session.scalars(_FIRST_KEYS, {"limit": limit}))
         return list(session.scalars(_NEXT_KEYS, {"after": after, "limit": limit}))
 
-    def keys_ever_of_customer(self, session: Session, customer_id: str) -> list[str]:
-        query = (
-            select(KeyAssignment.api_key_id)
-            .where(KeyAssignment.customer_id == customer_id)
-            .distinct()
-            .order_by(KeyAssignment.api_key_id)
-        )
-        return list(session.scalars(query))
-
     def key_seen(self, session: Session, api_key_id: str) -> bool:
         return bool(session.scalar(select(exists().where(Call.api_key_id == api_key_id))))
 

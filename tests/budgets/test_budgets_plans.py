@@ -72,3 +72,62 @@ def test_a_customer_charge_budget_sums_its_keys_at_the_plan_charge(client: TestC
     assert [b["budget_id"] for b in check["budgets"]] == ["cus"]
     other = read(client, lambda s: service.spend_check(s, "key_c3", NOV + timedelta(hours=3)))
     assert other["budgets"] == []
+
+
+def test_a_key_moved_to_another_customer_leaves_its_spend_with_the_first(
+    client: TestClient,
+) -> None:
+    price(client)
+    _assign(client, "key_m", "acme", None)
+    before = create(
+        client,
+        NOV,
+        budget_id="acme-before",
+        scope={"customer_id": "acme"},
+        limit_usd="1",
+        period="month",
+        measure="cost",
+    )
+    assert before["scope"] == {"customer_id": "acme"}
+    call(client, "m1", NOV + timedelta(hours=1), 100_000, key="key_m")  # $0.10, acme's
+    call(client, "m2", NOV + timedelta(hours=1), 50_000, key="key_m", settled=False)  # open
+    reconcile(client, NOV + timedelta(hours=2))
+    moved = {"customer_id": "initech", "plan_id": None, "effective_from": "2026-11-10T03:00:00Z"}
+    response = client.put("/v1/keys/key_m", json=moved)
+    assert response.status_code in (200, 201), response.text
+    for name, customer in (("acme-after", "acme"), ("initech", "initech")):
+        create(
+            client,
+            NOV + timedelta(hours=4),
+            budget_id=name,
+            scope={"customer_id": customer},
+            limit_usd="1",
+            period="month",
+            measure="cost",
+        )
+    call(client, "m3", NOV + timedelta(hours=5), 200_000, key="key_m")  # $0.20, initech's
+    reconcile(client, NOV + timedelta(hours=6))
+    at = NOV + timedelta(hours=6)
+    spent = {
+        b: (status(client, b, at)["settled_usd"], status(client, b, at)["provisional_usd"])
+        for b in ("acme-before", "acme-after", "initech")
+    }
+    assert spent == {
+        "acme-before": ("0.1", "0.05"),
+        "acme-after": ("0.1", "0.05"),
+        "initech": ("0.2", "0"),
+    }
+    usage = client.get(
+        "/v1/usage",
+        params={
+            "since": "2026-11-01T00:00:00Z",
+            "until": "2026-12-01T00:00:00Z",
+            "group_by": "customer_id",
+        },
+    )
+    assert usage.status_code == 200, usage.text
+    by_customer = {r["customer_id"]: r["cost_usd"] for r in usage.json()["data"]}
+    assert by_customer == {"acme": "0.1", "initech": "0.2"}
+    # The gateway's check answers the budgets of the key's customer now.
+    check = read(client, lambda s: service.spend_check(s, "key_m", at))
+    assert [b["budget_id"] for b in check["budgets"]] == ["initech"]
