@@ -21,6 +21,7 @@ from decimal import ROUND_HALF_EVEN, Decimal
 from fractions import Fraction
 
 from billing.dimensions import Tokens
+from billing.pricing.money import MAX_PUSD
 from billing.pricing.prices import PriceRow
 
 
@@ -61,7 +62,18 @@ def line_charge(
 ) -> int | None:
     """The charge of a line (or of an entry's deltas) in picodollars, by the module's rule:
     ``plan_price`` (the plan's price that applies, else None), ``markup_pct`` (the plan's markup
-    text; None: no plan)."""
+    text; None: no plan). None also for a charge beyond ``MAX_PUSD`` (no entry can hold it)."""
+    charge = _line_charge(tokens, units, cost_pusd, plan_price, markup_pct)
+    return charge if charge is None or -MAX_PUSD <= charge <= MAX_PUSD else None
+
+
+def _line_charge(
+    tokens: Tokens,
+    units: Mapping[str, int] | None,
+    cost_pusd: int | None,
+    plan_price: PriceRow | None,
+    markup_pct: str | None,
+) -> int | None:
     if plan_price is not None:
         charge = plan_price_charge(tokens, units, plan_price)
         if charge is not None:

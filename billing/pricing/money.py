@@ -14,6 +14,11 @@ from decimal import Decimal, InvalidOperation
 PICO = Decimal(10) ** 12
 MICRO = Decimal(10) ** 6
 #: The highest price accepted, USD per million tokens.
+#: The largest amount stored (a BIGINT of picodollars: about 9.2 million USD). A line or call
+#: whose exact cost or charge is larger has none (``unpriced``): it cannot be booked, and a
+#: call must never stay pending for it.
+MAX_PUSD = 2**63 - 1
+
 MAX_PRICE_USD_PER_MTOK = Decimal(100_000)
 #: The most decimal places a price may be written with (CONTRACT "Cost"), trailing zeros too.
 MAX_PRICE_DECIMALS = 6

@@ -11,6 +11,7 @@ from typing import Any
 from billing.dimensions import TOKEN_FIELDS, Tokens, set_tokens
 from billing.plans.charges import line_charge
 from billing.plans.rating import NO_TERMS, Rating, Terms
+from billing.pricing.money import MAX_PUSD
 from billing.pricing.prices import PriceBook, PriceRow, unit_prices_text
 from billing.pricing.rates import RATES
 from billing.reconcile.ledger import Line, LineKey, NewEntry, line_cost
@@ -92,14 +93,15 @@ def target_lines(figures: CallFigures, book: PriceBook, rating: Rating | None = 
 
 
 def call_cost(lines: Sequence[Line]) -> int | None:
-    """The call's exact cost in picodollars, or None when any line is unpriced."""
+    """The call's exact cost in picodollars, or None when any line is unpriced (or the sum is
+    beyond ``MAX_PUSD``)."""
     total = 0
     for line in lines:
         cost = line_cost(line.tokens, line.price, line.units)
         if cost is None:
             return None
         total += cost
-    return total
+    return total if total <= MAX_PUSD else None
 
 
 def call_charge(lines: Sequence[Line]) -> int | None:
@@ -112,7 +114,7 @@ def call_charge(lines: Sequence[Line]) -> int | None:
         if charge is None:
             return None
         total += charge
-    return total
+    return total if total <= MAX_PUSD else None
 
 
 def anomalies_of(fig: CallFigures, cost: int | None) -> list[str]:

@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 from billing.dimensions import TOKEN_FIELDS, Tokens
 from billing.plans.charges import line_charge
+from billing.pricing.money import MAX_PUSD
 from billing.pricing.prices import PriceRow
 from billing.pricing.rates import PLAN_RATE_COLUMNS, RATE_COLUMNS
 
@@ -80,7 +81,8 @@ def line_cost(
     tokens: Tokens, price: PriceRow | None, units: Mapping[str, int] | None = None
 ) -> int | None:
     """The exact cost in picodollars of ``tokens`` and ``units`` at ``price``; None when
-    unpriced (no price, or a unit of non-zero count without a price)."""
+    unpriced (no price, a unit of non-zero count without a price, or a cost beyond
+    ``MAX_PUSD``, which no entry can hold)."""
     if price is None:
         return None
     cost = price.cost_pusd(tokens)
@@ -89,7 +91,7 @@ def line_cost(
         if unit_cost is None:
             return None
         cost += unit_cost
-    return cost
+    return cost if -MAX_PUSD <= cost <= MAX_PUSD else None
 
 
 def _units_delta(now: Mapping[str, int], was: Mapping[str, int]) -> dict[str, int]:

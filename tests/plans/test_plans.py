@@ -183,6 +183,37 @@ def test_unpriced_without_a_plan_price_has_no_charge_never_0(
         assert (found["cost_usd"], found["charge_usd"]) == ("0.011316", "0.011316"), rid
 
 
+def test_an_amount_no_entry_can_hold_is_unpriced_and_the_call_settles(
+    priced: TestClient, app: FastAPI, settings: Settings
+) -> None:
+    """A cost or a charge beyond a BIGINT of picodollars (about 9.2 million USD) is none: the
+    call settles ``unpriced`` (never pending forever, never a partial amount)."""
+    dear = dict(SONNET, model="m-dear", input_usd_per_mtok="0", output_usd_per_mtok="100000")
+    ok(priced.post("/v1/prices", json=dear), 201)
+    big = {"plan_id": "big", "effective_from": "2026-01-01T00:00:00Z", "markup_pct": "100000"}
+    ok(priced.post("/v1/plans", json=big), 201)
+    ok(priced.put("/v1/keys/key_big", json={"plan_id": "big", **_SINCE_JAN}), 201)
+    # 10,000,000 output tokens at 100,000 USD per million: 1,000,000 USD; charged 1,001 times.
+    post(priced, call_events("big-charge", "2026-03-01T10:00:00Z", "key_big", "m-dear", 0, 10**7))
+    # 100,000,000 output tokens: 10,000,000 USD, beyond 9,223,372.036854775807.
+    post(priced, call_events("big-cost", "2026-03-01T10:00:00Z", "key_x", "m-dear", 0, 10**8))
+    reconcile(app, settings, "2026-03-01T10:05:00Z")
+    charged = call(priced, "big-charge")
+    assert (charged["status"], charged["cost_usd"], charged["charge_usd"]) == (
+        "completed",
+        "1000000",
+        None,
+    )
+    dear_call = call(priced, "big-cost")
+    assert (dear_call["status"], dear_call["cost_usd"], dear_call["charge_usd"]) == (
+        "completed",
+        None,
+        None,
+    )
+    assert "unpriced" in dear_call["anomalies"]
+    assert dear_call["output_tokens_billed"] == 10**8
+
+
 # --- re-rating -----------------------------------------------------------------------------
 
 
