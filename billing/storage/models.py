@@ -233,6 +233,15 @@ class Call(TokenColumns, Base):
             )
             for columns in (("started_at",), ("api_key_id", "started_at"), ("model", "started_at"))
         ),
+        # (v2, 0010) ... and after a customer (a name of its own: the plain index of these
+        # columns has the default one)
+        Index(
+            "ix_calls_units_customer_id_started_at",
+            "customer_id",
+            "started_at",
+            postgresql_where=text("units IS NOT NULL"),
+            sqlite_where=text("units IS NOT NULL"),
+        ),
     )
 
 
@@ -346,6 +355,14 @@ class LedgerEntry(TokenColumns, EntryRates, EntryPlanRates, Base):
                 sqlite_where=text("units IS NOT NULL"),
             )
             for columns in (("booked_at",), ("api_key_id", "booked_at"))
+        ),
+        # (v2, 0010) ... and after a customer
+        Index(
+            "ix_ledger_entries_units_customer_id_booked_at",
+            "customer_id",
+            "booked_at",
+            postgresql_where=text("units IS NOT NULL"),
+            sqlite_where=text("units IS NOT NULL"),
         ),
     )
 
