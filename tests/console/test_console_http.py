@@ -382,7 +382,7 @@ def test_budgets_list_their_progress_and_state(seeded: TestClient, tokens: dict[
     assert "b-console" in html and "key_&lt;b&gt;x&lt;/b&gt;" in html and "<b>x</b>" not in html
     assert '<progress max="1" value="0">0</progress>' in html and "<strong>ok</strong>" in html
     calls = seeded.get("/console/calls").text
-    assert "Customer filter and column: not built yet" in calls
+    assert "this page does not show them yet" in calls and "/v1/calls?customer_id=" in calls
     assert 'name="customer_id"' not in calls
 
 
