@@ -12,18 +12,8 @@ from datetime import UTC, datetime
 
 from sqlalchemy.orm import Session
 
-from billing.storage.models import KeyAssignment
+from billing.plans.rating import assignment_at
 from billing.storage.store import store_for
-
-
-def _in_force(history: list[KeyAssignment], now: datetime) -> KeyAssignment | None:
-    """The assignment in force at ``now`` of one key's ``history`` (oldest first)."""
-    found = None
-    for row in history:
-        if row.effective_from > now:
-            break
-        found = row
-    return found
 
 
 def customers_of_keys(session: Session, keys: Collection[str]) -> dict[str, str]:
@@ -33,7 +23,7 @@ def customers_of_keys(session: Session, keys: Collection[str]) -> dict[str, str]
     now = datetime.now(UTC)
     owners: dict[str, str] = {}
     for key, history in store_for(session).plans.key_history(session, list(keys)).items():
-        row = _in_force(history, now)
+        row = assignment_at(history, now)
         if row is not None and row.customer_id is not None:
             owners[key] = row.customer_id
     return owners

@@ -31,6 +31,17 @@ def plan_price_row(price: PlanPrice, effective_from: datetime) -> PriceRow:
     )
 
 
+def assignment_at(history: Sequence[KeyAssignment], when: datetime) -> KeyAssignment | None:
+    """The assignment in force at ``when`` of one key's ``history`` (oldest ``effective_from``
+    first, as ``PlansRepository.key_history`` gives it): the latest at or before ``when``."""
+    found = None
+    for row in history:
+        if row.effective_from > when:
+            break
+        found = row
+    return found
+
+
 @dataclass(frozen=True, slots=True)
 class Terms:
     """A call's customer and plan (either may be None), and, when the plan has a version in
@@ -109,12 +120,7 @@ class Rating:
         or before it) and the plan's version then; ``NO_TERMS`` for none."""
         if api_key_id is None or when is None:
             return NO_TERMS
-        found = None
-        for row in self._history.get(api_key_id, ()):
-            if row.effective_from <= when:
-                found = row
-            else:
-                break
+        found = assignment_at(self._history.get(api_key_id, ()), when)
         if found is None:
             return NO_TERMS
         if found.plan_id is None:

@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from billing.errors import FieldError, NotFound, PlanConflict, ValidationFailed
-from billing.plans.rating import plan_price_row
+from billing.plans.rating import assignment_at, plan_price_row
 from billing.plans.schemas import KeyIn, PlanIn, check_key_id
 from billing.pricing.prices import PriceRow, PriceVersion, unit_prices_text
 from billing.pricing.rates import RATE_COLUMNS, RATE_FIELDS
@@ -34,10 +34,7 @@ def _version_json(row: KeyAssignment) -> dict[str, Any]:
 
 def key_json(api_key_id: str, history: list[KeyAssignment], now: datetime) -> dict[str, Any]:
     """The API form of a key (``KeyOut``): the assignment in force at ``now``, and its history."""
-    current = None
-    for row in history:
-        if row.effective_from <= now:
-            current = row
+    current = assignment_at(history, now)
     return {
         "api_key_id": api_key_id,
         "customer_id": current.customer_id if current else None,
