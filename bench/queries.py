@@ -705,7 +705,8 @@ def seed_arguments(parser: argparse.ArgumentParser, iterations: int) -> None:
 
 def seeded_url(name: str, args: argparse.Namespace) -> str:
     """The database URL (``BILLING_DATABASE_URL``, else ``$TMPDIR/billing-bench-{name}.db``),
-    migrated and seeded with ``args.calls`` calls unless ``--reuse`` finds them there."""
+    migrated and seeded with ``args.calls`` calls over ``args.keys`` keys unless ``--reuse`` finds
+    them there."""
     default = Path(tempfile.gettempdir()) / f"billing-bench-{name}.db"
     url = os.environ.get("BILLING_DATABASE_URL", f"sqlite:///{default}")
     url = Settings(database_url=url).database_url
@@ -714,7 +715,13 @@ def seeded_url(name: str, args: argparse.Namespace) -> str:
     with engine.connect() as conn:
         present = conn.scalar(text("SELECT count(*) FROM calls"))
         assigned = bool(conn.scalar(text("SELECT count(*) FROM key_assignments")))
-    if not (args.reuse and present == args.calls and assigned == getattr(args, "plans", False)):
+        # The seed's keys are key_0001 ... key_{args.keys}: the last one there and no further.
+        last, beyond = (
+            conn.scalar(text("SELECT 1 FROM calls WHERE api_key_id = :k LIMIT 1"), {"k": k})
+            for k in (f"key_{args.keys:04d}", f"key_{args.keys + 1:04d}")
+        )
+    same = present == args.calls and last is not None and beyond is None
+    if not (args.reuse and same and assigned == getattr(args, "plans", False)):
         print(f"seeding {args.calls:,} calls into {engine.url.render_as_string()}")
         started = time.perf_counter()
         seed(engine, args.calls, args.keys, args.models, getattr(args, "plans", False))
