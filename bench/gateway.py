@@ -12,6 +12,10 @@ CPU (target: under 5 % at 100 concurrent streams).
 
     python bench/gateway.py                                   # the full run
     python bench/gateway.py --calls 200 --tokens 50 --streams 20   # a smoke run
+
+With ``BENCH_GATEWAY_PROFILE=DIR`` each gateway process runs under ``cProfile`` and writes
+``DIR/gateway-plain.prof`` / ``DIR/gateway-metered.prof`` when it stops (a diagnosis aid: the
+profiler's own cost inflates both CPU figures).
 """
 
 from __future__ import annotations
@@ -205,7 +209,22 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args._serve:
         app = gateway_app(args._serve, args.upstream, args.billing, args.protocol)
-        uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
+        profile_dir = os.environ.get("BENCH_GATEWAY_PROFILE")  # a diagnosis aid, off by default
+        if not profile_dir:
+            uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
+            return
+        import cProfile
+        import signal
+
+        # uvicorn re-raises the SIGTERM it caught once it has shut down: end the profile then
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        profiler = cProfile.Profile()
+        try:
+            profiler.runcall(
+                uvicorn.run, app, host="127.0.0.1", port=args.port, log_level="warning"
+            )
+        finally:
+            profiler.dump_stats(str(Path(profile_dir) / f"gateway-{args._serve}.prof"))
         return
 
     chunks_per_call = len(
