@@ -3,7 +3,8 @@ fills in, and what an answer means (CONTRACT "Ingest")."""
 
 from __future__ import annotations
 
-import uuid
+import os
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -22,14 +23,36 @@ HEAD = b'{"events":['
 TAIL = b"]}"
 
 
+#: The version (4) and variant (RFC 4122) bits of a random UUID, as :func:`uuid.uuid4` sets them.
+_UUID4_CLEAR = ~(0xF000 << 64) & ~(0xC000 << 48)
+_UUID4_SET = (0x4000 << 64) | (0x8000 << 48)
+
+
 def new_event_id() -> str:
-    """A fresh event id: ``evt_`` followed by 32 hex digits of a random UUID (uuid4)."""
-    return f"evt_{uuid.uuid4().hex}"
+    """A fresh event id: ``evt_`` followed by 32 hex digits of a random UUID (uuid4).
+
+    The same value as ``uuid.uuid4().hex`` (16 bytes of ``os.urandom`` with the version and
+    variant bits set), without building a ``UUID`` (half the cost; it runs for every event)."""
+    bits = int.from_bytes(os.urandom(16)) & _UUID4_CLEAR | _UUID4_SET
+    return f"evt_{bits:032x}"
+
+
+#: ``(whole second, its "YYYY-MM-DDTHH:MM:SS" text)`` of the last :func:`utc_now` (one tuple,
+#: replaced whole: safe to read and replace from several threads).
+_second: tuple[int, str] = (-1, "")
 
 
 def utc_now() -> str:
-    """Now as RFC 3339 in UTC with microseconds and ``Z`` (``2026-10-15T08:00:00.123456Z``)."""
-    return rfc3339(datetime.now(UTC))
+    """Now as RFC 3339 in UTC with microseconds and ``Z`` (``2026-10-15T08:00:00.123456Z``).
+
+    The text of the current second is formatted once per second (this runs for every event)."""
+    global _second
+    micros = time.time_ns() // 1000
+    second, fraction = divmod(micros, 1_000_000)
+    cached = _second
+    if cached[0] != second:
+        cached = _second = (second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)))
+    return f"{cached[1]}.{fraction:06d}Z"
 
 
 def rfc3339(value: datetime) -> str:
