@@ -93,7 +93,12 @@ class Tap(ABC):
         """
         if self._closed:
             return
-        for name, data, _ in self._decoder.feed_raw(chunk):
+        decoder = self._decoder
+        data = decoder.whole_block(chunk)  # the usual chunk: one whole block, nothing pending
+        if data is not None:
+            self._handle(None, data)
+            return
+        for name, data, _ in decoder.feed_raw(chunk):
             self._handle(name, data)
 
     def close(self) -> None:

@@ -149,6 +149,34 @@ class SSEDecoder:
         self._read_lines(lines, out)
         return out
 
+    def whole_block(self, chunk: bytes | bytearray | memoryview) -> bytes | None:
+        """The data of ``chunk`` when it is the usual chunk of a stream (one whole block of one
+        ``data:`` line, LF line ends) and nothing is pending in the decoder, else ``None``.
+
+        With data, the chunk is read: it is the event ``(None, data, last_event_id)`` that
+        :meth:`feed_raw` would give, and the decoder is left as :meth:`feed_raw` would leave it
+        (unchanged). With ``None``, nothing was read: feed the chunk with :meth:`feed_raw`.
+        (The taps' per-chunk path: no list or tuple for the one event.)
+        """
+        if (
+            self._partial
+            or self._at_start
+            or self._skip_lf
+            or self._closed
+            or self._data
+            or self._event_name
+            or type(chunk) is not bytes
+        ):
+            return None
+        if (
+            chunk.startswith(b"data: ")
+            and chunk.endswith(b"\n\n")
+            and chunk.count(b"\n") == 2
+            and b"\r" not in chunk
+        ):
+            return chunk[6:-2]
+        return None
+
     def close_raw(self) -> list[RawSSEEvent]:
         """:meth:`close`, with each event's data as bytes (:data:`RawSSEEvent`)."""
         if self._closed:
