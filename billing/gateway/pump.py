@@ -142,8 +142,11 @@ class Pump:
                     if stall is not None:
                         self._timeout.reschedule(loop.time() + stall)
                     ready.append((chunk, generated))
-                    if self._arrival is not None:
-                        self._arrived()
+                    arrival = self._arrival
+                    if arrival is not None:  # (_arrived, in line: it runs for every chunk)
+                        self._arrival = None
+                        if not arrival.done():
+                            arrival.set_result(None)
                     if len(ready) >= READ_AHEAD:
                         self.room = room = loop.create_future()
                         await room
