@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -33,6 +34,8 @@ from billing.client import (
     BillingClient,
     ClientClosedError,
     DeliveryError,
+    new_event_id,
+    utc_now,
 )
 from billing.client.delivery import Post as _Post
 from billing.client.delivery import Sleep as _Sleep
@@ -810,3 +813,20 @@ def test_async_spool_then_replay(recorder: Recorder, db_url: str, tmp_path: Path
     ids = asyncio.run(main())
     assert _spool_lines(spool) == 0
     assert_stored_once(db_url, ids)
+
+
+@pytest.mark.nodb
+def test_event_ids_are_uuid4_hex_and_now_is_rfc3339_utc_microseconds() -> None:
+    ids = {new_event_id() for _ in range(2000)}
+    assert len(ids) == 2000
+    for event_id in ids:
+        assert event_id.startswith("evt_") and len(event_id) == 36
+        value = uuid.UUID(event_id[4:])
+        assert value.version == 4 and value.variant == uuid.RFC_4122
+        assert value.hex == event_id[4:]
+    before = datetime.now(UTC)
+    now = utc_now()
+    after = datetime.now(UTC)
+    assert len(now) == len("2026-10-15T08:00:00.123456Z") and now.endswith("Z")
+    moment = datetime.fromisoformat(now.replace("Z", "+00:00"))
+    assert before - timedelta(milliseconds=1) <= moment <= after + timedelta(milliseconds=1)

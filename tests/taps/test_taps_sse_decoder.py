@@ -180,3 +180,26 @@ def test_any_chunking_gives_the_same_events(data: st.DataObject, raw: bytes) -> 
         bytewise.extend(dec.feed(raw[i : i + 1]))
     bytewise.extend(dec.close())
     assert bytewise == whole
+
+
+def test_whole_block_reads_the_usual_chunk_as_feed_raw_would() -> None:
+    dec = SSEDecoder()
+    assert dec.whole_block(b'data: {"a":1}\n\n') is None  # the first chunk (a BOM may start it)
+    assert dec.feed_raw(b'data: {"a":1}\n\n') == [(None, b'{"a":1}', None)]
+    assert dec.whole_block(b'data: {"b":2}\n\n') == b'{"b":2}'
+    assert dec.feed_raw(b"id: 7\n\n") == []
+    assert dec.whole_block(b"data: [DONE]\n\n") == b"[DONE]"  # (the event's id would be "7")
+    for other in (
+        b"data: x\r\n\r\n",  # CR line ends
+        b"data: x\ndata: y\n\n",  # two data lines
+        b"event: e\ndata: x\n\n",  # a named event
+        b"data: x\n",  # half a block
+        bytearray(b"data: x\n\n"),  # not bytes
+    ):
+        assert dec.whole_block(other) is None
+    assert dec.feed_raw(b"data: par") == []  # a pending line: the next chunk is not whole
+    assert dec.whole_block(b"tial\n\n") is None
+    assert dec.feed_raw(b"tial\n\n") == [(None, b"partial", "7")]
+    assert dec.whole_block(b"data: z\n\n") == b"z"
+    dec.close_raw()
+    assert dec.whole_block(b"data: z\n\n") is None
