@@ -3,8 +3,9 @@ and ingest throughput with budgets against without, in the same run (CONTRACT "B
 alerts (v2)": p95 under 5 ms at 1,000,000 calls and 10,000 budgets; ingest within 10 %).
 
 Seeds ``--calls`` calls over ``--keys`` keys as ``bench/queries.py`` does (its ``seed``), then,
-against one ``billing serve``-like server in this process (uvicorn, the background reconciler
-and webhook worker on):
+against one ``billing serve`` in its own process (as a gateway meets the service: the load's
+threads and client do not share its GIL; the background reconciler and webhook worker on,
+reconciling every 0.5 s; its CPU seconds are reported per phase):
 
 1. ``--budgets`` monthly budgets over the first keys (every fourth in America/New_York), each
    filling its first counter from the ledger;
@@ -24,8 +25,10 @@ and webhook worker on):
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -38,7 +41,8 @@ from sqlalchemy import text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from queries import _Server, percentiles, seed_arguments, seeded_url
+from common import free_port, load_average, tree_cpu_s
+from queries import percentiles, seed_arguments, seeded_url
 
 from billing.budgets import service
 from billing.budgets.schemas import BudgetIn
@@ -51,6 +55,47 @@ from billing.storage.db import (
 )
 
 BUDGET_TABLES = ("webhook_outbox", "budget_alerts", "budget_spend", "budget_open_calls", "budgets")
+ROOT = Path(__file__).resolve().parents[1]
+#: The server's reconciliation interval (``BILLING_RECONCILE_INTERVAL_S``).
+RECONCILE_INTERVAL_S = 0.5
+
+
+class Serve:
+    """``billing serve`` over ``url`` in its own process (this checkout's package first on the
+    path), on a free loopback port; ``cpu_s()`` is its CPU seconds so far (user + system)."""
+
+    def __init__(self, url: str) -> None:
+        self.port = free_port()
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "BILLING_DATABASE_URL": url,
+            "BILLING_RECONCILE_INTERVAL_S": str(RECONCILE_INTERVAL_S),
+            "BILLING_LOG_LEVEL": "warning",
+        }
+
+    def __enter__(self) -> str:
+        command = "from billing.cli import main; main()"
+        args = [sys.executable, "-c", command, "serve", "--port", str(self.port)]
+        self.proc = subprocess.Popen(args, env=self.env, stderr=subprocess.DEVNULL)
+        base = f"http://127.0.0.1:{self.port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(base + "/healthz", timeout=1).status_code == 200:
+                    return base
+            except httpx.HTTPError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("billing serve did not start")
+            time.sleep(0.1)
+
+    def cpu_s(self) -> float:
+        return tree_cpu_s(self.proc.pid)
+
+    def __exit__(self, *exc: Any) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
 
 
 def _events(prefix: str, n_calls: int, keys: list[str]) -> list[dict[str, Any]]:
@@ -126,11 +171,13 @@ def drained(settings: Settings, timeout_s: float = 600.0) -> None:
 
 
 def in_force(settings: Settings, on: bool) -> None:
-    """Put the benchmark's budgets in force (``on``) or end them, in place."""
+    """Put the benchmark's budgets in force (``on``) or end them, in place (bumping their
+    generation, as every write of budgets does: the server's copy of them is then stale)."""
     engine = make_engine(settings)
     with engine.begin() as conn:
         value = "NULL" if on else "created_at"
         conn.execute(text(f"UPDATE budgets SET ended_at = {value}"))
+        conn.execute(text("UPDATE budget_generation SET generation = generation + 1"))
     engine.dispose()
 
 
@@ -217,7 +264,7 @@ def main() -> None:
     if args.budgets > args.keys:
         parser.error("--budgets must be at most --keys (one budget per key)")
     url = seeded_url("spend", args)
-    settings = Settings(database_url=url, reconcile_interval_s=0.5)
+    settings = Settings(database_url=url, reconcile_interval_s=RECONCILE_INTERVAL_S)
     engine = make_engine(settings)
     with engine.begin() as conn:
         for table in BUDGET_TABLES:
@@ -229,7 +276,9 @@ def main() -> None:
             )
     engine.dispose()
     keys = [f"key_{rank:04d}" for rank in range(1, args.budgets + 1)]
-    with _Server(settings, background=True) as base:
+    print(f"  load average {load_average():.2f}")
+    server = Serve(url)
+    with server as base:
         create_budgets(settings, args.budgets)
         # Rounds of without / with, so that the machine's drift falls on both alike: "without"
         # ends the budgets for the round (the counters then miss its calls: only the
@@ -240,7 +289,9 @@ def main() -> None:
                 in_force(settings, on)
                 drained(settings)
                 label = f"{'with' if on else 'without'} budgets {r + 1}"
+                cpu = server.cpu_s()
                 rates[on].append(throughput(base, label, keys, args.seconds, args.writers))
+                print(f"    server CPU {server.cpu_s() - cpu:.1f} s")
         drained(settings)
         without, with_budgets = (statistics.median(rates[on]) for on in (False, True))
         print(f"  median: without {without:,.0f}, with {with_budgets:,.0f} events/s")
@@ -248,6 +299,7 @@ def main() -> None:
         verdict = "ok" if change > -10 else "OVER 10 %"
         print(f"  ingest with budgets vs without: {change:+.1f} %   {verdict}")
         spend_latency(settings, base, keys, args.iterations, args.rate)
+    print(f"  load average {load_average():.2f}")
 
 
 if __name__ == "__main__":
