@@ -12,12 +12,13 @@ path (the SQL fast path or the rule) wrote them:
 
 The changes are summed per (key, customer, call start), then per budget version in force over
 the key or over the customer (the call's customer at its start, as the step wrote it on the call
-and its entries) and period, and added to the counters (one
-upsert each, returning the new figures); a counter whose spend crossed a threshold makes its
-alerts there (``billing.budgets.service.record_crossings``). Periods before a version's first
-(``tracked_from``) are not kept. With no budget in force a step does nothing here but one
-lookup (and, on PostgreSQL, the shared advisory lock that orders it with a budget's first
-counter).
+and its entries; the versions kept in memory, ``billing.budgets.cache``) and period, and added
+to the counters (one upsert for all, returning the new figures); a counter whose spend crossed a
+threshold makes its alerts there (``billing.budgets.service.record_crossings``). Periods before a
+version's first (``tracked_from``) are not kept. With no budget in force a step does nothing
+here but read the budgets' generation (and, on PostgreSQL, take the shared advisory lock that
+orders it with a budget's first counter, before that read: a budget made meanwhile has
+committed and bumped it).
 """
 
 from __future__ import annotations

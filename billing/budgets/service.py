@@ -3,7 +3,8 @@
 
 A budget version keeps its spend in counters (``budget_spend``: settled and provisional
 picodollars per period), kept by the reconciler (``billing.budgets.counters``); reading a status
-is two indexed lookups, never a scan of calls. A version fills its first counter (the period it
+is indexed lookups, never a scan of calls (the spend check: one statement over the versions kept
+in memory, ``billing.budgets.cache``). A version fills its first counter (the period it
 was created in) from the ledger and the open calls once, when created. Alerts are made where a
 counter changes, in the same transaction, with their webhook in the outbox
 (``billing.budgets.webhooks`` delivers it).
