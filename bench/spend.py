@@ -32,6 +32,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -204,8 +205,15 @@ def create_budgets(settings: Settings, n: int) -> list[str]:
 
 
 def spend_latency(
-    settings: Settings, base: str, keys: list[str], iterations: int, rate: float
+    settings: Settings,
+    base: str,
+    keys: list[str],
+    iterations: int,
+    rate: float,
+    server_cpu: Callable[[], float],
 ) -> None:
+    """The check's percentiles over HTTP (and the server's CPU meanwhile, the steady ingest's
+    included) and in-process, for the same random budgeted keys."""
     stop = threading.Event()
 
     def steady() -> None:
@@ -226,12 +234,16 @@ def spend_latency(
             for key in picks:  # untimed: the pages in memory
                 http.get("/v1/spend", params={"api_key_id": key})
             samples = []
+            cpu = server_cpu()
             for key in picks:
                 began = time.perf_counter()
                 response = http.get("/v1/spend", params={"api_key_id": key})
                 samples.append(time.perf_counter() - began)
                 assert response.status_code == 200, response.text
+            cpu = server_cpu() - cpu
         _report("GET /v1/spend over HTTP", samples)
+        per_check = cpu / len(picks) * 1000
+        print(f"    server CPU {cpu:.2f} s: {per_check:.2f} ms a check (steady ingest included)")
         sessions = make_sessionmaker(make_engine(settings))
         samples = []
         for key in picks:
@@ -298,7 +310,7 @@ def main() -> None:
         change = (with_budgets - without) / without * 100 if without else float("nan")
         verdict = "ok" if change > -10 else "OVER 10 %"
         print(f"  ingest with budgets vs without: {change:+.1f} %   {verdict}")
-        spend_latency(settings, base, keys, args.iterations, args.rate)
+        spend_latency(settings, base, keys, args.iterations, args.rate, server.cpu_s)
     print(f"  load average {load_average():.2f}")
 
 
