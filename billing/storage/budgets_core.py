@@ -206,7 +206,7 @@ class BudgetsCore:
         )
 
     def definitions(self, session: Session) -> list[BudgetDef]:
-        return [BudgetDef(*row) for row in session.execute(_DEFINITIONS)]
+        return [BudgetDef(*row) for row in session.connection().execute(_DEFINITIONS)]
 
     def spend_check_rows(
         self, session: Session, key: str, now: datetime
@@ -241,7 +241,8 @@ class BudgetsCore:
     ) -> dict[tuple[int, datetime], tuple[int, int]]:
         if not changes:
             return {}
-        rows = session.execute(
+        # Core on the session's connection: the ORM's bulk insert path costs twice the CPU.
+        rows = session.connection().execute(
             self._add_spend_statement(),
             [
                 {
@@ -413,7 +414,7 @@ class BudgetsCore:
             .group_by(_L.api_key_id, _L.customer_id, quarter)
         )
         found = StepAmounts([], [], [])
-        for kind, rid, key, customer, started, cost, charge in session.execute(
+        for kind, rid, key, customer, started, cost, charge in session.connection().execute(
             union_all(olds, calls, entries)
         ):
             amounts = OpenAmounts(rid, key, customer, started, int(cost), int(charge))
