@@ -265,8 +265,10 @@ def spend_check(session: Session, api_key_id: str, now: datetime) -> dict[str, A
 
     One statement (``BudgetsRepository.spend_check_rows``: the generation, the customer and the
     versions' latest counters) over the versions kept in memory (``billing.budgets.cache``;
-    loaded again in this transaction when the generation says they changed). A counter that is
-    not of the version's current period (none yet this period) counts 0."""
+    loaded again when the generation says they changed). A counter that is not of the version's
+    current period (none yet this period) counts 0. Needs no transaction around it
+    (``billing.storage.db.single_reads``): the statement is one snapshot, and versions loaded
+    again by another statement are at least as new as its generation."""
     generation, _, counters = _repo(session).spend_check_rows(session, api_key_id, now)
     budgets = cache.in_force_at(session, generation)
     # (A version ended between the statement and a reload of the copy is left out.)
