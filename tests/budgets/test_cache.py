@@ -63,6 +63,9 @@ def test_a_budget_created_changed_and_deleted_elsewhere_is_seen_by_the_next_step
         ("b1", "1", "0.1")
     ]
     assert _copy_generation(client) != before
+    # Over HTTP too (the handler's single_reads; now is later than November: a new period).
+    answer = client.get("/v1/spend", params={"api_key_id": "key_b1"}).json()
+    assert [(b["budget_id"], b["spent_usd"]) for b in answer["budgets"]] == [("b1", "0")]
     # The next step counts its call into the new budget (the copy loaded again).
     call(client, "c2", NOV + timedelta(hours=3), 200_000)  # $0.20
     reconcile(client, NOV + timedelta(hours=3, seconds=5))
@@ -83,6 +86,7 @@ def test_a_budget_created_changed_and_deleted_elsewhere_is_seen_by_the_next_step
 
     with write_transaction(other) as session:
         service.delete_budget(session, "b1", NOV + timedelta(hours=6))
+    assert client.get("/v1/spend", params={"api_key_id": "key_b1"}).json()["budgets"] == []
     assert _check(client, NOV + timedelta(hours=6)) == {
         "api_key_id": "key_b1",
         "allowed": True,
