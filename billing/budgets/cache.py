@@ -4,10 +4,11 @@ without reading ``budgets``.
 
 Every write of ``budgets`` bumps ``budget_generation`` in its transaction
 (``BudgetsRepository.insert_budget`` / ``end_budget``); a reader reads that number (one row, or
-in the spend check's own statement) and loads the versions again, in the same transaction, when
-it is not the one its copy was loaded at. The generation is read before the versions, so a copy
-is never older than the number it is kept under: another process's or replica's write is seen
-by the next step or check that starts after it committed.
+in the spend check's own statement) and loads the versions again, in the same session, when it
+is not the one its copy was loaded at. The generation is read before the versions (the same
+snapshot in a step's or a read transaction; a later one in the spend check's autocommit), so a
+copy is never older than the number it is kept under: another process's or replica's write is
+seen by the next step or check that starts after it committed.
 """
 
 from __future__ import annotations
