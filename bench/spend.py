@@ -3,8 +3,9 @@ and ingest throughput with budgets against without, in the same run (CONTRACT "B
 alerts (v2)": p95 under 5 ms at 1,000,000 calls and 10,000 budgets; ingest within 10 %).
 
 Seeds ``--calls`` calls over ``--keys`` keys as ``bench/queries.py`` does (its ``seed``), then,
-against one ``billing serve``-like server in this process (uvicorn, the background reconciler
-and webhook worker on):
+against one ``billing serve`` in its own process (as a gateway meets the service: the load's
+threads and client do not share its GIL; the background reconciler and webhook worker on,
+reconciling every 0.5 s; its CPU seconds are reported per phase):
 
 1. ``--budgets`` monthly budgets over the first keys (every fourth in America/New_York), each
    filling its first counter from the ledger;
@@ -14,7 +15,8 @@ and webhook worker on):
    (each run starts once the reconciler has drained the previous one's calls; with budgets
    the reconciler keeps their counters);
 3. ``GET /v1/spend`` for random budgeted keys over HTTP (httpx, one connection) and in-process
-   (``spend_check`` in a read transaction), while a thread ingests ``--rate`` events a second.
+   (``spend_check`` in ``single_reads``, as the handler runs it), while a thread ingests
+   ``--rate`` events a second.
 
     python bench/spend.py                                      # SQLite in $TMPDIR
     BILLING_DATABASE_URL=postgresql+psycopg://postgres@127.0.0.1:5432/bench python bench/spend.py
@@ -24,11 +26,14 @@ and webhook worker on):
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
+import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -38,7 +43,8 @@ from sqlalchemy import text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from queries import _Server, percentiles, seed_arguments, seeded_url
+from common import free_port, load_average, tree_cpu_s
+from queries import percentiles, seed_arguments, seeded_url
 
 from billing.budgets import service
 from billing.budgets.schemas import BudgetIn
@@ -46,11 +52,52 @@ from billing.settings import Settings
 from billing.storage.db import (
     make_engine,
     make_sessionmaker,
-    read_transaction,
+    single_reads,
     write_transaction,
 )
 
 BUDGET_TABLES = ("webhook_outbox", "budget_alerts", "budget_spend", "budget_open_calls", "budgets")
+ROOT = Path(__file__).resolve().parents[1]
+#: The server's reconciliation interval (``BILLING_RECONCILE_INTERVAL_S``).
+RECONCILE_INTERVAL_S = 0.5
+
+
+class Serve:
+    """``billing serve`` over ``url`` in its own process (this checkout's package first on the
+    path), on a free loopback port; ``cpu_s()`` is its CPU seconds so far (user + system)."""
+
+    def __init__(self, url: str) -> None:
+        self.port = free_port()
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "BILLING_DATABASE_URL": url,
+            "BILLING_RECONCILE_INTERVAL_S": str(RECONCILE_INTERVAL_S),
+            "BILLING_LOG_LEVEL": "warning",
+        }
+
+    def __enter__(self) -> str:
+        command = "from billing.cli import main; main()"
+        args = [sys.executable, "-c", command, "serve", "--port", str(self.port)]
+        self.proc = subprocess.Popen(args, env=self.env, stderr=subprocess.DEVNULL)
+        base = f"http://127.0.0.1:{self.port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(base + "/healthz", timeout=1).status_code == 200:
+                    return base
+            except httpx.HTTPError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("billing serve did not start")
+            time.sleep(0.1)
+
+    def cpu_s(self) -> float:
+        return tree_cpu_s(self.proc.pid)
+
+    def __exit__(self, *exc: Any) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
 
 
 def _events(prefix: str, n_calls: int, keys: list[str]) -> list[dict[str, Any]]:
@@ -126,11 +173,13 @@ def drained(settings: Settings, timeout_s: float = 600.0) -> None:
 
 
 def in_force(settings: Settings, on: bool) -> None:
-    """Put the benchmark's budgets in force (``on``) or end them, in place."""
+    """Put the benchmark's budgets in force (``on``) or end them, in place (bumping their
+    generation, as every write of budgets does: the server's copy of them is then stale)."""
     engine = make_engine(settings)
     with engine.begin() as conn:
         value = "NULL" if on else "created_at"
         conn.execute(text(f"UPDATE budgets SET ended_at = {value}"))
+        conn.execute(text("UPDATE budget_generation SET generation = generation + 1"))
     engine.dispose()
 
 
@@ -157,8 +206,15 @@ def create_budgets(settings: Settings, n: int) -> list[str]:
 
 
 def spend_latency(
-    settings: Settings, base: str, keys: list[str], iterations: int, rate: float
+    settings: Settings,
+    base: str,
+    keys: list[str],
+    iterations: int,
+    rate: float,
+    server_cpu: Callable[[], float],
 ) -> None:
+    """The check's percentiles over HTTP (and the server's CPU meanwhile, the steady ingest's
+    included) and in-process, for the same random budgeted keys."""
     stop = threading.Event()
 
     def steady() -> None:
@@ -179,17 +235,21 @@ def spend_latency(
             for key in picks:  # untimed: the pages in memory
                 http.get("/v1/spend", params={"api_key_id": key})
             samples = []
+            cpu = server_cpu()
             for key in picks:
                 began = time.perf_counter()
                 response = http.get("/v1/spend", params={"api_key_id": key})
                 samples.append(time.perf_counter() - began)
                 assert response.status_code == 200, response.text
+            cpu = server_cpu() - cpu
         _report("GET /v1/spend over HTTP", samples)
+        per_check = cpu / len(picks) * 1000
+        print(f"    server CPU {cpu:.2f} s: {per_check:.2f} ms a check (steady ingest included)")
         sessions = make_sessionmaker(make_engine(settings))
         samples = []
         for key in picks:
             began = time.perf_counter()
-            with read_transaction(sessions) as session:
+            with single_reads(sessions) as session:  # as the handler reads it
                 service.spend_check(session, key, datetime.now(UTC))
             samples.append(time.perf_counter() - began)
         _report("spend_check in-process", samples)
@@ -217,7 +277,7 @@ def main() -> None:
     if args.budgets > args.keys:
         parser.error("--budgets must be at most --keys (one budget per key)")
     url = seeded_url("spend", args)
-    settings = Settings(database_url=url, reconcile_interval_s=0.5)
+    settings = Settings(database_url=url, reconcile_interval_s=RECONCILE_INTERVAL_S)
     engine = make_engine(settings)
     with engine.begin() as conn:
         for table in BUDGET_TABLES:
@@ -229,7 +289,9 @@ def main() -> None:
             )
     engine.dispose()
     keys = [f"key_{rank:04d}" for rank in range(1, args.budgets + 1)]
-    with _Server(settings, background=True) as base:
+    print(f"  load average {load_average():.2f}")
+    server = Serve(url)
+    with server as base:
         create_budgets(settings, args.budgets)
         # Rounds of without / with, so that the machine's drift falls on both alike: "without"
         # ends the budgets for the round (the counters then miss its calls: only the
@@ -240,14 +302,17 @@ def main() -> None:
                 in_force(settings, on)
                 drained(settings)
                 label = f"{'with' if on else 'without'} budgets {r + 1}"
+                cpu = server.cpu_s()
                 rates[on].append(throughput(base, label, keys, args.seconds, args.writers))
+                print(f"    server CPU {server.cpu_s() - cpu:.1f} s")
         drained(settings)
         without, with_budgets = (statistics.median(rates[on]) for on in (False, True))
         print(f"  median: without {without:,.0f}, with {with_budgets:,.0f} events/s")
         change = (with_budgets - without) / without * 100 if without else float("nan")
         verdict = "ok" if change > -10 else "OVER 10 %"
         print(f"  ingest with budgets vs without: {change:+.1f} %   {verdict}")
-        spend_latency(settings, base, keys, args.iterations, args.rate)
+        spend_latency(settings, base, keys, args.iterations, args.rate, server.cpu_s)
+    print(f"  load average {load_average():.2f}")
 
 
 if __name__ == "__main__":

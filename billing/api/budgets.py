@@ -12,7 +12,7 @@ from pydantic import AwareDatetime
 from starlette.concurrency import run_in_threadpool
 
 from billing.api.errors import answers
-from billing.api.state import AppState, get_state, read
+from billing.api.state import AppState, get_state, read, read_single
 from billing.auth.guard import allow
 from billing.budgets import service
 from billing.budgets.schemas import (
@@ -131,7 +131,8 @@ async def get_spend(
     """``allowed`` is false when any budget over the key or its customer is exceeded."""
     _known(request, "api_key_id")
     now = datetime.now(UTC)
-    return JSONResponse(await read(state, lambda s: service.spend_check(s, api_key_id, now)))
+    check = await read_single(state, lambda s: service.spend_check(s, api_key_id, now))
+    return JSONResponse(check)
 
 
 @router.get(

@@ -12,12 +12,13 @@ path (the SQL fast path or the rule) wrote them:
 
 The changes are summed per (key, customer, call start), then per budget version in force over
 the key or over the customer (the call's customer at its start, as the step wrote it on the call
-and its entries) and period, and added to the counters (one
-upsert each, returning the new figures); a counter whose spend crossed a threshold makes its
-alerts there (``billing.budgets.service.record_crossings``). Periods before a version's first
-(``tracked_from``) are not kept. With no budget in force a step does nothing here but one
-lookup (and, on PostgreSQL, the shared advisory lock that orders it with a budget's first
-counter).
+and its entries; the versions kept in memory, ``billing.budgets.cache``) and period, and added
+to the counters (one upsert for all, returning the new figures); a counter whose spend crossed a
+threshold makes its alerts there (``billing.budgets.service.record_crossings``). Periods before a
+version's first (``tracked_from``) are not kept. With no budget in force a step does nothing
+here but read the budgets' generation (and, on PostgreSQL, take the shared advisory lock that
+orders it with a budget's first counter, before that read: a budget made meanwhile has
+committed and bumped it).
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ from functools import lru_cache
 
 from sqlalchemy.orm import Session
 
+from billing.budgets.cache import InForce, in_force
 from billing.budgets.periods import period_start
-from billing.budgets.repository import OpenAmounts
+from billing.budgets.repository import BudgetDef, OpenAmounts
 from billing.budgets.service import record_crossings
-from billing.storage.models import Budget
 from billing.storage.store import store_for
 
 #: ``period_start`` remembered: a step's changes are by quarter hour, which repeat.
@@ -41,9 +42,6 @@ _period_start = lru_cache(maxsize=16384)(period_start)
 #: Per (key, customer or None, call start: its UTC quarter hour for entries): [settled cost,
 #: settled charge, provisional cost, provisional charge].
 Deltas = dict[tuple[str, str | None, datetime], list[int]]
-
-#: The budget versions in force by key and by customer.
-InForce = tuple[dict[str, list[Budget]], dict[str, list[Budget]]]
 
 
 def after_step(session: Session, request_ids: Sequence[str], now: datetime) -> int:
@@ -56,76 +54,43 @@ def after_step(session: Session, request_ids: Sequence[str], now: datetime) -> i
     ``calls``, ``BudgetsRepository.refresh_open``). A pass run with a
     fixed ``now`` (tests, benchmarks) must not step the same call twice: its entries are found
     by their booking time.
+
+    Statements: the generation (and the versions when it changed, ``billing.budgets.cache``);
+    with a version in force, the step's amounts (one); when one of them is counted, the open
+    calls' rows (one or two) and the counters (one).
     """
     if not request_ids:
         return 0
     repo = store_for(session).budgets
     repo.lock_shared(session)
-    if not repo.any_live(session):
+    budgets = in_force(session)
+    if not budgets.by_row:
         return 0
-    olds = repo.open_amounts(session, request_ids)
-    calls = repo.call_amounts(session, request_ids)
-    entries = repo.entry_amounts(session, request_ids, now)
-    keys = {o.api_key_id for o in olds} | {e.api_key_id for e in entries}
-    keys |= {c.api_key_id for c in calls if c.api_key_id is not None}
-    owners = {
-        c
-        for c in (
-            *(o.customer_id for o in olds),
-            *(e.customer_id for e in entries),
-            *(c.customer_id for c in calls),
-        )
-        if c is not None
-    }
-    budgets = _budgets_of(session, keys, owners)
-    by_key, by_customer = budgets
+    amounts = repo.step_amounts(session, request_ids, now)
+    by_key, by_customer = budgets.by_key, budgets.by_customer
     deltas: Deltas = defaultdict(lambda: [0, 0, 0, 0])
-    for old in olds:
+    for old in amounts.olds:
         d = deltas[(old.api_key_id, old.customer_id, old.started_at)]
         d[2] -= old.cost_pusd
         d[3] -= old.charge_pusd
     still_open: list[OpenAmounts] = []
-    for call in calls:  # open, with a key, a start and an amount
-        if call.started_at is None or call.api_key_id is None:
-            continue
+    for call in amounts.calls:  # open, with a key, a start and an amount
         if call.api_key_id not in by_key and call.customer_id not in by_customer:
             continue
-        amounts = OpenAmounts(
-            call.request_id,
-            call.api_key_id,
-            call.customer_id,
-            call.started_at,
-            call.cost_pusd or 0,
-            call.charge_pusd or 0,
-        )
-        still_open.append(amounts)
-        d = deltas[(amounts.api_key_id, amounts.customer_id, amounts.started_at)]
-        d[2] += amounts.cost_pusd
-        d[3] += amounts.charge_pusd
-    for entry in entries:
+        still_open.append(call)
+        d = deltas[(call.api_key_id, call.customer_id, call.started_at)]
+        d[2] += call.cost_pusd
+        d[3] += call.charge_pusd
+    for entry in amounts.entries:
         if entry.api_key_id in by_key or entry.customer_id in by_customer:
-            d = deltas[(entry.api_key_id, entry.customer_id, entry.call_started_at)]
+            d = deltas[(entry.api_key_id, entry.customer_id, entry.started_at)]
             d[0] += entry.cost_pusd
             d[1] += entry.charge_pusd
-    if olds or still_open:
-        repo.replace_open(session, [o.request_id for o in olds], still_open)
+    if amounts.olds or still_open:
+        kept = {c.request_id for c in still_open}
+        gone = [o.request_id for o in amounts.olds if o.request_id not in kept]
+        repo.replace_open(session, [rid for rid in gone if rid is not None], still_open)
     return apply(session, {k: v for k, v in deltas.items() if any(v)}, now, budgets)
-
-
-def _budgets_of(session: Session, keys: set[str], owners: set[str]) -> InForce:
-    """The budget versions in force over each of ``keys`` and over each of the customers
-    ``owners``; keys and customers without any are left out."""
-    if not keys and not owners:
-        return {}, {}
-    found = store_for(session).budgets.live_for(session, keys, owners)
-    by_key: dict[str, list[Budget]] = defaultdict(list)
-    by_customer: dict[str, list[Budget]] = defaultdict(list)
-    for budget in found:
-        if budget.api_key_id is not None:
-            by_key[budget.api_key_id].append(budget)
-        elif budget.customer_id is not None:
-            by_customer[budget.customer_id].append(budget)
-    return dict(by_key), dict(by_customer)
 
 
 def apply(
@@ -135,24 +100,18 @@ def apply(
     budgets: InForce | None = None,
 ) -> int:
     """Add ``deltas`` to the counters of the budgets in force over their keys and customers
-    (``budgets`` as ``_budgets_of`` gives them, read when None), making the alerts of the
-    thresholds crossed; returns the alerts made."""
+    (``budgets`` as ``billing.budgets.cache.in_force`` gives them, read when None), making the
+    alerts of the thresholds crossed; returns the alerts made."""
     if not deltas:
         return 0
     if budgets is None:
-        budgets = _budgets_of(
-            session, {key for key, _, _ in deltas}, {c for _, c, _ in deltas if c is not None}
-        )
-    by_key, by_customer = budgets
+        budgets = in_force(session)
     repo = store_for(session).budgets
     # Per (budget row, period start): [settled, provisional] in the budget's measure.
     sums: dict[tuple[int, datetime], list[int]] = defaultdict(lambda: [0, 0])
-    rows: dict[int, Budget] = {}
+    rows: dict[int, BudgetDef] = {}
     for (key, customer, started), d in deltas.items():
-        over = by_key.get(key, [])
-        if customer is not None:
-            over = over + by_customer.get(customer, [])
-        for budget in over:
+        for budget in budgets.over(key, customer):
             start = _period_start(budget.period, budget.tz, started)
             if start < budget.tracked_from:
                 continue

@@ -6,7 +6,8 @@ Amounts are picodollars (``*_pusd``); ``cost`` and ``charge`` are the two measur
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -21,10 +22,28 @@ if TYPE_CHECKING:
 Scope = tuple[str, str]
 
 
+@dataclass(frozen=True, slots=True)
+class BudgetDef:
+    """A budget version in force as ``billing.budgets.cache`` keeps it: the columns of
+    ``billing.storage.models.Budget`` that the counters, the statuses and the alerts read."""
+
+    id: int
+    budget_id: str
+    api_key_id: str | None
+    customer_id: str | None
+    measure: str
+    period: str
+    tz: str
+    limit_usd: str
+    thresholds: str
+    webhook_url: str | None
+    tracked_from: datetime
+
+
 class OpenAmounts(NamedTuple):
     """What an open call adds to provisional spend (``budget_open_calls``)."""
 
-    request_id: str
+    request_id: str | None
     api_key_id: str
     customer_id: str | None
     started_at: datetime
@@ -32,27 +51,27 @@ class OpenAmounts(NamedTuple):
     charge_pusd: int
 
 
-class CallAmounts(NamedTuple):
-    """A call's row as a step left it (amounts null while unpriced)."""
+@dataclass(frozen=True, slots=True)
+class StepAmounts:
+    """What a reconciliation step changed (``BudgetsRepository.step_amounts``): ``olds``, the
+    ``budget_open_calls`` rows of its calls; ``calls``, its calls left open with a key, a start
+    and an amount (their figures now); ``entries``, the entries it booked summed per key,
+    customer (the call's, at its start) and UTC quarter hour of the call's start (``started_at``
+    is that quarter's start; ``request_id`` is None)."""
 
-    request_id: str
-    api_key_id: str | None
-    customer_id: str | None
-    started_at: datetime | None
-    settled: bool
-    cost_pusd: int | None
-    charge_pusd: int | None
+    olds: list[OpenAmounts]
+    calls: list[OpenAmounts]
+    entries: list[OpenAmounts]
 
 
-class EntryAmounts(NamedTuple):
-    """The ledger entries a step booked, summed per key, customer (the call's, at its start)
-    and UTC quarter hour of the call's start (``call_started_at`` is that quarter's start)."""
+class CounterRow(NamedTuple):
+    """A budget version's counter: its (settled, provisional) spend in the period from
+    ``period_start`` (None: the version has no counter at or before the time asked)."""
 
-    api_key_id: str
-    customer_id: str | None
-    call_started_at: datetime
-    cost_pusd: int
-    charge_pusd: int
+    budget_row: int
+    period_start: datetime | None
+    settled_pusd: int
+    provisional_pusd: int
 
 
 class Claimed(NamedTuple):
@@ -73,14 +92,28 @@ class BudgetsRepository(Protocol):
     def lock_exclusive(self, session: Session) -> None:
         """Held while a budget version fills its first counter."""
 
-    def insert_budget(self, session: Session, values: dict[str, Any]) -> Budget: ...
     def versions(self, session: Session, budget_id: str) -> list[Budget]: ...
-    def end_budget(self, session: Session, row: int, now: datetime) -> None: ...
+    def insert_budget(self, session: Session, values: dict[str, Any]) -> Budget:
+        """Add a version (and bump the generation)."""
+
+    def end_budget(self, session: Session, row: int, now: datetime) -> None:
+        """End a version (and bump the generation)."""
+
     def list_budgets(self, session: Session, include_ended: bool) -> list[Budget]: ...
-    def any_live(self, session: Session) -> bool: ...
-    def live_for(
-        self, session: Session, keys: Collection[str], customers: Collection[str]
-    ) -> list[Budget]: ...
+    def generation(self, session: Session) -> int | None:
+        """The budgets' generation (``budget_generation``; None without its row)."""
+
+    def bump_generation(self, session: Session) -> None: ...
+    def definitions(self, session: Session) -> list[BudgetDef]:
+        """The versions in force (``billing.budgets.cache``)."""
+
+    def spend_check_rows(
+        self, session: Session, key: str, now: datetime
+    ) -> tuple[int | None, str | None, list[CounterRow]]:
+        """One statement: the generation, the customer of ``key`` at ``now`` (its assignment in
+        force) and the latest counter at or before ``now`` of each version in force over the
+        key or that customer."""
+
     def spend(
         self, session: Session, pairs: Sequence[tuple[int, datetime]]
     ) -> dict[tuple[int, datetime], tuple[int, int]]:
@@ -119,14 +152,16 @@ class BudgetsRepository(Protocol):
     def refresh_open(self, session: Session, scope: Scope) -> None:
         """``budget_open_calls`` of the scope's open calls set to their current amounts."""
 
-    def open_amounts(self, session: Session, ids: Sequence[str]) -> list[OpenAmounts]: ...
-    def call_amounts(self, session: Session, ids: Sequence[str]) -> list[CallAmounts]: ...
-    def entry_amounts(
+    def step_amounts(
         self, session: Session, ids: Sequence[str], booked_at: datetime
-    ) -> list[EntryAmounts]: ...
+    ) -> StepAmounts:
+        """A step's olds, open calls and entries booked at ``booked_at`` (one statement)."""
+
     def replace_open(
-        self, session: Session, ids: Sequence[str], rows: Sequence[OpenAmounts]
-    ) -> None: ...
+        self, session: Session, gone: Sequence[str], rows: Sequence[OpenAmounts]
+    ) -> None:
+        """``budget_open_calls`` without ``gone`` and with ``rows`` (added or replaced)."""
+
     def insert_alert(self, session: Session, values: dict[str, Any]) -> bool:
         """Insert unless the (budget, period, threshold, type) has one; True when inserted."""
 

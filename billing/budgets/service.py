@@ -3,7 +3,8 @@
 
 A budget version keeps its spend in counters (``budget_spend``: settled and provisional
 picodollars per period), kept by the reconciler (``billing.budgets.counters``); reading a status
-is two indexed lookups, never a scan of calls. A version fills its first counter (the period it
+is indexed lookups, never a scan of calls (the spend check: one statement over the versions kept
+in memory, ``billing.budgets.cache``). A version fills its first counter (the period it
 was created in) from the ledger and the open calls once, when created. Alerts are made where a
 counter changes, in the same transaction, with their webhook in the outbox
 (``billing.budgets.webhooks`` delivers it).
@@ -25,9 +26,9 @@ from typing import Any
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from billing.budgets import customers
+from billing.budgets import cache
 from billing.budgets.periods import period_bounds
-from billing.budgets.repository import BudgetsRepository, Scope
+from billing.budgets.repository import BudgetDef, BudgetsRepository, Scope
 from billing.budgets.schemas import BudgetChange, BudgetIn, plain
 from billing.errors import BillingError, NotFound
 from billing.pricing.money import PICO
@@ -40,6 +41,9 @@ RESOLVED = "budget.threshold_resolved"
 #: ``fraction_used`` is shown with this many decimal places, rounded down.
 FRACTION_PLACES = Decimal("0.000001")
 MAX_ALERTS = 1000
+
+#: A budget version: a row of ``budgets`` or its copy in ``billing.budgets.cache``.
+AnyBudget = Budget | BudgetDef
 
 
 class BudgetExists(BillingError):
@@ -64,12 +68,12 @@ def new_secret() -> str:
     return "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
 
 
-def thresholds_of(budget: Budget) -> list[str]:
+def thresholds_of(budget: AnyBudget) -> list[str]:
     value: list[str] = json.loads(budget.thresholds)
     return value
 
 
-def scope_of(budget: Budget) -> dict[str, str]:
+def scope_of(budget: AnyBudget) -> dict[str, str]:
     if budget.api_key_id is not None:
         return {"api_key_id": budget.api_key_id}
     assert budget.customer_id is not None
@@ -197,7 +201,7 @@ class Spent:
 
 
 def status_json(
-    budget: Budget, start: datetime, end: datetime | None, spent: Spent, now: datetime
+    budget: AnyBudget, start: datetime, end: datetime | None, spent: Spent, now: datetime
 ) -> dict[str, Any]:
     """The contract's budget status (``BudgetStatus``) from a counter's figures."""
     limit = Decimal(budget.limit_usd)
@@ -255,11 +259,28 @@ def budget_status(session: Session, budget_id: str, now: datetime) -> dict[str, 
 
 
 def spend_check(session: Session, api_key_id: str, now: datetime) -> dict[str, Any]:
-    """``GET /v1/spend``: every budget in force over the key or its customer, and ``allowed``
-    (false when any of them is exceeded)."""
-    owner = customers.customers_of_keys(session, [api_key_id]).get(api_key_id)
-    budgets = _repo(session).live_for(session, [api_key_id], [owner] if owner else [])
-    statuses = _statuses(session, budgets, now)
+    """``GET /v1/spend``: every budget in force over the key or its customer (the key's
+    assignment in force now), by ``budget_id``, and ``allowed`` (false when any of them is
+    exceeded).
+
+    One statement (``BudgetsRepository.spend_check_rows``: the generation, the customer and the
+    versions' latest counters) over the versions kept in memory (``billing.budgets.cache``;
+    loaded again when the generation says they changed). A counter that is not of the version's
+    current period (none yet this period) counts 0. Needs no transaction around it
+    (``billing.storage.db.single_reads``): the statement is one snapshot, and versions loaded
+    again by another statement are at least as new as its generation."""
+    generation, _, counters = _repo(session).spend_check_rows(session, api_key_id, now)
+    budgets = cache.in_force_at(session, generation)
+    # (A version ended between the statement and a reload of the copy is left out.)
+    known = [c for c in counters if c.budget_row in budgets.by_row]
+    statuses = []
+    for budget_row, counter_start, settled, provisional in sorted(
+        known, key=lambda c: budgets.by_row[c.budget_row].budget_id
+    ):
+        budget = budgets.by_row[budget_row]
+        start, end = period_bounds(budget.period, budget.tz, now)
+        spent = Spent(settled, provisional) if counter_start == start else Spent(0, 0)
+        statuses.append(status_json(budget, start, end, spent, now))
     return {
         "api_key_id": api_key_id,
         "allowed": all(s["state"] != "exceeded" for s in statuses),
@@ -280,7 +301,7 @@ def _bars(limit_usd: str, thresholds: str) -> tuple[tuple[str, Decimal], ...]:
 
 def record_crossings(
     session: Session,
-    budget: Budget,
+    budget: AnyBudget,
     start: datetime,
     old_pusd: int,
     settled_pusd: int,

@@ -363,6 +363,22 @@ def read_transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
             session.rollback()
 
 
+@contextmanager
+def single_reads(factory: sessionmaker[Session]) -> Iterator[Session]:
+    """A session for reads that are each one statement, each its own consistent snapshot (a
+    reader that needs several statements to agree uses ``read_transaction``). On PostgreSQL the
+    connection is in autocommit: no ``BEGIN`` and ``ROLLBACK`` round trips around the statement
+    (the spend check, ``billing.budgets.service.spend_check``); SQLite's is a read transaction as
+    ``read_transaction``'s (no round trips there)."""
+    with factory() as session:
+        if session.get_bind().dialect.name == "postgresql":
+            session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+        try:
+            yield session
+        finally:
+            session.rollback()
+
+
 def is_stale_connection(error: BaseException) -> bool:
     """Whether ``error`` came from a connection that had died (the server restarted, a proxy
     cut it): SQLAlchemy has invalidated it, so a new transaction gets a fresh connection."""

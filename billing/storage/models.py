@@ -678,6 +678,18 @@ class Budget(Base):
     )
 
 
+class BudgetGeneration(Base):
+    """One row (``id`` 1): a number that every write of ``budgets`` (a version added or ended)
+    bumps in its transaction, so that a process's copy of the budgets in force
+    (``billing.budgets.cache``) knows it is stale, whichever process or replica wrote. A missing
+    row (tables emptied) reads as None and the next write puts it back."""
+
+    __tablename__ = "budget_generation"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    generation: Mapped[int] = mapped_column(BigInteger, nullable=False)
+
+
 class BudgetSpend(Base):
     """A budget version's spend in one period (``period_start``, UTC), in picodollars of its
     measure: ``settled_pusd`` (ledger amounts of the calls started in the period) and

@@ -1,0 +1,89 @@
+"""The budget versions in force, kept in memory per process and database (CONTRACT "Budgets and
+alerts (v2)"): a reconciliation step and the spend check look them up by key and by customer
+without reading ``budgets``.
+
+Every write of ``budgets`` bumps ``budget_generation`` in its transaction
+(``BudgetsRepository.insert_budget`` / ``end_budget``); a reader reads that number (one row, or
+in the spend check's own statement) and loads the versions again, in the same session, when it
+is not the one its copy was loaded at. The generation is read before the versions (the same
+snapshot in a step's or a read transaction; a later one in the spend check's autocommit), so a
+copy is never older than the number it is kept under: another process's or replica's write is
+seen by the next step or check that starts after it committed.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
+
+from billing.budgets.repository import BudgetDef
+from billing.storage.store import store_for
+
+
+@dataclass(frozen=True, slots=True)
+class InForce:
+    """The versions in force at ``generation``: by row id, by key, by customer (each list by
+    ``budget_id``)."""
+
+    generation: int | None
+    by_row: dict[int, BudgetDef]
+    by_key: dict[str, list[BudgetDef]]
+    by_customer: dict[str, list[BudgetDef]]
+
+    @classmethod
+    def of(cls, generation: int | None, found: Iterable[BudgetDef]) -> InForce:
+        by_row: dict[int, BudgetDef] = {}
+        by_key: dict[str, list[BudgetDef]] = {}
+        by_customer: dict[str, list[BudgetDef]] = {}
+        for budget in sorted(found, key=lambda b: b.budget_id):
+            by_row[budget.id] = budget
+            if budget.api_key_id is not None:
+                by_key.setdefault(budget.api_key_id, []).append(budget)
+            elif budget.customer_id is not None:
+                by_customer.setdefault(budget.customer_id, []).append(budget)
+        return cls(generation, by_row, by_key, by_customer)
+
+    def over(self, key: str | None, customer: str | None) -> list[BudgetDef]:
+        """The versions over ``key`` and over ``customer`` (either may be None)."""
+        found = self.by_key.get(key, []) if key is not None else []
+        if customer is not None and customer in self.by_customer:
+            found = found + self.by_customer[customer]
+        return found
+
+
+#: Per engine (a process may open several databases; an engine disposed and dropped takes its
+#: copy with it).
+_copies: weakref.WeakKeyDictionary[Engine, InForce] = weakref.WeakKeyDictionary()
+_loading = threading.Lock()
+
+
+def _engine(session: Session) -> Engine:
+    bind = session.get_bind()
+    engine: Engine = bind.engine
+    return engine
+
+
+def in_force(session: Session) -> InForce:
+    """The versions in force as ``session`` sees them (the generation read first, then, when the
+    copy is of another one, the versions, in ``session``)."""
+    return in_force_at(session, store_for(session).budgets.generation(session))
+
+
+def in_force_at(session: Session, generation: int | None) -> InForce:
+    """``in_force`` with ``generation`` just read in this transaction (before anything else of
+    the budgets)."""
+    engine = _engine(session)
+    copy = _copies.get(engine)
+    # A missing row (None) is never trusted: the versions are read every time until a write
+    # puts the row back.
+    if copy is not None and generation is not None and copy.generation == generation:
+        return copy
+    fresh = InForce.of(generation, store_for(session).budgets.definitions(session))
+    with _loading:
+        _copies[engine] = fresh
+    return fresh
