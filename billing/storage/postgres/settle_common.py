@@ -39,11 +39,13 @@ _CONDITIONS = shared.SETTLE_CONDITIONS.format(u="u", greatest="GREATEST", cutoff
 # arrived settle_after ago (cutoff). The ledger entries are inserted in code-point order of
 # request_id (a step's entries: these first, then the rule's). A call's metadata as the rule
 # gives it: none for an absent or empty object (ingest wrote the stream.started's as JSON text,
-# null or {} included). The rollup groups: per key, model and 15-minute bucket of the start; the
-# cost summed as whole dollars and picodollars.
+# null or {} included). The rollup groups: per key, model and 15-minute bucket of the start, and
+# within it per provider and upstream account with the hour as ``drift_rollups`` keys it
+# (``billing.storage.postgres.drift``: the drift rollup's contributions come from these groups
+# too); the cost summed as whole dollars and picodollars.
 SETTLE = f"""
 WITH f AS MATERIALIZED (
-    SELECT {_COLUMNS}
+    SELECT {_COLUMNS}, c.provider AS provider, c.upstream_account AS upstream_account
     FROM (
         {_CALL_AGGREGATES}
     ) AS g
@@ -117,9 +119,11 @@ updated AS (
 SELECT api_key_id, model,
     date_bin(interval '15 minutes', started_at, timestamptz '2000-01-01 00:00:00+00')
         AS quarter,
+    date_trunc('hour', started_at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' AS hour,
+    coalesce(provider, '') AS provider_key, coalesce(upstream_account, '') AS account_key,
     {shared.ROLLUP_SUMS},
     array_agg(request_id)
-FROM f GROUP BY api_key_id, model, quarter
+FROM f GROUP BY api_key_id, model, quarter, hour, provider_key, account_key
 """
 
 
