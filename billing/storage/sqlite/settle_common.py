@@ -57,8 +57,8 @@ _CONDITIONS = shared.SETTLE_CONDITIONS.format(u="g", greatest="max", cutoff="?")
 # attempt, one stream.started, one stream.usage, at most one stream.client_disconnected, the rest
 # stream.tokens. The usage (u) and the disconnect (d) are named by their seq and read once, by
 # key; g adds their fields as typed columns, with ok false for any value the rule would not take
-# as ingest writes it (a JSON null anywhere in the usage body sends the call to the rule:
-# ingest's bodies are compact JSON, so a null is written ":null"). The price (p) is the one in
+# as ingest writes it (a usage that ingest did not flag plain, ``events.plain_usage``: a v2 field
+# or a JSON null anywhere in its body, sends the call to the rule). The price (p) is the one in
 # force at the call's start; the call settles now with upstream usage (and nothing delivered
 # beyond it: an anomaly, the rule's), or with an estimate whose last event arrived settle_after
 # ago (the one parameter after the ids).
@@ -78,7 +78,7 @@ FROM (
         json_extract(u.body, '$.stop_reason') AS stop_reason,
         json_extract(d.body, '$.output_tokens_delivered') AS disconnect_delivered,
         coalesce(json_extract(d.body, '$.output_tokens_generated'), 0) AS disconnect_generated,
-        (u.body NOT LIKE '%:null%'{shared.declined_usage("u.body", "%")}
+        (u.plain_usage = 1
             AND typeof(json_extract(u.body, '$.input_tokens')) = 'integer'
             AND typeof(json_extract(u.body, '$.output_tokens')) = 'integer'
             AND typeof(coalesce(json_extract(u.body, '$.cache_read_input_tokens'), 0)) = 'integer'
