@@ -36,13 +36,22 @@ def before_writes(session: Session, calls: Iterable[Any]) -> Contributions:
     return store_for(session).drift.contributions(session, ids) if ids else {}
 
 
-def after_writes(session: Session, before: Contributions, request_ids: Sequence[str]) -> None:
+def after_writes(
+    session: Session,
+    before: Contributions,
+    request_ids: Sequence[str],
+    added: Contributions | None = None,
+) -> None:
     """Replace ``before`` by what the calls ``request_ids`` (those the rollup holds, as the step
-    wrote them) add, in the rows of their hours and days: one upsert, rows in key order (one
-    lock order for every reconciler), rows that change nothing left out."""
+    wrote them, read back from ``calls``) and ``added`` (the contributions of calls the caller
+    summed already: the fast path's, ``billing.reconcile.common.settle_common``) add, in the
+    rows of their hours and days: one upsert, rows in key order (one lock order for every
+    reconciler), rows that change nothing left out."""
     store = store_for(session).drift
     deltas: dict[tuple[Any, ...], list[int]] = {}
     changes = [(key, sums, -1) for key, sums in before.items()]
+    if added:
+        changes += [(key, sums, 1) for key, sums in added.items()]
     if request_ids:
         changes += [
             (key, sums, 1) for key, sums in store.contributions(session, request_ids).items()

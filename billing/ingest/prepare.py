@@ -13,8 +13,9 @@ from typing import Any
 import orjson
 
 from billing.errors import Conflict, EventConflict
-from billing.ingest.schemas import Event, StreamStarted, StreamTokens
+from billing.ingest.schemas import Event, StreamStarted, StreamTokens, StreamUsage
 from billing.ingest.validation import ParsedEvent
+from billing.storage.settle_common_sql import plain_usage
 from billing.storage.types import sqlite_text
 
 
@@ -72,7 +73,9 @@ class EventRow:
         self.index = index
         #: The ``events`` row: event_id, request_id, attempt, type, occurred_at, received_at (both
         #: as ``sqlite_text``), content_hash, body (the JSON the gateway sent),
-        #: output_tokens_delivered, output_tokens_generated (the counters of a ``stream.tokens``).
+        #: output_tokens_delivered, output_tokens_generated (the counters of a ``stream.tokens``),
+        #: plain_usage (a ``stream.usage``'s: see ``settle_common_sql.plain_usage``).
+        body = orjson.dumps(raw).decode()
         self.values = (
             event.event_id,
             event.request_id,
@@ -81,12 +84,13 @@ class EventRow:
             self.occurred_text,
             received_text,
             digest,
-            orjson.dumps(raw).decode(),
+            body,
             *(
                 (event.output_tokens_delivered, event.output_tokens_generated)
                 if isinstance(event, StreamTokens)
                 else (None, None)
             ),
+            plain_usage(body) if isinstance(event, StreamUsage) else None,
         )
         #: For a ``stream.started``: api_key_id, model, protocol, metadata (as the JSON text the
         #: ``calls`` row stores), provider (defaulted from the protocol), upstream_account.

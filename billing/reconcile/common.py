@@ -36,7 +36,9 @@ not due yet (it is reconciled open), a usage carrying a v2 field (one-hour cache
 service tier, units, other models, reported anomalies: ``DECLINED_USAGE_FIELDS``) or an
 estimate without input, a call whose price in force has long-context prices that its input
 exceeds, (v2) a call whose key has an assignment in ``key_assignments`` (a customer or a plan:
-the rule charges it; the statements charge every other call its cost), a usage or disconnect
+the rule charges it; the statements charge every other call its cost), (v2) a call whose row
+has a served tier, units, other models, a customer or a plan already (the rule reconciled it open
+so; the statements do not write those columns), a usage or disconnect
 body that is not what ingest writes (not JSON, a value of another type, a count out of range, a
 JSON ``null`` in the usage) — where the rule decides (and refuses what it refuses) — and every
 call with a SQLite library too old for ``UPDATE … FROM``.
@@ -58,6 +60,8 @@ from typing import get_args
 from pydantic import BaseModel
 from sqlalchemy.orm import Session
 
+from billing.dimensions import TOKEN_FIELDS
+from billing.drift.rollup import Contributions
 from billing.ingest.schemas import (
     StreamClientDisconnected,
     StreamStarted,
@@ -164,12 +168,16 @@ def settle_common(
     now: datetime,
     settle_after_s: float,
     deltas: Deltas,
+    drift: Contributions | None = None,
 ) -> list[str]:
     """Settle, inside the caller's transaction, those of the (locked) ``request_ids`` that have
     the common shape (see the module docstring) and settle now: their ``calls`` row and
     settlement ledger entry are written by the database (a call of one attempt has no
     ``call_attempts`` row, see ``CallAttempt``), and their rollup contributions (both bases) are
-    added to ``deltas`` for the step to write. Returns the calls settled (in no particular
+    added to ``deltas`` for the step to write, and their contributions to ``drift_rollups`` (which
+    holds every call settled here: each has a ``stream.started``) to ``drift`` when given (keyed
+    and summed as ``billing.drift.rollup.Contributions``), so that the step need not read them
+    back from ``calls``. Returns the calls settled (in no particular
     order); the others are untouched, for the rule. ``now`` (aware UTC) is the step's clock
     (``booked_at``, ``settled_at``); a call with an estimate settles once its last event arrived
     ``settle_after_s`` seconds before ``now`` or earlier. Raises the driver's error for a body
@@ -181,11 +189,32 @@ def settle_common(
     settled, groups = store_for(session).reconcile.settle_common(
         session, request_ids, now, cutoff, reasons
     )
-    for api_key_id, model, quarter, calls, *sums in groups:
+    for api_key_id, model, quarter, hour, provider, account, calls, *sums in groups:
         *tokens, whole_usd, pico = (int(value) for value in sums)
         # Charged at cost (the statements settle no call whose key has a customer or a plan).
         cost = whole_usd * PICO + pico
         totals = Totals([calls, calls, *tokens, 0, 0], cost, cost)
         deltas.add(CALL_START, Placed(quarter, api_key_id, model, totals))
         deltas.add(BOOKED, Placed(now, api_key_id, model, totals))
+        if drift is not None:
+            # One attempt each, priced, no served tier (the statements decline a usage with one).
+            key = (hour, provider, model, account, "")
+            row = [calls, calls, *(tokens[i] for i in _DRIFT_TOKENS), whole_usd, pico, 0]
+            summed = drift.get(key)
+            if summed is not None:
+                row = [a + b for a, b in zip(summed, row, strict=True)]
+            drift[key] = row
     return settled
+
+
+#: The positions in ``TOKEN_FIELDS`` of the token sums ``drift_rollups`` keeps (its input, cache
+#: read, cache creation and output columns: ``billing.drift.repository.RollupSums``).
+_DRIFT_TOKENS = tuple(
+    TOKEN_FIELDS.index(name)
+    for name in (
+        "input_tokens",
+        "cache_read_input_tokens",
+        "cache_creation_input_tokens",
+        "output_tokens_billed",
+    )
+)

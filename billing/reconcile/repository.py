@@ -33,8 +33,10 @@ BodyRow = tuple[str, Any, DriverTime]
 #: generated, last received_at)`` of one attempt's ``stream.tokens`` (times as the driver
 #: returns them).
 FoldRow = tuple[str, int, DriverTime, DriverTime, int, int, DriverTime]
-#: ``(api_key_id, model, quarter (aware UTC), calls, *token sums, whole USD, picodollars)``: the
-#: rollup contributions of the calls the fast path settled, per key, model and quarter hour.
+#: ``(api_key_id, model, quarter (aware UTC), hour, provider, upstream account, calls, *token
+#: sums, whole USD, picodollars)``: the rollup contributions of the calls the fast path settled,
+#: per key, model, quarter hour, provider and upstream account (``''`` for none); ``hour`` is the
+#: quarter's hour as ``drift_rollups`` keys it (``billing.drift.repository.RollupKey``).
 GroupRow = tuple[Any, ...]
 #: The reasons of a settlement with upstream usage and of one on the clock.
 Reasons = tuple[str, str]

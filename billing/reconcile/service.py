@@ -150,8 +150,10 @@ def reconcile_calls(
     every = list(request_ids)
     # The calls the fast path settles were not settled: the drift rollup held none of them.
     common: list[str] = []
+    # Their contributions to the drift rollup, summed by the fast path.
+    common_drift: drift_rollup.Contributions = {}
     if common_in_sql:
-        common = settle_common(session, request_ids, now, settle_after_s, deltas)
+        common = settle_common(session, request_ids, now, settle_after_s, deltas, common_drift)
         if common:
             result.settled += len(common)
             result.settled_ids.extend(common)
@@ -159,7 +161,7 @@ def reconcile_calls(
             request_ids = [rid for rid in request_ids if rid not in done]
             if not request_ids:
                 rollups.after_step(session, {}, [], [], deltas)
-                drift_rollup.after_writes(session, {}, common)
+                drift_rollup.after_writes(session, {}, [], common_drift)
                 budget_counters.after_step(session, every, now)
                 return result
     repo = _repo(session)
@@ -227,7 +229,7 @@ def reconcile_calls(
     repo.write_entries(session, entries)
     rollups.after_step(session, rolled_up, after, entries, deltas)
     held = [new.request_id for _, new, _ in updates if drift_rollup.holds(new)]
-    drift_rollup.after_writes(session, drift_before, common + held)
+    drift_rollup.after_writes(session, drift_before, held, common_drift)
     budget_counters.after_step(session, every, now)
     return result
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 #: ``events``: an ``EventRow``'s values (``billing.ingest.prepare``), then the call's number.
 EVENT_COLUMNS = (
     "event_id, request_id, attempt, type, occurred_at, received_at, content_hash, body, "
-    "output_tokens_delivered, output_tokens_generated, call_no"
+    "output_tokens_delivered, output_tokens_generated, plain_usage, call_no"
 )
 #: ``calls``: a new call's row (number, request_id, first and last arrival, the bookkeeping of a
 #: pending open call, then the ``stream.started`` fields).

@@ -120,6 +120,10 @@ class Event(Base):
     body: Mapped[str] = mapped_column(Text, nullable=False)
     output_tokens_delivered: Mapped[int | None] = mapped_column(BigInteger)
     output_tokens_generated: Mapped[int | None] = mapped_column(BigInteger)
+    #: (0011) A ``stream.usage``'s body of the reconciler's fast path's shape as far as its text
+    #: goes (``billing.storage.settle_common_sql.plain_usage``), set once at ingest; null for the
+    #: other types.
+    plain_usage: Mapped[bool | None] = mapped_column(Boolean)
     call_no: Mapped[int | None] = mapped_column(BigInteger)
 
     __table_args__ = (Index(None, "call_no", "seq"),)
@@ -190,8 +194,17 @@ class Call(TokenColumns, Base):
 
     __table_args__ = (
         Index(None, "call_no", unique=True),
-        # (v2) The call log's customer filter (billing.calllog.queries).
-        Index(None, "customer_id", "started_at", "request_id"),
+        # (v2) The call log's customer filter (billing.calllog.queries). Partial (0011): every
+        # query of it names a customer, and a call without one (settled by the reconciler's
+        # fast path) then writes no entry to it.
+        Index(
+            None,
+            "customer_id",
+            "started_at",
+            "request_id",
+            postgresql_where=text("customer_id IS NOT NULL"),
+            sqlite_where=text("customer_id IS NOT NULL"),
+        ),
         Index(None, "api_key_id", "started_at", "request_id"),
         Index(None, "model", "started_at", "request_id"),
         Index(None, "started_at", "request_id"),
@@ -341,8 +354,15 @@ class LedgerEntry(TokenColumns, EntryRates, EntryPlanRates, Base):
     __table_args__ = (
         UniqueConstraint("request_id", "seq"),
         Index(None, "booked_at", "entry_id"),
-        # (v2) A customer's entries by booking (billing.calllog.usage's ragged edges).
-        Index(None, "customer_id", "booked_at"),
+        # (v2) A customer's entries by booking (billing.calllog.usage's ragged edges). Partial
+        # (0011), as the calls' customer index.
+        Index(
+            None,
+            "customer_id",
+            "booked_at",
+            postgresql_where=text("customer_id IS NOT NULL"),
+            sqlite_where=text("customer_id IS NOT NULL"),
+        ),
         # (v2) A budget's settled spend when it is created: its key's entries by call start.
         Index(None, "api_key_id", "call_started_at"),
         # (v2) The entries with units, by booking, alone and after a key

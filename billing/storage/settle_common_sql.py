@@ -16,6 +16,7 @@ call's row, ``p`` its price, ``f`` the gathered calls. The fragments hold no lit
 from __future__ import annotations
 
 import json
+import re
 
 from billing.dimensions import BUCKETS, TOKEN_FIELDS, USAGE_FIELDS
 from billing.ingest.schemas import MAX_TOKENS, StreamUsage
@@ -133,24 +134,38 @@ SETTLE_COLUMNS = f"""g.request_id AS request_id, c.api_key_id AS api_key_id, c.m
 
 #: The ``stream.usage`` fields the statements read (or, ``model``, ignore as the rule does for a
 #: call of this shape). A usage body that carries any other field (the v2 dimensions: one-hour
-#: cache writes, a service tier, units, other models, reported anomalies) goes to the rule: each
-#: dialect declines a body holding one of ``DECLINED_USAGE_FIELDS`` as a key (compact JSON writes
-#: a key as ``"name":``; inside a JSON string a quote is escaped, so no text value matches).
+#: cache writes, a service tier, units, other models, reported anomalies) goes to the rule: ingest
+#: flags a body holding one of ``DECLINED_USAGE_FIELDS`` as a key (compact JSON writes a key as
+#: ``"name":``; inside a JSON string a quote is escaped, so no text value matches), or a JSON
+#: null, in ``events.plain_usage`` (``plain_usage``), and the statements take only the usages
+#: flagged plain.
 USAGE_READ = _READ
 DECLINED_USAGE_FIELDS: tuple[str, ...] = tuple(
     name for name in StreamUsage.model_fields if name not in USAGE_READ
 )
 
 
-def declined_usage(body: str, percent: str) -> str:
-    """The condition that the usage ``body`` (a column) holds no key of
-    ``DECLINED_USAGE_FIELDS``; ``percent`` is the dialect's ``LIKE`` wildcard as its statement
-    text writes it (``%``, or ``%%`` with ``%(name)s`` parameters). A ``_`` in a name matches
-    any one character: at worst a call goes to the rule."""
-    return "".join(
-        f"\n                AND {body} NOT LIKE '{percent}\"{name}\":{percent}'"
-        for name in DECLINED_USAGE_FIELDS
-    )
+#: Lower case ASCII, as SQLite's ``LIKE`` compares (PostgreSQL's is case-sensitive: this declines
+#: at least what either declines).
+_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+#: The keys of ``DECLINED_USAGE_FIELDS`` (``"name":``) and ``:null`` as one search; ``_`` matches
+#: any one character, as in the ``LIKE`` patterns that migration 0011 fills the stored rows' flags
+#: with (at worst a call goes to the rule).
+_DECLINED = re.compile(
+    "|".join(
+        (":null", *(f'"{re.escape(name).replace("_", ".")}":' for name in DECLINED_USAGE_FIELDS))
+    ),
+    re.DOTALL,
+)
+
+
+def plain_usage(body: str) -> bool:
+    """Whether a ``stream.usage`` body (the JSON text ingest stores) is of the fast path's shape
+    as far as its text goes: no key of ``DECLINED_USAGE_FIELDS`` and no ``:null`` anywhere (a
+    JSON null), ASCII case ignored. Ingest stores it in ``events.plain_usage`` (migration
+    0011), which the fast path reads instead of searching every usage body again at each
+    settlement (the values' types it still checks in the body)."""
+    return _DECLINED.search(body.translate(_LOWER)) is None
 
 
 #: Template (``{u}``): every ``stream.usage`` token count (``USAGE_FIELDS``) in range.
@@ -172,8 +187,6 @@ SETTLES_NOW = f"""(({{u}}.source = 'upstream' AND {{u}}.output_tokens >= {_SEEN_
 #: Every rate of the price below ``RATE_LIMIT``.
 RATES_BELOW_LIMIT = "\n        AND ".join(f"p.{name} < {RATE_LIMIT}" for name in RATE_COLUMNS)
 
-#: Template (``{u}``, ``{greatest}``, ``{cutoff}``): the conditions on a call of the common shape
-#: (after its usage's ``ok``, the dialect's) for the fast path to settle it.
 #: Template (``{u}``): the price in force has no long-context prices that this call's input
 #: (input + cache read + cache creation) exceeds: such a call is the rule's (v2).
 NOT_LONG_CONTEXT = """NOT EXISTS (SELECT 1 FROM prices q
@@ -188,12 +201,23 @@ NOT_LONG_CONTEXT = """NOT EXISTS (SELECT 1 FROM prices q
 NO_KEY_ASSIGNMENT = """NOT EXISTS (SELECT 1 FROM key_assignments k
             WHERE k.api_key_id = c.api_key_id)"""
 
+#: (v2) The call's row has none of the v2 figures the statements leave as they are (a served
+#: tier, units, other models, a customer, a plan: ``SET_TOKENS_AND_COST`` does not write them, so
+#: that the settling ``UPDATE calls`` leaves the partial indexes over them alone). A row that has
+#: one was reconciled open by the rule before (with a v2 usage, or a key that had an assignment
+#: then): the rule settles it.
+NO_V2_FIGURES = """c.service_tier IS NULL AND c.units IS NULL AND c.other_models IS NULL
+        AND c.customer_id IS NULL AND c.plan_id IS NULL"""
+
+#: Template (``{u}``, ``{greatest}``, ``{cutoff}``): the conditions on a call of the common shape
+#: (after its usage's ``ok``, the dialect's) for the fast path to settle it.
 SETTLE_CONDITIONS = f"""{TOKEN_RANGES}
         AND {COUNTER_BOUNDS}
         AND {SETTLES_NOW}
         AND {RATES_BELOW_LIMIT}
         AND {NOT_LONG_CONTEXT}
-        AND {NO_KEY_ASSIGNMENT}"""
+        AND {NO_KEY_ASSIGNMENT}
+        AND {NO_V2_FIGURES}"""
 
 #: The ledger entry's columns, as ``INSERT INTO ledger_entries (…)`` lists them.
 ENTRY_COLUMN_LIST = ", ".join(ENTRY_COLUMNS)
@@ -214,13 +238,13 @@ ENTRY_VALUES = ", ".join(
     )
 )
 
-#: The call's buckets and cost as the gathered call f has them (``UPDATE calls SET …``).
+#: The call's buckets, cost and charge as the gathered call f has them (``UPDATE calls SET …``);
+#: its served tier, units, other models, customer and plan are null already (``NO_V2_FIGURES``).
 SET_TOKENS_AND_COST = ", ".join(
     (
         *(f"{name} = f.{name}" for name in TOKEN_FIELDS),
         "cost_pusd = f.cost_pusd",
-        "service_tier = NULL, units = NULL, other_models = NULL",
-        "customer_id = NULL, plan_id = NULL, charge_pusd = f.cost_pusd",
+        "charge_pusd = f.cost_pusd",
     )
 )
 

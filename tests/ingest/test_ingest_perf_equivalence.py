@@ -155,6 +155,8 @@ def test_rows_carry_the_values_the_old_path_computed(
             " ", "microseconds"
         )
         assert row.values[7] == orjson.dumps(event.raw).decode()
+        # plain_usage: set for the usage only (plain: none of the fields the fast path declines)
+        assert row.values[10] is (True if event.event.type == "stream.usage" else None)
     assert batch.rows[0].started is not None
     assert batch.rows[0].started[3] == json.dumps(metadata)
 
@@ -163,7 +165,7 @@ def test_rows_carry_the_values_the_old_path_computed(
 def test_multi_row_statements_cover_every_row(count: int) -> None:
     sizes: list[int] = []
     width = sqlite_ingest.INSERT_EVENTS[1].count("?")
-    assert width == 11  # the ten event columns and the call number
+    assert width == 12  # the eleven event columns and the call number
 
     class Conn:
         def exec_driver_sql(self, sql: str, params: tuple[Any, ...]) -> Any:
@@ -234,3 +236,25 @@ def test_the_ingest_fast_path_answers_like_the_route(app: FastAPI) -> None:
         assert reply.status_code == 422
         assert [e["index"] for e in reply.json()["errors"]] == [0]
         assert "/v1/events" in client.get("/openapi.json").json()["paths"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "plain"),
+    [
+        ({}, True),
+        ({"stop_reason": "end_turn"}, True),
+        ({"service_tier": "priority"}, False),
+        ({"cache_creation_input_tokens": 5, "cache_creation_1h_input_tokens": 5}, False),
+        ({"units": {"web_search": 1}}, False),
+        ({"stop_reason": None}, False),  # a JSON null: the rule's
+        ({"stop_reason": "a:null"}, False),  # the text ":null" anywhere (ASCII case ignored)
+        ({"stop_reason": "a:NULL"}, False),
+        ({"stop_reason": '"units":'}, True),  # a quote inside a string is escaped: no key
+    ],
+)
+def test_usage_bodies_are_flagged_plain_at_ingest(extra: dict[str, Any], plain: bool) -> None:
+    """``events.plain_usage`` (migration 0011), which the reconciler's fast path reads instead of
+    searching the body: false for a usage with a field it declines or a JSON null."""
+    parsed = parse_batch(body(usage("u", **extra)), NOW)
+    (row,) = prepare_batch(parsed, NOW).rows
+    assert row.values[10] is plain

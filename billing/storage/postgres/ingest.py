@@ -63,7 +63,7 @@ INSERT_EVENTS = (
     "SELECT request_id, stored_no, quiet FROM c WHERE stored_no IS NOT NULL), "
     f"e AS (INSERT INTO events ({EVENT_COLUMNS}) "
     "SELECT j->>0, j->>1, (j->>2)::integer, j->>3, (j->>4)::timestamptz, (j->>5)::timestamptz, "
-    "j->>6, j->>7, (j->>8)::bigint, (j->>9)::bigint, k.call_no "
+    "j->>6, j->>7, (j->>8)::bigint, (j->>9)::bigint, (j->>10)::boolean, k.call_no "
     "FROM jsonb_array_elements(%s::jsonb) AS j LEFT JOIN k ON k.request_id = j->>1 "
     'ORDER BY (j->>0) COLLATE "C" '
     "ON CONFLICT (event_id) DO NOTHING RETURNING event_id, request_id, call_no) "

@@ -32,18 +32,20 @@ _CONDITIONS = shared.SETTLE_CONDITIONS.format(u="u", greatest="GREATEST", cutoff
 # attempt, one stream.started, one stream.usage, at most one stream.client_disconnected, the rest
 # stream.tokens); the usage (ue) and the disconnect (de) are named by their seq and read once,
 # by key. u: their fields as typed columns, with ok false for any value the rule would not take
-# as ingest writes it (a JSON null anywhere in the usage body sends the call to the rule:
-# ingest's bodies are compact JSON, so a null is written ":null"). p: the price in force at the
+# as ingest writes it (a usage that ingest did not flag plain, ``events.plain_usage``: a v2 field
+# or a JSON null anywhere in its body, sends the call to the rule). p: the price in force at the
 # call's start (a LATERAL subquery run once per call). The call settles now with upstream usage
 # (and nothing delivered beyond it: an anomaly, the rule's), or with an estimate whose last event
 # arrived settle_after ago (cutoff). The ledger entries are inserted in code-point order of
 # request_id (a step's entries: these first, then the rule's). A call's metadata as the rule
 # gives it: none for an absent or empty object (ingest wrote the stream.started's as JSON text,
-# null or {} included). The rollup groups: per key, model and 15-minute bucket of the start; the
-# cost summed as whole dollars and picodollars.
+# null or {} included). The rollup groups: per key, model and 15-minute bucket of the start, and
+# within it per provider and upstream account with the hour as ``drift_rollups`` keys it
+# (``billing.storage.postgres.drift``: the drift rollup's contributions come from these groups
+# too); the cost summed as whole dollars and picodollars.
 SETTLE = f"""
 WITH f AS MATERIALIZED (
-    SELECT {_COLUMNS}
+    SELECT {_COLUMNS}, c.provider AS provider, c.upstream_account AS upstream_account
     FROM (
         {_CALL_AGGREGATES}
     ) AS g
@@ -76,7 +78,7 @@ WITH f AS MATERIALIZED (
             CASE WHEN dj.output_tokens_generated IS NULL THEN 0
                 WHEN json_typeof(dj.output_tokens_generated) = 'number'
                 THEN (dj.output_tokens_generated::text)::bigint END AS disconnect_generated,
-            (ue.body NOT LIKE '%%:null%%'{shared.declined_usage("ue.body", "%%")}
+            (ue.plain_usage
                 AND json_typeof(uj.input_tokens) = 'number'
                 AND json_typeof(uj.output_tokens) = 'number'
                 AND coalesce(json_typeof(uj.cache_read_input_tokens), 'number') = 'number'
@@ -117,9 +119,11 @@ updated AS (
 SELECT api_key_id, model,
     date_bin(interval '15 minutes', started_at, timestamptz '2000-01-01 00:00:00+00')
         AS quarter,
+    date_trunc('hour', started_at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' AS hour,
+    coalesce(provider, '') AS provider_key, coalesce(upstream_account, '') AS account_key,
     {shared.ROLLUP_SUMS},
     array_agg(request_id)
-FROM f GROUP BY api_key_id, model, quarter
+FROM f GROUP BY api_key_id, model, quarter, hour, provider_key, account_key
 """
 
 

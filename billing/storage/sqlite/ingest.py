@@ -92,7 +92,7 @@ READ_CALLS = _in_lists(
 #: An ``EventRow``'s values and its call's number.
 INSERT_EVENTS = _multi_row(
     f"INSERT INTO events ({EVENT_COLUMNS})",
-    "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     " ON CONFLICT (event_id) DO NOTHING",
 )
 LAST_ROWID = "SELECT last_insert_rowid()"

@@ -42,7 +42,7 @@ SCRATCH_TABLE = f"""
 CREATE TABLE IF NOT EXISTS scratch.reconcile_common (
     request_id TEXT PRIMARY KEY, api_key_id, model, protocol, status, started_at, ended_at,
     arrival, usage_source, {_TOKENS}, stop_reason, price_id, {_RATES}, cost_pusd,
-    call_rowid INTEGER
+    provider, upstream_account, call_rowid INTEGER
 )"""
 
 CLEAR_SCRATCH = "DELETE FROM scratch.reconcile_common"
@@ -57,15 +57,15 @@ _CONDITIONS = shared.SETTLE_CONDITIONS.format(u="g", greatest="max", cutoff="?")
 # attempt, one stream.started, one stream.usage, at most one stream.client_disconnected, the rest
 # stream.tokens. The usage (u) and the disconnect (d) are named by their seq and read once, by
 # key; g adds their fields as typed columns, with ok false for any value the rule would not take
-# as ingest writes it (a JSON null anywhere in the usage body sends the call to the rule:
-# ingest's bodies are compact JSON, so a null is written ":null"). The price (p) is the one in
+# as ingest writes it (a usage that ingest did not flag plain, ``events.plain_usage``: a v2 field
+# or a JSON null anywhere in its body, sends the call to the rule). The price (p) is the one in
 # force at the call's start; the call settles now with upstream usage (and nothing delivered
 # beyond it: an anomaly, the rule's), or with an estimate whose last event arrived settle_after
 # ago (the one parameter after the ids).
 GATHER = f"""
 INSERT INTO scratch.reconcile_common
 SELECT {_COLUMNS},
-    c.rowid
+    c.provider, c.upstream_account, c.rowid
 FROM (
     SELECT s.*,
         json_extract(u.body, '$.source') AS source,
@@ -78,7 +78,7 @@ FROM (
         json_extract(u.body, '$.stop_reason') AS stop_reason,
         json_extract(d.body, '$.output_tokens_delivered') AS disconnect_delivered,
         coalesce(json_extract(d.body, '$.output_tokens_generated'), 0) AS disconnect_generated,
-        (u.body NOT LIKE '%:null%'{shared.declined_usage("u.body", "%")}
+        (u.plain_usage = 1
             AND typeof(json_extract(u.body, '$.input_tokens')) = 'integer'
             AND typeof(json_extract(u.body, '$.output_tokens')) = 'integer'
             AND typeof(coalesce(json_extract(u.body, '$.cache_read_input_tokens'), 0)) = 'integer'
@@ -134,9 +134,11 @@ WHERE calls.rowid = f.call_rowid
 """
 
 # The calls' contributions summed per key, model and 15-minute bucket of their start (the
-# start's text cut to its quarter hour). The cost is summed as whole dollars and picodollars
-# (each call's cost < 2**63 picodollars; their sum may not be: SQLite's sum() raises on an
-# overflow).
+# start's text cut to its quarter hour), and within it per provider and upstream account, with
+# the hour as ``drift_rollups`` keys it (``billing.storage.sqlite.drift``): the drift rollup's
+# contributions come from these groups too. The cost is summed as whole dollars and
+# picodollars (each call's cost < 2**63 picodollars; their sum may not be: SQLite's sum()
+# raises on an overflow).
 ROLLUP_GROUPS = f"""
 SELECT api_key_id, model,
     substr(CAST(started_at AS VARCHAR), 1, 14)
@@ -145,9 +147,11 @@ SELECT api_key_id, model,
             WHEN (substr(CAST(started_at AS VARCHAR), 15, 2) < '45') THEN '30'
             ELSE '45' END
         || ':00.000000' AS quarter,
+    substr(CAST(started_at AS VARCHAR), 1, 13) || ':00:00.000000' AS hour,
+    coalesce(provider, '') AS provider_key, coalesce(upstream_account, '') AS account_key,
     {shared.ROLLUP_SUMS}
 FROM scratch.reconcile_common
-GROUP BY api_key_id, model, quarter
+GROUP BY api_key_id, model, quarter, hour, provider_key, account_key
 """
 
 
@@ -173,7 +177,7 @@ class SqliteSettleCommon:
         conn.exec_driver_sql(INSERT_ENTRIES, (*why, now_text))
         conn.exec_driver_sql(UPDATE_CALLS, (now_text,))
         groups = [
-            (key, model, datetime.fromisoformat(quarter + "+00:00"), *sums)
-            for key, model, quarter, *sums in conn.exec_driver_sql(ROLLUP_GROUPS)
+            (key, model, datetime.fromisoformat(quarter + "+00:00"), *rest)
+            for key, model, quarter, *rest in conn.exec_driver_sql(ROLLUP_GROUPS)
         ]
         return settled, groups
