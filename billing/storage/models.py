@@ -120,7 +120,7 @@ class Event(Base):
     body: Mapped[str] = mapped_column(Text, nullable=False)
     output_tokens_delivered: Mapped[int | None] = mapped_column(BigInteger)
     output_tokens_generated: Mapped[int | None] = mapped_column(BigInteger)
-    #: (0011) A ``stream.usage``'s body of the reconciler's fast path's shape as far as its text
+    #: (0012) A ``stream.usage``'s body of the reconciler's fast path's shape as far as its text
     #: goes (``billing.storage.settle_common_sql.plain_usage``), set once at ingest; null for the
     #: other types.
     plain_usage: Mapped[bool | None] = mapped_column(Boolean)
@@ -194,7 +194,7 @@ class Call(TokenColumns, Base):
 
     __table_args__ = (
         Index(None, "call_no", unique=True),
-        # (v2) The call log's customer filter (billing.calllog.queries). Partial (0011): every
+        # (v2) The call log's customer filter (billing.calllog.queries). Partial (0012): every
         # query of it names a customer, and a call without one (settled by the reconciler's
         # fast path) then writes no entry to it.
         Index(
@@ -355,7 +355,7 @@ class LedgerEntry(TokenColumns, EntryRates, EntryPlanRates, Base):
         UniqueConstraint("request_id", "seq"),
         Index(None, "booked_at", "entry_id"),
         # (v2) A customer's entries by booking (billing.calllog.usage's ragged edges). Partial
-        # (0011), as the calls' customer index.
+        # (0012), as the calls' customer index.
         Index(
             None,
             "customer_id",

@@ -149,7 +149,7 @@ DECLINED_USAGE_FIELDS: tuple[str, ...] = tuple(
 #: at least what either declines).
 _LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 #: The keys of ``DECLINED_USAGE_FIELDS`` (``"name":``) and ``:null`` as one search; ``_`` matches
-#: any one character, as in the ``LIKE`` patterns that migration 0011 fills the stored rows' flags
+#: any one character, as in the ``LIKE`` patterns that migration 0012 fills the stored rows' flags
 #: with (at worst a call goes to the rule).
 _DECLINED = re.compile(
     "|".join(
@@ -163,7 +163,7 @@ def plain_usage(body: str) -> bool:
     """Whether a ``stream.usage`` body (the JSON text ingest stores) is of the fast path's shape
     as far as its text goes: no key of ``DECLINED_USAGE_FIELDS`` and no ``:null`` anywhere (a
     JSON null), ASCII case ignored. Ingest stores it in ``events.plain_usage`` (migration
-    0011), which the fast path reads instead of searching every usage body again at each
+    0012), which the fast path reads instead of searching every usage body again at each
     settlement (the values' types it still checks in the body)."""
     return _DECLINED.search(body.translate(_LOWER)) is None
 

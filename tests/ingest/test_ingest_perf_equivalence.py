@@ -253,7 +253,7 @@ def test_the_ingest_fast_path_answers_like_the_route(app: FastAPI) -> None:
     ],
 )
 def test_usage_bodies_are_flagged_plain_at_ingest(extra: dict[str, Any], plain: bool) -> None:
-    """``events.plain_usage`` (migration 0011), which the reconciler's fast path reads instead of
+    """``events.plain_usage`` (migration 0012), which the reconciler's fast path reads instead of
     searching the body: false for a usage with a field it declines or a JSON null."""
     parsed = parse_batch(body(usage("u", **extra)), NOW)
     (row,) = prepare_batch(parsed, NOW).rows

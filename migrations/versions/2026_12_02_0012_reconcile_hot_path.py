@@ -1,6 +1,6 @@
 """the reconciler's fast path: usage bodies flagged plain at ingest; customer indexes partial
 
-Revision ID: 0011
+Revision ID: 0012
 Revises: 0010
 Create Date: 2026-12-02 00:11:00
 
@@ -22,8 +22,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0011"
-down_revision: str | None = "0010"
+revision: str = "0012"
+down_revision: str | None = "0011"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
