@@ -354,13 +354,8 @@ def read_transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
     before the step and its attempts or ledger after it). SQLite's read transaction is one
     snapshot already.
     """
-    with factory() as session:
-        if session.get_bind().dialect.name == "postgresql":
-            session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
-        try:
-            yield session
-        finally:
-            session.rollback()
+    with _reading(factory, "REPEATABLE READ") as session:
+        yield session
 
 
 @contextmanager
@@ -370,9 +365,16 @@ def single_reads(factory: sessionmaker[Session]) -> Iterator[Session]:
     connection is in autocommit: no ``BEGIN`` and ``ROLLBACK`` round trips around the statement
     (the spend check, ``billing.budgets.service.spend_check``); SQLite's is a read transaction as
     ``read_transaction``'s (no round trips there)."""
+    with _reading(factory, "AUTOCOMMIT") as session:
+        yield session
+
+
+@contextmanager
+def _reading(factory: sessionmaker[Session], pg_isolation: str) -> Iterator[Session]:
+    """A session that is always rolled back, at ``pg_isolation`` on PostgreSQL."""
     with factory() as session:
         if session.get_bind().dialect.name == "postgresql":
-            session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+            session.connection(execution_options={"isolation_level": pg_isolation})
         try:
             yield session
         finally:
