@@ -133,6 +133,9 @@ def _spend_check() -> Any:
 
 _SPEND_CHECK = _spend_check()
 
+#: ``session.info`` key: the transaction that bumped the generation already.
+_BUMPED = "billing.budgets.generation_bumped"
+
 
 class BudgetsCore:
     """``BudgetsRepository`` over a dialect's ``insert``; ``lock_shared`` / ``lock_exclusive``
@@ -196,7 +199,14 @@ class BudgetsCore:
 
     def bump_generation(self, session: Session) -> None:
         """Every write of ``budgets`` calls this in its transaction (the row is put back when
-        missing)."""
+        missing); once per transaction: the readers only need a new number after it, and each
+        bump is a new version of the one row that every spend check reads (thousands in one
+        transaction spread it over pages that PostgreSQL's index scan then walks until a
+        vacuum)."""
+        transaction = session.get_transaction()
+        if transaction is not None and session.info.get(_BUMPED) is transaction:
+            return
+        session.info[_BUMPED] = transaction
         statement = self.insert(BudgetGeneration).values(id=1, generation=1)
         session.execute(
             statement.on_conflict_do_update(

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import delete
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from billing.budgets import cache, service
@@ -128,3 +128,29 @@ def test_without_the_generation_row_the_versions_are_read_every_time(
         "b2",
     ]
     assert _copy_generation(client) == 1
+
+
+def test_many_budget_writes_in_one_transaction_bump_the_generation_once(
+    client: TestClient, other: sessionmaker[Session]
+) -> None:
+    price(client)
+    generation = select(BudgetGeneration.generation).where(BudgetGeneration.id == 1)
+    with read_transaction(other) as session:
+        before = session.scalar(generation) or 0
+    with write_transaction(other) as session:
+        for n in range(3):
+            body = BudgetIn.model_validate(
+                {"budget_id": f"b{n}", "scope": KEY, "limit_usd": "1", "period": "month"}
+            )
+            service.create_budget(session, body, NOV)
+        service.delete_budget(session, "b2", NOV)
+    with read_transaction(other) as session:
+        assert session.scalar(generation) == before + 1
+    # The app's copy is of that generation, with every version the transaction left in force.
+    assert [b["budget_id"] for b in _check(client, NOV)["budgets"]] == ["b0", "b1"]
+    assert _copy_generation(client) == before + 1
+    with write_transaction(other) as session:
+        service.delete_budget(session, "b1", NOV)
+    with read_transaction(other) as session:
+        assert session.scalar(generation) == before + 2
+    assert [b["budget_id"] for b in _check(client, NOV)["budgets"]] == ["b0"]
