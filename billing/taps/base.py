@@ -8,6 +8,7 @@ event it cannot read is counted in :attr:`Tap.malformed_events` and skipped.
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from dataclasses import replace
 from typing import Any, ClassVar, Generic, TypeVar
@@ -22,6 +23,23 @@ from billing.taps.usage import InputUsage, OtherModelUsage, Usage, build_input, 
 __all__ = ["Tap"]
 
 T = TypeVar("T")
+
+#: A JSON string's body that is its text's UTF-8 bytes as they are: no quote, no backslash (no
+#: escape), no control character (which JSON forbids unescaped).
+_PLAIN_TEXT = re.compile(rb'[^"\\\x00-\x1f]*')
+
+
+def _plain_text(text: bytes) -> bool:
+    """Whether ``text`` is a JSON string body that reads as its own bytes (valid UTF-8)."""
+    if _PLAIN_TEXT.fullmatch(text) is None:
+        return False
+    if text.isascii():
+        return True
+    try:
+        text.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 class _Reads(Generic[T]):
@@ -83,6 +101,10 @@ class Tap(ABC):
         # the provider's usage counts seen so far, by the protocol's own names (a later report
         # of a count replaces it)
         self._raw: dict[str, int] = {}
+        # The last event read, when it was a plain text delta (``_text_delta``): its data's
+        # bytes before and after the text. The next event that is the same bytes around another
+        # text changes nothing but the count of its piece (see ``feed``).
+        self._echo: tuple[bytes, bytes] | None = None
 
     # -- feeding ---------------------------------------------------------------------------
 
@@ -96,6 +118,25 @@ class Tap(ABC):
         decoder = self._decoder
         data = decoder.whole_block(chunk)  # the usual chunk: one whole block, nothing pending
         if data is not None:
+            echo = self._echo
+            if echo is not None and not self._done:
+                # The previous event again with another text (a provider repeats a chunk's
+                # every other byte across a stream's text deltas): reading it would only count
+                # its piece, so it is counted without reading the JSON.
+                before, after = echo
+                end = len(data) - len(after)
+                if (
+                    end >= len(before)
+                    and data.startswith(before)
+                    and data.endswith(after)
+                    and _plain_text(data[len(before) : end])
+                ):
+                    self._events += 1
+                    self._event_bad = False
+                    if end > len(before):
+                        self._deltas_total += 1
+                        self._deltas_since_exact += 1
+                    return
             self._handle(None, data)
             return
         for name, data, _ in decoder.feed_raw(chunk):
@@ -137,18 +178,33 @@ class Tap(ABC):
                     raise
             if not isinstance(payload, dict):
                 raise MalformedEventError("event data is not a JSON object")
-            kind = payload.get("type")
-            if not isinstance(kind, str) or not kind:
-                kind = sse_event or ""
+            named = payload.get("type")
+            kind: str = named if isinstance(named, str) and named else (sse_event or "")
             self._on_event(kind, sse_event, payload)
         except Exception:  # never raise on stream content: count and skip
             self._event_bad = True
+        self._echo = None
         if self._event_bad:
             self._malformed += 1
+        elif text is None and sse_event is None and self._TEXT_KEY is not None:
+            delta = self._text_delta(kind, payload)
+            if delta is not None:
+                self._echo = _echo_of(raw, self._TEXT_KEY, delta)
 
     def _mark_malformed(self) -> None:
         """Count the current event as malformed once, while going on reading the rest of it."""
         self._event_bad = True
+
+    #: The JSON key (quoted, as in the bytes) of a plain text delta's text (``_text_delta``), or
+    #: None: the protocol's taps read every event.
+    _TEXT_KEY: ClassVar[bytes | None] = None
+
+    def _text_delta(self, kind: str, data: dict[str, Any]) -> str | None:
+        """The text of ``data`` (an event :meth:`_on_event` just read, without an SSE event
+        name) when it is a plain text delta: reading it again with another text, right after
+        it, would change nothing but its one counted piece (none for an empty text). Its text
+        is the value of the one ``_TEXT_KEY`` in the event. Else None."""
+        return None
 
     @abstractmethod
     def _on_event(self, kind: str, sse_event: str | None, data: dict[str, Any]) -> None:
@@ -368,3 +424,23 @@ class Tap(ABC):
         """The closing events of the attempt, each a payload plus its ``type``; see
         :func:`billing.taps.events.attempt_final_events`."""
         return attempt_final_events(self, fallback_input_tokens=fallback_input_tokens)
+
+
+def _echo_of(raw: bytes, key: bytes, text: str) -> tuple[bytes, bytes] | None:
+    """``raw`` (an event's JSON) split around the value ``text`` of its one ``key``: the bytes
+    before and after the text, when the key occurs once in ``raw`` (in a JSON text a key's quoted
+    name is in the bytes as it is; inside a string its quotes are escaped) and the value is
+    written as its plain UTF-8 bytes (``_plain_text``). Else None."""
+    if raw.count(key) != 1:
+        return None
+    at = raw.find(key) + len(key)
+    while raw[at : at + 1] in (b" ", b"\t", b"\n", b"\r", b":"):  # the colon and whitespace
+        at += 1
+    if raw[at : at + 1] != b'"':
+        return None
+    start = at + 1
+    value = text.encode()
+    end = start + len(value)
+    if raw[start:end] != value or raw[end : end + 1] != b'"' or not _plain_text(value):
+        return None
+    return raw[:start], raw[end:]

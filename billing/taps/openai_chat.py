@@ -49,6 +49,8 @@ _TEXT_FIELDS = frozenset({"content", "refusal", "reasoning_content", "reasoning"
 #: OpenRouter's billed server-tool counters (``usage.server_tool_use_details``).
 _OPENROUTER_UNITS = ("web_search_requests",)
 _TEXT = (str, list)
+#: The keys of a plain text delta (``ChatCompletionsTap._text_delta``).
+_TEXT_DELTA_KEYS = frozenset({"content", "role"})
 _CONTENT = (str, list, dict)
 
 
@@ -92,6 +94,30 @@ class ChatCompletionsTap(Tap):
     def __init__(self) -> None:
         super().__init__()
         self._reported_units: dict[str, int] = {}
+
+    _TEXT_KEY = b'"content"'
+
+    def _text_delta(self, kind: str, data: dict[str, Any]) -> str | None:
+        # One choice whose delta is its content (and the role) and nothing else read here: no
+        # finish reason, usage or error (what the event sets again is what it just set).
+        choices = data.get("choices")
+        if (
+            kind == "error"
+            or type(choices) is not list
+            or len(choices) != 1
+            or data.get("usage") is not None
+            or data.get("x_groq") is not None
+            or data.get("error") is not None
+        ):
+            return None
+        choice = choices[0]
+        if type(choice) is not dict or choice.get("finish_reason"):
+            return None
+        delta = choice.get("delta")
+        if type(delta) is not dict or not delta.keys() <= _TEXT_DELTA_KEYS:
+            return None
+        content = delta.get("content")
+        return content if type(content) is str else None
 
     def _on_event(self, kind: str, sse_event: str | None, data: dict[str, Any]) -> None:
         # read once per chunk: a field that did not change (the model on every chunk) or is
