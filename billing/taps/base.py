@@ -29,17 +29,18 @@ T = TypeVar("T")
 _PLAIN_TEXT = re.compile(rb'[^"\\\x00-\x1f]*')
 
 
-def _plain_text(text: bytes) -> bool:
-    """Whether ``text`` is a JSON string body that reads as its own bytes (valid UTF-8)."""
-    if _PLAIN_TEXT.fullmatch(text) is None:
-        return False
-    if text.isascii():
-        return True
+def _utf8(text: bytes) -> bool:
+    """Whether ``text`` is valid UTF-8."""
     try:
         text.decode()
     except UnicodeDecodeError:
         return False
     return True
+
+
+def _plain_text(text: bytes) -> bool:
+    """Whether ``text`` is a JSON string body that reads as its own bytes (valid UTF-8)."""
+    return _PLAIN_TEXT.fullmatch(text) is not None and (text.isascii() or _utf8(text))
 
 
 class _Reads(Generic[T]):
@@ -103,8 +104,11 @@ class Tap(ABC):
         self._raw: dict[str, int] = {}
         # The last event read, when it was a plain text delta (``_text_delta``): its data's
         # bytes before and after the text. The next event that is the same bytes around another
-        # text changes nothing but the count of its piece (see ``feed``).
-        self._echo: tuple[bytes, bytes] | None = None
+        # text changes nothing but the count of its piece (see ``feed``); with their lengths.
+        self._echo: tuple[bytes, bytes, int, int] | None = None
+        # The last chunk fed was one whole block (``SSEDecoder.whole_block``) or an echo: the
+        # decoder has nothing pending.
+        self._whole = False
 
     # -- feeding ---------------------------------------------------------------------------
 
@@ -115,30 +119,32 @@ class Tap(ABC):
         """
         if self._closed:
             return
-        decoder = self._decoder
-        data = decoder.whole_block(chunk)  # the usual chunk: one whole block, nothing pending
-        if data is not None:
-            echo = self._echo
-            if echo is not None and not self._done:
-                # The previous event again with another text (a provider repeats a chunk's
-                # every other byte across a stream's text deltas): reading it would only count
-                # its piece, so it is counted without reading the JSON.
-                before, after = echo
-                end = len(data) - len(after)
-                if (
-                    end >= len(before)
-                    and data.startswith(before)
-                    and data.endswith(after)
-                    and _plain_text(data[len(before) : end])
-                ):
+        echo = self._echo
+        if echo is not None and self._whole and type(chunk) is bytes and not self._done:
+            # The previous event again, as a whole block, with another text (a provider repeats
+            # a chunk's every other byte across a stream's text deltas): reading it would only
+            # count its piece, so it is counted without reading the JSON. (``_whole``: the
+            # decoder has nothing pending; the block is one ``data:`` line, as ``whole_block``
+            # would take it: the bytes around the text hold no line end, the text no control
+            # character.)
+            before, after, start, tail = echo
+            end = len(chunk) - tail
+            if end >= start and chunk.startswith(before) and chunk.endswith(after):
+                text = chunk[start:end]
+                if _PLAIN_TEXT.fullmatch(text) is not None and (text.isascii() or _utf8(text)):
                     self._events += 1
                     self._event_bad = False
-                    if end > len(before):
+                    if end > start:
                         self._deltas_total += 1
                         self._deltas_since_exact += 1
                     return
+        decoder = self._decoder
+        data = decoder.whole_block(chunk)  # the usual chunk: one whole block, nothing pending
+        if data is not None:
+            self._whole = True
             self._handle(None, data)
             return
+        self._whole = False
         for name, data, _ in decoder.feed_raw(chunk):
             self._handle(name, data)
 
@@ -426,12 +432,13 @@ class Tap(ABC):
         return attempt_final_events(self, fallback_input_tokens=fallback_input_tokens)
 
 
-def _echo_of(raw: bytes, key: bytes, text: str) -> tuple[bytes, bytes] | None:
+def _echo_of(raw: bytes, key: bytes, text: str) -> tuple[bytes, bytes, int, int] | None:
     """``raw`` (an event's JSON) split around the value ``text`` of its one ``key``: the bytes
-    before and after the text, when the key occurs once in ``raw`` (in a JSON text a key's quoted
-    name is in the bytes as it is; inside a string its quotes are escaped) and the value is
-    written as its plain UTF-8 bytes (``_plain_text``). Else None."""
-    if raw.count(key) != 1:
+    before and after the text in the event's block as one ``data:`` line, when ``raw`` has no
+    line end (data of one line), the key occurs once in it (in a JSON text a key's quoted name is
+    in the bytes as it is; inside a string its quotes are escaped) and the value is written as
+    its plain UTF-8 bytes (``_plain_text``). Else None."""
+    if raw.count(key) != 1 or b"\n" in raw or b"\r" in raw:
         return None
     at = raw.find(key) + len(key)
     while raw[at : at + 1] in (b" ", b"\t", b"\n", b"\r", b":"):  # the colon and whitespace
@@ -443,4 +450,5 @@ def _echo_of(raw: bytes, key: bytes, text: str) -> tuple[bytes, bytes] | None:
     end = start + len(value)
     if raw[start:end] != value or raw[end : end + 1] != b'"' or not _plain_text(value):
         return None
-    return raw[:start], raw[end:]
+    before, after = b"data: " + raw[:start], raw[end:] + b"\n\n"
+    return before, after, len(before), len(after)

@@ -123,6 +123,18 @@ def test_an_event_with_its_text_key_twice_is_never_echoed() -> None:
     assert echoing._echo is None
 
 
+def test_an_event_of_several_data_lines_is_never_echoed() -> None:
+    echoing, reading = _taps()
+    lines = b'data: {"model":"m",\ndata: "choices":[{"delta":{"content":"a"}}]}\n\n'
+    one = b'data: {"model":"m",\n"choices":[{"delta":{"content":"b"}}]}\n\n'
+    for chunk in (lines, one, lines):
+        echoing.feed(chunk)
+        reading.feed(chunk)
+        assert _reading(echoing) == _reading(reading)
+    assert echoing._echo is None
+    assert (echoing.output_tokens, echoing.malformed_events) == (2, 1)
+
+
 _texts = st.one_of(
     st.sampled_from(["", " t", "tok", "é", "日本", '"', "\\", "a\nb", "\x01", "}", '"content":"x']),
     st.text(max_size=6),
