@@ -16,6 +16,7 @@ from sqlalchemy import (
     bindparam,
     cast,
     delete,
+    event,
     func,
     literal,
     null,
@@ -137,6 +138,12 @@ _SPEND_CHECK = _spend_check()
 _BUMPED = "billing.budgets.generation_bumped"
 
 
+@event.listens_for(Session, "after_soft_rollback")
+def _forget_bump(session: Session, previous_transaction: Any) -> None:
+    """Any rollback, a savepoint's included, may have undone the bump: the next write bumps."""
+    session.info.pop(_BUMPED, None)
+
+
 class BudgetsCore:
     """``BudgetsRepository`` over a dialect's ``insert``; ``lock_shared`` / ``lock_exclusive``
     and ``claim_due`` are the dialect's."""
@@ -199,8 +206,9 @@ class BudgetsCore:
 
     def bump_generation(self, session: Session) -> None:
         """Every write of ``budgets`` calls this in its transaction (the row is put back when
-        missing); once per transaction: the readers only need a new number after it, and each
-        bump is a new version of the one row that every spend check reads (thousands in one
+        missing); once per transaction (again after a rollback of a savepoint, which may have
+        taken the bump with it): the readers only need a new number after it, and each bump is
+        a new version of the one row that every spend check reads (thousands in one
         transaction spread it over pages that PostgreSQL's index scan then walks until a
         vacuum)."""
         transaction = session.get_transaction()

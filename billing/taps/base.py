@@ -435,10 +435,11 @@ class Tap(ABC):
 def _echo_of(raw: bytes, key: bytes, text: str) -> tuple[bytes, bytes, int, int] | None:
     """``raw`` (an event's JSON) split around the value ``text`` of its one ``key``: the bytes
     before and after the text in the event's block as one ``data:`` line, when ``raw`` has no
-    line end (data of one line), the key occurs once in it (in a JSON text a key's quoted name is
-    in the bytes as it is; inside a string its quotes are escaped) and the value is written as
-    its plain UTF-8 bytes (``_plain_text``). Else None."""
-    if raw.count(key) != 1 or b"\n" in raw or b"\r" in raw:
+    line end (data of one line) and no backslash, and the key occurs once in it. (Without any
+    escape every string of a JSON text is its bytes as they are: the key's quoted name is in
+    the bytes once for each key of that name, and never inside another string, whose quotes
+    would be escaped.) Else None."""
+    if b"\\" in raw or b"\n" in raw or b"\r" in raw or raw.count(key) != 1:
         return None
     at = raw.find(key) + len(key)
     while raw[at : at + 1] in (b" ", b"\t", b"\n", b"\r", b":"):  # the colon and whitespace

@@ -154,3 +154,24 @@ def test_many_budget_writes_in_one_transaction_bump_the_generation_once(
     with read_transaction(other) as session:
         assert session.scalar(generation) == before + 2
     assert [b["budget_id"] for b in _check(client, NOV)["budgets"]] == ["b0"]
+
+
+def test_a_write_after_a_savepoint_rolled_back_bumps_the_generation_again(
+    client: TestClient, other: sessionmaker[Session]
+) -> None:
+    price(client)
+
+    def body(budget_id: str) -> BudgetIn:
+        return BudgetIn.model_validate(
+            {"budget_id": budget_id, "scope": KEY, "limit_usd": "1", "period": "month"}
+        )
+
+    with write_transaction(other) as session:
+        service.create_budget(session, body("first"), NOV)
+    assert [b["budget_id"] for b in _check(client, NOV)["budgets"]] == ["first"]
+    with write_transaction(other) as session:
+        nested = session.begin_nested()
+        service.create_budget(session, body("gone"), NOV)
+        nested.rollback()  # the write and its bump are undone
+        service.create_budget(session, body("kept"), NOV)
+    assert [b["budget_id"] for b in _check(client, NOV)["budgets"]] == ["first", "kept"]

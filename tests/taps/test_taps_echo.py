@@ -135,6 +135,35 @@ def test_an_event_of_several_data_lines_is_never_echoed() -> None:
     assert (echoing.output_tokens, echoing.malformed_events) == (2, 1)
 
 
+@pytest.mark.parametrize(
+    ("first", "then"),
+    [
+        # the delta's key written with an escape, a literal "content" elsewhere
+        (
+            b'data: {"content":"a","choices":[{"delta":{"cont\\u0065nt":"a"}}]}\n\n',
+            b'data: {"content":"","choices":[{"delta":{"cont\\u0065nt":"a"}}]}\n\n',
+        ),
+        # a key whose escaped quote puts "content" in the bytes
+        (
+            b'data: {"x\\"content":"a","choices":[{"delta":{"cont\\u0065nt":"a"}}]}\n\n',
+            b'data: {"x\\"content":"","choices":[{"delta":{"cont\\u0065nt":"a"}}]}\n\n',
+        ),
+        # the key twice, the escaped one last (the one read)
+        (
+            b'data: {"choices":[{"delta":{"content":"a","cont\\u0065nt":"a"}}]}\n\n',
+            b'data: {"choices":[{"delta":{"content":"","cont\\u0065nt":"a"}}]}\n\n',
+        ),
+    ],
+)
+def test_an_event_with_an_escape_anywhere_is_never_echoed(first: bytes, then: bytes) -> None:
+    echoing, reading = _taps()
+    for chunk in (_chunk("", role=True), first, then, then):
+        echoing.feed(chunk)
+        reading.feed(chunk)
+        assert _reading(echoing) == _reading(reading)
+    assert echoing.output_tokens == 3
+
+
 _texts = st.one_of(
     st.sampled_from(["", " t", "tok", "é", "日本", '"', "\\", "a\nb", "\x01", "}", '"content":"x']),
     st.text(max_size=6),

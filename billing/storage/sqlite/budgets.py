@@ -35,6 +35,8 @@ ON CONFLICT (budget_row, period_start) DO UPDATE SET
 RETURNING budget_row, period_start, settled_pusd, provisional_pusd
 """
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
 #: A period start as the counters hold it (a step's changes repeat a few starts).
 _start_text = lru_cache(maxsize=4096)(sqlite_text)
 
@@ -63,6 +65,9 @@ class SqliteBudgets(BudgetsCore):
         # back as it, matched to the changes' instants by that text.
         if not changes:
             return {}
+        if any(not _INT64_MIN <= n <= _INT64_MAX for _, _, *ns in changes for n in ns):
+            # (JSON would carry it, and SQLite store it as a REAL in the integer column.)
+            raise OverflowError("a budget counter's change is beyond 64-bit integers")
         starts = {_start_text(start): start for _, start, _, _ in changes}
         rows = [[row, _start_text(start), settled, prov] for row, start, settled, prov in changes]
         found = session.connection().exec_driver_sql(_ADD_SPENDS, (orjson.dumps(rows).decode(),))
