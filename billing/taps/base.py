@@ -129,15 +129,18 @@ class Tap(ABC):
             # character.)
             before, after, start, tail = echo
             end = len(chunk) - tail
-            if end >= start and chunk.startswith(before) and chunk.endswith(after):
-                text = chunk[start:end]
-                if _PLAIN_TEXT.fullmatch(text) is not None and (text.isascii() or _utf8(text)):
-                    self._events += 1
-                    self._event_bad = False
-                    if end > start:
-                        self._deltas_total += 1
-                        self._deltas_since_exact += 1
-                    return
+            if (
+                end >= start
+                and chunk.startswith(before)
+                and chunk.endswith(after)
+                and _plain_text(chunk[start:end])
+            ):
+                self._events += 1
+                self._event_bad = False
+                if end > start:
+                    self._deltas_total += 1
+                    self._deltas_since_exact += 1
+                return
         decoder = self._decoder
         data = decoder.whole_block(chunk)  # the usual chunk: one whole block, nothing pending
         if data is not None:
@@ -442,7 +445,7 @@ def _echo_of(raw: bytes, key: bytes, text: str) -> tuple[bytes, bytes, int, int]
     if b"\\" in raw or b"\n" in raw or b"\r" in raw or raw.count(key) != 1:
         return None
     at = raw.find(key) + len(key)
-    while raw[at : at + 1] in (b" ", b"\t", b"\n", b"\r", b":"):  # the colon and whitespace
+    while raw[at : at + 1] in (b" ", b"\t", b":"):  # the colon and whitespace
         at += 1
     if raw[at : at + 1] != b'"':
         return None

@@ -90,12 +90,11 @@ class ChatCompletionsTap(Tap):
     """Tap for ``openai.chat_completions`` streams; see the module doc for the rules."""
 
     protocol = "openai.chat_completions"
+    _TEXT_KEY = b'"content"'
 
     def __init__(self) -> None:
         super().__init__()
         self._reported_units: dict[str, int] = {}
-
-    _TEXT_KEY = b'"content"'
 
     def _text_delta(self, kind: str, data: dict[str, Any]) -> str | None:
         # One choice whose delta is its content (and the role) and nothing else read here: no

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from billing.taps import Tap, open_tap
+from tests.taps.helpers import state
 
 pytestmark = pytest.mark.nodb
 
@@ -19,22 +20,8 @@ PROTOCOL = "openai.chat_completions"
 
 
 def _reading(tap: Tap) -> tuple[Any, ...]:
-    """Everything a tap tells, with its event counts."""
-    return (
-        tap.output_tokens,
-        tap.output_tokens_is_estimate,
-        tap.usage,
-        tap.input_reported,
-        tap.service_tier,
-        tap.units,
-        tap.stop_reason,
-        tap.model,
-        tap.error,
-        tap.malformed_events,
-        tap._events,
-        tap._deltas_total,
-        tap._done,
-    )
+    """Everything a tap reports (``state``), with its tier, units and event counts."""
+    return (*state(tap), tap.service_tier, tap.units, tap._events, tap._deltas_total, tap._done)
 
 
 def _taps() -> tuple[Tap, Tap]:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from billing.taps import Tap, open_tap
+from tests.taps.helpers import state
 
 pytestmark = pytest.mark.nodb
 
@@ -39,21 +40,6 @@ def run(protocol: str, chunks: Iterable[bytes]) -> Tap:
         tap.feed(chunk)
     tap.close()
     return tap
-
-
-def state(tap: Tap) -> tuple[Any, ...]:
-    """Everything a tap reports, for comparing two readings of the same bytes."""
-    return (
-        tap.usage,
-        tap.input_reported,
-        tap.stop_reason,
-        tap.error,
-        tap.model,
-        tap.output_tokens,
-        tap.output_tokens_is_estimate,
-        tap.malformed_events,
-        tap.final_events(),
-    )
 
 
 #: v2 dimensions an expected.json entry may leave out, with the value that means "none".

@@ -68,8 +68,8 @@ class SqliteBudgets(BudgetsCore):
         if any(not _INT64_MIN <= n <= _INT64_MAX for _, _, *ns in changes for n in ns):
             # (JSON would carry it, and SQLite store it as a REAL in the integer column.)
             raise OverflowError("a budget counter's change is beyond 64-bit integers")
-        starts = {_start_text(start): start for _, start, _, _ in changes}
         rows = [[row, _start_text(start), settled, prov] for row, start, settled, prov in changes]
+        starts = {row[1]: change[1] for row, change in zip(rows, changes, strict=True)}
         found = session.connection().exec_driver_sql(_ADD_SPENDS, (orjson.dumps(rows).decode(),))
         return {
             (int(row), starts[text]): (int(settled), int(provisional))
