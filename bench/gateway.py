@@ -1,20 +1,23 @@
 """The metered stream's CPU overhead (``billing.gateway``) against a plain relay, in one run.
 
-Two FastAPI gateways, each in its own process, relay the same streams from the fake upstream
+Three FastAPI gateways, each in its own process, relay the same streams from the fake upstream
 (``tests/fakes/upstream.py``, its own process): ``plain`` hands the upstream's bytes to a
-``StreamingResponse`` as they come, ``metered`` does the same through ``Meters.call(...).relay``
-(the tap, the progress events, the billing client posting to a sink in this process). The load
-(``--streams`` concurrent clients reading ``--calls`` streams of ``--tokens`` output tokens each)
-is sent to one gateway, then the other; each gateway's CPU seconds (user + system, from
-``/proc``) are read before and after. Reported: CPU per call and per chunk of both, the
-metered stream's overhead per call and per chunk, and that overhead in % of the plain relay's
-CPU (target: under 5 % at 100 concurrent streams).
+``StreamingResponse`` as they come; ``response`` returns ``Meters.call(...).response(upstream)``
+(the README's way: the tap, the progress events, the billing client posting to a sink in this
+process); ``relay`` wraps the upstream in ``StreamingResponse(meter.relay(upstream))`` (the
+generator form). Each metered gateway is measured beside a plain one, both at once under the
+same load (``--streams`` concurrent clients each, from a client process of its own, reading
+``--calls`` streams of ``--tokens`` output tokens), so that the machine's drift falls on both;
+each gateway's CPU seconds (user + system, from ``/proc``) are read before and after. Reported:
+CPU per call and per chunk of each, each metered form's overhead per call and per chunk, and that
+overhead in % of its plain twin's CPU (target: under 5 % at 100 concurrent streams, for
+``response``), in all and round by round.
 
     python bench/gateway.py                                   # the full run
     python bench/gateway.py --calls 200 --tokens 50 --streams 20   # a smoke run
 
 With ``BENCH_GATEWAY_PROFILE=DIR`` each gateway process runs under ``cProfile`` and writes
-``DIR/gateway-plain.prof`` / ``DIR/gateway-metered.prof`` when it stops (a diagnosis aid: the
+``DIR/gateway-MODE.prof`` when it stops (a diagnosis aid: the
 profiler's own cost inflates both CPU figures).
 """
 
@@ -23,12 +26,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -55,8 +60,11 @@ PATHS = {
 }
 
 
+MODES = ("plain", "response", "relay")
+
+
 def gateway_app(mode: str, upstream: str, billing_url: str, protocol: str) -> FastAPI:
-    """The gateway under test: ``plain`` or ``metered``, for ``protocol``'s path."""
+    """The gateway under test (one of :data:`MODES`), for ``protocol``'s path."""
     http = httpx.AsyncClient(
         base_url=upstream,
         timeout=60,
@@ -91,6 +99,8 @@ def gateway_app(mode: str, upstream: str, billing_url: str, protocol: str) -> Fa
         if mode == "plain":
             return StreamingResponse(plain(response), media_type="text/event-stream")
         meter = meters.call(request_id=rid, api_key_id="key_bench", model="m", protocol=protocol)
+        if mode == "response":
+            return meter.response(response)
         return StreamingResponse(meter.relay(response), media_type="text/event-stream")
 
     @app.get("/_ready")
@@ -174,35 +184,52 @@ async def load(url: str, protocol: str, calls: int, streams: int, tag: str) -> i
     return total
 
 
-def measure(
-    mode: str, upstream: str, sink: Sink, args: argparse.Namespace, round_no: int
+def _load_process(url: str, protocol: str, calls: int, streams: int, tag: str) -> int:
+    return asyncio.run(load(url, protocol, calls, streams, tag))
+
+
+def measure_pair(
+    modes: tuple[str, str], upstream: str, sink: Sink, args: argparse.Namespace, round_no: int
 ) -> dict[str, float]:
-    proc, url = start_gateway(mode, upstream, sink.url, args.protocol)
+    """The CPU seconds of two gateways (one per mode) under the same load at the same time,
+    each from its own client process: whatever the machine does meanwhile, both bear it."""
+    gateways = {mode: start_gateway(mode, upstream, sink.url, args.protocol) for mode in modes}
+    spawn = multiprocessing.get_context("spawn")  # no fork of this process's threads
     try:
-        asyncio.run(load(url, args.protocol, min(args.streams, args.calls), args.streams, "warm"))
-        time.sleep(1.5)  # the billing client's flush of the warm-up
-        cpu0, t0 = tree_cpu_s(proc.pid), time.monotonic()
-        read = asyncio.run(load(url, args.protocol, args.calls, args.streams, f"{mode}{round_no}"))
-        wall = time.monotonic() - t0
-        time.sleep(1.5)  # the last events are posted (part of the metered cost)
-        cpu = tree_cpu_s(proc.pid) - cpu0
+        with ProcessPoolExecutor(len(modes), mp_context=spawn) as pool:
+
+            def run(calls: int, tag: str) -> None:
+                futures = [
+                    pool.submit(_load_process, url, args.protocol, calls, args.streams, tag + m)
+                    for m, (_, url) in gateways.items()
+                ]
+                for future in futures:
+                    future.result()
+
+            run(min(args.streams, args.calls), f"warm{round_no}-")
+            time.sleep(1.5)  # the billing client's flush of the warm-up
+            cpu0 = {m: tree_cpu_s(proc.pid) for m, (proc, _) in gateways.items()}
+            run(args.calls, f"r{round_no}-")
+            time.sleep(1.5)  # the last events are posted (part of the metered cost)
+            return {m: tree_cpu_s(proc.pid) - cpu0[m] for m, (proc, _) in gateways.items()}
     finally:
-        proc.terminate()
-        proc.wait(20)
-    return {"cpu_s": cpu, "wall_s": wall, "bytes": read}
+        for proc, _ in gateways.values():
+            proc.terminate()
+        for proc, _ in gateways.values():
+            proc.wait(20)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="billing.gateway's overhead against a relay")
-    parser.add_argument("--calls", type=int, default=3000)
+    parser.add_argument("--calls", type=int, default=1000, help="streams per gateway and round")
     parser.add_argument("--streams", type=int, default=100)
     parser.add_argument("--tokens", type=int, default=200, help="output tokens per stream")
     parser.add_argument("--tokens-per-chunk", type=int, default=1)
     parser.add_argument("--delay-s", type=float, default=0.01, help="upstream s per chunk")
-    parser.add_argument("--rounds", type=int, default=2, help="plain/metered alternations")
+    parser.add_argument("--rounds", type=int, default=3, help="turns of the three gateways")
     parser.add_argument("--protocol", choices=list(PATHS), default="openai.chat_completions")
     parser.add_argument("--json", action="store_true", help="one JSON line instead of a table")
-    parser.add_argument("--_serve", choices=["plain", "metered"], help=argparse.SUPPRESS)
+    parser.add_argument("--_serve", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--upstream", help=argparse.SUPPRESS)
     parser.add_argument("--billing", help=argparse.SUPPRESS)
@@ -232,56 +259,71 @@ def main(argv: list[str] | None = None) -> None:
             args.protocol, total=args.tokens, tokens_per_chunk=args.tokens_per_chunk
         )
     )
-    totals = {"plain": {"cpu_s": 0.0, "wall_s": 0.0}, "metered": {"cpu_s": 0.0, "wall_s": 0.0}}
     upstream_settings = {
         "total": args.tokens,
         "tokens_per_chunk": args.tokens_per_chunk,
         "delay_s": args.delay_s,
     }
+    metered_modes = MODES[1:]
+    # per metered mode: its CPU and its paired plain relay's, summed over the rounds
+    totals = {mode: {"plain": 0.0, mode: 0.0} for mode in metered_modes}
+    per_round: list[dict[str, float]] = []
     with FakeUpstreamProcess(**upstream_settings) as fake, Sink() as sink:
         for round_no in range(args.rounds):
-            for mode in ("plain", "metered"):
-                result = measure(mode, fake.url, sink, args, round_no)
-                totals[mode]["cpu_s"] += result["cpu_s"]
-                totals[mode]["wall_s"] += result["wall_s"]
+            figures: dict[str, float] = {}
+            for mode in metered_modes:
+                pair = measure_pair(("plain", mode), fake.url, sink, args, round_no)
+                totals[mode]["plain"] += pair["plain"]
+                totals[mode][mode] += pair[mode]
+                figures[mode] = round((pair[mode] - pair["plain"]) / pair["plain"] * 100, 2)
+            per_round.append(figures)
         events = sink.events
     calls = args.calls * args.rounds
     chunks = calls * chunks_per_call
-    plain, metered = totals["plain"]["cpu_s"], totals["metered"]["cpu_s"]
-    overhead = metered - plain
-    report = {
+    report: dict[str, Any] = {
         "machine": machine(),
         "load_average": load_average(),
         "protocol": args.protocol,
         "streams": args.streams,
-        "calls": calls,
+        "calls_per_gateway": calls,
         "chunks_per_call": chunks_per_call,
-        "plain_cpu_s": round(plain, 3),
-        "metered_cpu_s": round(metered, 3),
-        "plain_us_per_chunk": round(plain / chunks * 1e6, 2),
-        "metered_us_per_chunk": round(metered / chunks * 1e6, 2),
-        "overhead_us_per_chunk": round(overhead / chunks * 1e6, 2),
-        "overhead_us_per_call": round(overhead / calls * 1e6, 1),
-        "overhead_pct": round(overhead / plain * 100, 2) if plain else None,
-        "target_pct": TARGET_OVERHEAD_PCT,
         "billing_events_posted": events,
+        "target_pct": TARGET_OVERHEAD_PCT,
+        "rounds_overhead_pct": per_round,
     }
+    for mode in metered_modes:
+        plain, cpu = totals[mode]["plain"], totals[mode][mode]
+        overhead = cpu - plain
+        report[mode] = {
+            "plain_cpu_s": round(plain, 3),
+            "cpu_s": round(cpu, 3),
+            "plain_us_per_chunk": round(plain / chunks * 1e6, 2),
+            "us_per_chunk": round(cpu / chunks * 1e6, 2),
+            "overhead_us_per_chunk": round(overhead / chunks * 1e6, 2),
+            "overhead_us_per_call": round(overhead / calls * 1e6, 1),
+            "overhead_pct": round(overhead / plain * 100, 2) if plain else None,
+        }
     if args.json:
         print(json.dumps(report))
         return
     print(f"billing.gateway overhead - {report['machine']}, load {report['load_average']:.2f}")
     print(
-        f"{args.protocol}: {calls} calls of {chunks_per_call} chunks, "
-        f"{args.streams} concurrent streams, {events} billing events posted"
+        f"{args.protocol}: {calls} calls of {chunks_per_call} chunks per gateway, "
+        f"{args.streams} concurrent streams each, {events} billing events posted"
     )
-    print(f"{'':>10} {'CPU s':>9} {'us/chunk':>9} {'us/call':>9}")
-    for mode, cpu in (("plain", plain), ("metered", metered)):
-        print(f"{mode:>10} {cpu:9.2f} {cpu / chunks * 1e6:9.2f} {cpu / calls * 1e6:9.0f}")
-    print(
-        f"{'overhead':>10} {overhead:9.2f} {report['overhead_us_per_chunk']:9.2f} "
-        f"{report['overhead_us_per_call']:9.0f}   = {report['overhead_pct']} % of the relay "
-        f"(target < {TARGET_OVERHEAD_PCT} %)"
-    )
+    print(f"{'':>18} {'CPU s':>8} {'us/chunk':>9} {'us/call':>8}")
+    for mode in metered_modes:
+        figures = report[mode]
+        for name, cpu in ((f"plain (w/ {mode})", figures["plain_cpu_s"]), (mode, figures["cpu_s"])):
+            print(f"{name:>18} {cpu:8.2f} {cpu / chunks * 1e6:9.2f} {cpu / calls * 1e6:8.0f}")
+        print(
+            f"{'overhead':>18} {figures['cpu_s'] - figures['plain_cpu_s']:8.2f} "
+            f"{figures['overhead_us_per_chunk']:9.2f} {figures['overhead_us_per_call']:8.0f}"
+            f"   = {figures['overhead_pct']} % of the plain relay"
+        )
+    rounds = "; ".join(", ".join(f"{m} {pct} %" for m, pct in r.items()) for r in per_round)
+    print(f"overhead by round: {rounds}")
+    print(f"target: response overhead < {TARGET_OVERHEAD_PCT} % of the plain relay's CPU")
 
 
 if __name__ == "__main__":

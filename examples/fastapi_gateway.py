@@ -21,7 +21,7 @@ from contextlib import asynccontextmanager
 import httpx
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from billing.client import AsyncBillingClient  # billing
 from billing.gateway import DrainPolicy, Meters  # billing
@@ -64,7 +64,7 @@ def create_app(upstream_url: str, billing_url: str, *, drain: bool = True) -> Fa
             model=body["model"],  # billing
             protocol="openai.chat_completions",  # billing
         )  # billing
-        return StreamingResponse(meter.relay(upstream), media_type="text/event-stream")  # billing
+        return meter.response(upstream)  # billing
 
     return app
 

@@ -8,17 +8,19 @@ Typical use in a FastAPI / Starlette gateway (asyncio)::
     upstream = await http.send(http.build_request("POST", url, json=body), stream=True)
     meter = meters.call(request_id=rid, api_key_id=key_id, model=body["model"],
                         protocol="openai.chat_completions")
-    return StreamingResponse(meter.relay(upstream), media_type="text/event-stream")
+    return meter.response(upstream)
 
-and in a sync gateway, ``meter.relay_sync(response)`` with a :class:`billing.client.BillingClient`.
-The meter reads tokens with the protocol's tap (:mod:`billing.taps`) and sends the call's
-lifecycle events (CONTRACT.md, "Events") through the client; see :meth:`Meter.relay`.
+(or ``StreamingResponse(meter.relay(upstream))``, the generator form), and in a sync gateway,
+``meter.relay_sync(response)`` with a :class:`billing.client.BillingClient`. The meter reads
+tokens with the protocol's tap (:mod:`billing.taps`) and sends the call's lifecycle events
+(CONTRACT.md, "Events") through the client; see :meth:`Meter.relay`.
 
-Modules: ``meter.py`` (the API and both relays), ``account.py`` (one call's counts and events,
-sans-IO), ``pump.py`` (the asyncio reader task and its hand-off to the relay; it drains after a
-disconnect), ``drain.py`` (the drain decision, bounds, the sync drain thread), ``policy.py``
-(:class:`DrainPolicy`), ``slots.py`` (the bound on concurrent drains), ``upstream.py`` (the byte
-streams accepted).
+Modules: ``meter.py`` (the API, the response's attempts and both relays), ``response.py`` (the
+ASGI response), ``account.py`` (one call's counts and events, sans-IO), ``pump.py`` (the
+asyncio reader task and its hand-off to the client: a queue to the relay, or the response's
+``send``; it drains after a disconnect), ``drain.py`` (the drain decision, bounds, the sync
+drain thread), ``policy.py`` (:class:`DrainPolicy`), ``slots.py`` (the bound on concurrent
+drains), ``upstream.py`` (the byte streams accepted).
 """
 
 from __future__ import annotations

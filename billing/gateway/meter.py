@@ -2,7 +2,8 @@
 
 :class:`Meters` holds what every call of a gateway shares (the billing client, the drain policy,
 the count of running drains); :meth:`Meters.call` gives the :class:`Meter` of one call, whose
-:meth:`Meter.relay` (asyncio) or :meth:`Meter.relay_sync` wraps the upstream byte stream.
+:meth:`Meter.response` (an ASGI response, asyncio), :meth:`Meter.relay` (an async generator,
+asyncio) or :meth:`Meter.relay_sync` wraps the upstream byte stream.
 """
 
 from __future__ import annotations
@@ -12,10 +13,13 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any, Protocol
 
+from starlette.types import Receive
+
 from billing.gateway.account import CallAccount
 from billing.gateway.drain import Drain, drain_in_thread
 from billing.gateway.policy import DrainPolicy
-from billing.gateway.pump import END, STALLED, Pump
+from billing.gateway.pump import END, STALLED, Pump, Send
+from billing.gateway.response import MeteredResponse, disconnected
 from billing.gateway.slots import DrainSlots
 from billing.gateway.upstream import AsyncSource, SyncSource, close_quietly, sync_chunks
 
@@ -120,7 +124,8 @@ class Meters:
 
 
 class Meter:
-    """The metered stream of one call; see :meth:`relay` and :meth:`relay_sync`."""
+    """The metered stream of one call; see :meth:`response`, :meth:`relay` and
+    :meth:`relay_sync`."""
 
     def __init__(self, meters: Meters, account: CallAccount) -> None:
         self._meters = meters
@@ -129,6 +134,112 @@ class Meter:
     @property
     def request_id(self) -> str:
         return self.account.request_id
+
+    def _pump(self, source: AsyncSource, send: Send | None = None) -> Pump:
+        meters = self._meters
+        return Pump(
+            self.account,
+            source,
+            stall_timeout_s=meters.stall_timeout_s,
+            slots=meters.slots,
+            send=send,
+            policy=None if send is None else meters.policy,
+        )
+
+    async def _next_attempt(
+        self,
+        outcome: str,
+        retry: Callable[[], Awaitable[AsyncSource]] | None,
+        send: Send | None,
+    ) -> Pump | None:
+        """After an attempt that did not end normally: the next attempt's pump when the
+        upstream stalled before the client had a byte and ``retry`` may run again, else
+        ``None`` (the attempt is settled; the client's stream ends)."""
+        account = self.account
+        if (
+            outcome != STALLED
+            or retry is None
+            or account.bytes_relayed
+            or account.attempt >= self._meters.max_attempts
+        ):
+            return None
+        account.start_attempt()
+        try:
+            source = await retry()
+        except Exception as error:  # the upstream cannot be opened again
+            account.settle(error_type="upstream_disconnect", message=repr(error))
+            return None
+        return self._pump(source, send)
+
+    def response(
+        self,
+        upstream: AsyncSource,
+        *,
+        retry: Callable[[], Awaitable[AsyncSource]] | None = None,
+        status_code: int = 200,
+        headers: Mapping[str, str] | None = None,
+        media_type: str = "text/event-stream",
+    ) -> MeteredResponse:
+        """The metered stream as the endpoint's response (asyncio; FastAPI / Starlette)::
+
+            return meter.response(upstream)
+
+        The same stream, events and retries as :meth:`relay` (see there), written to the
+        client by the task that reads the upstream (the cheaper hand-off: one task step a
+        chunk). A chunk counts as delivered once the server's ``send`` returned. The client
+        left when the server says ``http.disconnect``, a write fails, or the response task is
+        cancelled; the upstream is then drained as with :meth:`relay`.
+        """
+
+        async def serve(send: Send, receive: Receive) -> None:
+            await self._serve(upstream, retry, send, receive)
+
+        return MeteredResponse(
+            serve, status_code=status_code, headers=headers, media_type=media_type
+        )
+
+    async def _serve(
+        self,
+        upstream: AsyncSource,
+        retry: Callable[[], Awaitable[AsyncSource]] | None,
+        send: Send,
+        receive: Receive,
+    ) -> None:
+        """The body of :meth:`response`: the attempts, until the upstream's end, a failure or
+        the client's disconnect."""
+        meters, account = self._meters, self.account
+        account.start_attempt()
+        pump = self._pump(upstream, send)
+        left = asyncio.ensure_future(disconnected(receive))
+        try:
+            while True:
+                if pump.outcome is None and not pump.detached:
+                    await asyncio.wait((pump.arrival(), left), return_when=asyncio.FIRST_COMPLETED)
+                if pump.detached:  # a write failed: the pump took it as the disconnect
+                    return
+                outcome = pump.outcome
+                if outcome is None:  # http.disconnect
+                    account.client_left()
+                    pump.detach(meters.policy)
+                    return
+                if outcome == END:
+                    account.settle()
+                else:
+                    next_pump = await self._next_attempt(outcome, retry, send)
+                    if next_pump is not None:
+                        pump = next_pump
+                        continue
+                # the end of the client's stream, as a StreamingResponse ends when its relay
+                # returns (after a failure too: the attempt is settled and reported)
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return
+        except _CLIENT_GONE:
+            if not account.settled:  # (the last write may fail after a complete stream)
+                account.client_left()
+                pump.detach(meters.policy)
+            raise
+        finally:
+            left.cancel()
 
     async def relay(
         self,
@@ -159,7 +270,7 @@ class Meter:
         """
         meters, account = self._meters, self.account
         account.start_attempt()
-        pump = Pump(account, upstream, stall_timeout_s=meters.stall_timeout_s, slots=meters.slots)
+        pump = self._pump(upstream)
         try:
             while True:
                 ready = pump.ready
@@ -178,20 +289,10 @@ class Meter:
                 if outcome == END:
                     account.settle()
                     return
-                can_retry = retry is not None and account.bytes_relayed == 0
-                if outcome == STALLED and can_retry and account.attempt < meters.max_attempts:
-                    assert retry is not None
-                    account.start_attempt()
-                    try:
-                        source = await retry()
-                    except Exception as error:  # the upstream cannot be opened again
-                        account.settle(error_type="upstream_disconnect", message=repr(error))
-                        return
-                    pump = Pump(
-                        account, source, stall_timeout_s=meters.stall_timeout_s, slots=meters.slots
-                    )
-                    continue
-                return  # stalled or broken: the attempt is settled; the client's stream ends
+                next_pump = await self._next_attempt(outcome, retry, None)
+                if next_pump is None:
+                    return  # stalled or broken: the attempt is settled; the client's stream ends
+                pump = next_pump
         except _CLIENT_GONE:
             account.client_left()
             pump.detach(meters.policy)

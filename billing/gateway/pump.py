@@ -1,22 +1,30 @@
 """The reader of one asyncio upstream attempt, in its own task (the pump).
 
-The upstream is read by a task of its own, not by the client's generator, so that a client
-disconnect (Starlette cancels the response task; a server closes the generator) never
-interrupts a read: after the disconnect the same task goes on reading, as the drain, with the
-bytes no longer queued for the client. Chunks reach the relay through a bounded queue, so a slow
-client still slows the upstream down.
+The upstream is read by a task of its own, not by the client's generator or response task, so
+that a client disconnect (Starlette cancels the response task; a server closes the generator)
+never interrupts a read: after the disconnect the same task goes on reading, as the drain, with
+the bytes no longer handed to the client. The pump hands chunks over in one of two ways:
 
-Queue items: ``(chunk, generated)`` (bytes and the attempt's output tokens once the chunk was
-read), or one of :data:`END` (the upstream ended), :data:`STALLED` (no byte for the stall
-timeout; the attempt is settled as ``stalled``) and :data:`BROKEN` (the upstream failed; the
-attempt is settled as ``upstream_disconnect``).
+* to the relay's generator (:meth:`Meter.relay`), through a bounded queue (:attr:`Pump.ready`:
+  ``(chunk, generated)``, the bytes and the attempt's output tokens once the chunk was read), so
+  a slow client still slows the upstream down;
+* straight to the client, with the ASGI ``send`` of a metered response
+  (:class:`~billing.gateway.response.MeteredResponse`, :meth:`Meter.response`): the pump's task
+  writes each chunk itself (one task step a chunk, as a plain relay), and counts it delivered
+  once ``send`` returned; a ``send`` that fails (``OSError``, what ASGI 2.4 servers raise for a
+  gone client) is a disconnect.
+
+Once the upstream ended, :attr:`Pump.outcome` is one of :data:`END` (the upstream ended),
+:data:`STALLED` (no byte for the stall timeout; the attempt is settled as ``stalled``) and
+:data:`BROKEN` (the upstream failed; the attempt is settled as ``upstream_disconnect``).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Final
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any, Final
 
 import httpx
 
@@ -35,9 +43,16 @@ BROKEN: Final = "broken"
 #: Chunks read ahead of the client at most.
 READ_AHEAD = 64
 
+#: An ASGI ``send``.
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
 
 class Pump:
-    """Reads ``source`` into :attr:`ready` and the account's tap; drains after :meth:`detach`."""
+    """Reads ``source`` into the account's tap and hands its chunks to the client (into
+    :attr:`ready`, or with ``send``); drains after :meth:`detach`.
+
+    With ``send``, a failed write detaches the pump itself (within ``policy``) and wakes
+    :meth:`arrival`."""
 
     def __init__(
         self,
@@ -46,8 +61,14 @@ class Pump:
         *,
         stall_timeout_s: float | None,
         slots: DrainSlots,
+        send: Send | None = None,
+        policy: DrainPolicy | None = None,
     ) -> None:
+        if (send is None) != (policy is None):
+            raise ValueError("send and policy go together")
         self.account = account
+        self._send = send
+        self._policy = policy
         self.ready: deque[tuple[bytes, int]] = deque()
         self.outcome: str | None = None  # END, STALLED or BROKEN, once the upstream ended
         self.detached = False
@@ -65,7 +86,8 @@ class Pump:
         self.task = self._loop.create_task(self._run(), name=f"billing-pump-{account.request_id}")
 
     def arrival(self) -> asyncio.Future[None]:
-        """A future done when a pair is :attr:`ready` or the :attr:`outcome` is known."""
+        """A future done when a pair is :attr:`ready` or the :attr:`outcome` is known (with
+        ``send``: when the outcome is known or a write failed)."""
         self._arrival = arrival = self._loop.create_future()
         return arrival
 
@@ -107,6 +129,13 @@ class Pump:
             account.settle(skipped=True)
             self._loop.create_task(aclose_quietly(self._source, None))
 
+    def _client_gone(self) -> None:
+        """A write to the client failed: it left (the pump's own task; see :meth:`detach`)."""
+        assert self._policy is not None
+        self.account.client_left()
+        self.detach(self._policy)
+        self._arrived()
+
     def _reschedule(self) -> None:
         if self._timeout is None:
             return
@@ -124,6 +153,7 @@ class Pump:
         drain = self._drain
         stall = self._stall
         loop = self._loop
+        send = self._send
         outcome: str | None = None
         try:
             async with asyncio.timeout(stall) as self._timeout:  # stall: before the first byte too
@@ -139,6 +169,23 @@ class Pump:
                             self._skip = True
                             break
                         continue
+                    if send is not None:
+                        if stall is not None:  # a slow client is no stalled upstream
+                            self._timeout.reschedule(None)
+                        try:
+                            await send(
+                                {"type": "http.response.body", "body": chunk, "more_body": True}
+                            )
+                        except OSError:
+                            self._client_gone()
+                            continue
+                        if self.detached:  # the client left during the write: not delivered
+                            continue
+                        account.delivered = generated
+                        account.bytes_relayed += len(chunk)
+                        if stall is not None:
+                            self._timeout.reschedule(loop.time() + stall)
+                        continue
                     if stall is not None:
                         self._timeout.reschedule(loop.time() + stall)
                     ready.append((chunk, generated))
@@ -149,7 +196,11 @@ class Pump:
                             arrival.set_result(None)
                     if len(ready) >= READ_AHEAD:
                         self.room = room = loop.create_future()
+                        if stall is not None:  # a slow client is no stalled upstream
+                            self._timeout.reschedule(None)
                         await room
+                        if stall is not None and not self.detached:
+                            self._timeout.reschedule(loop.time() + stall)
             outcome = END
         except (TimeoutError, httpx.TimeoutException):
             outcome = END if self.detached else STALLED

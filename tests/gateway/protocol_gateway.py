@@ -1,5 +1,7 @@
 """A small gateway for ``POST /v1/responses`` and ``POST /v1/messages`` with the same meter as
-``examples/fastapi_gateway.py`` (which serves Chat Completions), for the end-to-end tests:
+``examples/fastapi_gateway.py`` (which serves Chat Completions), for the end-to-end tests;
+Responses returns ``meter.response`` as the example does, Anthropic Messages the generator form
+(``StreamingResponse(meter.relay(...))``), so that both run behind a real server:
 
     BILLING_TOKEN=... python -m tests.gateway.protocol_gateway --port P --upstream URL \
         --billing URL [--no-drain]
@@ -57,6 +59,8 @@ def create_app(upstream: str, billing_url: str, *, drain: bool = True) -> FastAP
             model=body["model"],
             protocol=protocol,
         )
+        if protocol == "openai.responses":
+            return meter.response(response)
         return StreamingResponse(meter.relay(response), media_type="text/event-stream")
 
     @app.post("/v1/responses")

@@ -348,3 +348,27 @@ def test_the_sync_relay_drains_in_a_thread_or_cancels(drain: bool) -> None:
     else:
         assert usage["source"] == "estimate" and usage["anomalies"] == ["drain_skipped"]
         assert usage["output_tokens"] == 6
+
+
+def test_a_slow_client_is_not_a_stalled_upstream() -> None:
+    """The upstream is fast and the client pauses longer than the stall timeout, with the
+    read-ahead full: the pump waits for the client, which is no stall of the upstream."""
+    rec = Recorder()
+
+    async def run() -> int:
+        meters = Meters(rec, stall_timeout_s=0.3, progress_every=1000)
+        async with httpx.AsyncClient(base_url=fake.url) as http:
+            upstream = await _open(http, "openai.chat_completions", "slow")
+            relay = _meter(meters, "slow", "openai.chat_completions").relay(upstream)
+            tap = open_tap("openai.chat_completions")
+            async for chunk in relay:
+                tap.feed(chunk)
+                if tap.output_tokens == 1:
+                    await asyncio.sleep(0.8)  # the pump fills its read-ahead meanwhile
+            return tap.output_tokens
+
+    with FakeUpstream(total=150, delay_s=0) as fake:
+        assert asyncio.run(run()) == 150
+    assert rec.of("slow", "stream.failed") == []
+    [usage] = rec.of("slow", "stream.usage")
+    assert (usage["source"], usage["output_tokens"]) == ("upstream", 150)

@@ -1,0 +1,58 @@
+"""The ASGI response of a metered stream (:meth:`billing.gateway.Meter.response`).
+
+A Starlette ``Response`` whose body is written by the attempt's pump itself
+(:mod:`billing.gateway.pump`), one task step a chunk as a plain relay; the response's own task
+sends the head, listens for the client's ``http.disconnect`` and runs the attempts
+(:meth:`billing.gateway.Meter.serve`). A FastAPI / Starlette endpoint returns it as it would a
+``StreamingResponse``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+__all__ = ["MeteredResponse", "disconnected"]
+
+
+class MeteredResponse(Response):
+    """``serve(send, receive)`` writes the body after the head (status, headers, media type).
+
+    Raises:
+        RuntimeError: served for a scope other than ``http``.
+    """
+
+    def __init__(
+        self,
+        serve: Callable[[Send, Receive], Awaitable[None]],
+        *,
+        status_code: int = 200,
+        headers: Mapping[str, str] | None = None,
+        media_type: str = "text/event-stream",
+    ) -> None:
+        # as StreamingResponse: no body, hence no content-length
+        self.status_code = status_code
+        self.media_type = media_type
+        self.background = None
+        self.init_headers(headers)
+        self._serve = serve
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            raise RuntimeError("a metered stream is an http response")
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+        await self._serve(send, receive)
+
+
+async def disconnected(receive: Receive) -> None:
+    """Returns once the client is gone (ASGI ``http.disconnect``, or a ``receive`` that fails);
+    a body not yet read by the endpoint is read and dropped on the way."""
+    try:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+    except Exception:  # a server that cannot say any more has lost the client
+        return
