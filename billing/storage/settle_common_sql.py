@@ -209,15 +209,28 @@ NO_KEY_ASSIGNMENT = """NOT EXISTS (SELECT 1 FROM key_assignments k
 NO_V2_FIGURES = """c.service_tier IS NULL AND c.units IS NULL AND c.other_models IS NULL
         AND c.customer_id IS NULL AND c.plan_id IS NULL"""
 
-#: Template (``{u}``, ``{greatest}``, ``{cutoff}``): the conditions on a call of the common shape
-#: (after its usage's ``ok``, the dialect's) for the fast path to settle it.
-SETTLE_CONDITIONS = f"""{TOKEN_RANGES}
-        AND {COUNTER_BOUNDS}
-        AND {SETTLES_NOW}
-        AND {RATES_BELOW_LIMIT}
-        AND {NOT_LONG_CONTEXT}
-        AND {NO_KEY_ASSIGNMENT}
-        AND {NO_V2_FIGURES}"""
+#: Whether the database holds what ``NOT_LONG_CONTEXT`` and ``NO_KEY_ASSIGNMENT`` look for: a
+#: long-context price, a key assignment. A step asks once, in its transaction, and runs the
+#: statements without the probes that cannot find anything (two index searches a call saved,
+#: for a gateway with neither). A long-context price or an assignment written meanwhile marks
+#: the calls it concerns pending (``mark_model_pending``, ``mark_key_pending``), which waits
+#: for the step's row locks: the rule then settles those calls again.
+PROBES_NEEDED = """SELECT EXISTS (SELECT 1 FROM prices WHERE above_input_tokens > 0),
+    EXISTS (SELECT 1 FROM key_assignments)"""
+
+
+def settle_conditions(long_context: bool, assignments: bool) -> str:
+    """Template (``{u}``, ``{greatest}``, ``{cutoff}``): the conditions on a call of the common
+    shape (after its usage's ``ok``, the dialect's) for the fast path to settle it, with the
+    probes of ``PROBES_NEEDED``'s answers (``long_context``, ``assignments``)."""
+    probes = (NOT_LONG_CONTEXT,) * long_context + (NO_KEY_ASSIGNMENT,) * assignments
+    return "\n        AND ".join(
+        (TOKEN_RANGES, COUNTER_BOUNDS, SETTLES_NOW, RATES_BELOW_LIMIT, *probes, NO_V2_FIGURES)
+    )
+
+
+#: ``PROBES_NEEDED``'s possible answers.
+PROBE_CASES = tuple((lc, ka) for lc in (False, True) for ka in (False, True))
 
 #: The ledger entry's columns, as ``INSERT INTO ledger_entries (…)`` lists them.
 ENTRY_COLUMN_LIST = ", ".join(ENTRY_COLUMNS)

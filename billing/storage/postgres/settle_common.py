@@ -26,7 +26,6 @@ WORK_MEM = "SET LOCAL work_mem = '32MB'"
 # usage's typed columns are u's.
 _CALL_AGGREGATES = shared.CALL_AGGREGATES.format(calls="request_id = ANY(%(ids)s::varchar[])")
 _COLUMNS = shared.SETTLE_COLUMNS.format(u="u", greatest="GREATEST")
-_CONDITIONS = shared.SETTLE_CONDITIONS.format(u="u", greatest="GREATEST", cutoff="%(cutoff)s")
 
 # g: per call, the aggregates of its events, for the calls of the common shape only (one
 # attempt, one stream.started, one stream.usage, at most one stream.client_disconnected, the rest
@@ -43,7 +42,7 @@ _CONDITIONS = shared.SETTLE_CONDITIONS.format(u="u", greatest="GREATEST", cutoff
 # within it per provider and upstream account with the hour as ``drift_rollups`` keys it
 # (``billing.storage.postgres.drift``: the drift rollup's contributions come from these groups
 # too); the cost summed as whole dollars and picodollars.
-SETTLE = f"""
+_SETTLE = f"""
 WITH f AS MATERIALIZED (
     SELECT {_COLUMNS}, c.provider AS provider, c.upstream_account AS upstream_account
     FROM (
@@ -94,7 +93,7 @@ WITH f AS MATERIALIZED (
     CROSS JOIN LATERAL (SELECT * FROM prices p {shared.PRICE_IN_FORCE}) AS p
     WHERE c.settled = false AND c.api_key_id IS NOT NULL AND c.model IS NOT NULL
         AND c.started_at = g.started_at AND u.ok
-        AND {_CONDITIONS}
+        AND {{conditions}}
 ),
 ledger AS (
     INSERT INTO ledger_entries ({shared.ENTRY_COLUMN_LIST})
@@ -126,6 +125,15 @@ SELECT api_key_id, model,
 FROM f GROUP BY api_key_id, model, quarter, hour, provider_key, account_key
 """
 
+#: ``_SETTLE`` by the answers of ``shared.PROBES_NEEDED``.
+SETTLE = {
+    case: _SETTLE.replace(
+        "{conditions}",
+        shared.settle_conditions(*case).format(u="u", greatest="GREATEST", cutoff="%(cutoff)s"),
+    )
+    for case in shared.PROBE_CASES
+}
+
 
 class PostgresSettleCommon:
     """``ReconcileRepository.settle_common`` on PostgreSQL."""
@@ -137,8 +145,9 @@ class PostgresSettleCommon:
             return [], []
         conn = session.connection()
         conn.exec_driver_sql(WORK_MEM)
+        long_context, assignments = conn.exec_driver_sql(shared.PROBES_NEEDED).one()
         rows = conn.exec_driver_sql(
-            SETTLE,
+            SETTLE[long_context, assignments],
             {
                 "ids": list(ids),
                 "now": now,

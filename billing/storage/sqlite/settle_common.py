@@ -20,6 +20,7 @@ from billing.dimensions import TOKEN_FIELDS
 from billing.pricing.rates import RATE_COLUMNS
 from billing.reconcile.repository import Reasons, Settled
 from billing.storage import settle_common_sql as shared
+from billing.storage.rawcursor import fetch_chunks
 from billing.storage.types import sqlite_text
 
 #: ``UPDATE … FROM`` needs SQLite 3.33 (2020); with an older library every call goes to the rule.
@@ -51,7 +52,6 @@ CLEAR_SCRATCH = "DELETE FROM scratch.reconcile_common"
 # columns are g's (with the events' aggregates); the ids are filled in by ``with_ids``.
 _CALL_AGGREGATES = shared.CALL_AGGREGATES.format(calls="request_id IN ({ids})")
 _COLUMNS = shared.SETTLE_COLUMNS.format(u="g", greatest="max")
-_CONDITIONS = shared.SETTLE_CONDITIONS.format(u="g", greatest="max", cutoff="?")
 
 # Per call (s), the aggregates of its events, for the calls of the common shape only: one
 # attempt, one stream.started, one stream.usage, at most one stream.client_disconnected, the rest
@@ -62,7 +62,7 @@ _CONDITIONS = shared.SETTLE_CONDITIONS.format(u="g", greatest="max", cutoff="?")
 # force at the call's start; the call settles now with upstream usage (and nothing delivered
 # beyond it: an anomaly, the rule's), or with an estimate whose last event arrived settle_after
 # ago (the one parameter after the ids).
-GATHER = f"""
+_GATHER = f"""
 INSERT INTO scratch.reconcile_common
 SELECT {_COLUMNS},
     c.provider, c.upstream_account, c.rowid
@@ -101,8 +101,17 @@ JOIN calls c ON c.request_id = g.request_id
 JOIN prices p ON p.id = (SELECT p.id FROM prices p {shared.PRICE_IN_FORCE})
 WHERE c.settled = 0 AND c.api_key_id IS NOT NULL AND c.model IS NOT NULL
     AND c.started_at = g.started_at AND g.ok
-    AND {_CONDITIONS}
+    AND {{conditions}}
 """
+
+#: ``_GATHER`` by the answers of ``shared.PROBES_NEEDED``.
+GATHER = {
+    case: _GATHER.replace(
+        "{conditions}",
+        shared.settle_conditions(*case).format(u="g", greatest="max", cutoff="?"),
+    )
+    for case in shared.PROBE_CASES
+}
 
 SETTLED = "SELECT request_id FROM scratch.reconcile_common"
 
@@ -155,6 +164,10 @@ GROUP BY api_key_id, model, quarter, hour, provider_key, account_key
 """
 
 
+def _cursor(connection: sqlite3.Connection) -> sqlite3.Cursor:
+    return connection.cursor()
+
+
 class SqliteSettleCommon:
     """``ReconcileRepository.settle_common`` on SQLite."""
 
@@ -168,10 +181,15 @@ class SqliteSettleCommon:
         cutoff_text = sqlite_text(cutoff)
         conn.exec_driver_sql(SCRATCH_TABLE)
         conn.exec_driver_sql(CLEAR_SCRATCH)
+        long_context, assignments = conn.exec_driver_sql(shared.PROBES_NEEDED).one()
+        gather = GATHER[bool(long_context), bool(assignments)]
         for start in range(0, len(ids), CHUNK):
             chunk = tuple(ids[start : start + CHUNK])
-            conn.exec_driver_sql(with_ids(GATHER, len(chunk)), (*chunk, cutoff_text))
-        settled = list(conn.exec_driver_sql(SETTLED).scalars())
+            conn.exec_driver_sql(with_ids(gather, len(chunk)), (*chunk, cutoff_text))
+        # (the driver's cursor: SQLAlchemy's result would wrap each of thousands of rows)
+        settled = [
+            rid for rows in fetch_chunks(conn, _cursor, SETTLED, (), CHUNK) for (rid,) in rows
+        ]
         if not settled:
             return [], []
         conn.exec_driver_sql(INSERT_ENTRIES, (*why, now_text))
