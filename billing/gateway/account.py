@@ -1,14 +1,15 @@
 """The sans-IO account of one metered call: its attempts' taps, counts and lifecycle events.
 
-Both relays (:mod:`billing.gateway.relay_async`, :mod:`billing.gateway.relay_sync`) drive it;
-it decides which events to send (CONTRACT.md, "Events") and sends them through the billing
-client's ``send`` (never blocking on the network). Counts are output tokens, by the protocol's
-tap (:mod:`billing.taps`): the provider's running or final count when the stream carries one,
-else one per content delta.
+Every form of the metered stream (:mod:`billing.gateway.meter`: the response, both relays)
+drives it; it decides which events to send (CONTRACT.md, "Events") and sends them through the
+billing client's ``send`` (never blocking on the network). Counts are output tokens, by the
+protocol's tap (:mod:`billing.taps`): the provider's running or final count when the stream
+carries one, else one per content delta.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -19,12 +20,16 @@ __all__ = ["CallAccount"]
 
 Send = Callable[[Mapping[str, Any]], object]
 
+#: Events the billing client refused (at WARNING: visible with no logging configured).
+log = logging.getLogger("billing.gateway")
+
 
 class CallAccount:
     """The events of one call, one attempt at a time.
 
     ``send`` takes a contract event without ``event_id`` / ``occurred_at`` (the billing client
-    fills them). Every method is cheap and safe to call once per chunk.
+    fills them); an event it refuses (a closed client raises) is logged at WARNING and the
+    stream goes on. Every method is cheap and safe to call once per chunk.
     """
 
     def __init__(
@@ -57,9 +62,12 @@ class CallAccount:
         self.next_progress = progress_every
 
     def _event(self, kind: str, payload: Mapping[str, Any]) -> None:
-        self._send(
-            {"request_id": self.request_id, "attempt": self.attempt, "type": kind, **payload}
-        )
+        try:
+            self._send(
+                {"request_id": self.request_id, "attempt": self.attempt, "type": kind, **payload}
+            )
+        except Exception as error:  # e.g. the billing client is closed: the stream goes on
+            log.warning("%s of call %s not sent: %r", kind, self.request_id, error)
 
     def start_attempt(self) -> None:
         """A new upstream attempt: a fresh tap and its ``stream.started``."""

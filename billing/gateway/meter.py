@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any, Protocol
 
-from starlette.types import Receive
+from starlette.types import Message, Receive
 
 from billing.gateway.account import CallAccount
 from billing.gateway.drain import Drain, drain_in_thread
@@ -191,8 +191,8 @@ class Meter:
         cancelled; the upstream is then drained as with :meth:`relay`.
         """
 
-        async def serve(send: Send, receive: Receive) -> None:
-            await self._serve(upstream, retry, send, receive)
+        async def serve(send: Send, receive: Receive, head: Message) -> None:
+            await self._serve(upstream, retry, send, receive, head)
 
         return MeteredResponse(
             serve, status_code=status_code, headers=headers, media_type=media_type
@@ -204,12 +204,20 @@ class Meter:
         retry: Callable[[], Awaitable[AsyncSource]] | None,
         send: Send,
         receive: Receive,
+        head: Message,
     ) -> None:
-        """The body of :meth:`response`: the attempts, until the upstream's end, a failure or
-        the client's disconnect."""
+        """:meth:`response` once served: the head, then the attempts, until the upstream's
+        end, a failure or the client's disconnect."""
         meters, account = self._meters, self.account
         account.start_attempt()
-        pump = self._pump(upstream, send)
+        try:
+            await send(head)
+        except BaseException:  # no client to write to (gone, or the task cancelled): drain
+            pump = self._pump(upstream, send)
+            account.client_left()
+            pump.detach(meters.policy)
+            raise
+        pump = self._pump(upstream, send)  # (after the head: the pump writes the body)
         left = asyncio.ensure_future(disconnected(receive))
         try:
             while True:

@@ -110,8 +110,11 @@ class Pump:
         """The client left: drain within ``policy`` or cancel the upstream now.
 
         Call it after :meth:`CallAccount.client_left`. When the upstream already ended, the
-        attempt is settled at once.
+        attempt is settled at once. Once detached, calling it again does nothing (the
+        response's task and a failed write may both see the disconnect).
         """
+        if self.detached:
+            return
         self.detached = True
         self.ready.clear()  # the chunks were counted; a pump waiting for room goes on
         self.taken()
@@ -165,9 +168,12 @@ class Pump:
                     if generated >= account.next_progress:
                         account.progress(generated)
                     if self.detached:
-                        if drain.exceeded(generated, loop.time()):
+                        now = loop.time()
+                        if drain.exceeded(generated, now):
                             self._skip = True
                             break
+                        if stall is not None:  # a drain that reads goes on to its own bound
+                            self._timeout.reschedule(min(now + stall, drain.deadline))
                         continue
                     if send is not None:
                         if stall is not None:  # a slow client is no stalled upstream
@@ -218,12 +224,15 @@ class Pump:
                 account.settle(error_type="upstream_disconnect", message=str(error) or repr(error))
         finally:
             self.ended = True
-            if outcome == STALLED:
-                account.settle(error_type="stalled", message="no upstream bytes in time")
-            if self.detached:
-                account.settle(skipped=self._skip)
-                drain.end()
-            if not self.detached and outcome is not None:
-                self.outcome = outcome
-                self._arrived()
-            await aclose_quietly(self._source, chunks)
+            try:
+                if outcome == STALLED:
+                    account.settle(error_type="stalled", message="no upstream bytes in time")
+                if self.detached:
+                    account.settle(skipped=self._skip)
+            finally:  # the slot and the upstream are given back whatever settling did
+                if self.detached:
+                    drain.end()
+                if not self.detached and outcome is not None:
+                    self.outcome = outcome
+                    self._arrived()
+                await aclose_quietly(self._source, chunks)

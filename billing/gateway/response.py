@@ -3,7 +3,7 @@
 A Starlette ``Response`` whose body is written by the attempt's pump itself
 (:mod:`billing.gateway.pump`), one task step a chunk as a plain relay; the response's own task
 sends the head, listens for the client's ``http.disconnect`` and runs the attempts
-(:meth:`billing.gateway.Meter.serve`). A FastAPI / Starlette endpoint returns it as it would a
+(``Meter._serve``). A FastAPI / Starlette endpoint returns it as it would a
 ``StreamingResponse``.
 """
 
@@ -12,13 +12,18 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
-__all__ = ["MeteredResponse", "disconnected"]
+__all__ = ["MeteredResponse", "Serve", "disconnected"]
+
+
+#: ``serve(send, receive, head)``: sends the head (the ``http.response.start`` message given),
+#: then the body.
+Serve = Callable[[Send, Receive, Message], Awaitable[None]]
 
 
 class MeteredResponse(Response):
-    """``serve(send, receive)`` writes the body after the head (status, headers, media type).
+    """``serve`` writes the head (status, headers, media type) and the body.
 
     Raises:
         RuntimeError: served for a scope other than ``http``.
@@ -26,7 +31,7 @@ class MeteredResponse(Response):
 
     def __init__(
         self,
-        serve: Callable[[Send, Receive], Awaitable[None]],
+        serve: Serve,
         *,
         status_code: int = 200,
         headers: Mapping[str, str] | None = None,
@@ -42,10 +47,12 @@ class MeteredResponse(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             raise RuntimeError("a metered stream is an http response")
-        await send(
-            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
-        )
-        await self._serve(send, receive)
+        head = {
+            "type": "http.response.start",
+            "status": self.status_code,
+            "headers": self.raw_headers,
+        }
+        await self._serve(send, receive, head)
 
 
 async def disconnected(receive: Receive) -> None:

@@ -9,6 +9,7 @@ CONTRACT "Events" (the lifecycle), "Reconciliation" (billed, delivered), v2 "Usa
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -17,6 +18,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from billing.client import AsyncBillingClient
 from billing.gateway import DrainPolicy, Meters
 from billing.taps import open_tap
 from tests.fakes.upstream import FakeUpstream
@@ -372,3 +374,57 @@ def test_a_slow_client_is_not_a_stalled_upstream() -> None:
     assert rec.of("slow", "stream.failed") == []
     [usage] = rec.of("slow", "stream.usage")
     assert (usage["source"], usage["output_tokens"]) == ("upstream", 150)
+
+
+def test_a_drain_that_reads_outlasts_the_stall_timeout() -> None:
+    """The stall timeout bounds a silent upstream, not a drain that still reads: the drain goes
+    on to the provider's usage (its own bound is max_seconds)."""
+    rec = Recorder()
+
+    async def run() -> None:
+        meters = Meters(rec, stall_timeout_s=0.3, progress_every=1000)
+        async with httpx.AsyncClient(base_url=fake.url) as http:
+            upstream = await _open(http, "openai.chat_completions", "long")
+            await _consume(
+                _meter(meters, "long", "openai.chat_completions").relay(upstream),
+                "openai.chat_completions",
+                leave_after=3,
+            )
+            await _settled(meters)
+
+    with FakeUpstream(total=60, delay_s=0.02) as fake:  # 1.2 s of upstream, 4 stall timeouts
+        asyncio.run(run())
+    [usage] = rec.of("long", "stream.usage")
+    assert (usage["source"], usage["output_tokens"]) == ("upstream", 60)
+    assert "anomalies" not in usage
+
+
+def test_a_closed_billing_client_costs_the_drain_nothing_but_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Shut down with a drain still running: the events the closed client refuses are logged
+    at WARNING; the drain ends, gives back its slot and closes the upstream."""
+    billing = AsyncBillingClient("http://127.0.0.1:9", token=None, spool_path=None)
+    upstreams: list[httpx.Response] = []
+
+    async def run() -> None:
+        meters = Meters(billing, progress_every=1000)
+        async with httpx.AsyncClient(base_url=fake.url) as http:
+            upstream = await _open(http, "anthropic.messages", "closed")
+            upstreams.append(upstream)
+            await _consume(
+                _meter(meters, "closed").relay(upstream), "anthropic.messages", leave_after=3
+            )
+            assert meters.drains_running == 1
+            await billing.close(timeout=0.1)
+            assert await meters.wait_drains(5)  # the slot is back
+
+    with (
+        caplog.at_level(logging.WARNING, logger="billing.gateway"),
+        FakeUpstream(total=30, delay_s=0.01) as fake,
+    ):
+        asyncio.run(run())
+    assert upstreams[0].is_closed
+    refused = [r for r in caplog.records if r.name == "billing.gateway"]
+    assert refused and all("closed" in r.getMessage() for r in refused)
+    assert any(r.getMessage().startswith("stream.usage of call closed") for r in refused)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import httpx
@@ -253,3 +253,80 @@ def test_a_write_that_fails_is_the_disconnect() -> None:
     assert left["output_tokens_delivered"] == tap.output_tokens
     [usage] = rec.of("pipe", "stream.usage")
     assert (usage["source"], usage["output_tokens"]) == ("upstream", 30)
+
+
+def _asgi_upstream_call(fake_url: str, meters: Meters, rid: str, send: Any, receive: Any) -> Any:
+    """Serve one ``meter.response`` of Anthropic Messages with a hand-made ASGI server's
+    ``send`` and ``receive`` (what uvicorn cannot be made to do)."""
+
+    async def run() -> None:
+        protocol = "anthropic.messages"
+        async with httpx.AsyncClient(base_url=fake_url) as http:
+            built = http.build_request(
+                "POST", PATHS[protocol], json=_body(protocol), headers={"X-Request-Id": rid}
+            )
+            upstream = await http.send(built, stream=True)
+            meter = meters.call(
+                request_id=rid, api_key_id="key_1", model="fake-model", protocol=protocol
+            )
+            with suppress(OSError):  # a failed head is raised on, as the server's
+                await meter.response(upstream)({"type": "http"}, receive, send)
+            assert await meters.wait_drains(10)
+            assert meters.drains_running == 0
+
+    return run()
+
+
+def test_a_disconnect_seen_twice_takes_one_drain_slot() -> None:
+    """``http.disconnect`` first, then the write that was waiting fails: one disconnect, one
+    drain (a second would take a slot it never gives back, or, with one slot, skip a drain)."""
+    rec = Recorder()
+    meters = Meters(rec, drain=DrainPolicy(max_concurrent=1), progress_every=1000)
+    bodies = 0
+    blocked = asyncio.Event()
+    fail = asyncio.Event()
+
+    async def send(message: Any) -> None:
+        nonlocal bodies
+        if message["type"] != "http.response.body":
+            return
+        bodies += 1
+        if bodies == 4:  # blocked on the client (the disconnect comes meanwhile), then broken
+            blocked.set()
+            await fail.wait()
+            raise OSError("broken pipe")
+
+    async def receive() -> Any:
+        await blocked.wait()
+        asyncio.get_running_loop().call_later(0.05, fail.set)
+        return {"type": "http.disconnect"}
+
+    with FakeUpstream(total=40, delay_s=0.005) as fake:
+        asyncio.run(_asgi_upstream_call(fake.url, meters, "twice", send, receive))
+    assert len(rec.of("twice", "stream.client_disconnected")) == 1
+    [usage] = rec.of("twice", "stream.usage")
+    assert (usage["source"], usage["output_tokens"]) == ("upstream", 40)
+
+
+def test_a_client_gone_before_the_head_is_drained() -> None:
+    rec = Recorder()
+    meters = Meters(rec, progress_every=1000)
+
+    async def send(message: Any) -> None:
+        raise OSError("the client is gone")
+
+    async def receive() -> Any:
+        return {"type": "http.disconnect"}
+
+    with FakeUpstream(total=20, delay_s=0.002) as fake:
+        asyncio.run(_asgi_upstream_call(fake.url, meters, "headless", send, receive))
+    assert rec.kinds("headless") == [
+        (1, "stream.started"),
+        (1, "stream.client_disconnected"),
+        (1, "stream.tokens"),
+        (1, "stream.usage"),
+    ]
+    [left] = rec.of("headless", "stream.client_disconnected")
+    assert left["output_tokens_delivered"] == 0
+    [usage] = rec.of("headless", "stream.usage")
+    assert (usage["source"], usage["output_tokens"]) == ("upstream", 20)
