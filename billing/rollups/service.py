@@ -180,24 +180,26 @@ class Deltas:
     def write(self, session: Session) -> None:
         """Apply the deltas: one upsert into each rollup table."""
         keyed: dict[tuple[Any, ...], list[int]] = {}
-        starts: dict[datetime, list[datetime]] = {}
+        all_keys: dict[tuple[Any, ...], list[int]] = {}
+        starts: dict[datetime, list[tuple[int, datetime]]] = {}
+        add = operator.add
+        # Every quarter's values go to its row at each level, in both tables, in one loop (it
+        # runs for each of a step's groups and levels). The lists are never changed in place,
+        # so a row may start as the quarter's own list.
         for (basis, key, quarter, model, customer), values in self.quarters.items():
             levels = starts.get(quarter)
             if levels is None:
-                levels = starts[quarter] = [quarter, *(floor(lv, quarter) for lv in LEVELS[1:])]
-            for level, start in zip(LEVELS, levels, strict=True):
-                _sum_into(keyed, (basis, key, level, start, model, customer), values)
-        all_keys: dict[tuple[Any, ...], list[int]] = {}
-        for (basis, _key, level, start, model, _customer), values in keyed.items():
-            _sum_into(all_keys, (basis, level, start, model), values)
+                levels = starts[quarter] = list(
+                    zip(LEVELS, [quarter, *(floor(lv, quarter) for lv in LEVELS[1:])], strict=True)
+                )
+            for level, start in levels:
+                row: tuple[Any, ...] = (basis, key, level, start, model, customer)
+                summed = keyed.get(row)
+                keyed[row] = values if summed is None else list(map(add, summed, values))
+                row = (basis, level, start, model)
+                summed = all_keys.get(row)
+                all_keys[row] = values if summed is None else list(map(add, summed, values))
         store_for(session).rollups.add(session, _rows(keyed), _rows(all_keys))
-
-
-def _sum_into(
-    rows: dict[tuple[Any, ...], list[int]], row: tuple[Any, ...], values: list[int]
-) -> None:
-    summed = rows.get(row)
-    rows[row] = list(values) if summed is None else list(map(operator.add, summed, values))
 
 
 def _rows(rows: Mapping[tuple[Any, ...], list[int]]) -> list[tuple[Any, ...]]:
