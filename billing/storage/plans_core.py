@@ -48,6 +48,10 @@ class CorePlans:
     ) -> dict[str, list[KeyAssignment]]:
         found: dict[str, list[KeyAssignment]] = {}
         ids = sorted(set(api_key_ids))
+        # A gateway without plans has no assignment at all: one probe instead of a search of
+        # the step's keys (hundreds of bound ids) at every reconcile step.
+        if not ids or not session.scalar(select(exists().select_from(KeyAssignment))):
+            return found
         for start in range(0, len(ids), CHUNK):
             query = (
                 select(KeyAssignment)
