@@ -76,6 +76,25 @@ async def _consume(
     return tap.output_tokens
 
 
+def check_retried(rec: Recorder, client: TestClient, request_id: str) -> None:
+    """A call whose first attempt stalled before its first byte and was retried as a second:
+    its events, and the service bills the second attempt's 20 tokens."""
+    assert rec.kinds(request_id) == [
+        (1, "stream.started"),
+        (1, "stream.tokens"),
+        (1, "stream.usage"),
+        (1, "stream.failed"),
+        (2, "stream.started"),
+        (2, "stream.tokens"),
+        (2, "stream.usage"),
+    ]
+    [failed] = rec.of(request_id, "stream.failed")
+    assert failed["error_type"] == "stalled" and failed["output_tokens_generated"] == 0
+    _post(client, rec.events)
+    call = _call(client, request_id)
+    assert call["attempts"] == 2 and call["output_tokens_billed"] == 20
+
+
 async def _open(http: httpx.AsyncClient, protocol: str, rid: str, **headers: str) -> httpx.Response:
     body: dict[str, Any] = {"model": "fake-model", "stream": True}
     if protocol == "openai.chat_completions":
@@ -258,20 +277,7 @@ def test_a_stalled_upstream_is_retried_as_a_second_attempt(client: TestClient) -
         assert time.monotonic() - start < 3  # the stall timeout (0.3 s), not httpx's (5 s)
         assert [g.generated for g in fake.records["retry"]] == [0, 20]
     assert read == 20
-    assert rec.kinds("retry") == [
-        (1, "stream.started"),
-        (1, "stream.tokens"),
-        (1, "stream.usage"),
-        (1, "stream.failed"),
-        (2, "stream.started"),
-        (2, "stream.tokens"),
-        (2, "stream.usage"),
-    ]
-    [failed] = rec.of("retry", "stream.failed")
-    assert failed["error_type"] == "stalled" and failed["output_tokens_generated"] == 0
-    _post(client, rec.events)
-    call = _call(client, "retry")
-    assert call["attempts"] == 2 and call["output_tokens_billed"] == 20
+    check_retried(rec, client, "retry")
 
 
 def test_a_stall_after_bytes_reached_the_client_ends_the_stream_without_retry() -> None:
