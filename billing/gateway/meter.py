@@ -142,8 +142,8 @@ class Meter:
             source,
             stall_timeout_s=meters.stall_timeout_s,
             slots=meters.slots,
+            policy=meters.policy,
             send=send,
-            policy=None if send is None else meters.policy,
         )
 
     async def _next_attempt(
@@ -208,14 +208,12 @@ class Meter:
     ) -> None:
         """:meth:`response` once served: the head, then the attempts, until the upstream's
         end, a failure or the client's disconnect."""
-        meters, account = self._meters, self.account
+        account = self.account
         account.start_attempt()
         try:
             await send(head)
         except BaseException:  # no client to write to (gone, or the task cancelled): drain
-            pump = self._pump(upstream, send)
-            account.client_left()
-            pump.detach(meters.policy)
+            self._pump(upstream, send).leave()
             raise
         pump = self._pump(upstream, send)  # (after the head: the pump writes the body)
         left = asyncio.ensure_future(disconnected(receive))
@@ -223,12 +221,9 @@ class Meter:
             while True:
                 if pump.outcome is None and not pump.detached:
                     await asyncio.wait((pump.arrival(), left), return_when=asyncio.FIRST_COMPLETED)
-                if pump.detached:  # a write failed: the pump took it as the disconnect
-                    return
                 outcome = pump.outcome
-                if outcome is None:  # http.disconnect
-                    account.client_left()
-                    pump.detach(meters.policy)
+                if pump.detached or outcome is None:  # a failed write, or http.disconnect
+                    pump.leave()
                     return
                 if outcome == END:
                     account.settle()
@@ -243,8 +238,7 @@ class Meter:
                 return
         except _CLIENT_GONE:
             if not account.settled:  # (the last write may fail after a complete stream)
-                account.client_left()
-                pump.detach(meters.policy)
+                pump.leave()
             raise
         finally:
             left.cancel()
@@ -276,7 +270,7 @@ class Meter:
         upstream (see :class:`Meters`) that has not yet sent the client a byte is retried as
         a new attempt, up to ``max_attempts``; a later stall ends the client's stream.
         """
-        meters, account = self._meters, self.account
+        account = self.account
         account.start_attempt()
         pump = self._pump(upstream)
         try:
@@ -302,8 +296,7 @@ class Meter:
                     return  # stalled or broken: the attempt is settled; the client's stream ends
                 pump = next_pump
         except _CLIENT_GONE:
-            account.client_left()
-            pump.detach(meters.policy)
+            pump.leave()
             raise
 
     def relay_sync(

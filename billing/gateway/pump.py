@@ -49,10 +49,8 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 class Pump:
     """Reads ``source`` into the account's tap and hands its chunks to the client (into
-    :attr:`ready`, or with ``send``); drains after :meth:`detach`.
-
-    With ``send``, a failed write detaches the pump itself (within ``policy``) and wakes
-    :meth:`arrival`."""
+    :attr:`ready`, or with ``send``); drains within ``policy`` after :meth:`leave` (with
+    ``send``, a failed write is a :meth:`leave` too)."""
 
     def __init__(
         self,
@@ -61,11 +59,9 @@ class Pump:
         *,
         stall_timeout_s: float | None,
         slots: DrainSlots,
+        policy: DrainPolicy,
         send: Send | None = None,
-        policy: DrainPolicy | None = None,
     ) -> None:
-        if (send is None) != (policy is None):
-            raise ValueError("send and policy go together")
         self.account = account
         self._send = send
         self._policy = policy
@@ -106,23 +102,24 @@ class Pump:
             if not arrival.done():  # the relay may have been cancelled meanwhile
                 arrival.set_result(None)
 
-    def detach(self, policy: DrainPolicy) -> None:
-        """The client left: drain within ``policy`` or cancel the upstream now.
-
-        Call it after :meth:`CallAccount.client_left`. When the upstream already ended, the
-        attempt is settled at once. Once detached, calling it again does nothing (the
-        response's task and a failed write may both see the disconnect).
-        """
+    def leave(self) -> None:
+        """The client left (whoever saw it: the relay, the response's task, a failed write):
+        ``stream.client_disconnected`` once, then drain within the policy or cancel the
+        upstream now; a relay or response waiting on :meth:`arrival` wakes. When the upstream
+        already ended, the attempt is settled at once. Calling it again does nothing (the
+        response's task and a failed write may both see the disconnect)."""
         if self.detached:
             return
         self.detached = True
+        account = self.account
+        account.client_left()
         self.ready.clear()  # the chunks were counted; a pump waiting for room goes on
         self.taken()
-        account = self.account
+        self._arrived()
         if self.ended:
             account.settle()
             return
-        if self._drain.begin(policy, account.tap.output_tokens, self._loop.time()):
+        if self._drain.begin(self._policy, account.tap.output_tokens, self._loop.time()):
             self._reschedule()
             return
         self._skip = True
@@ -131,13 +128,6 @@ class Pump:
             self.ended = True
             account.settle(skipped=True)
             self._loop.create_task(aclose_quietly(self._source, None))
-
-    def _client_gone(self) -> None:
-        """A write to the client failed: it left (the pump's own task; see :meth:`detach`)."""
-        assert self._policy is not None
-        self.account.client_left()
-        self.detach(self._policy)
-        self._arrived()
 
     def _reschedule(self) -> None:
         if self._timeout is None:
@@ -183,7 +173,7 @@ class Pump:
                                 {"type": "http.response.body", "body": chunk, "more_body": True}
                             )
                         except OSError:
-                            self._client_gone()
+                            self.leave()
                             continue
                         if self.detached:  # the client left during the write: not delivered
                             continue
@@ -212,7 +202,7 @@ class Pump:
             outcome = END if self.detached else STALLED
             self._skip = self.detached
         except asyncio.CancelledError:
-            # a skip (detach), else the gateway shutting down: the upstream is given up
+            # a skip (leave), else the gateway shutting down: the upstream is given up
             self._skip = True
             outcome = END if self.detached else BROKEN
             if not self.detached:
