@@ -76,6 +76,38 @@ async def _consume(
     return tap.output_tokens
 
 
+def check_full(rec: Recorder, client: TestClient, request_id: str) -> None:
+    """A whole stream of 40 output tokens after 9 input, ``progress_every=16``, the default
+    drain policy: its events, and the service bills 9 * 2.5e-6 + 40 * 10e-6 USD."""
+    assert rec.kinds(request_id) == [
+        (1, "stream.started"),
+        (1, "stream.tokens"),
+        (1, "stream.tokens"),
+        (1, "stream.tokens"),
+        (1, "stream.usage"),
+    ]
+    [started] = rec.of(request_id, "stream.started")
+    assert started["metadata"] == {
+        "billing.drain": "on",
+        "billing.drain_max_s": "60",
+        "billing.drain_max_tokens": "16384",
+        "billing.drain_max_concurrent": "256",
+    }
+    progress = [(e["output_tokens_generated"]) for e in rec.of(request_id, "stream.tokens")]
+    assert progress == [16, 32, 40]
+    assert rec.of(request_id, "stream.tokens")[-1]["output_tokens_delivered"] == 40
+    [usage] = rec.of(request_id, "stream.usage")
+    assert (usage["source"], usage["input_tokens"], usage["output_tokens"]) == ("upstream", 9, 40)
+    _post(client, rec.events)
+    call = _call(client, request_id)
+    assert (call["status"], call["settled"], call["output_tokens_billed"]) == (
+        "completed",
+        True,
+        40,
+    )
+    assert call["output_tokens_delivered"] == 40 and call["cost_usd"] == "0.0004225"
+
+
 def check_retried(rec: Recorder, client: TestClient, request_id: str) -> None:
     """A call whose first attempt stalled before its first byte and was retried as a second:
     its events, and the service bills the second attempt's 20 tokens."""
@@ -128,33 +160,7 @@ def test_a_full_stream_sends_started_progress_and_the_upstream_usage(
     with FakeUpstream(total=40, delay_s=0.001, input_tokens=9) as fake:
         read = asyncio.run(run())
     assert read == 40
-    assert rec.kinds("full") == [
-        (1, "stream.started"),
-        (1, "stream.tokens"),
-        (1, "stream.tokens"),
-        (1, "stream.tokens"),
-        (1, "stream.usage"),
-    ]
-    [started] = rec.of("full", "stream.started")
-    assert started["metadata"] == {
-        "billing.drain": "on",
-        "billing.drain_max_s": "60",
-        "billing.drain_max_tokens": "16384",
-        "billing.drain_max_concurrent": "256",
-    }
-    progress = [(e["output_tokens_generated"]) for e in rec.of("full", "stream.tokens")]
-    assert progress == [16, 32, 40]
-    assert rec.of("full", "stream.tokens")[-1]["output_tokens_delivered"] == 40
-    [usage] = rec.of("full", "stream.usage")
-    assert (usage["source"], usage["input_tokens"], usage["output_tokens"]) == ("upstream", 9, 40)
-    _post(client, rec.events)
-    call = _call(client, "full")
-    assert (call["status"], call["settled"], call["output_tokens_billed"]) == (
-        "completed",
-        True,
-        40,
-    )
-    assert call["output_tokens_delivered"] == 40 and call["cost_usd"] == "0.0004225"
+    check_full(rec, client, "full")
 
 
 def test_the_drain_reads_the_provider_usage_after_the_client_left(client: TestClient) -> None:
