@@ -51,7 +51,7 @@ from billing.api.app import create_app
 from billing.calllog.cursor import Position, decode, encode
 from billing.calllog.queries import CallsQuery, list_calls
 from billing.calllog.usage import UsageQuery, usage_rows
-from billing.pricing.rates import PLAN_RATE_COLUMNS
+from billing.rates import PLAN_RATE_COLUMNS
 from billing.rollups import service as rollups
 from billing.settings import Settings
 from billing.storage.db import make_engine, make_sessionmaker, read_transaction

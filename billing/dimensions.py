@@ -33,7 +33,7 @@ def _bucket(
     negative difference), 0 by default. ``required``: ``stream.usage`` must carry ``usage``
     (otherwise it defaults to 0). ``part_of``: the bucket it is a part of (its tokens are
     counted there too, and billed at this bucket's ``price`` instead of that one's; a price
-    without it bills them at that one's, see ``billing.pricing.rates``). ``since``: the export
+    without it bills them at that one's, see ``billing.rates``). ``since``: the export
     format that first has its column (v1 exports keep their columns, CONTRACT "Export")."""
     meta = {
         "doc": doc,

@@ -44,7 +44,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
 from billing.dimensions import TOKEN_FIELDS
-from billing.pricing.rates import PART_OF, RATES
+from billing.rates import PART_OF, RATES
 from billing.storage.migrate import upgrade_to_head
 from billing.storage.models import (
     Call,

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
 from billing.auth.tokens import Role, TokenInfo
-from billing.ingest.schemas import Timestamp
+from billing.fields import Timestamp
 from billing.timefmt import rfc3339
 
 

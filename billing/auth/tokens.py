@@ -20,11 +20,11 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from billing.errors import NotFound
+from billing.secret_ids import TOKEN_PREFIX
 from billing.storage.models import ApiToken
 
 Role = Literal["ingest", "read", "export", "admin"]
 ROLES: tuple[str, ...] = get_args(Role)
-TOKEN_PREFIX = "bt_"
 
 
 @dataclass(frozen=True)

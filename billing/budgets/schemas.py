@@ -9,11 +9,11 @@ from decimal import Decimal
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from pydantic.json_schema import WithJsonSchema
 
 from billing.budgets.periods import zone
-from billing.ingest.schemas import Id128, _not_a_secret
+from billing.fields import Id128, PublicId
 
 #: The largest limit accepted, USD.
 MAX_LIMIT_USD = Decimal(10) ** 9
@@ -143,7 +143,7 @@ class Scope(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    api_key_id: Annotated[Id128, AfterValidator(_not_a_secret)] | None = None
+    api_key_id: PublicId | None = None
     customer_id: Id128 | None = None
 
     @model_validator(mode="after")

@@ -31,7 +31,7 @@ from billing.budgets.periods import period_bounds
 from billing.budgets.repository import BudgetDef, BudgetsRepository, Scope
 from billing.budgets.schemas import BudgetChange, BudgetIn, plain
 from billing.errors import BillingError, NotFound
-from billing.pricing.money import PICO
+from billing.money import PICO
 from billing.storage.models import Budget
 from billing.storage.store import store_for
 from billing.timefmt import rfc3339

@@ -14,9 +14,10 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, create_model
 from billing.calllog.queries import DEFAULT_LIMIT, MAX_LIMIT, STATUSES
 from billing.calllog.usage import GROUP_BY
 from billing.dimensions import BUCKETS
-from billing.ingest.schemas import Event, Protocol, StreamUsage, Timestamp
-from billing.pricing.rates import RATES
+from billing.fields import Timestamp
+from billing.ingest.schemas import Event, Protocol, StreamUsage
 from billing.pricing.schemas import Rate, Usd
+from billing.rates import RATES
 from billing.rollups.repository import BASES, CALL_START
 
 _OUT = ConfigDict(extra="forbid")

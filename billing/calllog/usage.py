@@ -45,7 +45,7 @@ from billing.calllog.params import UNTIL_AFTER_SINCE, QueryReader, parse_timesta
 from billing.calllog.repository import RollupSlice
 from billing.dimensions import TOKEN_FIELDS
 from billing.errors import FieldError, ValidationFailed
-from billing.pricing.money import pusd_to_str
+from billing.money import pusd_to_str
 from billing.rollups.buckets import Run, Window, cover
 from billing.rollups.repository import BASES, CALL_START, COUNT_FIELDS, PICO
 from billing.rollups.service import Placed, Totals, place_call, place_entry

@@ -7,8 +7,8 @@ from typing import Any
 import orjson
 
 from billing.dimensions import tokens_of
-from billing.pricing.money import pusd_to_str, uusd_per_mtok_to_str
-from billing.pricing.rates import RATES
+from billing.money import pusd_to_str, uusd_per_mtok_to_str
+from billing.rates import RATES
 from billing.storage.models import Call, Event, LedgerEntry
 from billing.timefmt import rfc3339
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from billing.reconcile.rule import (
+from billing.anomalies import (
     DELIVERED_EXCEEDS_BILLED,
     INPUT_UNKNOWN,
     STARTED_MISSING,

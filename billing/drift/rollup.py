@@ -16,8 +16,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from billing.anomalies import STARTED_MISSING
 from billing.drift.repository import DAY, HOUR, RollupKey, RollupSums
-from billing.reconcile.rule import STARTED_MISSING
 from billing.storage.store import store_for
 
 Contributions = dict[RollupKey, RollupSums]

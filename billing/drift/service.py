@@ -34,7 +34,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from billing.drift.schemas import FIELDS, STATUSES, DriftQuery
-from billing.pricing.money import format_usd, pusd_to_decimal
+from billing.money import format_usd, pusd_to_decimal
 from billing.providers.repository import CurrentLine
 from billing.storage.store import store_for
 

@@ -39,7 +39,7 @@ from typing import Final, Literal
 
 from billing.calllog.buckets import TIME_DIMS
 from billing.dimensions import V1_TOKEN_FIELDS, V2_TOKEN_FIELDS
-from billing.pricing.rates import RATES, V1_RATES, V2_RATES
+from billing.rates import RATES, V1_RATES, V2_RATES
 
 #: The token buckets of the v1 columns, in the contract's usage-totals order.
 TOKEN_COLUMNS: Final[tuple[str, ...]] = tuple(V1_TOKEN_FIELDS)

@@ -7,7 +7,7 @@
   negative adjustments too) are written as they are and never altered.
 - Money is exact: prices and costs are stored as integers (micro-USD per million tokens,
   picodollars) and written as plain decimals with trailing zeros removed, exactly as
-  :func:`billing.pricing.money.pusd_to_str` writes them, with integer and string operations only.
+  :func:`billing.money.pusd_to_str` writes them, with integer and string operations only.
 - An empty cell means null (an unknown key, an unpriced entry).
 """
 
@@ -21,7 +21,7 @@ from typing import Any, Final
 
 from billing.dimensions import V1_TOKEN_FIELDS
 from billing.export.columns import V2Column
-from billing.pricing.rates import V1_RATES
+from billing.rates import V1_RATES
 
 #: First characters that make a spreadsheet treat a cell as a formula (OWASP "CSV injection").
 FORMULA_STARTS: Final[frozenset[str]] = frozenset("=+-@\t\r")

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import functools
-import re
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NotRequired
 
 from pydantic import (
     AfterValidator,
-    AwareDatetime,
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     StringConstraints,
@@ -22,8 +18,21 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 from typing_extensions import TypedDict
 
-from billing.auth.secrets import looks_like_secret
+from billing.anomalies import ReportedAnomaly
 from billing.dimensions import BUCKETS
+from billing.fields import (
+    MAX_UNITS,
+    Id128,
+    Label,
+    MetadataKey,
+    MetadataValue,
+    ModelName,
+    PublicId,
+    ServiceTier,
+    Timestamp,
+    TokenCount,
+    UnitName,
+)
 
 PROTOCOLS = ("openai.chat_completions", "openai.responses", "anthropic.messages")
 EVENT_TYPES = (
@@ -33,57 +42,8 @@ EVENT_TYPES = (
     "stream.usage",
     "stream.failed",
 )
-#: The largest token count accepted in one field (a billion tokens; far past any context window).
-MAX_TOKENS = 1_000_000_000
 #: The highest attempt number accepted.
 MAX_ATTEMPT = 1000
-
-
-#: RFC 3339 ``date-time``; the offset is optional here so that a missing one gets its own message.
-_RFC3339 = re.compile(
-    r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})?", re.ASCII
-)
-
-
-def _require_text(value: Any) -> Any:
-    if not isinstance(value, str) or not _RFC3339.fullmatch(value):
-        raise ValueError("must be an RFC 3339 timestamp string such as 2026-10-15T08:00:00Z")
-    return value
-
-
-def _to_utc(value: datetime) -> datetime:
-    try:
-        return value.astimezone(UTC)
-    except OverflowError:  # such as 0001-01-01T00:30:00+01:00: before year 1 in UTC
-        raise ValueError("is out of range: send an instant between years 1 and 9999 UTC") from None
-
-
-def _printable(value: str) -> str:
-    if not value.isprintable():
-        raise ValueError("must be printable text (no control characters)")
-    if value.isspace():
-        raise ValueError("must not be blank (spaces only)")
-    return value
-
-
-def _no_control(value: str) -> str:
-    # Empty and blank values stay allowed (a tag may be empty); NUL breaks PostgreSQL's jsonb.
-    if value and not value.isprintable():
-        raise ValueError("must be printable text (no control characters)")
-    return value
-
-
-Timestamp = Annotated[AwareDatetime, BeforeValidator(_require_text), AfterValidator(_to_utc)]
-Tokens = Annotated[int, Field(ge=0, le=MAX_TOKENS, strict=True)]
-Id128 = Annotated[str, StringConstraints(min_length=1, max_length=128), AfterValidator(_printable)]
-Label = Annotated[str, StringConstraints(min_length=1, max_length=64), AfterValidator(_printable)]
-ModelName = Annotated[
-    str, StringConstraints(min_length=1, max_length=256), AfterValidator(_printable)
-]
-MetadataKey = Annotated[
-    str, StringConstraints(min_length=1, max_length=64), AfterValidator(_printable)
-]
-MetadataValue = Annotated[str, StringConstraints(max_length=256), AfterValidator(_no_control)]
 Protocol = Literal["openai.chat_completions", "openai.responses", "anthropic.messages"]
 
 
@@ -98,30 +58,21 @@ class _Event(BaseModel):
     attempt: Annotated[int, Field(ge=1, le=MAX_ATTEMPT, strict=True)] = 1
 
 
-def _not_a_secret(value: str) -> str:
-    if looks_like_secret(value):
-        raise ValueError(
-            "looks like a provider secret key; never send secrets: send the key's public id "
-            "(for example key_7f3a)"
-        )
-    return value
-
-
 class StreamStarted(_Event):
     """The gateway opened the upstream stream for this attempt."""
 
     type: Literal["stream.started"]
-    api_key_id: Annotated[Id128, AfterValidator(_not_a_secret)]
+    api_key_id: PublicId
     model: ModelName
     protocol: Protocol
-    input_tokens: Tokens | None = None
+    input_tokens: TokenCount | None = None
     metadata: Annotated[dict[MetadataKey, MetadataValue], Field(max_length=32)] | None = None
     #: The provider that served the stream (CONTRACT "Provider reports and drift"); None:
     #: the protocol's own (``provider_name``).
     provider: Label | None = None
     #: The provider project, workspace or key **id** the gateway used upstream (never a
     #: secret: refused like ``api_key_id``).
-    upstream_account: Annotated[Id128, AfterValidator(_not_a_secret)] | None = None
+    upstream_account: PublicId | None = None
 
     def provider_name(self) -> str:
         """``provider`` as sent, else ``anthropic`` for ``anthropic.messages`` and ``openai``
@@ -135,22 +86,22 @@ class StreamTokens(_Event):
     """Progress: cumulative output tokens generated upstream and delivered to the client."""
 
     type: Literal["stream.tokens"]
-    output_tokens_generated: Tokens
-    output_tokens_delivered: Tokens
+    output_tokens_generated: TokenCount
+    output_tokens_delivered: TokenCount
 
 
 class StreamClientDisconnected(_Event):
     """The client went away; cumulative counts at that moment."""
 
     type: Literal["stream.client_disconnected"]
-    output_tokens_delivered: Tokens
-    output_tokens_generated: Tokens | None = None
+    output_tokens_delivered: TokenCount
+    output_tokens_generated: TokenCount | None = None
 
 
 #: The ``stream.usage`` token fields, one per bucket of ``billing.dimensions`` with a ``usage``
 #: field: the required ones first, then those that default to 0, each in declaration order.
 _USAGE_TOKENS: dict[str, Any] = {
-    bucket.usage: (Tokens, ...) if bucket.required else (Tokens, 0)
+    bucket.usage: (TokenCount, ...) if bucket.required else (TokenCount, 0)
     for bucket in sorted(BUCKETS, key=lambda b: not b.required)
     if bucket.usage is not None
 }
@@ -172,23 +123,9 @@ else:
     )
 
 
-#: Anomaly codes a gateway or tap may report in ``stream.usage.anomalies`` (CONTRACT "Usage
-#: dimensions (v2)"); the rule carries each onto the call. ``usage_inconsistent``: the upstream's
-#: figures contradicted themselves and were kept as far as valid; ``drain_skipped``: the gateway
-#: cancelled the upstream after the client left, without waiting for the final usage.
-USAGE_INCONSISTENT = "usage_inconsistent"
-DRAIN_SKIPPED = "drain_skipped"
-REPORTED_ANOMALIES = (USAGE_INCONSISTENT, DRAIN_SKIPPED)
-ReportedAnomaly = Literal["usage_inconsistent", "drain_skipped"]
 #: Limits of the v2 usage fields (CONTRACT "Usage dimensions (v2)").
-MAX_UNITS = 16
 MAX_OTHER_MODELS = 8
 MAX_ANOMALIES = 8
-UNIT_NAME_PATTERN = r"^[a-z0-9_]{1,64}$"
-UnitName = Annotated[str, StringConstraints(pattern=UNIT_NAME_PATTERN)]
-ServiceTier = Annotated[
-    str, StringConstraints(min_length=1, max_length=32), AfterValidator(_printable)
-]
 
 
 class OtherModelUsage(TypedDict):
@@ -200,10 +137,10 @@ class OtherModelUsage(TypedDict):
     __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
 
     model: ModelName
-    input_tokens: Tokens
-    output_tokens: Tokens
-    cache_read_input_tokens: NotRequired[Tokens]
-    cache_creation_input_tokens: NotRequired[Tokens]
+    input_tokens: TokenCount
+    output_tokens: TokenCount
+    cache_read_input_tokens: NotRequired[TokenCount]
+    cache_creation_input_tokens: NotRequired[TokenCount]
 
 
 def _other_model_defaults(value: OtherModelUsage) -> OtherModelUsage:
@@ -226,12 +163,12 @@ class StreamUsage(_StreamUsageTokens):
 
     # The other token fields come from ``billing.dimensions`` (``_USAGE_TOKENS``, in the base).
 
-    input_tokens: Tokens | None = None
+    input_tokens: TokenCount | None = None
     source: Literal["upstream", "estimate"]
     model: ModelName | None = None
     stop_reason: Label | None = None
     service_tier: ServiceTier | None = None
-    units: Annotated[dict[UnitName, Tokens], Field(max_length=MAX_UNITS)] | None = None
+    units: Annotated[dict[UnitName, TokenCount], Field(max_length=MAX_UNITS)] | None = None
     other_models: (
         Annotated[
             list[Annotated[OtherModelUsage, AfterValidator(_other_model_defaults)]],
@@ -277,7 +214,7 @@ class StreamFailed(_Event):
     type: Literal["stream.failed"]
     error_type: Label
     message: Annotated[str, StringConstraints(max_length=4096)] | None = None
-    output_tokens_generated: Tokens | None = None
+    output_tokens_generated: TokenCount | None = None
 
 
 Event = Annotated[

@@ -10,15 +10,15 @@ import orjson
 from pydantic import TypeAdapter, ValidationError
 from pydantic_core import ErrorDetails
 
+from billing.anomalies import REPORTED_ANOMALIES
 from billing.errors import FieldError, TooLarge, ValidationFailed
+from billing.fields import MAX_UNITS
 from billing.ingest.schemas import (
     EVENT_TYPES,
     FIELDS_BY_TYPE,
     MAX_ANOMALIES,
     MAX_OTHER_MODELS,
-    MAX_UNITS,
     PROTOCOLS,
-    REPORTED_ANOMALIES,
     USAGE_FIELDS_ERROR,
     Event,
 )

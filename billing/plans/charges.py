@@ -21,7 +21,7 @@ from decimal import ROUND_HALF_EVEN, Decimal
 from fractions import Fraction
 
 from billing.dimensions import Tokens
-from billing.pricing.money import MAX_PUSD
+from billing.money import MAX_PUSD
 from billing.pricing.prices import PriceRow
 
 

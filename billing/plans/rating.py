@@ -12,7 +12,7 @@ from datetime import datetime
 from sqlalchemy.orm import Session
 
 from billing.pricing.prices import PriceBook, PriceRow
-from billing.pricing.rates import RATE_COLUMNS
+from billing.rates import RATE_COLUMNS
 from billing.storage.models import KeyAssignment, PlanPrice, PlanVersion
 from billing.storage.store import store_for
 

@@ -8,7 +8,6 @@ from decimal import Decimal
 from typing import Annotated, Any, cast
 
 from pydantic import (
-    AfterValidator,
     AwareDatetime,
     BaseModel,
     BeforeValidator,
@@ -20,8 +19,8 @@ from pydantic import (
 from pydantic.json_schema import WithJsonSchema
 
 from billing.errors import FieldError, ValidationFailed
-from billing.ingest.schemas import Id128, Timestamp, _not_a_secret
-from billing.pricing.money import format_usd
+from billing.fields import PublicId, Timestamp, not_a_secret
+from billing.money import format_usd
 from billing.pricing.schemas import _POSTED, PriceOut, _with_defaults
 
 #: The most decimal places of a markup: with at most 4, a markup times a cost in picodollars is
@@ -70,8 +69,6 @@ Markup = Annotated[
     ),
 ]
 
-#: A customer or plan id, or a key's id: printable text of 1–128 characters, never a secret.
-PublicId = Annotated[Id128, AfterValidator(_not_a_secret)]
 
 _PLAN_PRICE: dict[str, Any] = {k: v for k, v in _POSTED.items() if k != "effective_from"}
 _PlanPriceFields: Any = cast(
@@ -206,7 +203,7 @@ def check_key_id(api_key_id: str) -> str:
         problem = "must be printable text of 1 to 128 characters"
     else:
         try:
-            _not_a_secret(api_key_id)
+            not_a_secret(api_key_id)
         except ValueError as error:
             problem = str(error)
     if problem:

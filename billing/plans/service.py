@@ -15,7 +15,7 @@ from billing.errors import FieldError, NotFound, PlanConflict, ValidationFailed
 from billing.plans.rating import assignment_at, plan_price_row
 from billing.plans.schemas import KeyIn, PlanIn, check_key_id
 from billing.pricing.prices import PriceRow, PriceVersion, unit_prices_text
-from billing.pricing.rates import RATE_COLUMNS, RATE_FIELDS
+from billing.rates import RATE_COLUMNS, RATE_FIELDS
 from billing.storage.models import KeyAssignment, PlanPrice, PlanVersion
 from billing.storage.store import store_for
 from billing.timefmt import rfc3339

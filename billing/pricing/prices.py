@@ -14,9 +14,9 @@ from sqlalchemy.orm import Session
 
 from billing.dimensions import Tokens
 from billing.errors import PriceConflict
-from billing.pricing.money import uusd_per_mtok_to_str
-from billing.pricing.rates import PART_OF, RATE_COLUMNS, RATE_FIELDS, RATE_NAMES, RATED_BUCKETS
+from billing.money import uusd_per_mtok_to_str
 from billing.pricing.schemas import PriceIn
+from billing.rates import PART_OF, RATE_COLUMNS, RATE_FIELDS, RATE_NAMES, RATED_BUCKETS
 from billing.storage.models import Price
 from billing.timefmt import rfc3339
 
@@ -39,7 +39,7 @@ _posted_rates = _getter(RATE_FIELDS)
 
 class PriceRow:
     """A stored price: ``id``, ``model``, ``effective_from`` and its ``rates`` in micro-USD per
-    million tokens in ``billing.pricing.rates.RATES`` order, each also an attribute named after
+    million tokens in ``billing.rates.RATES`` order, each also an attribute named after
     its rate (``input``, ``output``, ``cache_read``, ``cache_creation``, ``cache_creation_1h``).
     v2: ``service_tier`` (None: any tier without a price of its own), ``above_input_tokens``
     (0: the price; more: the long-context prices of the same price, for an attempt whose input,

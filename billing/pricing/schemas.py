@@ -1,5 +1,5 @@
 """The shapes of prices (CONTRACT "Cost"): as posted (``PriceIn``) and as answered
-(``PriceOut``, ``PriceList``), one rate field per rate of ``billing.pricing.rates``."""
+(``PriceOut``, ``PriceList``), one rate field per rate of ``billing.rates``."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pydantic import (
 )
 from pydantic.json_schema import WithJsonSchema
 
-from billing.ingest.schemas import (
+from billing.fields import (
     MAX_TOKENS,
     MAX_UNITS,
     ModelName,
@@ -24,9 +24,9 @@ from billing.ingest.schemas import (
     Timestamp,
     UnitName,
 )
-from billing.pricing.money import MAX_PRICE_USD_PER_MTOK, parse_price
-from billing.pricing.rates import RATES
-from billing.pricing.rates import Rate as Rate_
+from billing.money import MAX_PRICE_USD_PER_MTOK, parse_price
+from billing.rates import RATES
+from billing.rates import Rate as Rate_
 
 #: A rate as posted: a decimal string (or an integer) of USD per million tokens with at most 6
 #: decimal places, held as micro-USD per million tokens (``parse_price``).
@@ -64,7 +64,7 @@ def _rate_field(rate: Rate_) -> tuple[Any, Any]:
     return (PostedRate | None, Field(default=None, description=info))
 
 
-#: The posted rates, one per rate of ``billing.pricing.rates``.
+#: The posted rates, one per rate of ``billing.rates``.
 _RATES_POSTED: dict[str, Any] = {r.field: _rate_field(r) for r in RATES}
 
 
@@ -127,7 +127,7 @@ _PriceInFields: Any = cast(
 class PriceIn(_PriceInFields):  # type: ignore[misc]
     """A price as posted (``POST /v1/prices``, ``billing prices load``): the model, the served
     tier it applies to (None: any tier without a price of its own), the instant from which it
-    applies, and one rate per priced bucket (see ``billing.pricing.rates``), each held here as
+    applies, and one rate per priced bucket (see ``billing.rates``), each held here as
     micro-USD per million tokens (a rate that may be left out takes the one it defaults to);
     v2: ``unit_prices`` (micro-USD per unit) and ``long_context``. Identified by (model,
     service_tier, effective_from) (CONTRACT "Cost", "Usage dimensions (v2)")."""

@@ -36,7 +36,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from billing.errors import FieldError, ValidationFailed
-from billing.ingest.schemas import Timestamp
+from billing.fields import Timestamp
 
 ProviderName = Literal["openai", "anthropic"]
 ReportKind = Literal["usage", "cost"]

@@ -19,7 +19,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from billing.pricing.money import format_usd
+from billing.money import format_usd
 from billing.providers.repository import BucketKey
 from billing.providers.schemas import ImportResult, ReportBucket, ReportLine
 from billing.storage.store import store_for

@@ -8,14 +8,15 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
+from billing.anomalies import UNPRICED
 from billing.dimensions import TOKEN_FIELDS, Tokens, set_tokens
+from billing.money import MAX_PUSD
 from billing.plans.charges import line_charge
 from billing.plans.rating import NO_TERMS, Rating, Terms
-from billing.pricing.money import MAX_PUSD
 from billing.pricing.prices import PriceBook, PriceRow, unit_prices_text
-from billing.pricing.rates import RATES
+from billing.rates import RATES
 from billing.reconcile.ledger import Line, LineKey, NewEntry, line_cost
-from billing.reconcile.rule import UNPRICED, CallFigures
+from billing.reconcile.rule import CallFigures
 
 #: The rates of an unpriced entry.
 _NO_RATES: tuple[None, ...] = (None,) * len(RATES)

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from billing.dimensions import TOKEN_FIELDS, Tokens
+from billing.money import MAX_PUSD
 from billing.plans.charges import line_charge
-from billing.pricing.money import MAX_PUSD
 from billing.pricing.prices import PriceRow
-from billing.pricing.rates import PLAN_RATE_COLUMNS, RATE_COLUMNS
+from billing.rates import PLAN_RATE_COLUMNS, RATE_COLUMNS
 
 
 class LineKey(NamedTuple):

@@ -21,20 +21,15 @@ from datetime import datetime
 from operator import attrgetter
 from typing import Any
 
+from billing.anomalies import (
+    DELIVERED_EXCEEDS_BILLED,
+    INPUT_UNKNOWN,
+    STARTED_MISSING,
+    USAGE_MISSING,
+)
 from billing.dimensions import BUCKETS, Tokens, tokens_builder
-from billing.ingest import schemas
 from billing.ingest.schemas import StreamFailed, StreamStarted, StreamUsage
 from billing.reconcile.stored import AnyEvent, StoredFailed, StoredStarted, StoredUsage
-
-#: Anomaly codes (CONTRACT "Reconciliation" and "Cost").
-DELIVERED_EXCEEDS_BILLED = "delivered_exceeds_billed"
-INPUT_UNKNOWN = "input_unknown"
-USAGE_MISSING = "usage_missing"
-STARTED_MISSING = "started_missing"
-UNPRICED = "unpriced"
-#: Reported by a gateway or tap in ``stream.usage.anomalies`` (CONTRACT "Usage dimensions (v2)").
-USAGE_INCONSISTENT = schemas.USAGE_INCONSISTENT
-DRAIN_SKIPPED = schemas.DRAIN_SKIPPED
 
 
 @dataclass(slots=True)

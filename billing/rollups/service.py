@@ -28,9 +28,9 @@ from typing import Any, Protocol
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from billing.anomalies import STARTED_MISSING
 from billing.dimensions import TOKEN_FIELDS
 from billing.drift import rollup as drift_rollup
-from billing.reconcile.rule import STARTED_MISSING
 from billing.rollups.buckets import LEVELS, QUARTER, floor
 from billing.rollups.repository import BOOKED, CALL_START, COUNT_FIELDS, PICO
 from billing.storage.models import UsageRollup, UsageRollupAllKeys, UsageRollupKeyless

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from billing.calllog.repository import RollupSlice
 from billing.dimensions import TOKEN_FIELDS, V1_TOKEN_FIELDS
-from billing.pricing.rates import V1_RATES
+from billing.rates import V1_RATES
 from billing.rollups.repository import CALL_START, COUNT_FIELDS, PICO
 from billing.storage.models import Call, LedgerEntry, UsageRollup, UsageRollupAllKeys
 

@@ -22,7 +22,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, MappedColumn, mapped_column
 
 from billing.dimensions import TOKEN_FIELDS
-from billing.pricing.rates import PLAN_RATE_COLUMNS, RATE_COLUMNS
+from billing.rates import PLAN_RATE_COLUMNS, RATE_COLUMNS
 from billing.storage.types import UTCDateTime
 
 # SQLite only makes an INTEGER PRIMARY KEY auto-increment; PostgreSQL gets a real bigint.
@@ -64,7 +64,7 @@ for _name in TOKEN_FIELDS:
 
 
 class PriceRates:
-    """One column per rate of a price (``billing.pricing.rates.RATE_COLUMNS``, in its order):
+    """One column per rate of a price (``billing.rates.RATE_COLUMNS``, in its order):
     micro-USD per million tokens, ``BIGINT NOT NULL``; read them with ``PriceRow``."""
 
 

@@ -18,11 +18,12 @@ from __future__ import annotations
 import json
 import re
 
+from billing.anomalies import USAGE_MISSING
 from billing.dimensions import BUCKETS, TOKEN_FIELDS, USAGE_FIELDS
-from billing.ingest.schemas import MAX_TOKENS, StreamUsage
-from billing.pricing.rates import PLAN_RATE_COLUMNS, RATE_COLUMNS
+from billing.fields import MAX_TOKENS
+from billing.ingest.schemas import StreamUsage
+from billing.rates import PLAN_RATE_COLUMNS, RATE_COLUMNS
 from billing.reconcile.ledger import ENTRY_COLUMNS
-from billing.reconcile.rule import USAGE_MISSING
 from billing.rollups.repository import PICO
 
 #: The ``stream.usage`` fields the statements read (see ``USAGE_READ``).

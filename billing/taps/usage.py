@@ -28,12 +28,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from billing.ingest.schemas import (
-    MAX_OTHER_MODELS,
-    MAX_UNITS,
-    UNIT_NAME_PATTERN,
-    USAGE_INCONSISTENT,
-)
+from billing.anomalies import USAGE_INCONSISTENT
+from billing.fields import MAX_UNITS, UNIT_NAME_PATTERN
+from billing.ingest.schemas import MAX_OTHER_MODELS
 
 __all__ = [
     "MAX_OTHER_MODELS",
@@ -48,8 +45,8 @@ __all__ = [
     "is_unit_name",
 ]
 
-# USAGE_INCONSISTENT (the anomaly code), MAX_UNITS / MAX_OTHER_MODELS (entries of one
-# stream.usage) and the unit name pattern are the ingest schema's: a tap posts what it accepts.
+# MAX_UNITS / MAX_OTHER_MODELS (entries of one stream.usage) and the unit name pattern are the
+# ingest schema's: a tap posts what it accepts.
 _UNIT_NAME = re.compile(UNIT_NAME_PATTERN)
 
 

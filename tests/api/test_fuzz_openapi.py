@@ -47,7 +47,7 @@ from billing.errors import (
 )
 from billing.export.params import PARAMETERS as EXPORT_PARAMETERS
 from billing.export.schemas import CallsCsvParams, UsageCsvParams
-from billing.pricing.rates import RATE_FIELDS
+from billing.rates import RATE_FIELDS
 from billing.storage.db import write_transaction
 from tests.auth.test_auth import _api_routes, _routes
 from tests.builders import started, tokens

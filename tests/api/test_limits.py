@@ -17,10 +17,10 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import event, func, select
 
-from billing.auth.secrets import canonical, looks_like_secret
 from billing.auth.tokens import create_token
 from billing.errors import MAX_LISTED_ERRORS, ValidationFailed
 from billing.ingest.validation import MAX_BODY_BYTES, parse_batch
+from billing.secret_ids import canonical, looks_like_secret
 from billing.storage.db import write_transaction
 from billing.storage.models import Call, Event
 from tests.builders import started

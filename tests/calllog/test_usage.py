@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from billing.calllog import buckets
 from billing.calllog.usage import UsageQuery, usage_rows
 from billing.dimensions import TOKEN_FIELDS
-from billing.pricing.money import pusd_to_str
+from billing.money import pusd_to_str
 from billing.rollups import buckets as rollup_buckets
 from billing.rollups import service as rollups
 from billing.storage.models import Call, LedgerEntry

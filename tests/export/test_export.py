@@ -48,7 +48,7 @@ from billing.export.csvwriter import (
     units_cell,
 )
 from billing.export.params import parse_params
-from billing.pricing.money import pusd_to_str, uusd_per_mtok_to_str
+from billing.money import pusd_to_str, uusd_per_mtok_to_str
 from billing.reconcile.runner import run_pass
 from billing.settings import Settings, get_settings
 from billing.storage.models import LedgerEntry

@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 
 from billing.dimensions import PRICED, Tokens
 from billing.pricing.prices import PriceRow
-from billing.pricing.rates import RATES
+from billing.rates import RATES
 from tests.builders import failed, started, tokens, usage
 from tests.reconcile.test_reconcile_late_events import (
     assert_ledger_is_the_call,

@@ -13,18 +13,17 @@ from typing import Any
 
 import pytest
 
-from billing.dimensions import TOKEN_FIELDS, Tokens
-from billing.pricing.money import pusd_to_str
-from billing.pricing.prices import PriceBook, PriceRow
-from billing.reconcile.ledger import REVERSAL_PREFIX, LineKey, NewEntry, plan_entries
-from billing.reconcile.rule import (
+from billing.anomalies import (
     DELIVERED_EXCEEDS_BILLED,
     INPUT_UNKNOWN,
     STARTED_MISSING,
     USAGE_MISSING,
-    CallFigures,
-    reconcile_call,
 )
+from billing.dimensions import TOKEN_FIELDS, Tokens
+from billing.money import pusd_to_str
+from billing.pricing.prices import PriceBook, PriceRow
+from billing.reconcile.ledger import REVERSAL_PREFIX, LineKey, NewEntry, plan_entries
+from billing.reconcile.rule import CallFigures, reconcile_call
 from billing.reconcile.service import call_cost, target_lines
 from tests.builders import T0, disconnect, failed, parse, started, tokens, usage
 

@@ -16,7 +16,7 @@ from sqlalchemy import ColumnElement, String, case, cast, func, literal_column
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.orm import Session
 
-from billing.reconcile.rule import STARTED_MISSING
+from billing.anomalies import STARTED_MISSING
 from billing.rollups.buckets import DAY, HOUR, MONTH, QUARTER
 from billing.rollups.repository import BOOKED, CALL_START, PICO, Rows
 from billing.storage.columns import (

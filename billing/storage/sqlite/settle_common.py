@@ -17,7 +17,7 @@ from datetime import datetime
 from sqlalchemy.orm import Session
 
 from billing.dimensions import TOKEN_FIELDS
-from billing.pricing.rates import RATE_COLUMNS
+from billing.rates import RATE_COLUMNS
 from billing.reconcile.repository import Reasons, Settled
 from billing.storage import settle_common_sql as shared
 from billing.storage.rawcursor import fetch_chunks

@@ -13,7 +13,9 @@ from __future__ import annotations
 import re
 import unicodedata
 
-from billing.auth.tokens import TOKEN_PREFIX
+#: The prefix of this service's own bearer tokens (``billing.auth.tokens`` makes them).
+TOKEN_PREFIX = "bt_"
+
 
 #: Prefixes of secret keys (case-folded): OpenAI ``sk-``/``sk-proj-``, Anthropic ``sk-ant-``,
 #: Stripe secret and restricted keys ``sk_live_``/``sk_test_``/``rk_live_``/``rk_test_`` and

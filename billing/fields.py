@@ -1,0 +1,97 @@
+"""The field types every request shape shares, declared once: RFC 3339 instants, ids, names,
+labels, token counts, served tiers and unit names (CONTRACT "Events" states their rules; the
+other sections reuse them).
+
+Each is a pydantic ``Annotated`` type whose validators raise ``ValueError`` with a sentence a
+gateway developer can act on; the API's 422 shows it at the field's path.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, AwareDatetime, BeforeValidator, Field, StringConstraints
+
+from billing.secret_ids import looks_like_secret
+
+#: The largest token count accepted in one field (a billion tokens; far past any context window).
+MAX_TOKENS = 1_000_000_000
+#: The most unit names a usage counts or a price prices (CONTRACT "Usage dimensions (v2)").
+MAX_UNITS = 16
+#: A unit's name (CONTRACT "Usage dimensions (v2)").
+UNIT_NAME_PATTERN = r"^[a-z0-9_]{1,64}$"
+
+#: RFC 3339 ``date-time``; the offset is optional here so that a missing one gets its own message.
+_RFC3339 = re.compile(
+    r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})?", re.ASCII
+)
+
+
+def _require_text(value: Any) -> Any:
+    if not isinstance(value, str) or not _RFC3339.fullmatch(value):
+        raise ValueError("must be an RFC 3339 timestamp string such as 2026-10-15T08:00:00Z")
+    return value
+
+
+def _to_utc(value: datetime) -> datetime:
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:  # such as 0001-01-01T00:30:00+01:00: before year 1 in UTC
+        raise ValueError("is out of range: send an instant between years 1 and 9999 UTC") from None
+
+
+def printable(value: str) -> str:
+    """``value`` if it is printable text that is not blank; else ``ValueError``."""
+    if not value.isprintable():
+        raise ValueError("must be printable text (no control characters)")
+    if value.isspace():
+        raise ValueError("must not be blank (spaces only)")
+    return value
+
+
+def _no_control(value: str) -> str:
+    # Empty and blank values stay allowed (a tag may be empty); NUL breaks PostgreSQL's jsonb.
+    if value and not value.isprintable():
+        raise ValueError("must be printable text (no control characters)")
+    return value
+
+
+def not_a_secret(value: str) -> str:
+    """``value`` unless it looks like a secret key (``billing.secret_ids``); else ``ValueError``
+    asking for the key's public id."""
+    if looks_like_secret(value):
+        raise ValueError(
+            "looks like a provider secret key; never send secrets: send the key's public id "
+            "(for example key_7f3a)"
+        )
+    return value
+
+
+#: An instant: an RFC 3339 string with an offset, held as an aware UTC ``datetime``.
+Timestamp = Annotated[AwareDatetime, BeforeValidator(_require_text), AfterValidator(_to_utc)]
+#: A token count: an integer from 0 to ``MAX_TOKENS`` (a JSON number, never a string).
+TokenCount = Annotated[int, Field(ge=0, le=MAX_TOKENS, strict=True)]
+#: An id: printable text of 1–128 characters.
+Id128 = Annotated[str, StringConstraints(min_length=1, max_length=128), AfterValidator(printable)]
+#: An id that is shown and exported (a key's, a customer's, an upstream account's): an ``Id128``
+#: that is never a secret.
+PublicId = Annotated[Id128, AfterValidator(not_a_secret)]
+#: A short label (an error type, a stop reason, a provider): printable text of 1–64 characters.
+Label = Annotated[str, StringConstraints(min_length=1, max_length=64), AfterValidator(printable)]
+#: A model name: printable text of 1–256 characters.
+ModelName = Annotated[
+    str, StringConstraints(min_length=1, max_length=256), AfterValidator(printable)
+]
+#: A metadata key (1–64 characters) and value (at most 256, no control characters).
+MetadataKey = Annotated[
+    str, StringConstraints(min_length=1, max_length=64), AfterValidator(printable)
+]
+MetadataValue = Annotated[str, StringConstraints(max_length=256), AfterValidator(_no_control)]
+#: A served tier: printable text of 1–32 characters.
+ServiceTier = Annotated[
+    str, StringConstraints(min_length=1, max_length=32), AfterValidator(printable)
+]
+#: A unit's name (``UNIT_NAME_PATTERN``).
+UnitName = Annotated[str, StringConstraints(pattern=UNIT_NAME_PATTERN)]
