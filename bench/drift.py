@@ -3,7 +3,7 @@
 Seeds ``--calls`` settled calls (default 1,000,000) over 90 days with ``bench/queries.py``'s
 ``seed`` (the same keys, models, prices, ledger and rollups), gives each call a provider (from
 its protocol) and one of ``--accounts`` upstream accounts (default 4) and rebuilds the drift's
-rollup (``billing.drift.rollup``) over those labels, then imports one OpenAI
+rollup (``billing.rollups.drift``) over those labels, then imports one OpenAI
 and one Anthropic usage and cost report per day of the last 31 (a bucket per day, a result per
 model and account, built from our own figures with one model a day off by 370 output tokens),
 and times ``billing.drift.service.drift_rows`` over those 31 days in-process (one read
@@ -37,11 +37,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from queries import END, seed_arguments, seeded_url, timed
 
-from billing.drift import rollup as drift_rollup
 from billing.drift.schemas import DriftQuery
 from billing.drift.service import drift_rows
 from billing.providers.schemas import parse_page
 from billing.providers.service import import_buckets
+from billing.rollups import drift as drift_rollup
 from billing.settings import Settings
 from billing.storage.db import (
     make_engine,

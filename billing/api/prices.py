@@ -14,9 +14,9 @@ from billing.api.state import AppState, get_state, read
 from billing.auth.guard import allow
 from billing.calllog.params import query_problems
 from billing.errors import ValidationFailed
-from billing.pricing.prices import PriceVersion, list_prices
+from billing.pricing.prices import PriceVersion
 from billing.pricing.schemas import PriceIn, PriceList, PriceOut
-from billing.pricing.service import record_price
+from billing.pricing.service import list_prices, record_price
 from billing.storage.db import write_transaction
 
 router = APIRouter()

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from billing.budgets.repository import BudgetDef
-from billing.storage.store import store_for
+from billing.budgets.repository import repository
+from billing.budgets.rows import BudgetDef
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +71,7 @@ def _engine(session: Session) -> Engine:
 def in_force(session: Session) -> InForce:
     """The versions in force as ``session`` sees them (the generation read first, then, when the
     copy is of another one, the versions, in ``session``)."""
-    return in_force_at(session, store_for(session).budgets.generation(session))
+    return in_force_at(session, repository(session).generation(session))
 
 
 def in_force_at(session: Session, generation: int | None) -> InForce:
@@ -83,7 +83,7 @@ def in_force_at(session: Session, generation: int | None) -> InForce:
     # puts the row back.
     if copy is not None and generation is not None and copy.generation == generation:
         return copy
-    fresh = InForce.of(generation, store_for(session).budgets.definitions(session))
+    fresh = InForce.of(generation, repository(session).definitions(session))
     with _loading:
         _copies[engine] = fresh
     return fresh

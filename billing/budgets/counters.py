@@ -32,9 +32,9 @@ from sqlalchemy.orm import Session
 
 from billing.budgets.cache import InForce, in_force
 from billing.budgets.periods import period_start
-from billing.budgets.repository import BudgetDef, OpenAmounts
+from billing.budgets.repository import repository
+from billing.budgets.rows import BudgetDef, OpenAmounts
 from billing.budgets.service import record_crossings
-from billing.storage.store import store_for
 
 #: ``period_start`` remembered: a step's changes are by quarter hour, which repeat.
 _period_start = lru_cache(maxsize=16384)(period_start)
@@ -61,7 +61,7 @@ def after_step(session: Session, request_ids: Sequence[str], now: datetime) -> i
     """
     if not request_ids:
         return 0
-    repo = store_for(session).budgets
+    repo = repository(session)
     repo.lock_shared(session)
     budgets = in_force(session)
     if not budgets.by_row:
@@ -106,7 +106,7 @@ def apply(
         return 0
     if budgets is None:
         budgets = in_force(session)
-    repo = store_for(session).budgets
+    repo = repository(session)
     # Per (budget row, period start): [settled, provisional] in the budget's measure.
     sums: dict[tuple[int, datetime], list[int]] = defaultdict(lambda: [0, 0])
     rows: dict[int, BudgetDef] = {}

@@ -1,5 +1,5 @@
-"""The SQL the budgets need (``store_for(session).budgets``); implemented by
-``billing.storage.{sqlite,postgres}.budgets`` over ``billing.storage.budgets_core``.
+"""The SQL the budgets need, as a ``Protocol``, and ``repository(session)``, which gives the
+SQLite or the PostgreSQL implementation (``billing.budgets.sql``: versions, counters, alerts).
 
 Amounts are picodollars (``*_pusd``); ``cost`` and ``charge`` are the two measures
 (``billing.budgets.measure``)."""
@@ -7,82 +7,16 @@ Amounts are picodollars (``*_pusd``); ``cost`` and ``charge`` are the two measur
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 from sqlalchemy.orm import Session
 
-if TYPE_CHECKING:
-    from billing.storage.models import Budget, BudgetAlert, WebhookOutbox
-
-
-#: A budget's scope as a column of ``calls`` / ``ledger_entries`` / ``budget_open_calls`` and
-#: its value: ``("api_key_id", key)`` or ``("customer_id", customer)``.
-Scope = tuple[str, str]
-
-
-@dataclass(frozen=True, slots=True)
-class BudgetDef:
-    """A budget version in force as ``billing.budgets.cache`` keeps it: the columns of
-    ``billing.storage.models.Budget`` that the counters, the statuses and the alerts read."""
-
-    id: int
-    budget_id: str
-    api_key_id: str | None
-    customer_id: str | None
-    measure: str
-    period: str
-    tz: str
-    limit_usd: str
-    thresholds: str
-    webhook_url: str | None
-    tracked_from: datetime
-
-
-class OpenAmounts(NamedTuple):
-    """What an open call adds to provisional spend (``budget_open_calls``)."""
-
-    request_id: str | None
-    api_key_id: str
-    customer_id: str | None
-    started_at: datetime
-    cost_pusd: int
-    charge_pusd: int
-
-
-@dataclass(frozen=True, slots=True)
-class StepAmounts:
-    """What a reconciliation step changed (``BudgetsRepository.step_amounts``): ``olds``, the
-    ``budget_open_calls`` rows of its calls; ``calls``, its calls left open with a key, a start
-    and an amount (their figures now); ``entries``, the entries it booked summed per key,
-    customer (the call's, at its start) and UTC quarter hour of the call's start (``started_at``
-    is that quarter's start; ``request_id`` is None)."""
-
-    olds: list[OpenAmounts]
-    calls: list[OpenAmounts]
-    entries: list[OpenAmounts]
-
-
-class CounterRow(NamedTuple):
-    """A budget version's counter: its (settled, provisional) spend in the period from
-    ``period_start`` (None: the version has no counter at or before the time asked)."""
-
-    budget_row: int
-    period_start: datetime | None
-    settled_pusd: int
-    provisional_pusd: int
-
-
-class Claimed(NamedTuple):
-    """A webhook claimed for delivery."""
-
-    alert_id: str
-    url: str
-    body: str
-    secret: str
-    attempts: int
-    created_at: datetime
+from billing.budgets.rows import BudgetDef, Claimed, CounterRow, OpenAmounts, Scope, StepAmounts
+from billing.budgets.sql.postgres import PostgresBudgets
+from billing.budgets.sql.sqlite import SqliteBudgets
+from billing.storage.dialects import ByDialect
+from billing.storage.models import Budget, BudgetAlert, WebhookOutbox
 
 
 class BudgetsRepository(Protocol):
@@ -175,3 +109,13 @@ class BudgetsRepository(Protocol):
     def record_attempt(
         self, session: Session, alert_id: str, owner: str, values: dict[str, Any]
     ) -> None: ...
+
+
+_REPOSITORIES: ByDialect[BudgetsRepository] = ByDialect(
+    sqlite=SqliteBudgets(), postgresql=PostgresBudgets()
+)
+
+
+def repository(session: Session) -> BudgetsRepository:
+    """The budgets' repository of the database behind ``session``."""
+    return _REPOSITORIES.of(session)

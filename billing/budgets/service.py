@@ -28,12 +28,12 @@ from sqlalchemy.orm import Session
 
 from billing.budgets import cache
 from billing.budgets.periods import period_bounds
-from billing.budgets.repository import BudgetDef, BudgetsRepository, Scope
+from billing.budgets.repository import BudgetsRepository, repository
+from billing.budgets.rows import BudgetDef, Scope
 from billing.budgets.schemas import BudgetChange, BudgetIn, plain
 from billing.errors import BillingError, NotFound
 from billing.money import PICO
 from billing.storage.models import Budget
-from billing.storage.store import store_for
 from billing.timefmt import rfc3339
 
 CROSSED = "budget.threshold_crossed"
@@ -53,7 +53,7 @@ class BudgetExists(BillingError):
 
 
 def _repo(session: Session) -> BudgetsRepository:
-    repo: BudgetsRepository = store_for(session).budgets
+    repo: BudgetsRepository = repository(session)
     return repo
 
 

@@ -32,10 +32,10 @@ from urllib.parse import urlsplit
 import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
-from billing.budgets.repository import Claimed
+from billing.budgets.repository import repository
+from billing.budgets.rows import Claimed
 from billing.settings import Settings
 from billing.storage.db import write_transaction
-from billing.storage.store import store_for
 
 log = logging.getLogger("billing.webhooks")
 
@@ -133,9 +133,7 @@ class DeliveryWorker:
         now = datetime.now(UTC)
         lease = timedelta(seconds=self.settings.webhook_timeout_s + LEASE_MARGIN_S)
         with write_transaction(self.sessions) as session:
-            return store_for(session).budgets.claim_due(
-                session, now, now + lease, self.owner, CLAIM_BATCH
-            )
+            return repository(session).claim_due(session, now, now + lease, self.owner, CLAIM_BATCH)
 
     def _record(self, item: Claimed, status: int | None, error: str | None) -> None:
         now = datetime.now(UTC)
@@ -154,7 +152,7 @@ class DeliveryWorker:
             else:
                 values["next_attempt_at"] = due
         with write_transaction(self.sessions) as session:
-            store_for(session).budgets.record_attempt(session, item.alert_id, self.owner, values)
+            repository(session).record_attempt(session, item.alert_id, self.owner, values)
 
     async def _post(self, client: httpx.AsyncClient, item: Claimed) -> None:
         timestamp = int(datetime.now(UTC).timestamp())

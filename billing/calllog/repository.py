@@ -1,41 +1,19 @@
-"""The SQL of the call log's usage queries that differs by database, as a ``Protocol``:
-``billing.storage.sqlite.calllog`` and ``billing.storage.postgres.calllog`` implement it;
-``store_for(session).calllog`` picks one.
-"""
+"""The SQL of the call log's usage queries, as a ``Protocol``, and ``repository(session)``,
+which gives the SQLite or the PostgreSQL implementation (``billing.calllog.sql``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
 from sqlalchemy.orm import Session
 
+from billing.calllog.rows import RollupSlice, Sums
+from billing.calllog.sql.postgres import PostgresCalllog
+from billing.calllog.sql.sqlite import SqliteCalllog
 from billing.rollups.buckets import Run
-
-
-@dataclass(frozen=True, slots=True)
-class RollupSlice:
-    """Which rollup rows a usage query sums, and by what.
-
-    ``by_key``: read ``usage_rollups`` (needed for a key filter or an ``api_key_id`` dimension),
-    else ``usage_rollups_all_keys``; ``basis``: ``call_start`` or ``booked``; ``api_key_id`` and
-    ``model``: filters, when not None; ``dims``: the group-by dimensions among ``api_key_id`` and
-    ``model``, in order.
-    """
-
-    by_key: bool
-    basis: str
-    api_key_id: str | None
-    model: str | None
-    dims: tuple[str, ...]
-    #: (v2) A customer filter, when not None (only on ``usage_rollups``).
-    customer_id: str | None = None
-
-
-#: Rows of sums (see ``CalllogRepository.rollup_sums``).
-Sums = Iterable[Sequence[Any]]
+from billing.storage.dialects import ByDialect
 
 
 class CalllogRepository(Protocol):
@@ -63,3 +41,13 @@ class CalllogRepository(Protocol):
         ``[since, until)`` that has units, with the key, model and customer filters; ``units``
         as stored (name → count)."""
         ...
+
+
+_REPOSITORIES: ByDialect[CalllogRepository] = ByDialect(
+    sqlite=SqliteCalllog(), postgresql=PostgresCalllog()
+)
+
+
+def repository(session: Session) -> CalllogRepository:
+    """The call log' repository of the database behind ``session``."""
+    return _REPOSITORIES.of(session)

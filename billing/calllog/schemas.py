@@ -18,7 +18,7 @@ from billing.fields import Timestamp
 from billing.ingest.schemas import Event, Protocol, StreamUsage
 from billing.pricing.schemas import Rate, Usd
 from billing.rates import RATES
-from billing.rollups.repository import BASES, CALL_START
+from billing.rollups.rows import BASES, CALL_START
 
 _OUT = ConfigDict(extra="forbid")
 _STATUS: Any = Literal[STATUSES]

@@ -42,15 +42,15 @@ from sqlalchemy.orm import Session
 from billing.calllog import buckets
 from billing.calllog.buckets import Segment
 from billing.calllog.params import UNTIL_AFTER_SINCE, QueryReader, parse_timestamp, parse_zone
-from billing.calllog.repository import RollupSlice
+from billing.calllog.repository import repository
+from billing.calllog.rows import RollupSlice
 from billing.dimensions import TOKEN_FIELDS
 from billing.errors import FieldError, ValidationFailed
 from billing.money import pusd_to_str
 from billing.rollups.buckets import Run, Window, cover
-from billing.rollups.repository import BASES, CALL_START, COUNT_FIELDS, PICO
+from billing.rollups.rows import BASES, CALL_START, COUNT_FIELDS, PICO
 from billing.rollups.service import Placed, Totals, place_call, place_entry
 from billing.storage.models import Call, LedgerEntry
-from billing.storage.store import store_for
 
 UTC_ZONE = ZoneInfo("UTC")
 #: The text dimensions a query may group by (v2: the customer charged).
@@ -196,7 +196,7 @@ def usage_rows(session: Session, query: UsageQuery) -> list[UsageRow]:
         groups.add(
             bisect_right(starts, placed.at) - 1, tuple(named[d] for d in dims), placed.totals
         )
-    for at, key, model, text, customer in store_for(session).calllog.units_in(
+    for at, key, model, text, customer in repository(session).units_in(
         session,
         query.basis,
         query.since,
@@ -321,7 +321,7 @@ def _read_rollups(
     rows = RollupSlice(
         by_key, query.basis, query.api_key_id, query.model, tuple(dims), query.customer_id
     )
-    store = store_for(session).calllog
+    store = repository(session)
     width = len(dims)
     for i in range(0, len(runs), _RUNS_PER_QUERY):
         for seg, *row in store.rollup_sums(session, runs[i : i + _RUNS_PER_QUERY], rows):

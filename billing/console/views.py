@@ -32,7 +32,7 @@ from billing.drift.schemas import FIELDS as DRIFT_FIELDS
 from billing.errors import FieldError, ValidationFailed
 from billing.export.params import parse_params
 from billing.export.service import period_label
-from billing.rollups.repository import BASES
+from billing.rollups.rows import BASES
 from billing.timefmt import rfc3339
 
 Items = Sequence[tuple[str, str]]

@@ -33,10 +33,11 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from billing.drift.repository import repository as drift_repository
 from billing.drift.schemas import FIELDS, STATUSES, DriftQuery
 from billing.money import format_usd, pusd_to_decimal
-from billing.providers.repository import CurrentLine
-from billing.storage.store import store_for
+from billing.providers.repository import repository as providers_repository
+from billing.providers.rows import CurrentLine
 
 _TOKEN_FIELDS = FIELDS[:-1]
 _WIDTH = {"day": timedelta(days=1), "hour": timedelta(hours=1)}
@@ -163,10 +164,12 @@ def drift_rows(session: Session, query: DriftQuery) -> list[dict[str, Any]]:
     """The drift rows of ``query`` as JSON-ready dicts (``billing.drift.schemas.DriftRow``),
     mismatches first (``drift``, ``missing_ours``, ``missing_theirs``, ``match``), then by the
     group keys. Read-only."""
-    store = store_for(session)
+    providers = providers_repository(session)
     grain = query.grain
     ours: dict[tuple[Any, ...], _Side] = {}
-    for row in store.drift.ours(session, query.since, query.until, query.provider, grain):
+    for row in drift_repository(session).ours(
+        session, query.since, query.until, query.provider, grain
+    ):
         values = {
             "provider": row.provider,
             grain: _ours_slot(row.slot),
@@ -180,7 +183,7 @@ def drift_rows(session: Session, query: DriftQuery) -> list[dict[str, Any]]:
         side.add("cost_usd", pusd_to_decimal(row.cost_pusd))
         side.unpriced += row.unpriced
     theirs: dict[tuple[Any, ...], _Side] = {}
-    lines = store.providers.current_lines(session, query.provider, query.since, query.until)
+    lines = providers.current_lines(session, query.provider, query.since, query.until)
     for slot, line in _finest_complete(lines, grain):
         values = {
             "provider": line.provider,

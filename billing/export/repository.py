@@ -1,5 +1,5 @@
-"""The SQL of the finance exports, as a ``Protocol``: ``billing.storage.sqlite.export`` and
-``billing.storage.postgres.export`` implement it; ``store_for(session).export`` picks one.
+"""The SQL of the finance exports, as a ``Protocol``, and ``repository(session)``, which gives
+the SQLite or the PostgreSQL implementation (``billing.export.sql``).
 
 Every method reads ``ledger_entries`` booked in ``[since, until)`` (aware datetimes) in the
 session's (read-only) transaction. The chunked reads go through a raw DB-API cursor fetching
@@ -14,6 +14,10 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from sqlalchemy.orm import Session
+
+from billing.export.sql.postgres import PostgresExport
+from billing.export.sql.sqlite import SqliteExport
+from billing.storage.dialects import ByDialect
 
 
 class ExportRepository(Protocol):
@@ -54,3 +58,13 @@ class ExportRepository(Protocol):
         ``booked_at`` then ``entry_id``; ``booked_at`` as UTC text ``YYYY-MM-DD
         HH:MM:SS.ffffff``, the tokens of the v1 columns (``V1_TOKEN_FIELDS``) in order; then the
         ``ledger_entries`` columns ``extra`` (a v2 export's, as stored)."""
+
+
+_REPOSITORIES: ByDialect[ExportRepository] = ByDialect(
+    sqlite=SqliteExport(), postgresql=PostgresExport()
+)
+
+
+def repository(session: Session) -> ExportRepository:
+    """The exports' repository of the database behind ``session``."""
+    return _REPOSITORIES.of(session)

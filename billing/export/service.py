@@ -56,8 +56,8 @@ from billing.export.csvwriter import (
     pusd_cell,
 )
 from billing.export.params import ExportParams
+from billing.export.repository import repository
 from billing.storage.db import read_transaction
-from billing.storage.store import store_for
 
 #: Ledger rows fetched (and, for calls.csv, written) per chunk.
 CHUNK_ROWS = 5000
@@ -196,7 +196,7 @@ class ExportStats:
 def count_entries(sessions: sessionmaker[Session], params: ExportParams) -> int:
     """How many ledger entries the period holds (for a progress bar's total)."""
     with read_transaction(sessions) as session:
-        return store_for(session).export.count(session, params.since, params.until)
+        return repository(session).count(session, params.since, params.until)
 
 
 def export_chunks(
@@ -220,7 +220,7 @@ def export_chunks(
 
 
 def _calls_totals(session: Session, params: ExportParams, stats: ExportStats) -> None:
-    row = store_for(session).export.totals(session, params.since, params.until)
+    row = repository(session).totals(session, params.since, params.until)
     entries, settlements, unpriced, high, low, *tokens = (int(v or 0) for v in row)
     stats.rows = stats.entries = entries
     stats.settlements = settlements
@@ -245,7 +245,7 @@ def _calls_chunks(
             _calls_totals(session, params, stats)
         render = CallsRenderer()
         cells = V2Cells(V2_CALLS_ADDED)
-        chunks = store_for(session).export.calls_chunks
+        chunks = repository(session).calls_chunks
         for part in chunks(session, params.since, params.until, CHUNK_ROWS, extra):
             if progress is not None:
                 progress(len(part))
@@ -318,7 +318,7 @@ def _usage_chunks(
     # v2: per group, the v2 columns' totals (a count summed, units merged by name).
     added: dict[tuple[Any, ...], list[Any]] = {}
     with read_transaction(sessions) as session:
-        chunks = store_for(session).export.usage_chunks
+        chunks = repository(session).usage_chunks
         for part in chunks(session, params.since, params.until, CHUNK_ROWS, extra):
             if extended:
                 width = len(part[0]) - len(extra)

@@ -8,14 +8,14 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
 from billing.errors import Conflict, EventConflict
+from billing.ingest.plain import plain_usage
 from billing.ingest.schemas import Event, StreamStarted, StreamTokens, StreamUsage
 from billing.ingest.validation import ParsedEvent
-from billing.storage.settle_common_sql import plain_usage
 from billing.storage.types import sqlite_text
 
 
@@ -35,22 +35,40 @@ def content_hash(parsed: ParsedEvent) -> str:
 _CANONICAL = orjson.OPT_SORT_KEYS | orjson.OPT_UTC_Z
 
 
+class StartedFields(NamedTuple):
+    """What a ``stream.started`` sets on its call's row (``calls``): the metadata as the JSON
+    text the row stores, the provider defaulted from the protocol."""
+
+    api_key_id: str
+    model: str
+    protocol: str
+    metadata: str
+    provider: str
+    upstream_account: str | None
+
+
 class EventRow:
     """One event to store: the first occurrence of its ``event_id`` in its batch, with the
-    column values computed up front, on the request's side (the writer thread is the serial
-    part of ingest: it only runs the statements)."""
+    column values of its ``events`` row computed up front, on the request's side (the writer
+    thread is the serial part of ingest: it only runs the statements). Each database's
+    statements read the attributes they bind (``billing.ingest.sql``)."""
 
     __slots__ = (
         "attempt",
+        "body",
         "digest",
         "event_id",
         "index",
         "occurred_at",
         "occurred_text",
+        "output_tokens_delivered",
+        "output_tokens_generated",
+        "plain_usage",
         "received",
+        "received_text",
         "request_id",
         "started",
-        "values",
+        "type",
     )
 
     def __init__(
@@ -65,37 +83,28 @@ class EventRow:
         self.event_id = event.event_id
         self.request_id = event.request_id
         self.attempt = event.attempt
+        self.type = event.type
         self.occurred_at = event.occurred_at
-        #: ``occurred_at`` as the fixed-format UTC text of ``sqlite_text``.
+        #: ``occurred_at`` and ``received`` as the fixed-format UTC text of ``sqlite_text``.
         self.occurred_text = sqlite_text(event.occurred_at)
         self.received = received
+        self.received_text = received_text
+        #: The content hash (``content_hash``) and the index of the event in its batch.
         self.digest = digest
         self.index = index
-        #: The ``events`` row: event_id, request_id, attempt, type, occurred_at, received_at (both
-        #: as ``sqlite_text``), content_hash, body (the JSON the gateway sent),
-        #: output_tokens_delivered, output_tokens_generated (the counters of a ``stream.tokens``),
-        #: plain_usage (a ``stream.usage``'s: see ``settle_common_sql.plain_usage``).
-        body = orjson.dumps(raw).decode()
-        self.values = (
-            event.event_id,
-            event.request_id,
-            event.attempt,
-            event.type,
-            self.occurred_text,
-            received_text,
-            digest,
-            body,
-            *(
-                (event.output_tokens_delivered, event.output_tokens_generated)
-                if isinstance(event, StreamTokens)
-                else (None, None)
-            ),
-            plain_usage(body) if isinstance(event, StreamUsage) else None,
-        )
-        #: For a ``stream.started``: api_key_id, model, protocol, metadata (as the JSON text the
-        #: ``calls`` row stores), provider (defaulted from the protocol), upstream_account.
-        self.started: tuple[str, str, str, str, str, str | None] | None = (
-            (
+        #: The JSON the gateway sent.
+        self.body = body = orjson.dumps(raw).decode()
+        #: The counters of a ``stream.tokens`` (None for the other types).
+        self.output_tokens_delivered: int | None = None
+        self.output_tokens_generated: int | None = None
+        if isinstance(event, StreamTokens):
+            self.output_tokens_delivered = event.output_tokens_delivered
+            self.output_tokens_generated = event.output_tokens_generated
+        #: A ``stream.usage``'s flag (``billing.ingest.plain``); None for the other types.
+        self.plain_usage = plain_usage(body) if isinstance(event, StreamUsage) else None
+        #: For a ``stream.started``, what it sets on its call's row.
+        self.started: StartedFields | None = (
+            StartedFields(
                 event.api_key_id,
                 event.model,
                 event.protocol,

@@ -1,5 +1,5 @@
-"""The SQL of ingest, as the methods a store implements (``billing.storage.sqlite.ingest``,
-``billing.storage.postgres.ingest``); domain code reaches it as ``store_for(conn).ingest``.
+"""The SQL of ingest, as a ``Protocol``, and ``repository(conn)``, which gives the SQLite or
+the PostgreSQL implementation (``billing.ingest.sql``).
 
 Every method runs on ``conn`` inside the caller's transaction and never commits.
 """
@@ -7,38 +7,16 @@ Every method runs on ``conn`` inside the caller's transaction and never commits.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Protocol
 
+from sqlalchemy import Engine
 from sqlalchemy.engine import Connection
 
-if TYPE_CHECKING:
-    from billing.ingest.prepare import EventRow
-
-#: Per call (by request_id): [first received, last received, the ``EventRow`` of the
-#: ``stream.started`` that sets the call's fields or None, the batch number that brought it]
-#: (``billing.ingest.service`` builds it from the new events).
-CallFields = dict[str, list[Any]]
-
-
-class CallRaced(Exception):
-    """A call of the group was committed by another transaction after this one's snapshot, so
-    the events statement could neither create nor lock it (PostgreSQL): roll back and write the
-    group again."""
-
-
-class Inserted:
-    """What ``insert_events`` did, handed back to ``touch_calls``."""
-
-    __slots__ = ("ids", "quiet", "stored")
-
-    def __init__(self, ids: set[str] | None, quiet: set[str], stored: object = None) -> None:
-        #: The event ids inserted, or None when every row was.
-        self.ids = ids
-        #: The calls that need no ``touch_calls``: created with these events, or stored and
-        #: found pending with a key once locked.
-        self.quiet = quiet
-        #: What the store read of the calls before inserting (its own shape, for ``touch_calls``).
-        self.stored = stored
+from billing.ingest.prepare import EventRow
+from billing.ingest.rows import CallFields, Inserted
+from billing.ingest.sql.postgres import PostgresIngest
+from billing.ingest.sql.sqlite import SqliteIngest
+from billing.storage.dialects import ByDialect
 
 
 class IngestRepository(Protocol):
@@ -82,3 +60,13 @@ class IngestRepository(Protocol):
         makes new calls findable by key before their first pass.
         """
         ...
+
+
+_REPOSITORIES: ByDialect[IngestRepository] = ByDialect(
+    sqlite=SqliteIngest(), postgresql=PostgresIngest()
+)
+
+
+def repository(bind: Connection | Engine) -> IngestRepository:
+    """Ingest's repository of the database behind ``bind``."""
+    return _REPOSITORIES.of(bind)

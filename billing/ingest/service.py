@@ -21,10 +21,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from billing.errors import Conflict, EventConflict
 from billing.ingest.prepare import EventRow, PreparedBatch, content_hash, prepare_batch
-from billing.ingest.repository import CallFields, CallRaced
+from billing.ingest.repository import repository as ingest_repository
+from billing.ingest.rows import CallFields, CallRaced
 from billing.ingest.validation import ParsedEvent
 from billing.storage.db import is_stale_connection, is_unavailable, write_connection
-from billing.storage.store import store_for
 
 __all__ = [
     "CommitUnanswered",
@@ -186,7 +186,7 @@ def _store(
                     raise EventConflict([Conflict(row.index, row.event_id)])
     if not in_order:
         return [0] * len(items), []
-    repository = store_for(conn).ingest
+    repository = ingest_repository(conn)
     # A fixed order makes concurrent transactions take index locks in the same order (no deadlocks).
     rows = sorted((row for row, _ in in_order), key=_by_event_id)
     # Every event row carries its call's number, so a call unknown so far is numbered (or

@@ -31,10 +31,10 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from billing.ingest.outcome import settle_unanswered
+from billing.ingest.repository import repository as ingest_repository
 from billing.ingest.service import CommitUnanswered, IngestResult, PreparedBatch, write_group
 from billing.settings import Settings
 from billing.storage.db import make_engine, make_sessionmaker
-from billing.storage.store import store_for
 
 #: A group stops taking waiting batches once it holds this many events.
 MAX_GROUP_EVENTS = 5000
@@ -245,7 +245,7 @@ def new_writer(settings: Settings, sessions: sessionmaker[Session]) -> GroupWrit
     """A group writer for an app with the store's ``writers`` threads: on the app's engine, whose
     in-process write lock it shares, or on an engine of its own without pre-ping, a round trip
     saved per transaction (see ``write_group``). ``close`` it after use."""
-    repository = store_for(sessions.kw["bind"]).ingest
+    repository = ingest_repository(sessions.kw["bind"])
     if repository.writers_share_engine:
         return GroupWriter(sessions, repository.writers)
     engine = make_engine(settings, pre_ping=False, pool_size=repository.writers)

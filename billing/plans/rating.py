@@ -11,10 +11,10 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
+from billing.plans.repository import repository
 from billing.pricing.prices import PriceBook, PriceRow
 from billing.rates import RATE_COLUMNS
 from billing.storage.models import KeyAssignment, PlanPrice, PlanVersion
-from billing.storage.store import store_for
 
 
 def plan_price_row(price: PlanPrice, effective_from: datetime) -> PriceRow:
@@ -107,7 +107,7 @@ class Rating:
         keys = sorted({k for k in api_key_ids if k})
         if not keys:
             return cls({}, {})
-        repo = store_for(session).plans
+        repo = repository(session)
         history = repo.key_history(session, keys)
         plan_ids = sorted({a.plan_id for rows in history.values() for a in rows if a.plan_id})
         plans: dict[str, list[tuple[PlanVersion, list[PlanPrice]]]] = {}
@@ -134,7 +134,7 @@ class Rating:
 
 def plan_prices_by_id(session: Session, ids: set[int]) -> dict[int, PriceRow]:
     """The stored plan prices with these ids, as ``PriceRow``s (for a booked line)."""
-    repo = store_for(session).plans
+    repo = repository(session)
     rows = repo.plan_prices_by_id(session, sorted(ids))
     times = repo.plan_version_times(session, sorted({r.plan_version_id for r in rows.values()}))
     return {i: plan_price_row(r, times[r.plan_version_id]) for i, r in rows.items()}

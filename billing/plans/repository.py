@@ -1,6 +1,6 @@
-"""The SQL of keys and plans, as a ``Protocol``: ``billing.storage.sqlite.plans`` and
-``billing.storage.postgres.plans`` implement it (over ``billing.storage.plans_core``);
-``store_for(session).plans`` picks one. Every method runs in the session's transaction."""
+"""The SQL of keys and plans, as a ``Protocol``, and ``repository(session)``, which gives its
+implementation (``billing.plans.sql.common``: the same statements on both databases). Every
+method runs in the session's transaction."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from typing import Protocol
 
 from sqlalchemy.orm import Session
 
+from billing.plans.sql.common import CorePlans
+from billing.storage.dialects import ByDialect
 from billing.storage.models import KeyAssignment, PlanPrice, PlanVersion
 
 
@@ -69,3 +71,11 @@ class PlansRepository(Protocol):
         """Mark for re-reconciliation the calls started at or after ``since`` of every key that
         is (or was) assigned ``plan_id``; how many."""
         ...
+
+
+_REPOSITORIES: ByDialect[PlansRepository] = ByDialect(sqlite=CorePlans(), postgresql=CorePlans())
+
+
+def repository(session: Session) -> PlansRepository:
+    """The keys and plans' repository of the database behind ``session``."""
+    return _REPOSITORIES.of(session)

@@ -13,11 +13,11 @@ from sqlalchemy.orm import Session
 
 from billing.errors import FieldError, NotFound, PlanConflict, ValidationFailed
 from billing.plans.rating import assignment_at, plan_price_row
+from billing.plans.repository import repository
 from billing.plans.schemas import KeyIn, PlanIn, check_key_id
 from billing.pricing.prices import PriceRow, PriceVersion, unit_prices_text
 from billing.rates import RATE_COLUMNS, RATE_FIELDS
 from billing.storage.models import KeyAssignment, PlanPrice, PlanVersion
-from billing.storage.store import store_for
 from billing.timefmt import rfc3339
 
 # --- keys ----------------------------------------------------------------------------------------
@@ -55,7 +55,7 @@ def set_key(
     When new, the key's calls started since ``effective_from`` are re-reconciled (settled ones
     are re-rated through adjustments). The caller commits."""
     check_key_id(api_key_id)
-    repo = store_for(session).plans
+    repo = repository(session)
     if key.plan_id is not None and not repo.plan_exists(session, key.plan_id):
         raise ValidationFailed(
             [
@@ -94,7 +94,7 @@ def set_key(
 def get_key(session: Session, api_key_id: str, now: datetime) -> dict[str, Any]:
     """The key object; a key seen only in events has no customer and no plan; ``NotFound``
     (404) for a key neither assigned nor seen."""
-    repo = store_for(session).plans
+    repo = repository(session)
     history = repo.key_history(session, [api_key_id]).get(api_key_id, [])
     if not history and not repo.key_seen(session, api_key_id):
         raise NotFound(f"no key {api_key_id!r}: it has no assignment and no call names it")
@@ -133,7 +133,7 @@ def list_keys(
     """A page of the keys, by ``api_key_id`` (those with an assignment and those seen only in
     events, which have no customer and no plan), and the cursor of the next page (None: the
     last)."""
-    repo = store_for(session).plans
+    repo = repository(session)
     ids = repo.key_page(session, after, limit + 1)
     more = len(ids) > limit
     ids = ids[:limit]
@@ -200,7 +200,7 @@ def add_plan(session: Session, plan: PlanIn, now: datetime) -> tuple[dict[str, A
     ``PlanConflict`` (409). When new, the calls started since ``effective_from`` of every key
     assigned the plan are re-reconciled (settled ones re-rated through adjustments). The caller
     commits."""
-    repo = store_for(session).plans
+    repo = repository(session)
     posted = _posted_rows(plan)
     for version, prices in repo.plan_versions(session, [plan.plan_id]):
         if version.effective_from != plan.effective_from:
@@ -236,6 +236,6 @@ def add_plan(session: Session, plan: PlanIn, now: datetime) -> tuple[dict[str, A
 
 def list_plans(session: Session, plan_id: str | None = None) -> list[dict[str, Any]]:
     """Every plan version (or ``plan_id``'s), by plan, then ``effective_from``."""
-    repo = store_for(session).plans
+    repo = repository(session)
     versions = repo.plan_versions(session, None if plan_id is None else [plan_id])
     return [plan_json(v, p) for v, p in versions]

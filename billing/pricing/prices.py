@@ -1,5 +1,7 @@
 """Model prices versioned by ``effective_from`` (CONTRACT "Cost"), per served tier, with unit and
-long-context prices (CONTRACT "Usage dimensions (v2)"): add, list, look up."""
+long-context prices (CONTRACT "Usage dimensions (v2)"): their rows, their versions as posted and
+answered, and the price in force at a time (``PriceBook``). Storing and loading them:
+``billing.pricing.service``."""
 
 from __future__ import annotations
 
@@ -9,11 +11,7 @@ from datetime import datetime
 from operator import attrgetter, mul
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
-
 from billing.dimensions import Tokens
-from billing.errors import PriceConflict
 from billing.money import uusd_per_mtok_to_str
 from billing.pricing.schemas import PriceIn
 from billing.rates import PART_OF, RATE_COLUMNS, RATE_FIELDS, RATE_NAMES, RATED_BUCKETS
@@ -176,7 +174,8 @@ def _unit_prices(text: str | None) -> dict[str, int]:
     return {str(k): int(v) for k, v in json.loads(text).items()} if text else {}
 
 
-def _row(price: Price) -> PriceRow:
+def price_row(price: Price) -> PriceRow:
+    """A stored ``Price`` as a ``PriceRow``."""
     return PriceRow(
         price.id,
         price.model,
@@ -199,7 +198,7 @@ class PriceVersion(NamedTuple):
         return self.price.as_json(self.long_context)
 
 
-def _versions(rows: Sequence[PriceRow]) -> list[PriceVersion]:
+def versions_of(rows: Sequence[PriceRow]) -> list[PriceVersion]:
     """Rows of one or more prices grouped by identity (model, tier, effective_from), in order."""
     base: dict[tuple[Any, ...], PriceRow] = {}
     long: dict[tuple[Any, ...], PriceRow] = {}
@@ -209,58 +208,7 @@ def _versions(rows: Sequence[PriceRow]) -> list[PriceVersion]:
     return [PriceVersion(row, long.get(identity)) for identity, row in base.items()]
 
 
-def _tier(value: str | None) -> str:
-    # No tier is stored as '' (a unique constraint treats nulls as distinct).
-    return value or ""
-
-
-def add_price(session: Session, price: PriceIn, now: datetime) -> tuple[PriceVersion, bool]:
-    """Store a price; returns ``(version, created)``.
-
-    The same (model, service_tier, effective_from) with the same rates, unit prices and long
-    context is a no-op (``created`` False); with different ones it raises ``PriceConflict``
-    (409). A price with ``long_context`` is stored as two rows: the price, and its long-context
-    prices (``above_input_tokens`` > 0). The caller commits.
-    """
-    found = session.scalars(
-        select(Price).where(
-            Price.model == price.model,
-            Price.service_tier == _tier(price.service_tier),
-            Price.effective_from == price.effective_from,
-        )
-    ).all()
-    posted = _posted_rows(price)
-    if found:
-        (existing,) = _versions([_row(p) for p in found])
-        if _shape(existing) != _shape(PriceVersion(*posted)):
-            tier = f" at tier {price.service_tier!r}" if price.service_tier else ""
-            raise PriceConflict(
-                f"a different price for {price.model!r}{tier} effective from "
-                f"{price.effective_from.isoformat()} exists; prices are versioned: post a new "
-                "effective_from instead of changing a past one"
-            )
-        return existing, False
-    stored = []
-    for row in posted:
-        if row is None:
-            continue
-        item = Price(
-            model=row.model,
-            service_tier=_tier(row.service_tier),
-            effective_from=row.effective_from,
-            above_input_tokens=row.above_input_tokens,
-            unit_prices=unit_prices_text(row.unit_prices),
-            created_at=now,
-            **dict(zip(RATE_COLUMNS, row.rates, strict=True)),
-        )
-        session.add(item)
-        stored.append(item)
-    session.flush()
-    (version,) = _versions([_row(p) for p in stored])
-    return version, True
-
-
-def _posted_rows(price: PriceIn) -> tuple[PriceRow, PriceRow | None]:
+def posted_rows(price: PriceIn) -> tuple[PriceRow, PriceRow | None]:
     """The rows of a posted price (ids 0: not stored yet)."""
     units = dict(price.unit_prices or {})
     base = PriceRow(
@@ -285,26 +233,11 @@ def _posted_rows(price: PriceIn) -> tuple[PriceRow, PriceRow | None]:
     return base, long
 
 
-def _shape(version: PriceVersion) -> tuple[Any, ...]:
+def shape(version: PriceVersion) -> tuple[Any, ...]:
     """What decides whether a posted price equals a stored one (everything but the ids)."""
     return tuple(
         None if row is None else row._key()[1:] for row in (version.price, version.long_context)
     )
-
-
-def list_prices(session: Session, model: str | None = None) -> list[PriceVersion]:
-    """Every price, by model, then ``effective_from``, then tier (none first)."""
-    query = select(Price).order_by(
-        Price.model, Price.effective_from, Price.service_tier, Price.above_input_tokens
-    )
-    if model is not None:
-        query = query.where(Price.model == model)
-    return _versions([_row(p) for p in session.scalars(query)])
-
-
-def prices_by_id(session: Session, ids: set[int]) -> dict[int, PriceRow]:
-    """The stored prices with the given ids, by id."""
-    return {p.id: _row(p) for p in session.scalars(select(Price).where(Price.id.in_(sorted(ids))))}
 
 
 class PriceBook:
@@ -324,14 +257,6 @@ class PriceBook:
         for key, versions in self._by_key.items():
             for row, long in versions:
                 long.extend(longs.get((*key, row.effective_from), ()))
-
-    @classmethod
-    def load(cls, session: Session, models: set[str]) -> PriceBook:
-        """Load the prices of ``models`` from the database."""
-        if not models:
-            return cls([])
-        found = session.scalars(select(Price).where(Price.model.in_(sorted(models))))
-        return cls([_row(p) for p in found])
 
     def at(
         self,

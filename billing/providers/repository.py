@@ -1,5 +1,5 @@
-"""The SQL of the provider reports, as a ``Protocol``: ``billing.storage.sqlite.providers`` and
-``billing.storage.postgres.providers`` implement it; ``store_for(session).providers`` picks one.
+"""The SQL the provider reports need, as a ``Protocol``, and ``repository(session)``, which
+gives the SQLite or the PostgreSQL implementation (``billing.providers.sql``).
 
 Tables (``billing.storage.models``): ``provider_report_versions`` (one row per version of a
 bucket, unique per bucket and version number) and ``provider_report_lines`` (a version's
@@ -10,36 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 from sqlalchemy.orm import Session
 
-
-class BucketKey(NamedTuple):
-    """A report bucket: provider, kind (``usage`` or ``cost``), ``[start, end)`` in UTC."""
-
-    provider: str
-    kind: str
-    start: datetime
-    end: datetime
-
-
-class CurrentLine(NamedTuple):
-    """A line of a bucket's current version, as the drift reads it."""
-
-    provider: str
-    kind: str
-    start: datetime
-    end: datetime
-    model: str | None
-    upstream_account: str | None
-    service_tier: str | None
-    requests: int | None
-    input_tokens: int | None
-    cache_read_input_tokens: int | None
-    cache_creation_input_tokens: int | None
-    output_tokens: int | None
-    cost_usd: str | None
+from billing.providers.rows import BucketKey, CurrentLine
+from billing.providers.sql.postgres import PostgresProviders
+from billing.providers.sql.sqlite import SqliteProviders
+from billing.storage.dialects import ByDialect
 
 
 class ProvidersRepository(Protocol):
@@ -71,3 +49,13 @@ class ProvidersRepository(Protocol):
         """The lines of the current version of every bucket starting in ``[since, until)``
         (of one provider, or all), by bucket start."""
         ...
+
+
+_REPOSITORIES: ByDialect[ProvidersRepository] = ByDialect(
+    sqlite=SqliteProviders(), postgresql=PostgresProviders()
+)
+
+
+def repository(session: Session) -> ProvidersRepository:
+    """The provider reports' repository of the database behind ``session``."""
+    return _REPOSITORIES.of(session)

@@ -20,9 +20,9 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from billing.money import format_usd
-from billing.providers.repository import BucketKey
+from billing.providers.repository import repository
+from billing.providers.rows import BucketKey
 from billing.providers.schemas import ImportResult, ReportBucket, ReportLine
-from billing.storage.store import store_for
 
 #: The line fields that are figures: a bucket's content hash covers them (and nothing else:
 #: a provider adding an unrelated field to its objects changes nothing stored).
@@ -64,7 +64,7 @@ def store_bucket(
     session: Session, provider: str, kind: str, bucket: ReportBucket, now: datetime
 ) -> str:
     """Store one bucket; returns ``new``, ``changed`` or ``unchanged``."""
-    repo = store_for(session).providers
+    repo = repository(session)
     key = BucketKey(provider, kind, bucket.start, bucket.end)
     lines = [_columns(line, no) for no, line in enumerate(bucket.lines, 1)]
     digest = content_hash(lines)

@@ -1,47 +1,30 @@
-"""The reconciler's SQL, as the methods a database's store implements
-(``billing.storage.sqlite.reconcile``, ``billing.storage.postgres.reconcile``).
-
-Domain code reaches it with ``store_for(session).reconcile``. Times cross this interface in two
-forms: aware UTC ``datetime`` values, and values "as the driver returns them" (``DriverTime``:
-what the database's driver gives for a timestamp column, compared and written back without
-parsing; ``driver_time`` turns a ``datetime`` into that form and ``utc`` turns it back).
+"""The reconciler's SQL, as a ``Protocol``, and ``repository(session)``, which gives the SQLite
+or the PostgreSQL implementation (``billing.reconcile.sql``: the reads and writes of a step, and
+the fast path's statements). Row shapes and the two forms of times: ``billing.reconcile.rows``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
+from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
 
-if TYPE_CHECKING:
-    from billing.reconcile.entries import Entry
-    from billing.reconcile.rule import CallFigures
-    from billing.reconcile.state import CallState
-
-#: A timestamp as the database's driver returns it (SQLite: text; PostgreSQL: a ``datetime``).
-DriverTime = Any
-#: One call's step: its state before, its state after, its figures from the rule.
-Update = tuple["CallState", "CallState", "CallFigures"]
-#: ``(request_id, settled, attempts, last_received_at, api_key_id, model, started_at)``, the
-#: times as the driver returns them.
-StateRow = tuple[Any, ...]
-#: ``(request_id, body, received_at)`` of an event that is not a ``stream.tokens``.
-BodyRow = tuple[str, Any, DriverTime]
-#: ``(request_id, attempt, first occurred_at, last occurred_at, largest delivered, largest
-#: generated, last received_at)`` of one attempt's ``stream.tokens`` (times as the driver
-#: returns them).
-FoldRow = tuple[str, int, DriverTime, DriverTime, int, int, DriverTime]
-#: ``(api_key_id, model, quarter (aware UTC), hour, provider, upstream account, calls, *token
-#: sums, whole USD, picodollars)``: the rollup contributions of the calls the fast path settled,
-#: per key, model, quarter hour, provider and upstream account (``''`` for none); ``hour`` is the
-#: quarter's hour as ``drift_rollups`` keys it (``billing.drift.repository.RollupKey``).
-GroupRow = tuple[Any, ...]
-#: The reasons of a settlement with upstream usage and of one on the clock.
-Reasons = tuple[str, str]
-#: The calls the fast path settled, and their ``GroupRow``s.
-Settled = tuple[list[str], list[GroupRow]]
+from billing.reconcile.entries import Entry
+from billing.reconcile.rows import (
+    BodyRow,
+    DriverTime,
+    FoldRow,
+    Reasons,
+    Settled,
+    StateRow,
+    Update,
+)
+from billing.reconcile.sql.postgres import PostgresReconcile
+from billing.reconcile.sql.sqlite import SqliteReconcile
+from billing.storage.dialects import ByDialect
 
 
 class ReconcileRepository(Protocol):
@@ -73,11 +56,6 @@ class ReconcileRepository(Protocol):
 
     def lock_call(self, session: Session, request_id: str) -> bool:
         """Lock one call's row; False when another transaction holds it."""
-        ...
-
-    def mark_model_pending(self, session: Session, model: str, effective_from: datetime) -> int:
-        """Mark pending the calls with an attempt on ``model``, or tokens billed at its rates
-        (``other_models``, v2), started at or after ``effective_from``; returns how many."""
         ...
 
     def read_states(self, session: Session, request_ids: Sequence[str]) -> list[StateRow]:
@@ -123,7 +101,17 @@ class ReconcileRepository(Protocol):
     def settle_common(
         self, session: Session, ids: Sequence[str], now: datetime, cutoff: datetime, why: Reasons
     ) -> Settled:
-        """The fast path (``billing.reconcile.common``): settle those of ``ids`` of the common
+        """The fast path (``billing.reconcile.fastpath``): settle those of ``ids`` of the common
         shape that settle now, write their rows and settlement entries (``why``: ``Reasons``);
         returns the calls settled and their rollup contributions."""
         ...
+
+
+_REPOSITORIES: ByDialect[ReconcileRepository] = ByDialect(
+    sqlite=SqliteReconcile(), postgresql=PostgresReconcile()
+)
+
+
+def repository(bind: Session | Connection | Engine) -> ReconcileRepository:
+    """The reconciler's repository of the database behind ``bind``."""
+    return _REPOSITORIES.of(bind)

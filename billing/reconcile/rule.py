@@ -8,7 +8,7 @@ takes ``stream.started.input_tokens``; an attempt without a disconnect and witho
 count delivered its billed output; anomalies a gateway reports in the usage are carried onto
 the call.
 
-This is the rule. ``billing.reconcile.common`` restates it in SQL for the most frequent shape of
+This is the rule. ``billing.reconcile.fastpath`` restates it in SQL for the most frequent shape of
 call (``is_common``); ``tests/reconcile/test_reconcile_common_property.py`` proves the two agree
 over calls generated from the event schemas, on SQLite and PostgreSQL.
 """
@@ -329,3 +329,29 @@ def reconcile_call(request_id: str, events: Iterable[AnyEvent]) -> CallFigures:
         units=dict(sorted(units.items())),
         other_models=dict(sorted(other_models.items())),
     )
+
+
+def _text_ok(value: object) -> bool:
+    return value is None or type(value) is str
+
+
+def check_figures(fig: CallFigures) -> None:
+    """Raise ``ValueError`` unless every value of ``fig`` has the type ingest guarantees: token
+    counts and attempts non-negative integers, names text. Events read back by
+    ``billing.reconcile.stored.decode`` are not validated field by field; any stored value that
+    decides a figure ends up here (a value
+    that decides nothing, say a smaller counter, cannot change what is billed). The call's
+    totals are sums of its attempts' figures, so checking those covers them."""
+    ok = _text_ok(fig.api_key_id) and _text_ok(fig.protocol) and _text_ok(fig.model)
+    ok = ok and (fig.metadata is None or type(fig.metadata) is dict)
+    for attempt in fig.attempts:
+        values = (attempt.attempt, *attempt.tokens.values())
+        try:
+            # sum() of ints is an int; a float makes it a float, text raises TypeError.
+            ok = ok and type(sum(values)) is int and min(values) >= 0
+        except TypeError:
+            ok = False
+        ok = ok and _text_ok(attempt.model) and _text_ok(attempt.error_type)
+        ok = ok and _text_ok(attempt.stop_reason)
+    if not ok:
+        raise ValueError(f"the stored events of call {fig.request_id!r} are not valid events")

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from sqlalchemy.orm import Session, sessionmaker
 
 from billing.metrics import Metrics
+from billing.reconcile.repository import repository
 from billing.reconcile.service import (
     StepResult,
     due_calls,
@@ -21,7 +22,6 @@ from billing.reconcile.service import (
 )
 from billing.settings import Settings
 from billing.storage.db import is_unavailable, read_transaction, write_transaction
-from billing.storage.store import store_for
 
 log = logging.getLogger("billing.reconcile")
 
@@ -144,7 +144,7 @@ def run_pass(
     """
     threads = settings.reconcile_threads
     bind = sessions.kw.get("bind")
-    if threads <= 1 or bind is None or not store_for(bind).reconcile.steps_at_once:
+    if threads <= 1 or bind is None or not repository(bind).steps_at_once:
         total = _run_steps(sessions, settings, metrics, now, busy)
     else:
         results: list[StepResult] = []

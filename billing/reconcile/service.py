@@ -19,27 +19,20 @@ from sqlalchemy.orm import Session
 
 from billing.budgets import counters as budget_counters
 from billing.dimensions import set_tokens
-from billing.drift import rollup as drift_rollup
 from billing.plans.rating import Rating
-from billing.pricing.prices import PriceBook
-from billing.reconcile.common import settle_common
+from billing.pricing.service import price_book
 from billing.reconcile.entries import Entry, anomalies_of, call_charge, call_cost, target_lines
-from billing.reconcile.events import load_events
+from billing.reconcile.fastpath import settle_common
 from billing.reconcile.ledger import SETTLED_COMPLETE, plan_entries, settled_timed_out
-from billing.reconcile.repository import ReconcileRepository, Update
-from billing.reconcile.rule import CallFigures, reconcile_call
-from billing.reconcile.state import (
-    NOTHING_BOOKED,
-    CallState,
-    load_booked,
-    load_states,
-    new_state,
-)
-from billing.reconcile.stored import check_figures
+from billing.reconcile.reads import load_booked, load_events, load_states
+from billing.reconcile.repository import repository
+from billing.reconcile.rows import Update
+from billing.reconcile.rule import CallFigures, check_figures, reconcile_call
+from billing.reconcile.state import NOTHING_BOOKED, CallState, new_state, other_models_json
+from billing.rollups import drift as drift_rollup
 from billing.rollups import service as rollups
+from billing.rollups.rows import Contributions
 from billing.storage.models import Call
-from billing.storage.reconcile_core import _json_other_models
-from billing.storage.store import store_for
 
 __all__ = [
     "StepResult",
@@ -47,7 +40,6 @@ __all__ = [
     "due_calls",
     "load_events",
     "lock_call",
-    "mark_model_pending",
     "pending_horizon",
     "preview_call",
     "reconcile_calls",
@@ -55,11 +47,6 @@ __all__ = [
     "settle_common",
     "target_lines",
 ]
-
-
-def _repo(session: Session) -> ReconcileRepository:
-    repo: ReconcileRepository = store_for(session).reconcile
-    return repo
 
 
 @dataclass
@@ -98,7 +85,7 @@ def due_calls(
     the order they started waiting).
     """
     cutoff = now - timedelta(seconds=settle_after_s)
-    return _repo(session).due_calls(session, cutoff, limit, lock, pending_before)
+    return repository(session).due_calls(session, cutoff, limit, lock, pending_before)
 
 
 def pending_horizon(session: Session) -> datetime | None:
@@ -106,7 +93,7 @@ def pending_horizon(session: Session) -> datetime | None:
     ``due_calls``' ``pending_before``, it takes every call pending now, whatever the clocks that
     stamped them (a host whose clock runs ahead, a value the reconciler wrote back); a call made
     pending later is left to the next pass unless stamped no later than that."""
-    return _repo(session).pending_horizon(session)
+    return repository(session).pending_horizon(session)
 
 
 def reconcile_step(
@@ -138,7 +125,7 @@ def reconcile_calls(
     """Recompute, settle and book the given (already locked) calls.
 
     Set-based: the calls of the common shape are settled by the database
-    (``billing.reconcile.common``; not with ``common_in_sql=False``, which gives the same rows
+    (``billing.reconcile.fastpath``; not with ``common_in_sql=False``, which gives the same rows
     more slowly); the others are read in a few statements for the whole batch, figured by the
     rule, then written with one statement (or one ``executemany``) per table: the calls, their
     attempts, the ledger entries, the rollups.
@@ -151,7 +138,7 @@ def reconcile_calls(
     # The calls the fast path settles were not settled: the drift rollup held none of them.
     common: list[str] = []
     # Their contributions to the drift rollup, summed by the fast path.
-    common_drift: drift_rollup.Contributions = {}
+    common_drift: Contributions = {}
     if common_in_sql:
         common = settle_common(session, request_ids, now, settle_after_s, deltas, common_drift)
         if common:
@@ -164,7 +151,7 @@ def reconcile_calls(
                 drift_rollup.after_writes(session, {}, [], common_drift)
                 budget_counters.after_step(session, every, now)
                 return result
-    repo = _repo(session)
+    repo = repository(session)
     states = load_states(session, request_ids)
     rolled_up = rollups.before_step(session, states.values())
     arrivals: dict[str, Any] = {}
@@ -173,7 +160,7 @@ def reconcile_calls(
     for figured in figures.values():
         check_figures(figured)
     models = {m for f in figures.values() for m in _models(f)}
-    book = PriceBook.load(session, models)
+    book = price_book(session, models)
     rating = Rating.load(session, (f.api_key_id for f in figures.values()))
     booked = load_booked(session, [rid for rid, state in states.items() if state.settled])
     # Compared with the stored value as the driver returns it.
@@ -245,7 +232,7 @@ def preview_call(session: Session, call: Call) -> None:
     fig = reconcile_call(call.request_id, events)
     check_figures(fig)
     rating = Rating.load(session, [fig.api_key_id])
-    lines = target_lines(fig, PriceBook.load(session, set(_models(fig))), rating)
+    lines = target_lines(fig, price_book(session, _models(fig)), rating)
     _apply(call, fig, call_cost(lines), call.settled, call.settled_at or datetime.now(UTC))
     terms = rating.terms(fig.api_key_id, fig.started_at)
     call.customer_id, call.plan_id = terms.customer_id, terms.plan_id
@@ -276,17 +263,10 @@ def _apply(call: Call, fig: CallFigures, cost: int | None, settle: bool, now: da
     call.anomalies = anomalies_of(fig, cost)
     call.service_tier = fig.service_tier
     call.units = fig.units or None
-    call.other_models = json.loads(_json_other_models(fig)) if fig.other_models else None
+    call.other_models = json.loads(other_models_json(fig)) if fig.other_models else None
     call.pending = False
-
-
-def mark_model_pending(session: Session, model: str, effective_from: datetime) -> int:
-    """Mark the calls of ``model`` (an attempt on it, or tokens billed at its rates:
-    ``other_models``) started at or after ``effective_from`` for re-reconciliation (a new price
-    may now apply to them). Returns how many calls were marked."""
-    return _repo(session).mark_model_pending(session, model, effective_from)
 
 
 def lock_call(session: Session, request_id: str) -> bool:
     """Lock one call's row for this transaction; False when another reconciler holds it."""
-    return _repo(session).lock_call(session, request_id)
+    return repository(session).lock_call(session, request_id)

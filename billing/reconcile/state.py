@@ -4,20 +4,14 @@ ledger holds already."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy.orm import Session
-
 from billing.dimensions import TOKEN_FIELDS, Tokens, set_tokens
-from billing.plans.rating import plan_prices_by_id
-from billing.pricing.prices import PriceRow, prices_by_id
+from billing.pricing.prices import PriceRow
 from billing.reconcile.ledger import LineKey
-from billing.reconcile.repository import ReconcileRepository
 from billing.reconcile.rule import CallFigures
-from billing.storage.store import store_for
 
 #: The columns of ``calls`` a step reads of a settled call: what the rollups placed the call
 #: under, and the rest of its state that decides the step's writes.
@@ -71,28 +65,6 @@ class CallState:
         raise AttributeError(name)
 
 
-def load_states(session: Session, request_ids: Sequence[str]) -> dict[str, CallState]:
-    """The step's calls as stored; a settled call with its current figures (what the rollups
-    hold for it)."""
-    repo: ReconcileRepository = store_for(session).reconcile
-    states: dict[str, CallState] = {}
-    for request_id, settled, attempts, *stored in repo.read_states(session, request_ids):
-        state = CallState()
-        state.request_id = request_id
-        state.settled = bool(settled)
-        state.attempts = attempts
-        state.stored = tuple(stored)
-        state.settling = False
-        states[request_id] = state
-    settled_ids = [rid for rid, state in states.items() if state.settled]
-    if settled_ids:
-        for row in repo.read_settled_states(session, settled_ids, STATE_COLUMNS):
-            state = states[row.request_id]
-            for name, value in zip(STATE_COLUMNS, row, strict=True):
-                setattr(state, name, value)
-    return states
-
-
 def new_state(
     old: CallState,
     fig: CallFigures,
@@ -136,39 +108,19 @@ class Booked:
 NOTHING_BOOKED = Booked()
 
 
-def load_booked(session: Session, request_ids: Sequence[str]) -> dict[str, Booked]:
-    """What the ledger holds for each of the (settled) calls."""
-    repo: ReconcileRepository = store_for(session).reconcile
-    booked: dict[str, Booked] = {}
-    price_ids: set[int] = set()
-    plan_price_ids: set[int] = set()
-    for row in repo.read_booked(session, request_ids):
-        request_id, *line, max_seq, last_reversal = row[:10]
-        sums = row[10:]
-        entry = booked.setdefault(request_id, Booked())
-        key = LineKey(*line)
-        if key.plan_price_id is not None:
-            plan_price_ids.add(key.plan_price_id)
-        entry.tokens[key] = Tokens(*(int(s) for s in sums))
-        if last_reversal is not None and int(last_reversal) == int(max_seq):
-            entry.closed.add(key)
-        entry.max_seq = max(entry.max_seq, int(max_seq))
-        if key.price_id is not None:
-            price_ids.add(key.price_id)
-    if booked:
-        for request_id, *parts, text in repo.read_booked_units(session, list(booked)):
-            line = booked[request_id].units.setdefault(LineKey(*parts), {})
-            for name, count in json.loads(text).items():
-                line[name] = line.get(name, 0) + int(count)
-    if price_ids:
-        prices = prices_by_id(session, price_ids)
-        for entry in booked.values():
-            for key in entry.tokens:
-                entry.prices[key] = prices.get(key.price_id) if key.price_id else None
-    if plan_price_ids:
-        plan_prices = plan_prices_by_id(session, plan_price_ids)
-        for entry in booked.values():
-            for key in entry.tokens:
-                if key.plan_price_id is not None:
-                    entry.plan_prices[key] = plan_prices.get(key.plan_price_id)
-    return booked
+def other_models_json(fig: CallFigures) -> str:
+    """The call's ``other_models`` as JSON text: ``[{"model", input_tokens, output_tokens,
+    cache_read_input_tokens, cache_creation_input_tokens}]`` by model (CONTRACT "Usage
+    dimensions (v2)")."""
+    return json.dumps(
+        [
+            {
+                "model": model,
+                "input_tokens": t.input_tokens,
+                "output_tokens": t.output_tokens_billed,
+                "cache_read_input_tokens": t.cache_read_input_tokens,
+                "cache_creation_input_tokens": t.cache_creation_input_tokens,
+            }
+            for model, t in fig.other_models.items()
+        ]
+    )

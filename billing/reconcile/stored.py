@@ -7,8 +7,9 @@ the pydantic model (same attribute names, same defaults: each class is made from
 ``model_fields``). Bodies that no longer look like what ingest accepted (a manual repair, say)
 still fail their call: a body that is not JSON, has an unknown type or a timestamp Python does
 not read the way pydantic does goes through the full pydantic validation (which returns the
-model or raises); a missing field raises in the rule; and ``check_figures`` refuses figures
-built from a value of the wrong type (a float token count: money is never float).
+model or raises); a missing field raises in the rule; and
+``billing.reconcile.rule.check_figures`` refuses figures built from a value of the wrong type (a
+float token count: money is never float).
 """
 
 from __future__ import annotations
@@ -27,9 +28,6 @@ from billing.ingest.schemas import (
     StreamTokens,
     StreamUsage,
 )
-
-if TYPE_CHECKING:
-    from billing.reconcile.rule import CallFigures
 
 
 class _Stored:
@@ -97,8 +95,8 @@ def decode(body: str | bytes) -> AnyEvent:
     """One stored event body as the rule reads it; raises (``ValueError``, pydantic's
     ``ValidationError``) when the body is not JSON or an unusual body is not a valid event.
 
-    The fast path checks no field: ``check_figures`` checks every value that reached the figures
-    of a call computed from such events."""
+    The fast path checks no field: ``billing.reconcile.rule.check_figures`` checks every value
+    that reached the figures of a call computed from such events."""
     try:
         fields = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -107,28 +105,3 @@ def decode(body: str | bytes) -> AnyEvent:
         return _fast(fields)
     except (KeyError, TypeError, ValueError):
         return _model_adapter.validate_json(body)
-
-
-def _text_ok(value: object) -> bool:
-    return value is None or type(value) is str
-
-
-def check_figures(fig: CallFigures) -> None:
-    """Raise ``ValueError`` unless every value of ``fig`` has the type ingest guarantees: token
-    counts and attempts non-negative integers, names text. Events read back by ``decode`` are
-    not validated field by field; any stored value that decides a figure ends up here (a value
-    that decides nothing, say a smaller counter, cannot change what is billed). The call's
-    totals are sums of its attempts' figures, so checking those covers them."""
-    ok = _text_ok(fig.api_key_id) and _text_ok(fig.protocol) and _text_ok(fig.model)
-    ok = ok and (fig.metadata is None or type(fig.metadata) is dict)
-    for attempt in fig.attempts:
-        values = (attempt.attempt, *attempt.tokens.values())
-        try:
-            # sum() of ints is an int; a float makes it a float, text raises TypeError.
-            ok = ok and type(sum(values)) is int and min(values) >= 0
-        except TypeError:
-            ok = False
-        ok = ok and _text_ok(attempt.model) and _text_ok(attempt.error_type)
-        ok = ok and _text_ok(attempt.stop_reason)
-    if not ok:
-        raise ValueError(f"the stored events of call {fig.request_id!r} are not valid events")

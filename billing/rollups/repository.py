@@ -1,11 +1,12 @@
-"""The SQL of the usage rollups, as a ``Protocol``: ``billing.storage.sqlite.rollups`` and
-``billing.storage.postgres.rollups`` implement it; ``store_for(session).rollups`` picks one.
+"""The SQL of the rollups, as a ``Protocol``, and ``repository(session)``, which gives the
+SQLite or the PostgreSQL implementation (``billing.rollups.sql``).
 
 Tables (``billing.storage.models``): ``usage_rollups`` (by basis, key, level, UTC bucket, model),
-``usage_rollups_all_keys`` (the same summed over every key) and ``usage_rollup_keyless`` (where a
-settled call without ``stream.started`` sits in the call_start rollups). A rollup row's summed
-columns are ``COUNT_FIELDS`` then ``cost_whole_usd`` and ``cost_frac_pusd`` (the exact cost in
-picodollars split as ``whole * PICO + frac``, ``0 <= frac < PICO``).
+``usage_rollups_all_keys`` (the same summed over every key), ``usage_rollup_keyless`` (where a
+settled call without ``stream.started`` sits in the call_start rollups) and ``drift_rollups`` (the
+drift's "ours" per UTC hour and day). A usage rollup row's summed columns are ``COUNT_FIELDS``
+then ``cost_whole_usd`` and ``cost_frac_pusd`` (the exact cost in picodollars split as ``whole *
+PICO + frac``, ``0 <= frac < PICO``), then the charge likewise (``billing.rollups.rows``).
 """
 
 from __future__ import annotations
@@ -17,21 +18,10 @@ from typing import Any, Protocol
 from sqlalchemy import ColumnElement
 from sqlalchemy.orm import Session
 
-from billing.dimensions import TOKEN_FIELDS
-
-#: The bases of the rollups (CONTRACT "Call log and usage queries"): settled calls in the bucket
-#: of their start, and ledger entries in the bucket of their booking.
-CALL_START = "call_start"
-BOOKED = "booked"
-BASES = (CALL_START, BOOKED)
-
-#: Picodollars per US dollar.
-PICO = 10**12
-#: The summed integer columns of a rollup row, in the order of ``Totals.values``.
-COUNT_FIELDS = ("members", "calls", *TOKEN_FIELDS, "unpriced", "uncharged")
-
-#: Rollup rows to add (see ``RollupsRepository``).
-Rows = Sequence[tuple[Any, ...]]
+from billing.rollups.rows import RollupKey, RollupSums, Rows
+from billing.rollups.sql.postgres import PostgresRollups
+from billing.rollups.sql.sqlite import SqliteRollups
+from billing.storage.dialects import ByDialect
 
 
 class RollupsRepository(Protocol):
@@ -65,3 +55,37 @@ class RollupsRepository(Protocol):
 
     def floor_sql(self, level: int, column: Any) -> ColumnElement[Any]:
         """SQL for ``billing.rollups.buckets.floor(level, column)`` of a UTC timestamp column."""
+
+    # -- the drift's rollup (``drift_rollups``, kept by ``billing.rollups.drift``) -----------
+
+    def drift_contributions(
+        self, session: Session, request_ids: Sequence[str]
+    ) -> dict[RollupKey, RollupSums]:
+        """What the calls ``request_ids`` (as stored now) add to ``drift_rollups``, summed per
+        row; the caller says which calls it holds."""
+        ...
+
+    def drift_day_of(self, hour: Any) -> Any:
+        """The day of a ``RollupKey``'s hour, as the driver gives a ``bucket_start``."""
+        ...
+
+    def add_drift(self, session: Session, rows: Sequence[tuple[Any, ...]]) -> None:
+        """Add ``(level, bucket_start, *RollupKey[1:], *RollupSums)`` rows (in key order, the
+        lock order of every reconciler) into ``drift_rollups``: ``x = x + excluded.x``."""
+        ...
+
+    def rebuild_drift(self, session: Session) -> None:
+        """Empty ``drift_rollups`` and sum into it every settled call with a start and a
+        ``stream.started`` (no ``started_missing`` anomaly), by hour, then the hours by day,
+        set-based."""
+        ...
+
+
+_REPOSITORIES: ByDialect[RollupsRepository] = ByDialect(
+    sqlite=SqliteRollups(), postgresql=PostgresRollups()
+)
+
+
+def repository(session: Session) -> RollupsRepository:
+    """The rollups' repository of the database behind ``session``."""
+    return _REPOSITORIES.of(session)

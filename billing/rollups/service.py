@@ -14,7 +14,7 @@ deltas in memory and writes each table with one upsert (``x = x + excluded.x``),
 order so that concurrent reconcilers lock them in the same order, inside the step's transaction:
 the rollups always agree with the ledger and the calls they were committed with. ``rebuild``
 recomputes everything from ``calls`` and ``ledger_entries`` with set-based SQL. The statements are
-the store's (``billing.rollups.repository``).
+the repository's (``billing.rollups.repository``).
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from sqlalchemy.orm import Session
 
 from billing.anomalies import STARTED_MISSING
 from billing.dimensions import TOKEN_FIELDS
-from billing.drift import rollup as drift_rollup
+from billing.rollups import drift as drift_rollup
 from billing.rollups.buckets import LEVELS, QUARTER, floor
-from billing.rollups.repository import BOOKED, CALL_START, COUNT_FIELDS, PICO
+from billing.rollups.repository import repository
+from billing.rollups.rows import BOOKED, CALL_START, COUNT_FIELDS, PICO
 from billing.storage.models import UsageRollup, UsageRollupAllKeys, UsageRollupKeyless
-from billing.storage.store import store_for
 
 #: A row's buckets, in ``TOKEN_FIELDS`` order.
 _tokens = operator.attrgetter(*TOKEN_FIELDS)
@@ -199,7 +199,7 @@ class Deltas:
                 row = (basis, level, start, model)
                 summed = all_keys.get(row)
                 all_keys[row] = values if summed is None else list(map(add, summed, values))
-        store_for(session).rollups.add(session, _rows(keyed), _rows(all_keys))
+        repository(session).add(session, _rows(keyed), _rows(all_keys))
 
 
 def _rows(rows: Mapping[tuple[Any, ...], list[int]]) -> list[tuple[Any, ...]]:
@@ -227,7 +227,7 @@ def before_step(session: Session, calls: Iterable[CallLike]) -> dict[str, Placed
     keyless_ids = [
         c.request_id for c in calls if c.settled and STARTED_MISSING in (c.anomalies or ())
     ]
-    starts = store_for(session).rollups.keyless_starts(session, keyless_ids) if keyless_ids else {}
+    starts = repository(session).keyless_starts(session, keyless_ids) if keyless_ids else {}
     placed = {c.request_id: place_call(c, starts.get(c.request_id)) for c in calls}
     return {rid: p for rid, p in placed.items() if p is not None}
 
@@ -241,7 +241,7 @@ def after_step(
 ) -> None:
     """Bring the rollups up to date with a step: the calls' new call_start contributions replace
     their old ones, and every new ledger entry is booked; ``deltas`` holds the step's other
-    contributions, if any (the calls the database settled, ``billing.reconcile.common``). Runs in
+    contributions, if any (the calls the database settled, ``billing.reconcile.fastpath``). Runs in
     the step's transaction."""
     if deltas is None:
         deltas = Deltas()
@@ -263,7 +263,7 @@ def after_step(
     for entry in entries:
         deltas.add(BOOKED, place_entry(entry))
     deltas.write(session)
-    store = store_for(session).rollups
+    store = repository(session)
     if gone:
         store.forget_keyless(session, gone)
     if keyless:
@@ -272,12 +272,12 @@ def after_step(
 
 def rebuild(session: Session) -> None:
     """Recompute every rollup from ``calls`` (settled) and ``ledger_entries``, set-based (the
-    drift's too, ``billing.drift.rollup``).
+    drift's too, ``billing.rollups.drift``).
 
     For a repair, or seeding a benchmark; the reconciler keeps them up to date incrementally.
     Runs in the caller's transaction.
     """
-    store_for(session).rollups.rebuild(session)
+    repository(session).rebuild(session)
     drift_rollup.rebuild(session)
 
 

@@ -189,7 +189,7 @@ def _configure_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
         cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
         cursor.execute("PRAGMA foreign_keys=ON")
         # An in-memory database for a transaction's working tables (the reconciler's common
-        # calls, billing.reconcile.common): a TEMP table lives in a file of its own, journaled;
+        # calls, billing.reconcile.fastpath): a TEMP table lives in a file of its own, journaled;
         # ATTACH cannot run inside a transaction, so here.
         cursor.execute("ATTACH DATABASE ':memory:' AS scratch")
         # Checkpoints run in the background (``_Checkpointer``), off the committing request's

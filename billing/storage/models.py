@@ -550,7 +550,7 @@ class UsageRollupKeyless(Base):
 class DriftRollup(Base):
     """The drift's "ours" (``billing.drift``) per UTC hour (``level`` 0) and UTC day (``level``
     1) of the calls' start, provider, model, upstream account and served tier, kept by the
-    reconciler (``billing.drift.rollup``).
+    reconciler (``billing.rollups.drift``).
 
     It sums the settled calls that have a ``stream.started`` (the others are read from
     ``calls`` by the drift: open calls, and the key-less ones listed in

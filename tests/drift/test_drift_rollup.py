@@ -1,4 +1,4 @@
-"""The drift's rollup (``billing.drift.rollup``) against the drift's definition: after
+"""The drift's rollup (``billing.rollups.drift``) against the drift's definition: after
 settlements, a re-settlement with new usage and a reprice, ``drift_rollups`` equals its rebuild
 from calls, and ours read through it equals summing the calls by start, on the test database."""
 
@@ -14,10 +14,10 @@ from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
-from billing.drift import rollup
+from billing.drift.repository import repository as drift_repository
+from billing.rollups import drift as rollup
 from billing.storage.migrate import alembic_config
 from billing.storage.models import Call, DriftRollup
-from billing.storage.store import store_for
 from tests.builders import post
 from tests.drift.test_drift import DAY, call, settle
 from tests.storage import test_migrations
@@ -66,7 +66,7 @@ def _defined(session: Session, since: datetime, until: datetime, grain: str) -> 
 
 def _read(session: Session, since: datetime, until: datetime, grain: str) -> dict[Any, Any]:
     summed: dict[Any, list[int]] = defaultdict(lambda: [0] * 7)
-    for row in store_for(session).drift.ours(session, since, until, None, grain):  # type: ignore[arg-type]
+    for row in drift_repository(session).ours(session, since, until, None, grain):  # type: ignore[arg-type]
         key = tuple(row[:5])
         summed[key] = [a + b for a, b in zip(summed[key], row[5:], strict=True)]
     return dict(summed)

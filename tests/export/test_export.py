@@ -48,11 +48,11 @@ from billing.export.csvwriter import (
     units_cell,
 )
 from billing.export.params import parse_params
+from billing.export.repository import repository as export_repository
 from billing.money import pusd_to_str, uusd_per_mtok_to_str
 from billing.reconcile.runner import run_pass
 from billing.settings import Settings, get_settings
 from billing.storage.models import LedgerEntry
-from billing.storage.store import store_for
 from billing.timefmt import rfc3339
 
 HEADER_CALLS = (
@@ -843,7 +843,7 @@ def test_driver_errors_surface_as_sqlalchemy_errors(app: FastAPI) -> None:
 
     params = parse_params("calls", DAY1["since"], DAY1["until"])
     with app.state.billing.sessions() as session:
-        rows = store_for(session).export._chunks(
+        rows = export_repository(session)._chunks(
             session,
             "SELECT x FROM no_such_table WHERE :since < :until",
             params.since,

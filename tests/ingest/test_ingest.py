@@ -16,9 +16,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import MetaData, func, select, text
 from sqlalchemy.exc import OperationalError
 
+from billing.ingest.repository import repository as ingest_repository
 from billing.reconcile.runner import run_pass
 from billing.storage.models import Base, Call, Event, row_dict
-from billing.storage.store import store_for
 from tests.builders import RECENT as T0
 from tests.builders import post, post_raw
 from tests.builders import recent_ts as ts
@@ -670,7 +670,7 @@ def test_a_database_failure_mid_batch_stores_nothing(
         inserted_before_failure.append(session.scalar(select(func.count()).select_from(Event)))
         raise OperationalError("UPDATE calls", {}, Exception("connection reset by peer"))
 
-    monkeypatch.setattr(store_for(state.sessions.kw["bind"]).ingest, "touch_calls", broken)
+    monkeypatch.setattr(ingest_repository(state.sessions.kw["bind"]), "touch_calls", broken)
     with TestClient(app, raise_server_exceptions=False, base_url="http://127.0.0.1") as client:
         reply = post(client, [tokens("b"), usage("c")])
 

@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from billing.errors import EventConflict, ValidationFailed
 from billing.ingest import service
 from billing.ingest.service import IngestResult, content_hash, prepare_batch, write_group
+from billing.ingest.sql import sqlite as sqlite_ingest
 from billing.ingest.validation import (
     MAX_FUTURE,
     ParsedEvent,
@@ -36,7 +37,6 @@ from billing.ingest.validation import (
 from billing.settings import Settings
 from billing.storage.db import make_engine, make_sessionmaker
 from billing.storage.models import Call, Event
-from billing.storage.sqlite import ingest as sqlite_ingest
 from tests.builders import seed_started as started
 from tests.builders import seed_tokens as tokens
 from tests.builders import seed_usage as usage
@@ -154,11 +154,11 @@ def test_rows_carry_the_values_the_old_path_computed(
         assert row.occurred_text == at.astimezone(UTC).replace(tzinfo=None).isoformat(
             " ", "microseconds"
         )
-        assert row.values[7] == orjson.dumps(event.raw).decode()
+        assert row.body == orjson.dumps(event.raw).decode()
         # plain_usage: set for the usage only (plain: none of the fields the fast path declines)
-        assert row.values[10] is (True if event.event.type == "stream.usage" else None)
+        assert row.plain_usage is (True if event.event.type == "stream.usage" else None)
     assert batch.rows[0].started is not None
-    assert batch.rows[0].started[3] == json.dumps(metadata)
+    assert batch.rows[0].started.metadata == json.dumps(metadata)
 
 
 @pytest.mark.parametrize("count", [1, 15, 31, 32, 33, 100, 257, 800, 1000])
@@ -257,4 +257,4 @@ def test_usage_bodies_are_flagged_plain_at_ingest(extra: dict[str, Any], plain: 
     searching the body: false for a usage with a field it declines or a JSON null."""
     parsed = parse_batch(body(usage("u", **extra)), NOW)
     (row,) = prepare_batch(parsed, NOW).rows
-    assert row.values[10] is plain
+    assert row.plain_usage is plain

@@ -1,4 +1,4 @@
-"""The common call settled by the database (``billing.reconcile.common``) gives the rows the rule
+"""The common call settled by the database (``billing.reconcile.fastpath``) gives the rows the rule
 gives: the same random calls are ingested into two databases, one reconciled with the SQL path
 and one with the rule only, and every row of ``calls``, ``call_attempts``, ``ledger_entries`` and
 the rollups must be equal; the SQL path must take exactly the calls of the common shape.
@@ -197,7 +197,7 @@ def _common(
     events: list[dict[str, Any]], due: bool, long_context: bool = False, assigned: bool = False
 ) -> bool:
     """The common shape, stated apart from the SQL that finds it (module docstring of
-    billing.reconcile.common), for a call not settled yet; ``due``: its last event arrived
+    billing.reconcile.fastpath), for a call not settled yet; ``due``: its last event arrived
     settle_after ago (an estimate's call settles then). With ``long_context``, m-a has
     long-context prices above ``LONG_CONTEXT_ABOVE``; with ``assigned``, ``ASSIGNED_KEY`` has a
     customer."""
@@ -555,7 +555,7 @@ def test_an_old_sqlite_leaves_every_call_to_the_rule(
     every call as it would anyway."""
     if is_postgres:
         pytest.skip("SQLite's library version only")
-    import billing.storage.sqlite.settle_common as sqlite_settle_common
+    import billing.reconcile.sql.sqlite_fastpath as sqlite_settle_common
 
     monkeypatch.setattr(sqlite_settle_common, "SQLITE_SUPPORTED", False)
     with_sql, rule_only = two_databases

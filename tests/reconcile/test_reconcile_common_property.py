@@ -1,4 +1,4 @@
-"""The fast path (``billing.reconcile.common``) proven against the rule over calls generated from
+"""The fast path (``billing.reconcile.fastpath``) proven against the rule over calls generated from
 the event schemas themselves: any event type of ``billing.ingest.schemas.Event``, each optional
 field present or absent, values at the edges of their types, any order, duplicates under the same
 and under another event id. Every generated call is ingested into two databases, one reconciled
@@ -26,7 +26,7 @@ from sqlalchemy import Engine
 from typing_extensions import is_typeddict
 
 from billing.ingest.schemas import Event
-from billing.reconcile.common import is_common
+from billing.reconcile.fastpath import is_common
 from tests.reconcile.test_reconcile_common import (
     T0,
     _ingest,

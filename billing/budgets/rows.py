@@ -1,0 +1,76 @@
+"""The rows that cross the budgets' repository (``billing.budgets.repository``). Amounts are
+picodollars (``*_pusd``); ``cost`` and ``charge`` are the two measures
+(``billing.budgets.measure``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import NamedTuple
+
+#: A budget's scope as a column of ``calls`` / ``ledger_entries`` / ``budget_open_calls`` and
+#: its value: ``("api_key_id", key)`` or ``("customer_id", customer)``.
+Scope = tuple[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetDef:
+    """A budget version in force as ``billing.budgets.cache`` keeps it: the columns of
+    ``billing.storage.models.Budget`` that the counters, the statuses and the alerts read."""
+
+    id: int
+    budget_id: str
+    api_key_id: str | None
+    customer_id: str | None
+    measure: str
+    period: str
+    tz: str
+    limit_usd: str
+    thresholds: str
+    webhook_url: str | None
+    tracked_from: datetime
+
+
+class OpenAmounts(NamedTuple):
+    """What an open call adds to provisional spend (``budget_open_calls``)."""
+
+    request_id: str | None
+    api_key_id: str
+    customer_id: str | None
+    started_at: datetime
+    cost_pusd: int
+    charge_pusd: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepAmounts:
+    """What a reconciliation step changed (``BudgetsRepository.step_amounts``): ``olds``, the
+    ``budget_open_calls`` rows of its calls; ``calls``, its calls left open with a key, a start
+    and an amount (their figures now); ``entries``, the entries it booked summed per key,
+    customer (the call's, at its start) and UTC quarter hour of the call's start (``started_at``
+    is that quarter's start; ``request_id`` is None)."""
+
+    olds: list[OpenAmounts]
+    calls: list[OpenAmounts]
+    entries: list[OpenAmounts]
+
+
+class CounterRow(NamedTuple):
+    """A budget version's counter: its (settled, provisional) spend in the period from
+    ``period_start`` (None: the version has no counter at or before the time asked)."""
+
+    budget_row: int
+    period_start: datetime | None
+    settled_pusd: int
+    provisional_pusd: int
+
+
+class Claimed(NamedTuple):
+    """A webhook claimed for delivery."""
+
+    alert_id: str
+    url: str
+    body: str
+    secret: str
+    attempts: int
+    created_at: datetime

@@ -1,0 +1,58 @@
+"""The budgets' SQL on PostgreSQL (``billing.budgets.repository``).
+
+A reconciliation step's counter updates take the transaction-level advisory lock
+``BUDGETS_LOCK`` shared; a budget's first counter (created, changed) takes it exclusive. So a
+step either committed before the budget read the ledger (the budget counts its entries) or
+reads the budget after it committed (the step adds them): read committed, each statement sees
+what committed before it. Due webhooks are claimed with ``FOR UPDATE SKIP LOCKED``, so
+replicas never claim the same row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from functools import partial
+from typing import Any
+
+from sqlalchemy import ColumnElement, String, bindparam, func, text
+from sqlalchemy.dialects.postgresql import ARRAY, insert
+from sqlalchemy.orm import Session
+
+from billing.budgets.rows import Claimed
+from billing.budgets.sql.alerts import Alerts
+from billing.budgets.sql.counters import Counters
+from billing.budgets.sql.versions import BudgetVersions
+from billing.rollups.buckets import QUARTER
+from billing.rollups.sql.postgres import floor_sql
+
+#: The advisory lock's key (any constant of this service's own).
+BUDGETS_LOCK = 0x6275_6467_6574  # "budget"
+
+LOCK_SHARED = text("SELECT pg_advisory_xact_lock_shared(:key)")
+LOCK_EXCLUSIVE = text("SELECT pg_advisory_xact_lock(:key)")
+
+
+class PostgresBudgets(BudgetVersions, Counters, Alerts):
+    """``BudgetsRepository`` on PostgreSQL."""
+
+    insert = staticmethod(insert)
+    quarter = staticmethod(partial(floor_sql, QUARTER))
+
+    def among(self, column: Any, ids: Sequence[str]) -> ColumnElement[bool]:
+        clause: ColumnElement[bool] = column == func.any(
+            bindparam("ids", list(ids), type_=ARRAY(String))
+        )
+        return clause
+
+    def lock_shared(self, session: Session) -> None:
+        session.execute(LOCK_SHARED, {"key": BUDGETS_LOCK})
+
+    def lock_exclusive(self, session: Session) -> None:
+        session.execute(LOCK_EXCLUSIVE, {"key": BUDGETS_LOCK})
+
+    def claim_due(
+        self, session: Session, now: datetime, lease_until: datetime, owner: str, limit: int
+    ) -> list[Claimed]:
+        ids = list(session.scalars(self._due(now, limit).with_for_update(skip_locked=True)))
+        return self._lease(session, ids, lease_until, owner)

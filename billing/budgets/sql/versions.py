@@ -1,0 +1,184 @@
+"""The budgets' versions, their generation and the spend check's one statement
+(``billing.budgets.repository``), built with SQLAlchemy on the ORM tables."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    and_,
+    bindparam,
+    event,
+    func,
+    select,
+    true,
+    union_all,
+    update,
+)
+from sqlalchemy.orm import Session
+
+from billing.budgets.rows import (
+    BudgetDef,
+    CounterRow,
+)
+from billing.budgets.sql.common import DialectBase
+from billing.storage.models import (
+    Budget,
+    BudgetGeneration,
+    BudgetSpend,
+    KeyAssignment,
+)
+from billing.storage.types import UTCDateTime
+
+#: The budgets' generation (``generation``).
+_GENERATION = select(BudgetGeneration.generation).where(BudgetGeneration.id == 1)
+#: The versions in force (``definitions``).
+_DEFINITIONS = select(
+    Budget.id,
+    Budget.budget_id,
+    Budget.api_key_id,
+    Budget.customer_id,
+    Budget.measure,
+    Budget.period,
+    Budget.tz,
+    Budget.limit_usd,
+    Budget.thresholds,
+    Budget.webhook_url,
+    Budget.tracked_from,
+).where(Budget.ended_at.is_(None))
+
+
+def _spend_check() -> Any:
+    """``spend_check_rows``' one statement: the generation and the key's customer now (its
+    latest assignment at or before ``:now``) on every row, with each version in force over the
+    key or that customer and its latest counter at or before ``:now`` (nulls without one; one
+    row of nulls but the first two without any version). The versions over the key and over
+    the customer are two lookups of their partial indexes (``UNION ALL``: an ``OR`` of the two
+    columns is a scan of one index on SQLite)."""
+    now = bindparam("now", type_=UTCDateTime)
+    owner = (
+        select(KeyAssignment.customer_id)
+        .where(KeyAssignment.api_key_id == bindparam("key"), KeyAssignment.effective_from <= now)
+        .order_by(KeyAssignment.effective_from.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
+    head = select(
+        _GENERATION.scalar_subquery().label("generation"), owner.label("customer_id")
+    ).subquery("head")
+    live = Budget.ended_at.is_(None)
+    over = union_all(
+        select(Budget.id).where(live, Budget.api_key_id == bindparam("key")),
+        select(Budget.id).where(live, Budget.customer_id == owner),
+    ).subquery("over")
+    latest = (
+        select(func.max(BudgetSpend.period_start))
+        .where(BudgetSpend.budget_row == over.c.id, BudgetSpend.period_start <= now)
+        .correlate(over)
+        .scalar_subquery()
+    )
+    return (
+        select(
+            head.c.generation,
+            head.c.customer_id,
+            over.c.id,
+            BudgetSpend.period_start,
+            BudgetSpend.settled_pusd,
+            BudgetSpend.provisional_pusd,
+        )
+        .select_from(head)
+        .outerjoin(over, true())
+        .outerjoin(
+            BudgetSpend,
+            and_(BudgetSpend.budget_row == over.c.id, BudgetSpend.period_start == latest),
+        )
+    )
+
+
+_SPEND_CHECK = _spend_check()
+
+#: ``session.info`` key: the transaction that bumped the generation already.
+_BUMPED = "billing.budgets.generation_bumped"
+
+
+@event.listens_for(Session, "after_soft_rollback")
+def _forget_bump(session: Session, previous_transaction: Any) -> None:
+    """Any rollback, a savepoint's included, may have undone the bump: the next write bumps."""
+    session.info.pop(_BUMPED, None)
+
+
+class BudgetVersions(DialectBase):
+    """Budgets' versions in force and their generation; the spend check's rows."""
+
+    def insert_budget(self, session: Session, values: dict[str, Any]) -> Budget:
+        budget = Budget(**values)
+        session.add(budget)
+        session.flush()
+        self.bump_generation(session)
+        return budget
+
+    def versions(self, session: Session, budget_id: str) -> list[Budget]:
+        return list(
+            session.scalars(
+                select(Budget).where(Budget.budget_id == budget_id).order_by(Budget.version)
+            )
+        )
+
+    def end_budget(self, session: Session, row: int, now: datetime) -> None:
+        session.execute(update(Budget).where(Budget.id == row).values(ended_at=now))
+        self.bump_generation(session)
+
+    def list_budgets(self, session: Session, include_ended: bool) -> list[Budget]:
+        if include_ended:
+            # The last version of each budget.
+            last = (
+                select(Budget.budget_id, func.max(Budget.version).label("v"))
+                .group_by(Budget.budget_id)
+                .subquery()
+            )
+            query = select(Budget).join(
+                last, and_(Budget.budget_id == last.c.budget_id, Budget.version == last.c.v)
+            )
+        else:
+            query = select(Budget).where(Budget.ended_at.is_(None))
+        return list(session.scalars(query.order_by(Budget.budget_id)))
+
+    def generation(self, session: Session) -> int | None:
+        value = session.scalar(_GENERATION)
+        return None if value is None else int(value)
+
+    def bump_generation(self, session: Session) -> None:
+        """Every write of ``budgets`` calls this in its transaction (the row is put back when
+        missing); once per transaction (again after a rollback of a savepoint, which may have
+        taken the bump with it): the readers only need a new number after it, and each bump is
+        a new version of the one row that every spend check reads (thousands in one
+        transaction spread it over pages that PostgreSQL's index scan then walks until a
+        vacuum)."""
+        transaction = session.get_transaction()
+        if transaction is not None and session.info.get(_BUMPED) is transaction:
+            return
+        session.info[_BUMPED] = transaction
+        statement = self.insert(BudgetGeneration).values(id=1, generation=1)
+        session.execute(
+            statement.on_conflict_do_update(
+                index_elements=["id"],
+                set_={"generation": BudgetGeneration.generation + 1},
+            )
+        )
+
+    def definitions(self, session: Session) -> list[BudgetDef]:
+        return [BudgetDef(*row) for row in session.connection().execute(_DEFINITIONS)]
+
+    def spend_check_rows(
+        self, session: Session, key: str, now: datetime
+    ) -> tuple[int | None, str | None, list[CounterRow]]:
+        # Core on the session's connection: the ORM's execution adds nothing to plain columns.
+        rows = session.connection().execute(_SPEND_CHECK, {"key": key, "now": now}).all()
+        counters = [
+            CounterRow(int(row), start, int(settled or 0), int(provisional or 0))
+            for _, _, row, start, settled, provisional in rows
+            if row is not None
+        ]
+        generation = rows[0][0]
+        return (None if generation is None else int(generation)), rows[0][1], counters

@@ -1,0 +1,30 @@
+"""The rows that cross the call log's repository (``billing.calllog.repository``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class RollupSlice:
+    """Which rollup rows a usage query sums, and by what.
+
+    ``by_key``: read ``usage_rollups`` (needed for a key filter or an ``api_key_id`` dimension),
+    else ``usage_rollups_all_keys``; ``basis``: ``call_start`` or ``booked``; ``api_key_id`` and
+    ``model``: filters, when not None; ``dims``: the group-by dimensions among ``api_key_id`` and
+    ``model``, in order.
+    """
+
+    by_key: bool
+    basis: str
+    api_key_id: str | None
+    model: str | None
+    dims: tuple[str, ...]
+    #: (v2) A customer filter, when not None (only on ``usage_rollups``).
+    customer_id: str | None = None
+
+
+#: Rows of sums (see ``CalllogRepository.rollup_sums``).
+Sums = Iterable[Sequence[Any]]

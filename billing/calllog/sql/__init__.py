@@ -1,0 +1,1 @@
+"""The call log's SQL: what both databases share (``common``), then each database's."""

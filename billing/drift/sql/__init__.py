@@ -1,0 +1,1 @@
+"""The drift's SQL: what both databases share (``common``), then each database's."""

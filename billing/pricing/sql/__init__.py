@@ -1,0 +1,1 @@
+"""The prices' SQL: the same statements on both databases (``common``)."""

@@ -1,0 +1,1 @@
+"""The provider reports' SQL: what both databases share (``common``), then each database's."""

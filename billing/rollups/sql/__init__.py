@@ -1,0 +1,1 @@
+"""The rollups' SQL: what both databases share (``common``), then each database's."""

@@ -1,2 +1,0 @@
-"""The SQLite store: every room's repository in SQLite's dialect, one module per room, each
-ending with its ``REPOSITORY`` (``billing.storage.store`` puts them together)."""
