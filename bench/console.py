@@ -34,9 +34,9 @@ sys.path.insert(0, str(HERE))
 
 from queries import END, seed_arguments, seeded_url, timed  # noqa: E402
 
-from billing.api.app import create_app  # noqa: E402
 from billing.calllog.queries import list_calls, parse_calls_query  # noqa: E402
 from billing.cli.serve import serving_process  # noqa: E402
+from billing.server.app import create_app  # noqa: E402
 from billing.settings import Settings  # noqa: E402
 from billing.storage.db import make_engine, make_sessionmaker, read_transaction  # noqa: E402
 from billing.storage.models import Call  # noqa: E402

@@ -47,12 +47,12 @@ import uvicorn
 from sqlalchemy import Engine, create_engine, func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from billing.api.app import create_app
 from billing.calllog.cursor import Position, decode, encode
 from billing.calllog.queries import CallsQuery, list_calls
 from billing.calllog.usage import UsageQuery, usage_rows
 from billing.rates import PLAN_RATE_COLUMNS
 from billing.rollups import service as rollups
+from billing.server.app import create_app
 from billing.settings import Settings
 from billing.storage.db import make_engine, make_sessionmaker, read_transaction
 from billing.storage.migrate import upgrade_to_head

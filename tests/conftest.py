@@ -22,7 +22,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
-from billing.api.app import create_app
+from billing.server.app import create_app
 from billing.settings import Settings
 from billing.storage.migrate import upgrade_to_head
 from billing.storage.models import Base

@@ -24,7 +24,7 @@ from billing.ingest.validation import MAX_BATCH, parse_batch
 
 router = APIRouter()
 
-#: The route answered by ``serve_ingest`` (see ``billing.api.app``'s middleware).
+#: The route answered by ``serve_ingest`` (see ``billing.server.app``'s middleware).
 PATH = "/v1/events"
 
 #: Bodies up to this size (some 300 events) are validated on the event loop: a thread hop costs
@@ -141,7 +141,7 @@ async def serve_ingest(scope: Scope, receive: Receive, send: Send, state: AppSta
     """``POST /v1/events`` in full, as an ASGI call without the framework's middleware, routing
     and dependency machinery; returns the status answered.
 
-    The app sends this one hot route here (``billing.api.app``): the same guard, the same
+    The app sends this one hot route here (``billing.server.app``): the same guard, the same
     handler, and the same errors as the exception handlers of ``billing.api.errors``
     (``domain_error``, ``render``); any other exception propagates as it would from the route (a
     500).

@@ -123,9 +123,9 @@ SWITCH_INTERVAL_S = 0.0001
 
 
 def server_app() -> object:
-    """The ASGI app of ``billing serve`` (``billing.api.server:app``), loaded in each worker, in a
+    """The ASGI app of ``billing serve`` (``billing.server.asgi:app``), loaded in each worker, in a
     process set up by ``serving_process``."""
-    from billing.api.server import app as server
+    from billing.server.asgi import app as server
 
     serving_process()
     return server

@@ -44,7 +44,7 @@ MAX_OUTAGE_PAUSE_S = 60.0
 
 
 class Backoff:
-    """The pause before the next background pass (``billing.api.app``'s loop).
+    """The pause before the next background pass (``billing.server.app``'s loop).
 
     ``interval_s`` while passes succeed. While the database is unavailable (``failed`` with an
     error ``is_unavailable`` takes for an outage) the pause doubles after each failed pass, up

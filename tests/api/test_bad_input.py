@@ -14,7 +14,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from billing.api.app import create_app
+from billing.server.app import create_app
 from billing.settings import Settings
 from tests.conftest import LiveServer
 

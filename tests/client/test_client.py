@@ -28,7 +28,6 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from billing.api.app import create_app
 from billing.client import (
     AsyncBillingClient,
     BillingClient,
@@ -41,6 +40,7 @@ from billing.client.delivery import Post as _Post
 from billing.client.delivery import Sleep as _Sleep
 from billing.client.engine import Engine as _Engine
 from billing.client.spool import Item as _Item
+from billing.server.app import create_app
 from billing.settings import Settings
 from tests.conftest import LiveServer, _free_port
 

@@ -116,7 +116,7 @@ def test_the_default_spool_keeps_what_close_could_not_deliver_and_replays_it(
     assert [e["event_id"] for e in lines] == [f"evt-spooled-{n}" for n in range(3)]
     assert f"billing client: 3 event(s) written to the spool {spooled}" in done.stderr
 
-    from billing.api.app import create_app
+    from billing.server.app import create_app
 
     server = LiveServer(create_app(settings))  # type: ignore[arg-type]
     server.port, server.url = port, url

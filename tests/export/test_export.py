@@ -593,7 +593,7 @@ def test_period_headers_closed_and_provisional(client: TestClient, settings: Set
 
 
 def test_close_lag_setting(db_url: str) -> None:
-    from billing.api.app import create_app
+    from billing.server.app import create_app
 
     until = datetime.now(UTC) - timedelta(seconds=600)
     params = {"since": "2026-01-01T00:00:00Z", "until": until.isoformat()}
@@ -823,7 +823,7 @@ def test_random_instants_parse_like_fromisoformat() -> None:
 
 
 def test_unreachable_database_answers_503_before_any_csv(is_postgres: bool) -> None:
-    from billing.api.app import create_app
+    from billing.server.app import create_app
 
     url = (
         "postgresql+psycopg://postgres@127.0.0.1:1/nowhere"

@@ -18,8 +18,8 @@ from typing import Any
 
 import httpx
 
-from billing.api.app import create_app
 from billing.auth.tokens import create_token
+from billing.server.app import create_app
 from billing.settings import Settings
 from billing.storage.db import make_engine, make_sessionmaker
 from billing.taps import open_tap

@@ -24,9 +24,9 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from billing.api.app import create_app
 from billing.client import BillingClient, DeliveryError
 from billing.reconcile.runner import run_pass
+from billing.server.app import create_app
 from billing.settings import Settings
 from billing.storage.db import make_engine, make_sessionmaker
 from billing.storage.models import Call, LedgerEntry

@@ -33,9 +33,9 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from billing.api.app import create_app
 from billing.client import BillingClient, DeliveryError
 from billing.reconcile.runner import run_pass
+from billing.server.app import create_app
 from billing.settings import Settings
 from billing.storage.db import make_engine, make_sessionmaker
 from billing.storage.models import Call, LedgerEntry
@@ -70,7 +70,7 @@ def announce(seed: int, name: str) -> None:
 
 _FORKSERVER = r"""
 import json, os, random, signal, sys, time
-import billing.cli, billing.api.app, billing.storage.migrate, billing.reconcile.runner
+import billing.cli, billing.server.app, billing.storage.migrate, billing.reconcile.runner
 import uvicorn, uvicorn.config, uvicorn.server, uvicorn.main, uvicorn.lifespan.on
 import uvicorn.loops.auto, uvicorn.protocols.http.auto, uvicorn.protocols.websockets.auto
 try:

@@ -28,8 +28,8 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 
-from billing.api.app import create_app
 from billing.reconcile.runner import run_pass
+from billing.server.app import create_app
 from billing.settings import Settings
 from billing.storage.db import make_engine, make_sessionmaker
 from billing.storage.models import Call, Event

@@ -41,9 +41,9 @@ from sqlalchemy import event as sa_event
 from sqlalchemy import select, update
 
 import billing.api.events as events_api
-from billing.api.app import create_app
 from billing.dimensions import TOKEN_FIELDS
 from billing.reconcile.runner import run_pass
+from billing.server.app import create_app
 from billing.settings import Settings
 from billing.storage.db import make_engine, make_sessionmaker
 from billing.storage.models import Call, CallAttempt, LedgerEntry
