@@ -19,6 +19,9 @@ from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from typing import Any
 
+#: The ``price_default`` of a rate that every price states (``_bucket``).
+REQUIRED = "required"
+
 
 def _bucket(
     doc: str,
@@ -26,6 +29,7 @@ def _bucket(
     usage: str | None = None,
     required: bool = False,
     price: str | None = None,
+    price_default: str | None = None,
     part_of: str | None = None,
     since: int = 1,
 ) -> Any:
@@ -34,12 +38,22 @@ def _bucket(
     (otherwise it defaults to 0). ``part_of``: the bucket it is a part of (its tokens are
     counted there too, and billed at this bucket's ``price`` instead of that one's; a price
     without it bills them at that one's, see ``billing.rates``). ``since``: the export
-    format that first has its column (v1 exports keep their columns, CONTRACT "Export")."""
+    format that first has its column (v1 exports keep their columns, CONTRACT "Export").
+    ``price_default``: what a price that leaves the rate out bills the bucket at, declared for
+    every priced bucket: ``REQUIRED`` (a v1 rate: every price states it), or the API field of
+    another rate (a price posted before this rate existed keeps working: its tokens cost that
+    rate). A bucket of a later format cannot be ``REQUIRED``: the prices posted before it would
+    be refused (checked here, at import)."""
+    if price is not None and price_default is None:
+        raise ValueError(f"{doc!r}: declare the default of {price}: REQUIRED or another rate")
+    if price_default == REQUIRED and since > 1:
+        raise ValueError(f"{price}: a rate added after v1 needs a default, not REQUIRED")
     meta = {
         "doc": doc,
         "usage": usage,
         "required": required,
         "price": price,
+        "price_default": price_default,
         "part_of": part_of,
         "since": since,
     }
@@ -59,22 +73,26 @@ class Tokens:
         usage="input_tokens",
         required=True,
         price="input_usd_per_mtok",
+        price_default=REQUIRED,
     )
     cache_read_input_tokens: int = _bucket(
         "input tokens read from the provider's prompt cache",
         usage="cache_read_input_tokens",
         price="cache_read_usd_per_mtok",
+        price_default=REQUIRED,
     )
     cache_creation_input_tokens: int = _bucket(
         "input tokens written to the provider's prompt cache",
         usage="cache_creation_input_tokens",
         price="cache_creation_usd_per_mtok",
+        price_default=REQUIRED,
     )
     cache_creation_1h_input_tokens: int = _bucket(
         'the part of the cache writes written with a one-hour lifetime (CONTRACT "Usage '
         'dimensions (v2)")',
         usage="cache_creation_1h_input_tokens",
         price="cache_creation_1h_usd_per_mtok",
+        price_default="cache_creation_usd_per_mtok",
         part_of="cache_creation_input_tokens",
         since=2,
     )
@@ -84,6 +102,7 @@ class Tokens:
         usage="output_tokens",
         required=True,
         price="output_usd_per_mtok",
+        price_default=REQUIRED,
     )
     output_tokens_delivered: int = _bucket("output tokens written to the client")
     output_tokens_undelivered: int = _bucket(
@@ -123,8 +142,9 @@ class Bucket:
     field the rule reads it from, or ``None`` when the rule derives it; ``price``: the price field
     (USD per million tokens) that bills it, or ``None`` when it is not billed by itself;
     ``required``: whether ``stream.usage`` must carry the ``usage`` field (else it is 0);
-    ``part_of``: the bucket that counts its tokens too (see ``_bucket``); ``since``: the first
-    export format with its column.
+    ``price_default``: ``REQUIRED`` or the API field of the rate a price without this one bills
+    it at (None when ``price`` is); ``part_of``: the bucket that counts its tokens too (see
+    ``_bucket``); ``since``: the first export format with its column.
     """
 
     name: str
@@ -132,6 +152,7 @@ class Bucket:
     usage: str | None
     required: bool
     price: str | None
+    price_default: str | None = None
     part_of: str | None = None
     since: int = 1
 
@@ -144,6 +165,7 @@ BUCKETS: tuple[Bucket, ...] = tuple(
         f.metadata["usage"],
         f.metadata["required"],
         f.metadata["price"],
+        f.metadata["price_default"],
         f.metadata["part_of"],
         f.metadata["since"],
     )

@@ -4,17 +4,18 @@ Each priced bucket's ``price`` (``input_usd_per_mtok``) is the rate's API and CS
 million tokens; the database holds it in micro-USD per million tokens as ``input_uusd_per_mtok``
 (the column named with ``uusd``), and ``PriceRow`` as the attribute ``input``. ``RATES`` lists them
 in the order in which prices are posted, answered, booked and exported: first the buckets that
-every ``stream.usage`` carries (input, output), then the others, each in declaration order. A
-bucket that is a part of another (one-hour cache writes, a part of the cache writes) has a rate
-that a price may leave out: its tokens then cost the other's rate (CONTRACT "Usage dimensions
-(v2)").
+every ``stream.usage`` carries (input, output), then the others, each in declaration order.
+Every rate declares its default (``billing.dimensions._bucket``'s ``price_default``): the v1
+rates are required; a later rate may be left out of a price, and its tokens then cost the rate it
+defaults to (one-hour cache writes cost the cache writes' rate, CONTRACT "Usage dimensions
+(v2)).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from billing.dimensions import PRICED, Bucket
+from billing.dimensions import PRICED, REQUIRED, Bucket
 
 _SUFFIX = "_usd_per_mtok"
 
@@ -22,9 +23,9 @@ _SUFFIX = "_usd_per_mtok"
 @dataclass(frozen=True, slots=True)
 class Rate:
     """One rate: the ``bucket`` it bills, its API ``field``, its ``column`` and its ``name`` on a
-    ``PriceRow``; ``default``: for a bucket that is a part of another (``Bucket.part_of``), the
-    API field of that bucket's rate, which a price without this one bills the part at (else
-    None: the rate is required)."""
+    ``PriceRow``; ``default``: the API field of the rate a price without this one bills its
+    bucket at, as its bucket declares it (``Bucket.price_default``); None: every price states
+    the rate (the v1 rates)."""
 
     bucket: Bucket
     field: str
@@ -38,10 +39,9 @@ def _rate(bucket: Bucket) -> Rate:
     if field is None or not field.endswith(_SUFFIX):
         raise ValueError(f"{bucket.name}: a price field is named <rate>{_SUFFIX}, not {field!r}")
     name = field.removesuffix(_SUFFIX)
-    default = None
-    if bucket.part_of is not None:
-        (whole,) = (b for b in PRICED if b.name == bucket.part_of)
-        default = whole.price
+    default = None if bucket.price_default == REQUIRED else bucket.price_default
+    if default is not None and default not in {b.price for b in PRICED}:
+        raise ValueError(f"{field}: its default {default!r} is not a rate")
     return Rate(bucket, field, f"{name}_uusd_per_mtok", name, default)
 
 

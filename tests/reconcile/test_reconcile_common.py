@@ -7,7 +7,7 @@ the rollups must be equal; the SQL path must take exactly the calls of the commo
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,9 @@ from billing.plans.schemas import KeyIn
 from billing.plans.service import set_key
 from billing.pricing.schemas import PriceIn
 from billing.pricing.service import record_price
+from billing.rates import RATES, Rate
 from billing.reconcile.service import reconcile_step
+from billing.reconcile.sql import fastpath, postgres_fastpath, sqlite_fastpath
 from billing.rollups import service as rollups
 from billing.settings import Settings
 from billing.storage.db import make_engine, make_sessionmaker, write_transaction
@@ -35,7 +37,7 @@ PRICES = {
     "m-a": [(T0 - timedelta(days=1), "3", "15", "0.30", "3.75")],
     # Two prices: calls before 08:30 take the first, later ones the second.
     "m-b": [
-        (T0 - timedelta(days=1), "0.15", "0.60", "0.075", "0"),
+        (T0 - timedelta(days=1), "0.15", "0.60", "0.075", "0.05"),
         (T0 + timedelta(minutes=30), "0.25", "1.25", "0.125", "0.3"),
     ],
     # No price in force before 08:30: earlier calls are unpriced (the rule's path).
@@ -301,8 +303,31 @@ def _ingest(engine: Engine, events: list[dict[str, Any]], now: datetime) -> None
             store_batch(session, parse_batch(body, now), now)
 
 
-def _price(engine: Engine, long_context: bool = False, assigned: bool = False) -> None:
-    """``PRICES``; with ``long_context``, m-a's with long-context prices (doubled) above
+#: The v1 rates' fields, in the order of ``PRICES``' rates.
+_V1_FIELDS = (
+    "input_usd_per_mtok",
+    "output_usd_per_mtok",
+    "cache_read_usd_per_mtok",
+    "cache_creation_usd_per_mtok",
+)
+
+
+def _every_rate(given: Sequence[str], seed: int) -> dict[str, str]:
+    """A price of every rate of ``billing.rates.RATES``: the v1 ones from ``given`` (``PRICES``'
+    order), every later one a value of its own (none equal to another, so that a term left out
+    of a cost, or billed at another rate, changes it)."""
+    v1 = dict(zip(_V1_FIELDS, given, strict=True))
+    return {r.field: v1.get(r.field, f"{seed + i}.{i + 7}") for i, r in enumerate(RATES)}
+
+
+def _price(
+    engine: Engine,
+    long_context: bool = False,
+    assigned: bool = False,
+    unit_prices: dict[str, str] | None = None,
+) -> None:
+    """``PRICES``, with every rate of ``billing.rates`` (``_every_rate``) and ``unit_prices``;
+    with ``long_context``, m-a's with long-context prices (doubled) above
     ``LONG_CONTEXT_ABOVE``; with ``assigned``, ``ASSIGNED_KEY`` assigned to a customer."""
     sessions = make_sessionmaker(engine)
     with write_transaction(sessions) as session:
@@ -312,18 +337,13 @@ def _price(engine: Engine, long_context: bool = False, assigned: bool = False) -
                 if long_context and model == "m-a":
                     extra["long_context"] = {
                         "above_input_tokens": LONG_CONTEXT_ABOVE,
-                        "input_usd_per_mtok": "6",
-                        "output_usd_per_mtok": "30",
-                        "cache_read_usd_per_mtok": "0.6",
-                        "cache_creation_usd_per_mtok": "7.5",
+                        **_every_rate(["6", "30", "0.6", "7.5"], 11),
                     }
                 price = PriceIn(
                     model=model,
                     effective_from=_stamp(effective_from),
-                    input_usd_per_mtok=rates[0],
-                    output_usd_per_mtok=rates[1],
-                    cache_read_usd_per_mtok=rates[2],
-                    cache_creation_usd_per_mtok=rates[3],
+                    unit_prices=unit_prices,
+                    **_every_rate(rates, 3),
                     **extra,
                 )
                 record_price(session, price, T0)
@@ -568,3 +588,37 @@ def test_an_old_sqlite_leaves_every_call_to_the_rule(
     assert taken == []
     assert settled == 60
     assert _rows(with_sql) == _rows(rule_only)
+
+
+#: The rates whose buckets a call of the common shape can count: the fast path's cost has a
+#: term for each (the other buckets are 0 in every such call, ``fastpath.BUCKET_SQL``).
+_COST_TERMS = [r for r in RATES if fastpath.BUCKET_SQL[r.bucket.name] != "0"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dropped", _COST_TERMS, ids=[r.field for r in _COST_TERMS])
+def test_the_equivalence_sees_every_cost_term_of_the_fast_path(
+    two_databases: tuple[Engine, Engine],
+    taken: list[str],
+    dropped: Rate,
+    monkeypatch: pytest.MonkeyPatch,
+    is_postgres: bool,
+) -> None:
+    """The proof above sees every term of the fast path's cost (``fastpath.cost_sql``, derived
+    from the rates): with the statements built without one rate's term, the SQL path's rows
+    differ from the rule's."""
+    module: Any = postgres_fastpath if is_postgres else sqlite_fastpath
+    name, names = ("SETTLE", ("u", "GREATEST")) if is_postgres else ("GATHER", ("g", "max"))
+    full = fastpath.cost_sql().format(u=names[0], greatest=names[1])
+    less = fastpath.cost_sql([r for r in RATES if r is not dropped])
+    less = less.format(u=names[0], greatest=names[1])
+    statements: dict[Any, str] = getattr(module, name)
+    assert all(full in sql for sql in statements.values())
+    monkeypatch.setattr(module, name, {k: sql.replace(full, less) for k, sql in statements.items()})
+    with_sql, rule_only = two_databases
+    first, later, _common = _world(1, 120)
+    now = T0 + timedelta(hours=2)
+    _price_and_ingest(two_databases, first + later, now)
+    _reconcile_both(two_databases, now + timedelta(minutes=10), 60)
+    assert len(taken) > 40
+    assert _rows(with_sql) != _rows(rule_only)

@@ -1,9 +1,10 @@
 """The fast path (``billing.reconcile.fastpath``) proven against the rule over calls generated from
 the event schemas themselves: any event type of ``billing.ingest.schemas.Event``, each optional
 field present or absent, values at the edges of their types, any order, duplicates under the same
-and under another event id. Every generated call is ingested into two databases, one reconciled
-with the fast path and one with the rule only: the fast path must take exactly the calls that
-``is_common`` names among those that settle now, and every row must be the same.
+and under another event id. Every generated call is ingested into two databases, priced at every
+rate of ``billing.rates`` and every unit the calls count (each a value of its own), one
+reconciled with the fast path and one with the rule only: the fast path must take exactly the
+calls that ``is_common`` names among those that settle now, and every row must be the same.
 
 A field added to an event is generated here at once; ``is_common`` is false for a call that
 carries it until the fast path declares it handled (``HANDLED``), so the property fails until
@@ -26,7 +27,7 @@ from sqlalchemy import Engine
 from typing_extensions import is_typeddict
 
 from billing.ingest.schemas import Event
-from billing.reconcile.fastpath import is_common
+from billing.reconcile.fastpath import HANDLED, is_common
 from tests.reconcile.test_reconcile_common import (
     T0,
     _ingest,
@@ -50,6 +51,8 @@ _TEXT = ["stop", "end_turn", "x:null", 'quo"te\\', "ünï cödé", "L" * 64, "M"
 _NAMED = {"model": ["m-a", "m-b"], "api_key_id": ["key-1", "key-2"]}
 _METADATA: list[dict[str, str]] = [{}, {"team": "search"}, {"ünï": "a:null", "b": ""}]
 _UNITS: list[dict[str, int]] = [{}, {"web_search_requests": 3}, {"a": 0, "b_2": 10**9}]
+#: A price (USD per unit) of every unit the calls count, none equal to another.
+UNIT_PRICES = {"web_search_requests": "0.01", "a": "0.5", "b_2": "0.000003"}
 _OFFSETS = [UTC, timezone(timedelta(hours=2)), timezone(-timedelta(hours=5, minutes=30))]
 
 
@@ -120,15 +123,17 @@ def _values(name: str, annotation: Any, metadata: list[Any]) -> st.SearchStrateg
     raise AssertionError(f"no values for the field {name!r} ({annotation!r})")
 
 
-def _fields(model: type[BaseModel]) -> st.SearchStrategy[dict[str, Any]]:
-    """A model's own fields: every required one, each optional one present or absent."""
+def _fields(model: type[BaseModel], plain: bool = False) -> st.SearchStrategy[dict[str, Any]]:
+    """A model's own fields: every required one, each optional one present or absent. ``plain``:
+    of the common shape's fields only (``HANDLED``), with an input count in a usage."""
     parts: dict[str, st.SearchStrategy[Any]] = {}
     optional: list[str] = []
+    handled = HANDLED.get(model, frozenset())
     for name, info in model.model_fields.items():
-        if name in _ENVELOPE:
+        if name in _ENVELOPE or (plain and name not in handled):
             continue
         parts[name] = _values(name, info.annotation, list(info.metadata))
-        if not info.is_required():
+        if not info.is_required() and not (plain and name == "input_tokens"):
             optional.append(name)
 
     @st.composite
@@ -147,28 +152,31 @@ _BY_TYPE = {get_args(m.model_fields["type"].annotation)[0]: m for m in MODELS}
 
 @st.composite
 def _call(draw: st.DrawFn) -> list[dict[str, Any]]:
-    """One call's events (without its ids yet): mostly the common shape, and any other event."""
+    """One call's events (without its ids yet): three in four plain (the common shape's events
+    and fields, one attempt), the others mostly that shape and any other event or field."""
+    plain = draw(st.sampled_from([True, True, True, False]))
     kinds = []
-    if draw(st.floats(0, 1)) < 0.9:
+    if plain or draw(st.floats(0, 1)) < 0.9:
         kinds.append("stream.started")
     kinds += ["stream.tokens"] * draw(st.integers(0, 3))
     if draw(st.floats(0, 1)) < 0.3:
         kinds.append("stream.client_disconnected")
-    if draw(st.floats(0, 1)) < 0.9:
+    if plain or draw(st.floats(0, 1)) < 0.9:
         kinds.append("stream.usage")
-    if draw(st.floats(0, 1)) < 0.3:
+    if not plain and draw(st.floats(0, 1)) < 0.3:
         kinds += draw(st.lists(st.sampled_from(sorted(_BY_TYPE)), min_size=1, max_size=2))
     attempt = draw(st.sampled_from([1, 1, 1, 2]))
     events = []
     for kind in kinds:
-        fields = draw(_fields(_BY_TYPE[kind]))
+        fields = draw(_fields(_BY_TYPE[kind], plain))
         when = T0 + timedelta(
             seconds=draw(st.integers(0, 600)), microseconds=draw(st.integers(0, 999_999))
         )
         stamp = when.astimezone(draw(st.sampled_from(_OFFSETS))).isoformat()
         event: dict[str, Any] = {"type": kind, "occurred_at": stamp.replace("+00:00", "Z")}
         if attempt != 1 or draw(st.booleans()):
-            event["attempt"] = draw(st.sampled_from([attempt, attempt, attempt, attempt + 1]))
+            others = [] if plain else [attempt + 1]
+            event["attempt"] = draw(st.sampled_from([attempt, attempt, attempt, *others]))
         events.append({**event, **fields})
     return events
 
@@ -227,7 +235,7 @@ def test_the_fast_path_settles_exactly_the_common_calls_as_the_rule_does(
         examples = conn.exec_driver_sql("SELECT count(*) FROM prices").scalar()
     if not examples:
         for engine in two_databases:
-            _price(engine)
+            _price(engine, unit_prices=UNIT_PRICES)
     with with_sql.connect() as conn:
         prefix = f"p{conn.exec_driver_sql('SELECT count(*) FROM calls').scalar()}"
     posted = _with_ids(calls, prefix, data)

@@ -16,12 +16,13 @@ call's row, ``p`` its price, ``f`` the gathered calls. The fragments hold no lit
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 from billing.anomalies import USAGE_MISSING
-from billing.dimensions import BUCKETS, TOKEN_FIELDS, USAGE_FIELDS
+from billing.dimensions import BUCKETS, TOKEN_FIELDS, USAGE_FIELDS, Bucket
 from billing.fields import MAX_TOKENS
 from billing.ingest.plain import PLAIN_USAGE_FIELDS, V2_USAGE_KEYS
-from billing.rates import PLAN_RATE_COLUMNS, RATE_COLUMNS
+from billing.rates import PART_OF, PLAN_RATE_COLUMNS, RATE_COLUMNS, RATES, Rate
 from billing.reconcile.ledger import ENTRY_COLUMNS
 from billing.rollups.rows import PICO
 
@@ -81,22 +82,49 @@ _DELIVERED = f"""CASE WHEN g.progress_records = 0 AND g.disconnect_seq IS NULL T
             ELSE {_SEEN_DELIVERED} END"""
 _ARRIVAL = "{greatest}(g.arrival, c.last_received_at)"
 _P_RATES = ",\n        ".join(f"p.{name} AS {name}" for name in RATE_COLUMNS)
-# The buckets whose usage field the statements decline (``DECLINED_USAGE_FIELDS``): 0 for every
-# call they settle. They come between the cache creation and the billed output in declaration
-# order (checked at import below).
-_ZERO_BUCKETS = "".join(
-    f"0 AS {b.name},\n        "
-    for b in BUCKETS
-    if b.usage is not None and b.usage not in USAGE_READ
-)
-_order = [b.name for b in BUCKETS]
-assert all(
-    _order.index("cache_creation_input_tokens")
-    < _order.index(b.name)
-    < _order.index("output_tokens_billed")
-    for b in BUCKETS
-    if b.usage is not None and b.usage not in USAGE_READ
-), "a declined bucket must sit between the cache creation and the billed output"
+#: Template (``{u}``, ``{greatest}``): each token bucket of ``billing.dimensions`` as the
+#: statements compute it for a call of the common shape: the three output buckets from the
+#: usage and the counters (above), every other bucket from its ``stream.usage`` field, and 0 for
+#: a bucket whose field the statements decline (``DECLINED_USAGE_FIELDS``: such a call is the
+#: rule's). A bucket that is none of these has no SQL: adding one fails here, at import.
+_OUTPUT = {
+    "output_tokens_billed": _BILLED,
+    "output_tokens_delivered": _DELIVERED,
+    "output_tokens_undelivered": f"({_BILLED}) - ({_DELIVERED})",
+}
+
+
+def _bucket_sql(bucket: Bucket) -> str:
+    if bucket.name in _OUTPUT:
+        return _OUTPUT[bucket.name]
+    if bucket.usage in USAGE_READ:
+        return f"{{u}}.{bucket.usage}"
+    if bucket.usage is not None:
+        return "0"
+    raise AssertionError(f"the fast path has no SQL for the bucket {bucket.name!r}")
+
+
+BUCKET_SQL: dict[str, str] = {bucket.name: _bucket_sql(bucket) for bucket in BUCKETS}
+
+
+def cost_sql(rates: Sequence[Rate] = RATES) -> str:
+    """Template (``{u}``, ``{greatest}``): the cost in exact integer picodollars of the rates
+    ``rates`` (every rate of ``billing.rates`` in the statements; tests leave one out), as
+    ``PriceRow.cost_pusd`` computes it: Σ bucket × its rate (micro-USD per million tokens is
+    picodollars per token), less each part of a bucket (``PART_OF``) at its whole's rate. A
+    bucket that is 0 in every call of the common shape adds no term."""
+    terms = [
+        f"({BUCKET_SQL[r.bucket.name]}) * p.{r.column}"
+        for r in rates
+        if BUCKET_SQL[r.bucket.name] != "0"
+    ]
+    for part, whole in PART_OF:
+        if RATES[part] in rates and BUCKET_SQL[RATES[part].bucket.name] != "0":
+            terms.append(f"- ({BUCKET_SQL[RATES[part].bucket.name]}) * p.{RATES[whole].column}")
+    return "\n            + ".join(terms).replace("+ -", "-")
+
+
+_TOKEN_COLUMNS = ",\n        ".join(f"{BUCKET_SQL[name]} AS {name}" for name in TOKEN_FIELDS)
 
 #: Template (``{u}``, ``{greatest}``): a gathered call's columns, in the order of SQLite's
 #: ``scratch.reconcile_common`` (``TOKEN_FIELDS`` and ``RATE_COLUMNS`` among them); the cost in
@@ -108,20 +136,11 @@ SETTLE_COLUMNS = f"""g.request_id AS request_id, c.api_key_id AS api_key_id, c.m
         g.started_at AS started_at, g.ended_at AS ended_at,
         {_ARRIVAL} AS arrival,
         {{u}}.source AS usage_source,
-        {{u}}.input_tokens AS input_tokens,
-        {{u}}.cache_read_input_tokens AS cache_read_input_tokens,
-        {{u}}.cache_creation_input_tokens AS cache_creation_input_tokens,
-        {_ZERO_BUCKETS}{_BILLED} AS output_tokens_billed,
-        {_DELIVERED} AS output_tokens_delivered,
-        ({_BILLED}) - ({_DELIVERED}) AS output_tokens_undelivered,
-        {{u}}.reasoning_tokens AS reasoning_tokens,
+        {_TOKEN_COLUMNS},
         {{u}}.stop_reason AS stop_reason,
         p.id AS price_id,
         {_P_RATES},
-        {{u}}.input_tokens * p.input_uusd_per_mtok
-            + {{u}}.cache_read_input_tokens * p.cache_read_uusd_per_mtok
-            + {{u}}.cache_creation_input_tokens * p.cache_creation_uusd_per_mtok
-            + ({_BILLED}) * p.output_uusd_per_mtok AS cost_pusd"""
+        {cost_sql()} AS cost_pusd"""
 
 
 #: Template (``{u}``): every ``stream.usage`` token count (``USAGE_FIELDS``) in range.
