@@ -57,6 +57,17 @@ _SPEND = select(
 )
 
 
+def _summed(
+    session: Session, amount: Any, owner: Any, started: Any, start: datetime, end: datetime | None
+) -> int:
+    """The sum of ``amount`` over the rows of ``owner`` whose ``started`` is in ``[start, end)``
+    (no end: from ``start`` on); 0 for none."""
+    query = select(func.coalesce(func.sum(amount), 0)).where(owner, started >= start)
+    if end is not None:
+        query = query.where(started < end)
+    return int(session.scalar(query) or 0)
+
+
 class Counters(DialectBase):
     """The counters' reads and writes."""
 
@@ -129,12 +140,7 @@ class Counters(DialectBase):
     ) -> int:
         column, value = scope
         amount = _L[AMOUNT_COLUMNS[measure]]
-        query = select(func.coalesce(func.sum(amount), 0)).where(
-            _L[column] == value, _L.call_started_at >= start
-        )
-        if end is not None:
-            query = query.where(_L.call_started_at < end)
-        return int(session.scalar(query) or 0)
+        return _summed(session, amount, _L[column] == value, _L.call_started_at, start, end)
 
     def provisional_of(
         self,
@@ -146,12 +152,8 @@ class Counters(DialectBase):
     ) -> int:
         column, value = scope
         amount = getattr(BudgetOpenCall, measure + "_pusd")
-        query = select(func.coalesce(func.sum(amount), 0)).where(
-            getattr(BudgetOpenCall, column) == value, BudgetOpenCall.started_at >= start
-        )
-        if end is not None:
-            query = query.where(BudgetOpenCall.started_at < end)
-        return int(session.scalar(query) or 0)
+        owner = getattr(BudgetOpenCall, column) == value
+        return _summed(session, amount, owner, BudgetOpenCall.started_at, start, end)
 
     def refresh_open(self, session: Session, scope: Scope) -> None:
         column, value = scope

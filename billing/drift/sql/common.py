@@ -1,11 +1,14 @@
 """What the drift's SQL shares on both databases: how a period is read (which spans from
-``drift_rollups``, which from ``calls``)."""
+``drift_rollups``, which from ``calls``: ``spans``, ``SqlDrift``)."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from billing.drift.rows import Grain, Span
+from sqlalchemy.orm import Session
+
+from billing.drift.rows import Grain, OursRow, Span
 from billing.rollups.rows import DAY, HOUR
 
 
@@ -37,3 +40,38 @@ def spans(
         return ragged, (first, end), [(HOUR, (first, end))]
     hours = [(HOUR, (a, b)) for a, b in ((first, day_first), (day_end, end)) if a < b]
     return ragged, (first, end), [(DAY, (day_first, day_end)), *hours]
+
+
+class SqlDrift:
+    """``DriftRepository`` over a database's two reads of a span: the rollup's rows at a level
+    (``read_rollup``) and the calls (``read_calls``: those ``drift_rollups`` does not hold, or
+    every call of a ragged span)."""
+
+    def read_rollup(
+        self, conn: Any, grain: Grain, level: int, span: Span, provider: str | None
+    ) -> list[OursRow]:
+        raise NotImplementedError
+
+    def read_calls(
+        self, conn: Any, grain: Grain, unrolled: bool, span: Span, provider: str | None
+    ) -> list[OursRow]:
+        raise NotImplementedError
+
+    def ours(
+        self,
+        session: Session,
+        since: datetime,
+        until: datetime,
+        provider: str | None,
+        grain: Grain,
+    ) -> list[OursRow]:
+        conn = session.connection()
+        ragged, whole, rolled = spans(since, until, grain)
+        rows: list[OursRow] = []
+        for level, span in rolled:
+            rows += self.read_rollup(conn, grain, level, span, provider)
+        if whole is not None:
+            rows += self.read_calls(conn, grain, True, whole, provider)
+        for span in ragged:
+            rows += self.read_calls(conn, grain, False, span, provider)
+        return rows

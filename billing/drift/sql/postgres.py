@@ -9,13 +9,10 @@ and the ragged part of an hour at either end from calls by start. The slot is wr
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
-from sqlalchemy.orm import Session
-
-from billing.drift.rows import Grain, OursRow
-from billing.drift.sql.common import spans
+from billing.drift.rows import Grain, OursRow, Span
+from billing.drift.sql.common import SqlDrift
 from billing.rollups.rows import PICO
 
 #: The ``OursRow`` text of a slot, per grain.
@@ -74,28 +71,18 @@ def _ours(rows: Any, grain: Grain) -> list[OursRow]:
     ]
 
 
-class PostgresDrift:
-    """``DriftRepository`` on PostgreSQL."""
+class PostgresDrift(SqlDrift):
+    """``DriftRepository`` on PostgreSQL: the grain written into the statements."""
 
-    def ours(
-        self,
-        session: Session,
-        since: datetime,
-        until: datetime,
-        provider: str | None,
-        grain: Grain,
+    def read_rollup(
+        self, conn: Any, grain: Grain, level: int, span: Span, provider: str | None
     ) -> list[OursRow]:
-        conn = session.connection()
-        ragged, whole, rolled = spans(since, until, grain)
-        rows: list[OursRow] = []
-        for level, (start, end) in rolled:
-            params = {"since": start, "until": end, "provider": provider, "level": level}
-            sql = FROM_ROLLUP.replace("{grain}", grain)
-            rows += _ours(conn.exec_driver_sql(sql, params), grain)
-        spans_of_calls = [(UNROLLED, whole)] if whole is not None else []
-        spans_of_calls += [(EVERY_CALL, span) for span in ragged]
-        for statement, (start, end) in spans_of_calls:
-            params = {"since": start, "until": end, "provider": provider}
-            sql = statement.replace("{grain}", grain)
-            rows += _ours(conn.exec_driver_sql(sql, params), grain)
-        return rows
+        params = {"since": span[0], "until": span[1], "provider": provider, "level": level}
+        return _ours(conn.exec_driver_sql(FROM_ROLLUP.replace("{grain}", grain), params), grain)
+
+    def read_calls(
+        self, conn: Any, grain: Grain, unrolled: bool, span: Span, provider: str | None
+    ) -> list[OursRow]:
+        statement = (UNROLLED if unrolled else EVERY_CALL).replace("{grain}", grain)
+        params = {"since": span[0], "until": span[1], "provider": provider}
+        return _ours(conn.exec_driver_sql(statement, params), grain)

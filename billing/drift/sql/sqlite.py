@@ -10,13 +10,10 @@ due queries (the calls not settled) and ``usage_rollup_keyless`` (the settled on
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
-from sqlalchemy.orm import Session
-
-from billing.drift.rows import Grain, OursRow
-from billing.drift.sql.common import spans
+from billing.drift.rows import Grain, OursRow, Span
+from billing.drift.sql.common import SqlDrift
 from billing.rollups.rows import PICO
 from billing.storage.types import sqlite_text
 
@@ -86,27 +83,18 @@ def _ours(rows: Any) -> list[OursRow]:
     return [OursRow._make((*row[:10], row[10] * PICO + row[11], row[12])) for row in rows]
 
 
-class SqliteDrift:
-    """``DriftRepository`` on SQLite."""
+class SqliteDrift(SqlDrift):
+    """``DriftRepository`` on SQLite: spans bound as stored text."""
 
-    def ours(
-        self,
-        session: Session,
-        since: datetime,
-        until: datetime,
-        provider: str | None,
-        grain: Grain,
+    def read_rollup(
+        self, conn: Any, grain: Grain, level: int, span: Span, provider: str | None
     ) -> list[OursRow]:
-        conn = session.connection()
-        ragged, whole, rolled = spans(since, until, grain)
-        rows: list[OursRow] = []
-        for level, (start, end) in rolled:
-            params = (sqlite_text(start), sqlite_text(end), provider, level)
-            rows += _ours(conn.exec_driver_sql(FROM_ROLLUP[grain], params))
-        if whole is not None:
-            params3 = (sqlite_text(whole[0]), sqlite_text(whole[1]), provider)
-            rows += _ours(conn.exec_driver_sql(UNROLLED[grain], params3))
-        for start, end in ragged:
-            params3 = (sqlite_text(start), sqlite_text(end), provider)
-            rows += _ours(conn.exec_driver_sql(EVERY_CALL[grain], params3))
-        return rows
+        params = (sqlite_text(span[0]), sqlite_text(span[1]), provider, level)
+        return _ours(conn.exec_driver_sql(FROM_ROLLUP[grain], params))
+
+    def read_calls(
+        self, conn: Any, grain: Grain, unrolled: bool, span: Span, provider: str | None
+    ) -> list[OursRow]:
+        statement = (UNROLLED if unrolled else EVERY_CALL)[grain]
+        params = (sqlite_text(span[0]), sqlite_text(span[1]), provider)
+        return _ours(conn.exec_driver_sql(statement, params))

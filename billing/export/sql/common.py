@@ -1,12 +1,18 @@
-"""The columns both databases' export statements read, derived once from the dimensions and
-the rates (the v1 exports' columns; a v2 export adds ledger columns by name)."""
+"""What both databases' export statements share: the columns they read, derived once from the
+dimensions and the rates (the v1 exports' columns; a v2 export adds ledger columns by name), and
+``SqlExport``, the repository over a database's statements, period and cursor."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from datetime import datetime
+from typing import Any, ClassVar
+
+from sqlalchemy.orm import Session
 
 from billing.dimensions import V1_TOKEN_FIELDS
 from billing.rates import V1_RATES
+from billing.storage.rawcursor import fetch_chunks
 
 #: The token columns of the v1 exports, and as decimal text (the database writes integers faster
 #: than Python does).
@@ -22,3 +28,59 @@ LEDGER_PRICES = ", ".join(r.column for r in V1_RATES)
 def extra_columns(sources: Sequence[str]) -> str:
     """``, a, b`` for the ledger columns ``sources`` a v2 export adds (empty for none)."""
     return "".join(f", {name}" for name in sources)
+
+
+class SqlExport:
+    """``ExportRepository`` over a database's statements (``COUNT``, ``TOTALS``, and ``CALLS`` /
+    ``USAGE`` with their ``{extra}`` columns), its parameters of a period (``period``), the
+    DB-API cursor its chunked reads use (``cursor``) and how the chunks are handed on (``read``,
+    as they are unless a database reads ahead)."""
+
+    COUNT: ClassVar[str]
+    TOTALS: ClassVar[str]
+    CALLS: ClassVar[str]
+    USAGE: ClassVar[str]
+
+    def period(self, since: datetime, until: datetime) -> Any:
+        raise NotImplementedError
+
+    def cursor(self, driver: Any) -> Any:
+        raise NotImplementedError
+
+    def read(self, chunks: Iterator[list[Any]]) -> Iterator[list[Any]]:
+        return chunks
+
+    def count(self, session: Session, since: datetime, until: datetime) -> int:
+        bound = self.period(since, until)
+        return int(session.connection().exec_driver_sql(self.COUNT, bound).one()[0])
+
+    def totals(self, session: Session, since: datetime, until: datetime) -> Sequence[Any]:
+        return session.connection().exec_driver_sql(self.TOTALS, self.period(since, until)).one()
+
+    def calls_chunks(
+        self,
+        session: Session,
+        since: datetime,
+        until: datetime,
+        size: int,
+        extra: Sequence[str] = (),
+    ) -> Iterator[list[Any]]:
+        statement = self.CALLS.replace("{extra}", extra_columns(extra))
+        return self.read(self._chunks(session, statement, since, until, size))
+
+    def usage_chunks(
+        self,
+        session: Session,
+        since: datetime,
+        until: datetime,
+        size: int,
+        extra: Sequence[str] = (),
+    ) -> Iterator[list[Any]]:
+        statement = self.USAGE.replace("{extra}", extra_columns(extra))
+        return self.read(self._chunks(session, statement, since, until, size))
+
+    def _chunks(
+        self, session: Session, statement: str, since: datetime, until: datetime, size: int
+    ) -> Iterator[list[Any]]:
+        bound = self.period(since, until)
+        return fetch_chunks(session.connection(), self.cursor, statement, bound, size)

@@ -8,21 +8,18 @@ their own: the server prepares the next chunk while Python formats this one.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from datetime import datetime
 from queue import Full, Queue
 from typing import Any
-
-from sqlalchemy.orm import Session
 
 from billing.export.sql.common import (
     EXPORT_TOKEN_SUMS,
     EXPORT_TOKENS,
     LEDGER_PRICES,
     TOKENS_AS_TEXT,
-    extra_columns,
+    SqlExport,
 )
-from billing.storage.rawcursor import fetch_chunks
 
 _PERIOD = "FROM ledger_entries WHERE booked_at >= %(since)s AND booked_at < %(until)s"
 
@@ -51,54 +48,19 @@ USAGE = (
 _READ_AHEAD = 2
 
 
-class PostgresExport:
-    """``ExportRepository`` on PostgreSQL."""
+class PostgresExport(SqlExport):
+    """``ExportRepository`` on PostgreSQL: a named (server-side) cursor, read ahead."""
 
-    def count(self, session: Session, since: datetime, until: datetime) -> int:
-        bound = {"since": since, "until": until}
-        return int(session.connection().exec_driver_sql(COUNT, bound).one()[0])
+    COUNT, TOTALS, CALLS, USAGE = COUNT, TOTALS, CALLS, USAGE
 
-    def totals(self, session: Session, since: datetime, until: datetime) -> Sequence[Any]:
-        bound = {"since": since, "until": until}
-        return session.connection().exec_driver_sql(TOTALS, bound).one()
+    def period(self, since: datetime, until: datetime) -> dict[str, datetime]:
+        return {"since": since, "until": until}
 
-    def calls_chunks(
-        self,
-        session: Session,
-        since: datetime,
-        until: datetime,
-        size: int,
-        extra: Sequence[str] = (),
-    ) -> Iterator[list[Any]]:
-        return _prefetched(
-            self._chunks(
-                session, CALLS.replace("{extra}", extra_columns(extra)), since, until, size
-            )
-        )
+    def cursor(self, driver: Any) -> Any:
+        return driver.cursor(name="billing_export", binary=True)
 
-    def usage_chunks(
-        self,
-        session: Session,
-        since: datetime,
-        until: datetime,
-        size: int,
-        extra: Sequence[str] = (),
-    ) -> Iterator[list[Any]]:
-        return _prefetched(
-            self._chunks(
-                session, USAGE.replace("{extra}", extra_columns(extra)), since, until, size
-            )
-        )
-
-    def _chunks(
-        self, session: Session, statement: str, since: datetime, until: datetime, size: int
-    ) -> Iterator[list[Any]]:
-        bound = {"since": since, "until": until}
-        return fetch_chunks(session.connection(), _named_cursor, statement, bound, size)
-
-
-def _named_cursor(driver: Any) -> Any:
-    return driver.cursor(name="billing_export", binary=True)
+    def read(self, chunks: Iterator[list[Any]]) -> Iterator[list[Any]]:
+        return _prefetched(chunks)
 
 
 _DONE = object()

@@ -8,20 +8,16 @@ cursor is lazy: the rows are read as they are fetched.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
-
-from sqlalchemy.orm import Session
 
 from billing.export.sql.common import (
     EXPORT_TOKEN_SUMS,
     EXPORT_TOKENS,
     LEDGER_PRICES,
     TOKENS_AS_TEXT,
-    extra_columns,
+    SqlExport,
 )
-from billing.storage.rawcursor import fetch_chunks
 from billing.storage.types import sqlite_text
 
 _PERIOD = "FROM ledger_entries WHERE booked_at >= ? AND booked_at < ?"
@@ -49,50 +45,13 @@ USAGE = (
 )
 
 
-def _period(since: datetime, until: datetime) -> tuple[str, str]:
-    return sqlite_text(since), sqlite_text(until)
+class SqliteExport(SqlExport):
+    """``ExportRepository`` on SQLite: the period bound as stored text, a plain cursor."""
 
+    COUNT, TOTALS, CALLS, USAGE = COUNT, TOTALS, CALLS, USAGE
 
-class SqliteExport:
-    """``ExportRepository`` on SQLite."""
+    def period(self, since: datetime, until: datetime) -> tuple[str, str]:
+        return sqlite_text(since), sqlite_text(until)
 
-    def count(self, session: Session, since: datetime, until: datetime) -> int:
-        row = session.connection().exec_driver_sql(COUNT, _period(since, until)).one()
-        return int(row[0])
-
-    def totals(self, session: Session, since: datetime, until: datetime) -> Sequence[Any]:
-        return session.connection().exec_driver_sql(TOTALS, _period(since, until)).one()
-
-    def calls_chunks(
-        self,
-        session: Session,
-        since: datetime,
-        until: datetime,
-        size: int,
-        extra: Sequence[str] = (),
-    ) -> Iterator[list[Any]]:
-        return self._chunks(
-            session, CALLS.replace("{extra}", extra_columns(extra)), since, until, size
-        )
-
-    def usage_chunks(
-        self,
-        session: Session,
-        since: datetime,
-        until: datetime,
-        size: int,
-        extra: Sequence[str] = (),
-    ) -> Iterator[list[Any]]:
-        return self._chunks(
-            session, USAGE.replace("{extra}", extra_columns(extra)), since, until, size
-        )
-
-    def _chunks(
-        self, session: Session, statement: str, since: datetime, until: datetime, size: int
-    ) -> Iterator[list[Any]]:
-        bound = _period(since, until)
-        return fetch_chunks(session.connection(), _cursor, statement, bound, size)
-
-
-def _cursor(driver: Any) -> Any:
-    return driver.cursor()
+    def cursor(self, driver: Any) -> Any:
+        return driver.cursor()

@@ -15,24 +15,21 @@ from sqlalchemy import ColumnElement, func, literal_column
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
-from billing.anomalies import STARTED_MISSING
 from billing.rollups.buckets import DAY, HOUR, MONTH, QUARTER
-from billing.rollups.rows import (
-    BOOKED,
-    CALL_START,
-    PICO,
-    ROLLUP_SUMMED,
-    RollupKey,
-    RollupSums,
-    Rows,
-)
 from billing.rollups.rows import (
     DAY as DRIFT_DAY,
 )
 from billing.rollups.rows import (
     HOUR as DRIFT_HOUR,
 )
-from billing.rollups.sql.common import COUNT_SUMS, TOKEN_SUMS, TOKENS, DriftCore, added_on_conflict
+from billing.rollups.rows import (
+    PICO,
+    ROLLUP_SUMMED,
+    RollupKey,
+    RollupSums,
+    Rows,
+)
+from billing.rollups.sql.common import DriftCore, added_on_conflict, rebuild_statements
 
 _SUMMED = ROLLUP_SUMMED
 _KEY_TYPES = {"level": "int2", "bucket_start": "timestamptz"}
@@ -84,81 +81,17 @@ def _text(expression: ColumnElement[Any]) -> str:
     return str(expression.compile(dialect=_DIALECT, compile_kwargs={"literal_binds": True}))
 
 
-_KEYLESS = f"CAST(anomalies AS TEXT) LIKE '%%\"{STARTED_MISSING}\"%%'"
-_QUARTER_OF_AT = _text(floor_sql(QUARTER, literal_column("at")))
-
-
-def _split(column: str) -> str:
-    """The whole dollars and picodollars of the signed sum of ``column`` (null as 0)."""
-    total = f"sum(coalesce({column}, 0))"
-    return (
-        f"({total} - ({total} %% {PICO} + {PICO}) %% {PICO}) / {PICO}, "
-        f"({total} %% {PICO} + {PICO}) %% {PICO}"
-    )
-
-
-def _carried(money: str) -> str:
-    """The sums of ``money``'s whole and fraction columns, the fraction's carry moved."""
-    frac = f"sum({money}_frac_pusd)"
-    return f"sum({money}_whole_usd) + ({frac} - {frac} %% {PICO}) / {PICO}, {frac} %% {PICO}"
-
-
-EMPTY = (
-    "DELETE FROM usage_rollups",
-    "DELETE FROM usage_rollups_all_keys",
-    "DELETE FROM usage_rollup_keyless",
-)
-#: Settled calls (call_start) and ledger entries (booked), summed per 15-minute bucket; the cost
-#: split into whole dollars and picodollars of a signed sum.
-REBUILD_QUARTERS = (
-    f"INSERT INTO usage_rollups (basis, api_key_id, level, bucket_start, model, customer_id, "
-    f"{', '.join(_SUMMED)}) "
-    f"SELECT basis, api_key_id, {QUARTER}, {_QUARTER_OF_AT}, model, customer_id, count(*), "
-    f"sum(calls), {TOKEN_SUMS}, sum(CASE WHEN cost_pusd IS NULL THEN 1 ELSE 0 END), "
-    "sum(CASE WHEN charge_pusd IS NULL THEN 1 ELSE 0 END), "
-    f"(sum(coalesce(cost_pusd, 0)) - (sum(coalesce(cost_pusd, 0)) %% {PICO} + {PICO}) "
-    f"%% {PICO}) / {PICO}, (sum(coalesce(cost_pusd, 0)) %% {PICO} + {PICO}) %% {PICO}, "
-    f"{_split('charge_pusd')} "
-    f"FROM (SELECT '{CALL_START}' AS basis, started_at AS at, "
-    f"CASE WHEN {_KEYLESS} THEN '' ELSE coalesce(api_key_id, '') END AS api_key_id, "
-    f"CASE WHEN {_KEYLESS} THEN '' ELSE coalesce(model, '') END AS model, "
-    f"CASE WHEN {_KEYLESS} THEN '' ELSE coalesce(customer_id, '') END AS customer_id, 1 AS calls, "
-    f"{TOKENS}, cost_pusd, charge_pusd FROM calls WHERE settled IS true AND started_at IS NOT NULL "
-    f"UNION ALL SELECT '{BOOKED}', booked_at, coalesce(api_key_id, ''), coalesce(model, ''), "
-    f"coalesce(customer_id, ''), CASE WHEN kind = 'settlement' THEN 1 ELSE 0 END, {TOKENS}, "
-    "cost_pusd, charge_pusd "
-    "FROM ledger_entries) AS source GROUP BY basis, api_key_id, 4, model, customer_id"
-)
-#: Per coarser level: the quarters summed into its buckets.
-REBUILD_LEVELS = {
-    level: (
-        f"INSERT INTO usage_rollups (basis, api_key_id, level, bucket_start, model, customer_id, "
-        f"{', '.join(_SUMMED)}) SELECT basis, api_key_id, {level}, "
-        f"{_text(floor_sql(level, literal_column('bucket_start')))}, model, customer_id, "
-        f"{COUNT_SUMS}, {_carried('cost')}, {_carried('charge')} "
-        f"FROM usage_rollups WHERE level = {QUARTER} "
-        "GROUP BY basis, api_key_id, 4, model, customer_id"
-    )
-    for level in (HOUR, DAY, MONTH)
-}
-REBUILD_ALL_KEYS = (
-    f"INSERT INTO usage_rollups_all_keys (basis, level, bucket_start, model, "
-    f"{', '.join(_SUMMED)}) SELECT basis, level, bucket_start, model, {COUNT_SUMS}, "
-    f"{_carried('cost')}, {_carried('charge')} "
-    "FROM usage_rollups GROUP BY basis, level, bucket_start, model"
-)
-REBUILD_KEYLESS = (
-    "INSERT INTO usage_rollup_keyless (request_id, started_at) SELECT request_id, started_at "
-    f"FROM calls WHERE settled IS true AND started_at IS NOT NULL AND {_KEYLESS}"
-)
-
-
 def _columns(rows: Sequence[tuple[Any, ...]]) -> tuple[list[Any], ...]:
     return tuple(list(column) for column in zip(*rows, strict=True))
 
 
 #: ``rebuild``: empty the rollup tables, then fill them again from the calls and the ledger.
-REBUILD = (*EMPTY, REBUILD_QUARTERS, *REBUILD_LEVELS.values(), REBUILD_ALL_KEYS, REBUILD_KEYLESS)
+def _floor(level: int, column: str) -> str:
+    return _text(floor_sql(level, literal_column(column)))
+
+
+#: ``rebuild``: empty the rollup tables, then fill them again from the calls and the ledger.
+REBUILD = rebuild_statements("%%", "true", _floor)
 
 
 # -- the drift's rollup (``billing.rollups.drift``) ------------------------------------------

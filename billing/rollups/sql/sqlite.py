@@ -16,24 +16,21 @@ from sqlalchemy import ColumnElement, String, case, cast, func, literal_column
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.orm import Session
 
-from billing.anomalies import STARTED_MISSING
-from billing.rollups.buckets import DAY, HOUR, MONTH, QUARTER
-from billing.rollups.rows import (
-    BOOKED,
-    CALL_START,
-    PICO,
-    ROLLUP_SUMMED,
-    RollupKey,
-    RollupSums,
-    Rows,
-)
+from billing.rollups.buckets import DAY, HOUR, QUARTER
 from billing.rollups.rows import (
     DAY as DRIFT_DAY,
 )
 from billing.rollups.rows import (
     HOUR as DRIFT_HOUR,
 )
-from billing.rollups.sql.common import COUNT_SUMS, TOKEN_SUMS, TOKENS, DriftCore, added_on_conflict
+from billing.rollups.rows import (
+    PICO,
+    ROLLUP_SUMMED,
+    RollupKey,
+    RollupSums,
+    Rows,
+)
+from billing.rollups.sql.common import DriftCore, added_on_conflict, rebuild_statements
 from billing.storage.lists import CHUNK, with_ids
 from billing.storage.types import cached_sqlite_text
 
@@ -85,74 +82,6 @@ def _text(expression: ColumnElement[Any]) -> str:
 
 
 _DIALECT = sqlite.dialect()
-_AT: ColumnElement[Any] = literal_column("at")
-_BUCKET_START: ColumnElement[Any] = literal_column("bucket_start")
-_QUARTER_OF_AT = _text(floor_sql(QUARTER, _AT))
-_KEYLESS = f"CAST(anomalies AS TEXT) LIKE '%\"{STARTED_MISSING}\"%'"
-
-
-def _split(column: str) -> str:
-    """The whole dollars and picodollars of the signed sum of ``column`` (null as 0)."""
-    total = f"sum(coalesce({column}, 0))"
-    return (
-        f"({total} - ({total} % {PICO} + {PICO}) % {PICO}) / {PICO}, "
-        f"({total} % {PICO} + {PICO}) % {PICO}"
-    )
-
-
-def _carried(money: str) -> str:
-    """The sums of ``money``'s whole and fraction columns, the fraction's carry moved."""
-    frac = f"sum({money}_frac_pusd)"
-    return f"sum({money}_whole_usd) + ({frac} - {frac} % {PICO}) / {PICO}, {frac} % {PICO}"
-
-
-EMPTY = (
-    "DELETE FROM usage_rollups",
-    "DELETE FROM usage_rollups_all_keys",
-    "DELETE FROM usage_rollup_keyless",
-)
-#: Settled calls (call_start) and ledger entries (booked), summed per 15-minute bucket; the cost
-#: split into whole dollars and picodollars of a signed sum.
-REBUILD_QUARTERS = (
-    "INSERT INTO usage_rollups (basis, api_key_id, level, bucket_start, model, customer_id, "
-    f"{_SUMMED}) "
-    f"SELECT basis, api_key_id, {QUARTER}, {_QUARTER_OF_AT}, model, customer_id, count(*), "
-    f"sum(calls), {TOKEN_SUMS}, sum(CASE WHEN cost_pusd IS NULL THEN 1 ELSE 0 END), "
-    "sum(CASE WHEN charge_pusd IS NULL THEN 1 ELSE 0 END), "
-    f"(sum(coalesce(cost_pusd, 0)) - (sum(coalesce(cost_pusd, 0)) % {PICO} + {PICO}) % {PICO}) "
-    f"/ {PICO}, (sum(coalesce(cost_pusd, 0)) % {PICO} + {PICO}) % {PICO}, "
-    f"{_split('charge_pusd')} "
-    f"FROM (SELECT '{CALL_START}' AS basis, started_at AS at, "
-    f"CASE WHEN {_KEYLESS} THEN '' ELSE coalesce(api_key_id, '') END AS api_key_id, "
-    f"CASE WHEN {_KEYLESS} THEN '' ELSE coalesce(model, '') END AS model, "
-    f"CASE WHEN {_KEYLESS} THEN '' ELSE coalesce(customer_id, '') END AS customer_id, 1 AS calls, "
-    f"{TOKENS}, cost_pusd, charge_pusd FROM calls WHERE settled IS 1 AND started_at IS NOT NULL "
-    f"UNION ALL SELECT '{BOOKED}', booked_at, coalesce(api_key_id, ''), coalesce(model, ''), "
-    f"coalesce(customer_id, ''), CASE WHEN kind = 'settlement' THEN 1 ELSE 0 END, {TOKENS}, "
-    "cost_pusd, charge_pusd "
-    "FROM ledger_entries) GROUP BY basis, api_key_id, 4, model, customer_id"
-)
-#: Per coarser level: the quarters summed into its buckets.
-REBUILD_LEVELS = {
-    level: (
-        "INSERT INTO usage_rollups (basis, api_key_id, level, bucket_start, model, customer_id, "
-        f"{_SUMMED}) "
-        f"SELECT basis, api_key_id, {level}, {_text(floor_sql(level, _BUCKET_START))}, model, "
-        f"customer_id, {COUNT_SUMS}, {_carried('cost')}, {_carried('charge')} "
-        f"FROM usage_rollups WHERE level = {QUARTER} "
-        "GROUP BY basis, api_key_id, 4, model, customer_id"
-    )
-    for level in (HOUR, DAY, MONTH)
-}
-REBUILD_ALL_KEYS = (
-    f"INSERT INTO usage_rollups_all_keys (basis, level, bucket_start, model, {_SUMMED}) "
-    f"SELECT basis, level, bucket_start, model, {COUNT_SUMS}, {_carried('cost')}, "
-    f"{_carried('charge')} FROM usage_rollups GROUP BY basis, level, bucket_start, model"
-)
-REBUILD_KEYLESS = (
-    "INSERT INTO usage_rollup_keyless (request_id, started_at) SELECT request_id, started_at "
-    f"FROM calls WHERE settled IS 1 AND started_at IS NOT NULL AND {_KEYLESS}"
-)
 
 
 def _json_list(values: Sequence[str]) -> str:
@@ -163,8 +92,12 @@ def _instant(text: str) -> datetime:
     return datetime.fromisoformat(text).replace(tzinfo=UTC)
 
 
+def _floor(level: int, column: str) -> str:
+    return _text(floor_sql(level, literal_column(column)))
+
+
 #: ``rebuild``: empty the rollup tables, then fill them again from the calls and the ledger.
-REBUILD = (*EMPTY, REBUILD_QUARTERS, *REBUILD_LEVELS.values(), REBUILD_ALL_KEYS, REBUILD_KEYLESS)
+REBUILD = rebuild_statements("%", "1", _floor)
 
 
 # -- the drift's rollup (``billing.rollups.drift``) ------------------------------------------
