@@ -44,7 +44,7 @@ JSON ``null`` in the usage) — where the rule decides (and refuses what it refu
 call with a SQLite library too old for ``UPDATE … FROM``.
 
 ``HANDLED`` declares the event types and fields the statements read; ``is_common`` states the
-shape in Python. ``tests/reconcile/test_reconcile_common_property.py`` generates calls from the
+shape in Python. ``tests/reconcile/test_fastpath_property.py`` generates calls from the
 event schemas and requires that the database settles exactly the calls ``is_common`` names, with the
 same rows as the rule: an event field outside ``HANDLED`` makes ``is_common`` false, so a field
 added to an event fails that property until the statements handle it (and ``HANDLED`` says so)

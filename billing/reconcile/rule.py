@@ -9,7 +9,7 @@ count delivered its billed output; anomalies a gateway reports in the usage are 
 the call.
 
 This is the rule. ``billing.reconcile.fastpath`` restates it in SQL for the most frequent shape of
-call (``is_common``); ``tests/reconcile/test_reconcile_common_property.py`` proves the two agree
+call (``is_common``); ``tests/reconcile/test_fastpath_property.py`` proves the two agree
 over calls generated from the event schemas, on SQLite and PostgreSQL.
 """
 

@@ -28,7 +28,7 @@ from typing_extensions import is_typeddict
 
 from billing.ingest.schemas import Event
 from billing.reconcile.fastpath import HANDLED, is_common
-from tests.reconcile.test_reconcile_common import (
+from tests.reconcile.test_fastpath import (
     T0,
     _ingest,
     _price,
@@ -47,7 +47,7 @@ _ADAPTER: TypeAdapter[Any] = TypeAdapter(Event)
 #: the fast path looks for in a usage body, JSON-escaped characters, non-ASCII, the longest.
 _TEXT = ["stop", "end_turn", "x:null", 'quo"te\\', "ünï cödé", "L" * 64, "M" * 256]
 #: Names the schemas give a meaning to: the models are priced
-#: (tests.reconcile.test_reconcile_common).
+#: (tests.reconcile.test_fastpath).
 _NAMED = {"model": ["m-a", "m-b"], "api_key_id": ["key-1", "key-2"]}
 _METADATA: list[dict[str, str]] = [{}, {"team": "search"}, {"ünï": "a:null", "b": ""}]
 _UNITS: list[dict[str, int]] = [{}, {"web_search_requests": 3}, {"a": 0, "b_2": 10**9}]
