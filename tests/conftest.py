@@ -26,6 +26,7 @@ from billing.api.app import create_app
 from billing.settings import Settings
 from billing.storage.migrate import upgrade_to_head
 from billing.storage.models import Base
+from tests.cli_runs import WAYS
 
 # Property tests check values, not speed: no per-example deadline (Hypothesis' default of 200 ms
 # failed a pure-function example on a loaded machine; speed is measured in bench/).
@@ -87,6 +88,14 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     path = tmp_path / "billing.db"
     shutil.copyfile(template, path)
     yield f"sqlite:///{path}"
+
+
+@pytest.fixture(params=WAYS)
+def cli_way(request: pytest.FixtureRequest) -> str:
+    """How the test runs ``billing`` commands (``tests.cli_runs.run_billing``): in process, or in
+    a subprocess (slow)."""
+    way: str = request.param
+    return way
 
 
 @pytest.fixture
