@@ -62,10 +62,30 @@ def _sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def _pg_migrated() -> str:
+def _pg_migrated() -> Iterator[str]:
+    """The PostgreSQL database of this run at the migration head: ``BILLING_TEST_DATABASE_URL``'s
+    own in a serial run; under pytest-xdist, one per worker beside it (``<name>_gw0``, …), made
+    here and dropped at the end, since each test empties the database it is given."""
     assert PG_URL is not None
-    upgrade_to_head(PG_URL)
-    return PG_URL
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        upgrade_to_head(PG_URL)
+        yield PG_URL
+        return
+    url = make_url(PG_URL)
+    name = f"{url.database}_{worker}"
+    admin = create_engine(pg_admin_url(PG_URL), isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        own = url.set(database=name).render_as_string(hide_password=False)
+        upgrade_to_head(own)
+        yield own
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
 
 
 def _truncate_pg(url: str) -> None:
