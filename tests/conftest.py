@@ -26,6 +26,7 @@ from billing.server.app import create_app
 from billing.settings import Settings
 from billing.storage.migrate import upgrade_to_head
 from billing.storage.models import Base
+from tests.cli_runs import WAYS
 
 # Property tests check values, not speed: no per-example deadline (Hypothesis' default of 200 ms
 # failed a pure-function example on a loaded machine; speed is measured in bench/).
@@ -61,10 +62,30 @@ def _sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def _pg_migrated() -> str:
+def _pg_migrated() -> Iterator[str]:
+    """The PostgreSQL database of this run at the migration head: ``BILLING_TEST_DATABASE_URL``'s
+    own in a serial run; under pytest-xdist, one per worker beside it (``<name>_gw0``, …), made
+    here and dropped at the end, since each test empties the database it is given."""
     assert PG_URL is not None
-    upgrade_to_head(PG_URL)
-    return PG_URL
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        upgrade_to_head(PG_URL)
+        yield PG_URL
+        return
+    url = make_url(PG_URL)
+    name = f"{url.database}_{worker}"
+    admin = create_engine(pg_admin_url(PG_URL), isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        own = url.set(database=name).render_as_string(hide_password=False)
+        upgrade_to_head(own)
+        yield own
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
 
 
 def _truncate_pg(url: str) -> None:
@@ -87,6 +108,14 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     path = tmp_path / "billing.db"
     shutil.copyfile(template, path)
     yield f"sqlite:///{path}"
+
+
+@pytest.fixture(params=WAYS)
+def cli_way(request: pytest.FixtureRequest) -> str:
+    """How the test runs ``billing`` commands (``tests.cli_runs.run_billing``): in process, or in
+    a subprocess (slow)."""
+    way: str = request.param
+    return way
 
 
 @pytest.fixture

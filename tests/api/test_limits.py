@@ -7,20 +7,28 @@ from __future__ import annotations
 import gzip
 import json
 import secrets as random_secrets
+import socket
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 import pytest
+import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import event, func, select
 
+from bench.attack import hold_connections, read_some, status_of
 from billing.auth.tokens import create_token
+from billing.cli.serve import uvicorn_options
 from billing.errors import MAX_LISTED_ERRORS, ValidationFailed
 from billing.ingest.validation import MAX_BODY_BYTES, parse_batch
 from billing.secret_ids import canonical, looks_like_secret
+from billing.server.app import create_app
+from billing.settings import get_settings
 from billing.storage.db import write_transaction
 from billing.storage.models import Call, Event
 from tests.builders import started
@@ -392,3 +400,62 @@ def test_the_console_forms_take_form_bodies_only_and_within_their_limit(
     assert client.post("/console/sign-in", data=big).status_code == 413
     answer = client.post("/console/sign-in", data={"token": "bt_unknown"})
     assert answer.status_code == 401 and "unknown or revoked" in answer.text
+
+
+# -- connection deadlines -------------------------------------------------------------------------
+
+
+def test_idle_and_half_sent_connections_are_closed_in_process(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``billing serve``'s connection deadlines (its protocol and keep-alive, from
+    ``uvicorn_options``) on a server in this process, with deadlines of 0.5 s: an idle connection
+    is closed, half a request line is 408, so is half a body, a kept-alive connection idle
+    after its answer is closed. tests/system/test_hardening.py holds 200 connections against a
+    real ``billing serve`` (slow)."""
+    monkeypatch.setenv("BILLING_DATABASE_URL", db_url)
+    monkeypatch.setenv("BILLING_HEADER_TIMEOUT_S", "0.5")
+    monkeypatch.setenv("BILLING_BODY_TIMEOUT_S", "0.5")
+    monkeypatch.setenv("BILLING_KEEP_ALIVE_S", "0.5")
+    get_settings.cache_clear()
+    try:
+        settings = get_settings()
+        options = uvicorn_options(
+            settings.log_level, settings.keep_alive_s, settings.max_header_bytes
+        )
+        options["log_config"] = None  # the test process keeps its own logging
+        config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=0, **options)
+        server = uvicorn.Server(config)
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        try:
+            deadline = time.monotonic() + 10
+            while not server.started:
+                assert time.monotonic() < deadline, "uvicorn did not start"
+                time.sleep(0.01)
+            port = server.servers[0].sockets[0].getsockname()[1]
+            assert hold_connections(port, idle=3, half=3, hold_s=1.2) == {
+                "idle closed": 3,
+                "half answered 408": 3,
+            }
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+                sock.sendall(
+                    b"POST /v1/events HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                    b'Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"events"'
+                )
+                started_at = time.monotonic()
+                answer = read_some(sock)
+                assert status_of(answer) == 408, answer
+                assert 0.4 < time.monotonic() - started_at < 3
+                assert b"did not arrive in full within 0.5 s" in answer
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+                sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                assert status_of(read_some(sock)) == 200
+                started_at = time.monotonic()
+                assert sock.recv(1) == b""
+                assert time.monotonic() - started_at < 3
+        finally:
+            server.should_exit = True
+            thread.join(timeout=10)
+    finally:
+        get_settings.cache_clear()

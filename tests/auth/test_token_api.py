@@ -5,8 +5,8 @@ written at most once a minute; on the configured database."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from fastapi import FastAPI
@@ -17,6 +17,7 @@ from billing.auth.tokens import create_token
 from billing.cli.tokens import parse_duration
 from billing.storage.db import write_transaction
 from billing.storage.models import ApiToken
+from tests.cli_runs import run_billing, text
 
 
 @pytest.fixture
@@ -154,15 +155,10 @@ def test_bad_durations(text: str) -> None:
         parse_duration(text)
 
 
-def test_cli_creates_a_token_that_expires(db_url: str) -> None:
+def test_cli_creates_a_token_that_expires(cli_way: str, db_url: str) -> None:
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-c", "from billing.cli import main; main()", "tokens", *args],
-            env={"BILLING_DATABASE_URL": db_url, "PATH": "/usr/bin:/bin"},
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        env = {"BILLING_DATABASE_URL": db_url, "PATH": "/usr/bin:/bin"}
+        return text(run_billing(cli_way, ["tokens", *args], env, Path.cwd(), timeout=60))
 
     before = datetime.now(UTC)
     created = cli("create", "--role", "read", "--expires-in", "90d")

@@ -5,24 +5,33 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from fastapi.testclient import TestClient
 
+from tests.cli_runs import run_billing
 from tests.drift.test_drift import DAY, PERIOD, call, settle
 from tests.providers.pages import openai_page, openai_usage_result
 
+Billing = Callable[..., subprocess.CompletedProcess[bytes]]
 
-def billing(db_url: str, cwd: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BILLING_")}
-    env["BILLING_DATABASE_URL"] = db_url
-    command = [sys.executable, "-c", "from billing.cli import main; main()", *args]
-    return subprocess.run(command, env=env, cwd=cwd, capture_output=True, timeout=120)
+
+@pytest.fixture
+def billing(cli_way: str) -> Billing:
+    """``billing(db_url, cwd, *args)``: the command in process, or in a subprocess (slow)."""
+
+    def run(db_url: str, cwd: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("BILLING_")}
+        env["BILLING_DATABASE_URL"] = db_url
+        return run_billing(cli_way, args, env, cwd)
+
+    return run
 
 
 def test_import_files_then_drift_gives_the_bytes_of_the_http_export(
-    client: TestClient, db_url: str, tmp_path: Path
+    client: TestClient, db_url: str, tmp_path: Path, billing: Billing
 ) -> None:
     call(client, "r1", output=380)
     call(client, "r2", model="gpt-4o-mini")
@@ -83,7 +92,9 @@ def test_import_files_then_drift_gives_the_bytes_of_the_http_export(
     assert json.loads(done.stdout) == client.get("/v1/drift", params=PERIOD).json()
 
 
-def test_import_of_a_file_of_another_shape_fails_in_one_line(db_url: str, tmp_path: Path) -> None:
+def test_import_of_a_file_of_another_shape_fails_in_one_line(
+    db_url: str, tmp_path: Path, billing: Billing
+) -> None:
     page = tmp_path / "costs.json"
     page.write_text(json.dumps({"object": "list", "data": []}))
     done = billing(

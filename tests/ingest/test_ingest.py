@@ -13,7 +13,7 @@ import orjson
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from sqlalchemy import MetaData, func, select, text
+from sqlalchemy import MetaData, func, inspect, select, text
 from sqlalchemy.exc import OperationalError
 
 from billing.ingest.repository import repository as ingest_repository
@@ -32,13 +32,21 @@ SCENARIOS = sorted((Path(__file__).parent.parent / "fixtures" / "scenarios").glo
 MIB = 1024 * 1024
 
 
+#: The reflected schemas, by dialect and table names: every test database is the migrations'
+#: head, and reflecting it costs more than reading its rows (a new table is a new key).
+_REFLECTED: dict[tuple[str, frozenset[str]], MetaData] = {}
+
+
 def snapshot(app: FastAPI) -> dict[str, list[tuple[Any, ...]]]:
     """Every row of every table in the database (as the migrations made it), in a fixed order."""
     engine = app.state.billing.engine
     tables: dict[str, list[tuple[Any, ...]]] = {}
     with engine.connect() as conn:
-        schema = MetaData()
-        schema.reflect(conn)
+        key = (conn.dialect.name, frozenset(inspect(conn).get_table_names()))
+        schema = _REFLECTED.get(key)
+        if schema is None:
+            schema = _REFLECTED[key] = MetaData()
+            schema.reflect(conn)
         for table in schema.sorted_tables:
             query = select(table).order_by(*(table.primary_key.columns or table.columns))
             tables[table.name] = [tuple(row) for row in conn.execute(query)]

@@ -43,9 +43,15 @@ from tests.extras import import_or_skip
 from tests.fakes.upstream import FakeUpstream
 from tests.gateway.harness import Billing, Read, billing_server, wait_calls
 
-import_or_skip("litellm.proxy.proxy_server", "needs the billing[litellm] extra")
-
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _litellm_proxy_installed() -> None:
+    """The extra's check, made when a test here runs rather than at collection: importing
+    LiteLLM's proxy takes seconds, which every run that deselects this slow module would pay."""
+    import_or_skip("litellm.proxy.proxy_server", "needs the billing[litellm] extra")
+
 
 ROOT = Path(__file__).resolve().parents[2]
 TOTAL = 40  # output tokens per upstream request

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -20,6 +19,7 @@ from billing.dimensions import PRICED, Tokens
 from billing.pricing.prices import PriceRow
 from billing.rates import RATES
 from tests.builders import failed, started, tokens, usage
+from tests.cli_runs import run_billing, text
 from tests.reconcile.test_reconcile_late_events import (
     assert_ledger_is_the_call,
     figures,
@@ -284,29 +284,24 @@ def test_pricing_a_fallback_attempts_model_later_prices_the_call(client: TestCli
 # -- billing prices load ----------------------------------------------------------------------
 
 
-def run_cli(db_url: str, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    db_url: str, cwd: Path, *args: str, way: str = "subprocess"
+) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BILLING_")}
     env["BILLING_DATABASE_URL"] = db_url
-    return subprocess.run(
-        [sys.executable, "-c", "from billing.cli import main; main()", *args],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return text(run_billing(way, args, env, cwd))
 
 
-@pytest.mark.slow
-def test_prices_load_from_the_command_line(client: TestClient, db_url: str, tmp_path: Path) -> None:
+def test_prices_load_from_the_command_line(
+    client: TestClient, db_url: str, tmp_path: Path, cli_way: str
+) -> None:
     good = tmp_path / "prices.json"
     second = dict(PRICE, model="m2", output_usd_per_mtok="15")
     good.write_text(json.dumps([PRICE, second]))
-    first = run_cli(db_url, tmp_path, "prices", "load", str(good))
+    first = run_cli(db_url, tmp_path, "prices", "load", str(good), way=cli_way)
     assert first.returncode == 0, first.stderr
     assert "2 price(s) added" in first.stderr
-    again = run_cli(db_url, tmp_path, "prices", "load", str(good))
+    again = run_cli(db_url, tmp_path, "prices", "load", str(good), way=cli_way)
     assert again.returncode == 0, again.stderr
     assert "0 price(s) added, 2 already present" in again.stderr
     assert [r["model"] for r in listed(client)] == ["m1", "m2"]
@@ -314,7 +309,7 @@ def test_prices_load_from_the_command_line(client: TestClient, db_url: str, tmp_
     conflicting = tmp_path / "conflict.json"
     third = dict(PRICE, model="m3")
     conflicting.write_text(json.dumps([third, dict(second, output_usd_per_mtok="16")]))
-    failed_run = run_cli(db_url, tmp_path, "prices", "load", str(conflicting))
+    failed_run = run_cli(db_url, tmp_path, "prices", "load", str(conflicting), way=cli_way)
     assert failed_run.returncode != 0
     lines = failed_run.stderr.strip().splitlines()
     assert len(lines) == 1, failed_run.stderr
@@ -326,7 +321,7 @@ def test_prices_load_from_the_command_line(client: TestClient, db_url: str, tmp_
 
     invalid = tmp_path / "invalid.json"
     invalid.write_text(json.dumps([dict(PRICE, input_usd_per_mtok=0.3)]))
-    bad = run_cli(db_url, tmp_path, "prices", "load", str(invalid))
+    bad = run_cli(db_url, tmp_path, "prices", "load", str(invalid), way=cli_way)
     assert bad.returncode != 0
     assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
 

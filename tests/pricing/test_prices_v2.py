@@ -70,10 +70,12 @@ def test_the_identity_is_model_tier_and_effective_from(client: TestClient) -> No
     assert tiers == [(None, "0.3"), ("priority", "0.5")]
 
 
-def test_prices_load_carries_the_v2_fields(client: TestClient, db_url: str, tmp_path: Path) -> None:
+def test_prices_load_carries_the_v2_fields(
+    client: TestClient, db_url: str, tmp_path: Path, cli_way: str
+) -> None:
     path = tmp_path / "prices.json"
     path.write_text(json.dumps([V2, {**PRICE, "service_tier": "flex"}]))
-    run = run_cli(db_url, tmp_path, "prices", "load", str(path))
+    run = run_cli(db_url, tmp_path, "prices", "load", str(path), way=cli_way)
     assert run.returncode == 0, run.stderr
     assert "2 price(s) added" in run.stderr
     assert listed(client)[0] == V2_STORED

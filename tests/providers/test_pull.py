@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ import pytest
 from sqlalchemy import create_engine
 from sqlalchemy.pool import NullPool
 
+from tests.cli_runs import run_billing, text
 from tests.providers.pages import (
     anthropic_page,
     anthropic_usage_result,
@@ -97,7 +97,9 @@ class FakeProvider:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
 
     def __enter__(self) -> FakeProvider:
         self.thread.start()
@@ -115,7 +117,7 @@ def openai_fake() -> Iterator[FakeProvider]:
 
 
 def pull(
-    db_url: str, tmp_path: Path, provider: str, base_url: str
+    way: str, db_url: str, tmp_path: Path, provider: str, base_url: str
 ) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BILLING_")}
     env.update(
@@ -124,7 +126,6 @@ def pull(
         OPENAI_ADMIN_KEY=ADMIN_KEY,
         ANTHROPIC_ADMIN_KEY=ADMIN_KEY,
     )
-    command = [sys.executable, "-c", "from billing.cli import main; main()"]
     args = [
         "providers",
         "pull",
@@ -139,15 +140,13 @@ def pull(
         "--base-url",
         base_url,
     ]
-    return subprocess.run(
-        [*command, *args], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
-    )
+    return text(run_billing(way, args, env, tmp_path, 120))
 
 
 def test_pull_follows_3_pages_survives_a_429_and_never_shows_the_key(
-    db_url: str, tmp_path: Path, openai_fake: FakeProvider
+    cli_way: str, db_url: str, tmp_path: Path, openai_fake: FakeProvider
 ) -> None:
-    done = pull(db_url, tmp_path, "openai", openai_fake.url)
+    done = pull(cli_way, db_url, tmp_path, "openai", openai_fake.url)
 
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {
@@ -188,13 +187,15 @@ def test_pull_follows_3_pages_survives_a_429_and_never_shows_the_key(
 
     # Pulling again stores nothing new.
     openai_fake.throttled = True
-    again = pull(db_url, tmp_path, "openai", openai_fake.url)
+    again = pull(cli_way, db_url, tmp_path, "openai", openai_fake.url)
     assert json.loads(again.stdout)["unchanged"] == 5, again.stderr
 
 
-def test_pull_anthropic_sends_its_key_header_and_rfc3339_times(db_url: str, tmp_path: Path) -> None:
+def test_pull_anthropic_sends_its_key_header_and_rfc3339_times(
+    cli_way: str, db_url: str, tmp_path: Path
+) -> None:
     with FakeProvider(ANTHROPIC_PAGES, throttle="p3") as fake:
-        done = pull(db_url, tmp_path, "anthropic", fake.url)
+        done = pull(cli_way, db_url, tmp_path, "anthropic", fake.url)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["pages"] == 3
     assert ADMIN_KEY not in done.stdout + done.stderr
@@ -207,34 +208,25 @@ def test_pull_anthropic_sends_its_key_header_and_rfc3339_times(db_url: str, tmp_
 
 
 def test_pull_without_the_key_in_the_environment_fails_in_one_line(
-    db_url: str, tmp_path: Path
+    cli_way: str, db_url: str, tmp_path: Path
 ) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_ADMIN_KEY",)}
     env["BILLING_DATABASE_URL"] = db_url
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "from billing.cli import main; main()",
-            "providers",
-            "pull",
-            "--provider",
-            "openai",
-            "--kind",
-            "usage",
-            "--since",
-            "2026-11-01T00:00:00Z",
-            "--until",
-            "2026-11-02T00:00:00Z",
-            "--base-url",
-            "http://127.0.0.1:9",
-        ],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    args = [
+        "providers",
+        "pull",
+        "--provider",
+        "openai",
+        "--kind",
+        "usage",
+        "--since",
+        "2026-11-01T00:00:00Z",
+        "--until",
+        "2026-11-02T00:00:00Z",
+        "--base-url",
+        "http://127.0.0.1:9",
+    ]
+    done = text(run_billing(cli_way, args, env, tmp_path, 60))
     assert done.returncode == 2
     assert done.stderr == (
         "billing: set OPENAI_ADMIN_KEY to the provider's admin key (it is read from there only)\n"

@@ -78,6 +78,7 @@ def test_a_16_mib_header_is_431_and_costs_nothing(server: Server) -> None:
     assert send_header(server.port, 16 * 1024) == 200
 
 
+@pytest.mark.slow  # 25 bodies of 4 MiB (in the fast run: tests/api/test_limits.py, in process)
 def test_unauthenticated_bodies_are_401_before_they_are_read(db_url: str, tmp_path: Path) -> None:
     server = Server(db_url, workdir=tmp_path)
     token = server.cli("tokens", "create", "--role", "admin").stdout.strip()
@@ -96,6 +97,7 @@ def test_unauthenticated_bodies_are_401_before_they_are_read(db_url: str, tmp_pa
         _assert_healthy(probe)
 
 
+@pytest.mark.slow  # 200 connections held 2.5 s past 1 s deadlines
 def test_idle_and_half_sent_connections_are_closed(db_url: str, tmp_path: Path) -> None:
     env = {
         "BILLING_HEADER_TIMEOUT_S": "1",
@@ -130,6 +132,7 @@ def test_idle_and_half_sent_connections_are_closed(db_url: str, tmp_path: Path) 
         _assert_healthy(probe)
 
 
+@pytest.mark.slow  # five 256 MiB bombs (in the fast run: tests/api/test_limits.py, in process)
 def test_a_gzip_bomb_is_413_without_inflating(server: Server) -> None:
     bomb = gzip.compress(b"\x00" * (256 << 20), compresslevel=9)
     head = (

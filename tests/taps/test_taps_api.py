@@ -493,6 +493,8 @@ def test_plain_text_error_event(protocol: str) -> None:
     assert tap.error == {"type": "api_error", "message": "upstream connection reset"}
 
 
+@pytest.mark.slow  # 300 kB fed one byte at a time: 300,000 feeds (one-byte feeding of whole
+# streams stays in the fast run: test_taps_fixtures, test_taps_sse_decoder)
 def test_one_byte_feeding_of_a_long_line_is_linear() -> None:
     text = "x" * 300_000
     raw = data({"type": "response.output_text.delta", "delta": text}).encode()
