@@ -14,7 +14,6 @@ schemas. ``docs/ARCHITECTURE.md`` ("Adding a token bucket") lists the one edit a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from typing import Any
@@ -181,37 +180,7 @@ def tokens_of(row: Any) -> Tokens:
     return Tokens(*[int(v) for v in _values(row)])
 
 
-def _compiled(source: str, name: str) -> Any:
-    """The function ``name`` defined by ``source``, compiled once (as ``dataclasses`` compiles
-    ``__init__``): code that runs per call, written out bucket by bucket from ``TOKEN_FIELDS``."""
-    namespace: dict[str, Any] = {"Tokens": Tokens}
-    exec(source, namespace)
-    return namespace[name]
-
-
-_set_tokens = _compiled(
-    "def set_tokens(row, tokens):\n"
-    + "".join(f"    row.{name} = tokens.{name}\n" for name in TOKEN_FIELDS),
-    "set_tokens",
-)
-
-
 def set_tokens(row: Any, tokens: Tokens) -> None:
     """Write ``tokens`` onto an object with one attribute per bucket (an ORM row)."""
-    _set_tokens(row, tokens)
-
-
-def tokens_builder(names: Sequence[str]) -> Callable[..., Tokens]:
-    """A constructor of ``Tokens`` that takes the buckets ``names`` positionally, in that order
-    (every other bucket 0): ``tokens_builder(("output_tokens_billed",))(5)``. For code that
-    builds ``Tokens`` per call: a call costs what ``Tokens(…)`` with every bucket written out
-    costs (see ``_compiled``)."""
-    unknown = set(names) - set(TOKEN_FIELDS)
-    if unknown or len(set(names)) != len(names):
-        raise ValueError(f"not distinct token buckets: {names!r}")
-    given = {name: f"v{index}" for index, name in enumerate(names)}
-    values = ", ".join(given.get(name, "0") for name in TOKEN_FIELDS)
-    build: Callable[..., Tokens] = _compiled(
-        f"def build({', '.join(given.values())}):\n    return Tokens({values})\n", "build"
-    )
-    return build
+    for name in TOKEN_FIELDS:
+        setattr(row, name, getattr(tokens, name))
