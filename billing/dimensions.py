@@ -8,8 +8,9 @@ bucket from (``usage``: the ``stream.usage`` field, or ``None`` for a bucket the
 from counters) and which price bills it (``price``: the column of a price, in micro-USD per
 million tokens, or ``None`` for a bucket that is information only). Everything else is derived
 from it: ``TOKEN_FIELDS``, ``BUCKETS``, ``PRICED``, the ORM columns (``billing.storage.models``),
-the ingest schema's usage fields, the rollups, the usage rows, the CSV columns and the OpenAPI
-schemas. ``docs/ARCHITECTURE.md`` ("Adding a token bucket") lists the one edit and the migration.
+the ingest schema's usage fields, the rule's and the taps' lists of buckets, the rollups, the
+usage rows, the CSV columns and the OpenAPI schemas. ``docs/ARCHITECTURE.md`` ("Adding a token
+bucket") lists the one edit and the migration.
 """
 
 from __future__ import annotations
@@ -27,13 +28,20 @@ def _bucket(
     price: str | None = None,
     part_of: str | None = None,
     since: int = 1,
+    derived: bool = False,
+    prompt: bool = False,
+    other_models: bool = False,
 ) -> Any:
     """A token bucket: an integer field (tokens, ≥ 0 on a call; a ledger adjustment may hold a
     negative difference), 0 by default. ``required``: ``stream.usage`` must carry ``usage``
     (otherwise it defaults to 0). ``part_of``: the bucket it is a part of (its tokens are
     counted there too, and billed at this bucket's ``price`` instead of that one's; a price
     without it bills them at that one's, see ``billing.rates``). ``since``: the export
-    format that first has its column (v1 exports keep their columns, CONTRACT "Export")."""
+    format that first has its column (v1 exports keep their columns, CONTRACT "Export").
+    ``derived``: the rule works it out from the usage and the stream's counters (CONTRACT
+    "Reconciliation") instead of taking ``usage``'s count as it is. ``prompt``: it counts
+    tokens of the prompt (the input side, which a provider may report before any output).
+    ``other_models``: an entry of ``stream.usage.other_models`` carries it too."""
     meta = {
         "doc": doc,
         "usage": usage,
@@ -41,6 +49,9 @@ def _bucket(
         "price": price,
         "part_of": part_of,
         "since": since,
+        "derived": derived,
+        "prompt": prompt,
+        "other_models": other_models,
     }
     return field(default=0, metadata=meta)
 
@@ -58,16 +69,22 @@ class Tokens:
         usage="input_tokens",
         required=True,
         price="input_usd_per_mtok",
+        prompt=True,
+        other_models=True,
     )
     cache_read_input_tokens: int = _bucket(
         "input tokens read from the provider's prompt cache",
         usage="cache_read_input_tokens",
         price="cache_read_usd_per_mtok",
+        prompt=True,
+        other_models=True,
     )
     cache_creation_input_tokens: int = _bucket(
         "input tokens written to the provider's prompt cache",
         usage="cache_creation_input_tokens",
         price="cache_creation_usd_per_mtok",
+        prompt=True,
+        other_models=True,
     )
     cache_creation_1h_input_tokens: int = _bucket(
         'the part of the cache writes written with a one-hour lifetime (CONTRACT "Usage '
@@ -76,6 +93,7 @@ class Tokens:
         price="cache_creation_1h_usd_per_mtok",
         part_of="cache_creation_input_tokens",
         since=2,
+        prompt=True,
     )
     output_tokens_billed: int = _bucket(
         "output tokens the provider bills, including reasoning and those generated after the "
@@ -83,10 +101,13 @@ class Tokens:
         usage="output_tokens",
         required=True,
         price="output_usd_per_mtok",
+        derived=True,
+        other_models=True,
     )
-    output_tokens_delivered: int = _bucket("output tokens written to the client")
+    output_tokens_delivered: int = _bucket("output tokens written to the client", derived=True)
     output_tokens_undelivered: int = _bucket(
-        "billed output tokens the client never received: max(0, billed − delivered)"
+        "billed output tokens the client never received: max(0, billed − delivered)",
+        derived=True,
     )
     reasoning_tokens: int = _bucket(
         "the part of the billed output spent on reasoning (information)", usage="reasoning_tokens"
@@ -123,7 +144,9 @@ class Bucket:
     (USD per million tokens) that bills it, or ``None`` when it is not billed by itself;
     ``required``: whether ``stream.usage`` must carry the ``usage`` field (else it is 0);
     ``part_of``: the bucket that counts its tokens too (see ``_bucket``); ``since``: the first
-    export format with its column.
+    export format with its column; ``derived``: the rule works it out from the usage and the
+    counters; ``prompt``: an input-side bucket; ``other_models``: a ``stream.usage.other_models``
+    entry carries it.
     """
 
     name: str
@@ -133,6 +156,9 @@ class Bucket:
     price: str | None
     part_of: str | None = None
     since: int = 1
+    derived: bool = False
+    prompt: bool = False
+    other_models: bool = False
 
 
 #: Every bucket, in declaration order.
@@ -145,6 +171,9 @@ BUCKETS: tuple[Bucket, ...] = tuple(
         f.metadata["price"],
         f.metadata["part_of"],
         f.metadata["since"],
+        f.metadata["derived"],
+        f.metadata["prompt"],
+        f.metadata["other_models"],
     )
     for f in fields(Tokens)
 )

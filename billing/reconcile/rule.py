@@ -58,9 +58,10 @@ class AttemptFigures:
     other_models: dict[str, Tokens] = field(default_factory=dict)
 
     def context_tokens(self) -> int:
-        """Input + cache read + cache creation tokens: what a long-context threshold is about."""
-        t = self.tokens
-        return t.input_tokens + t.cache_read_input_tokens + t.cache_creation_input_tokens
+        """Input + cache read + cache creation tokens (the prompt's buckets, ``_CONTEXT``):
+        what a long-context threshold is about."""
+        tokens = self.tokens
+        return sum(getattr(tokens, name) for name in _CONTEXT)
 
 
 @dataclass(slots=True)
@@ -95,13 +96,18 @@ class CallFigures:
     other_models: dict[str, Tokens] = field(default_factory=dict)
 
 
-#: The output buckets, which the rule derives from the usage and the counters (below).
-_DERIVED = ("output_tokens_billed", "output_tokens_delivered", "output_tokens_undelivered")
-#: Every other bucket with a ``stream.usage`` field takes the usage's count as it is (0 without
-#: usage; the input from ``stream.started`` when it has one).
-_PASSED = tuple(b for b in BUCKETS if b.usage is not None and b.name not in _DERIVED)
+#: The buckets with a ``stream.usage`` field that the rule takes as the usage counts them (0
+#: without usage; the input from ``stream.started`` when it has none): all but the ``derived``
+#: ones, the billed, delivered and undelivered output, which ``_attempt_figures`` works out from
+#: the usage and the counters.
+_PASSED = tuple(b for b in BUCKETS if b.usage is not None and not b.derived)
 _PASSED_NAMES = tuple(b.name for b in _PASSED)
 _usage_counts = attrgetter(*(b.usage for b in _PASSED if b.usage is not None))
+#: The buckets of an ``other_models`` entry (``other_models``), with its field and its default
+#: (``None``: the entry must carry it).
+_OTHER = tuple((b.name, b.usage, None if b.required else 0) for b in BUCKETS if b.other_models)
+#: What a long-context threshold counts: the prompt's buckets, each once (not its parts).
+_CONTEXT = tuple(b.name for b in BUCKETS if b.prompt and b.part_of is None)
 
 
 def _usage_key(usage: StreamUsage | StoredUsage) -> tuple[datetime, int, str]:
@@ -217,10 +223,10 @@ def _other_models(entries: Iterable[Any]) -> dict[str, Tokens]:
     by_model: dict[str, Tokens] = {}
     for entry in entries:
         tokens = Tokens(
-            input_tokens=entry["input_tokens"],
-            cache_read_input_tokens=entry.get("cache_read_input_tokens", 0),
-            cache_creation_input_tokens=entry.get("cache_creation_input_tokens", 0),
-            output_tokens_billed=entry["output_tokens"],
+            **{
+                name: entry[field] if default is None else entry.get(field, default)
+                for name, field, default in _OTHER
+            }
         )
         model = entry["model"]
         by_model[model] = by_model[model] + tokens if model in by_model else tokens

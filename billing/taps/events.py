@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from billing.dimensions import BUCKETS
 from billing.taps.state import TapState
 from billing.taps.usage import TOKEN_FIELDS
 
 __all__ = ["attempt_final_events", "stream_failed_payload", "stream_usage_payload"]
 
-#: Token fields that a payload carries only when they are not 0 (v2 dimensions: a payload
-#: without them is the v1 shape).
-_WHEN_NOT_ZERO = frozenset({"cache_creation_1h_input_tokens"})
+#: Token fields that a payload carries only when they are not 0: those of the buckets after v1
+#: (``since`` > 1, the v2 dimensions), so that a payload without them is the v1 shape.
+_WHEN_NOT_ZERO = frozenset(b.usage for b in BUCKETS if b.usage is not None and b.since > 1)
 
 
 def stream_usage_payload(
