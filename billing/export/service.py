@@ -72,6 +72,28 @@ _COST, _PRICED = _NTOKENS + 1, _NTOKENS + 2
 _ACC_WIDTH = _NTOKENS + 3
 
 
+def _add_entry(
+    groups: dict[tuple[Any, ...], list[int]],
+    group: tuple[Any, ...],
+    kind: str,
+    tokens: list[int],
+    cost: int | None,
+) -> None:
+    """Add one ledger entry (its ``kind``, its ``TOKEN_COLUMNS`` counts in tokens, its cost in
+    picodollars or None) to the running totals of ``group`` in ``groups``: ``[settlements,
+    *token totals, cost of the priced entries, priced entries]``, made at 0."""
+    acc = groups.get(group)
+    if acc is None:
+        acc = groups[group] = [0] * _ACC_WIDTH
+    if kind == "settlement":
+        acc[0] += 1
+    for i, count in enumerate(tokens, 1):
+        acc[i] += count
+    if cost is not None:
+        acc[_COST] += cost
+        acc[_PRICED] += 1
+
+
 def add_part(
     part: list[Any],
     groups: dict[tuple[Any, ...], list[int]],
@@ -79,22 +101,10 @@ def add_part(
     labels_of: Callable[[Any], tuple[Any, ...]],
 ) -> None:
     """Add each ledger row of ``part`` (``booked_at``, ``api_key_id``, ``model``, ``kind``, the
-    ``TOKEN_COLUMNS`` counts in tokens, ``cost_pusd`` or None) to its group's running totals in
-    ``groups`` (group key → ``[settlements, *token totals, cost of the priced entries in pusd,
-    priced entries]``, created at 0); the key is ``pick`` of the row's time labels
-    (``labels_of(booked_at)``), key and model."""
+    ``TOKEN_COLUMNS`` counts, ``cost_pusd``) to its group's totals (``_add_entry``); the group
+    is ``pick`` of the row's time labels (``labels_of(booked_at)``), key and model."""
     for booked, key, model, kind, *tokens, cost in part:
-        group = pick((*labels_of(booked), key, model))
-        acc = groups.get(group)
-        if acc is None:
-            acc = groups[group] = [0] * _ACC_WIDTH
-        if kind == "settlement":
-            acc[0] += 1
-        for i, count in enumerate(tokens, 1):
-            acc[i] += count
-        if cost is not None:
-            acc[_COST] += cost
-            acc[_PRICED] += 1
+        _add_entry(groups, pick((*labels_of(booked), key, model)), kind, tokens, cost)
 
 
 def _add_extended(
@@ -126,17 +136,8 @@ def _add_extended(
             *pick((*labels_of(booked), key, model, customer)),
             *(named[i] for i in extra_groups),
         )
-        acc = groups.get(group)
-        if acc is None:
-            acc = groups[group] = [0] * _ACC_WIDTH
-        if kind == "settlement":
-            acc[0] += 1
         *tokens, cost = rest
-        for i, count in enumerate(tokens, 1):
-            acc[i] += count
-        if cost is not None:
-            acc[_COST] += cost
-            acc[_PRICED] += 1
+        _add_entry(groups, group, kind, tokens, cost)
         if not v2:
             continue
         cells = added.get(group)
