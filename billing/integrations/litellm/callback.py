@@ -47,16 +47,21 @@ class BillingCallback(CustomLogger):  # type: ignore[misc]
         default_api_key_id: str = "litellm",
     ) -> None:
         super().__init__()
-        self.policy = drain if drain is not None else policy_from_env()
+        policy = drain if drain is not None else policy_from_env()
         self.default_api_key_id = default_api_key_id
-        self._sender = Sender(client, self.policy)
-        self._pumps = Pumps(self._sender, self.policy)
+        self._sender = Sender(client, policy)
+        self._pumps = Pumps(self._sender, policy)
         self._calls = Calls()
 
     @property
     def client(self) -> BillingClient:
         """The billing client (made from the environment at first use)."""
         return self._sender.client
+
+    @property
+    def policy(self) -> DrainPolicy:
+        """The drain policy after a disconnect (the sender and the pumps hold the same one)."""
+        return self._pumps.policy
 
     @property
     def slots(self) -> DrainSlots:
