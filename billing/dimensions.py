@@ -8,13 +8,13 @@ bucket from (``usage``: the ``stream.usage`` field, or ``None`` for a bucket the
 from counters) and which price bills it (``price``: the column of a price, in micro-USD per
 million tokens, or ``None`` for a bucket that is information only). Everything else is derived
 from it: ``TOKEN_FIELDS``, ``BUCKETS``, ``PRICED``, the ORM columns (``billing.storage.models``),
-the ingest schema's usage fields, the rollups, the usage rows, the CSV columns and the OpenAPI
-schemas. ``docs/ARCHITECTURE.md`` ("Adding a token bucket") lists the one edit and the migration.
+the ingest schema's usage fields, the rule's and the taps' lists of buckets, the rollups, the
+usage rows, the CSV columns and the OpenAPI schemas. ``docs/ARCHITECTURE.md`` ("Adding a token
+bucket") lists the one edit and the migration.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from typing import Any
@@ -32,6 +32,9 @@ def _bucket(
     price_default: str | None = None,
     part_of: str | None = None,
     since: int = 1,
+    derived: bool = False,
+    prompt: bool = False,
+    other_models: bool = False,
 ) -> Any:
     """A token bucket: an integer field (tokens, ≥ 0 on a call; a ledger adjustment may hold a
     negative difference), 0 by default. ``required``: ``stream.usage`` must carry ``usage``
@@ -43,7 +46,11 @@ def _bucket(
     every priced bucket: ``REQUIRED`` (a v1 rate: every price states it), or the API field of
     another rate (a price posted before this rate existed keeps working: its tokens cost that
     rate). A bucket of a later format cannot be ``REQUIRED``: the prices posted before it would
-    be refused (checked here, at import)."""
+    be refused (checked here, at import).
+    ``derived``: the rule works it out from the usage and the stream's counters (CONTRACT
+    "Reconciliation") instead of taking ``usage``'s count as it is. ``prompt``: it counts
+    tokens of the prompt (the input side, which a provider may report before any output).
+    ``other_models``: an entry of ``stream.usage.other_models`` carries it too."""
     if price is not None and price_default is None:
         raise ValueError(f"{doc!r}: declare the default of {price}: REQUIRED or another rate")
     if price_default == REQUIRED and since > 1:
@@ -56,6 +63,9 @@ def _bucket(
         "price_default": price_default,
         "part_of": part_of,
         "since": since,
+        "derived": derived,
+        "prompt": prompt,
+        "other_models": other_models,
     }
     return field(default=0, metadata=meta)
 
@@ -74,18 +84,24 @@ class Tokens:
         required=True,
         price="input_usd_per_mtok",
         price_default=REQUIRED,
+        prompt=True,
+        other_models=True,
     )
     cache_read_input_tokens: int = _bucket(
         "input tokens read from the provider's prompt cache",
         usage="cache_read_input_tokens",
         price="cache_read_usd_per_mtok",
         price_default=REQUIRED,
+        prompt=True,
+        other_models=True,
     )
     cache_creation_input_tokens: int = _bucket(
         "input tokens written to the provider's prompt cache",
         usage="cache_creation_input_tokens",
         price="cache_creation_usd_per_mtok",
         price_default=REQUIRED,
+        prompt=True,
+        other_models=True,
     )
     cache_creation_1h_input_tokens: int = _bucket(
         'the part of the cache writes written with a one-hour lifetime (CONTRACT "Usage '
@@ -95,6 +111,7 @@ class Tokens:
         price_default="cache_creation_usd_per_mtok",
         part_of="cache_creation_input_tokens",
         since=2,
+        prompt=True,
     )
     output_tokens_billed: int = _bucket(
         "output tokens the provider bills, including reasoning and those generated after the "
@@ -103,10 +120,13 @@ class Tokens:
         required=True,
         price="output_usd_per_mtok",
         price_default=REQUIRED,
+        derived=True,
+        other_models=True,
     )
-    output_tokens_delivered: int = _bucket("output tokens written to the client")
+    output_tokens_delivered: int = _bucket("output tokens written to the client", derived=True)
     output_tokens_undelivered: int = _bucket(
-        "billed output tokens the client never received: max(0, billed − delivered)"
+        "billed output tokens the client never received: max(0, billed − delivered)",
+        derived=True,
     )
     reasoning_tokens: int = _bucket(
         "the part of the billed output spent on reasoning (information)", usage="reasoning_tokens"
@@ -145,6 +165,10 @@ class Bucket:
     ``price_default``: ``REQUIRED`` or the API field of the rate a price without this one bills
     it at (None when ``price`` is); ``part_of``: the bucket that counts its tokens too (see
     ``_bucket``); ``since``: the first export format with its column.
+    ``part_of``: the bucket that counts its tokens too (see ``_bucket``); ``since``: the first
+    export format with its column; ``derived``: the rule works it out from the usage and the
+    counters; ``prompt``: an input-side bucket; ``other_models``: a ``stream.usage.other_models``
+    entry carries it.
     """
 
     name: str
@@ -155,6 +179,9 @@ class Bucket:
     price_default: str | None = None
     part_of: str | None = None
     since: int = 1
+    derived: bool = False
+    prompt: bool = False
+    other_models: bool = False
 
 
 #: Every bucket, in declaration order.
@@ -168,6 +195,9 @@ BUCKETS: tuple[Bucket, ...] = tuple(
         f.metadata["price_default"],
         f.metadata["part_of"],
         f.metadata["since"],
+        f.metadata["derived"],
+        f.metadata["prompt"],
+        f.metadata["other_models"],
     )
     for f in fields(Tokens)
 )
@@ -203,37 +233,7 @@ def tokens_of(row: Any) -> Tokens:
     return Tokens(*[int(v) for v in _values(row)])
 
 
-def _compiled(source: str, name: str) -> Any:
-    """The function ``name`` defined by ``source``, compiled once (as ``dataclasses`` compiles
-    ``__init__``): code that runs per call, written out bucket by bucket from ``TOKEN_FIELDS``."""
-    namespace: dict[str, Any] = {"Tokens": Tokens}
-    exec(source, namespace)
-    return namespace[name]
-
-
-_set_tokens = _compiled(
-    "def set_tokens(row, tokens):\n"
-    + "".join(f"    row.{name} = tokens.{name}\n" for name in TOKEN_FIELDS),
-    "set_tokens",
-)
-
-
 def set_tokens(row: Any, tokens: Tokens) -> None:
     """Write ``tokens`` onto an object with one attribute per bucket (an ORM row)."""
-    _set_tokens(row, tokens)
-
-
-def tokens_builder(names: Sequence[str]) -> Callable[..., Tokens]:
-    """A constructor of ``Tokens`` that takes the buckets ``names`` positionally, in that order
-    (every other bucket 0): ``tokens_builder(("output_tokens_billed",))(5)``. For code that
-    builds ``Tokens`` per call: a call costs what ``Tokens(…)`` with every bucket written out
-    costs (see ``_compiled``)."""
-    unknown = set(names) - set(TOKEN_FIELDS)
-    if unknown or len(set(names)) != len(names):
-        raise ValueError(f"not distinct token buckets: {names!r}")
-    given = {name: f"v{index}" for index, name in enumerate(names)}
-    values = ", ".join(given.get(name, "0") for name in TOKEN_FIELDS)
-    build: Callable[..., Tokens] = _compiled(
-        f"def build({', '.join(given.values())}):\n    return Tokens({values})\n", "build"
-    )
-    return build
+    for name in TOKEN_FIELDS:
+        setattr(row, name, getattr(tokens, name))

@@ -14,6 +14,7 @@ from pydantic.json_schema import WithJsonSchema
 
 from billing.budgets.periods import zone
 from billing.fields import Id128, PublicId
+from billing.money import format_usd
 
 #: The largest limit accepted, USD.
 MAX_LIMIT_USD = Decimal(10) ** 9
@@ -26,16 +27,6 @@ MAX_URL_LENGTH = 2048
 DEFAULT_THRESHOLDS = ("0.8", "1")
 
 _DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]+)?")
-
-
-def plain(amount: Decimal) -> str:
-    """``amount`` in positional form without trailing zeros ("0.8", "1", "12.5")."""
-    if amount == 0:
-        return "0"
-    text = format(amount, "f")
-    if "." in text:
-        text = text.rstrip("0").rstrip(".")
-    return text
 
 
 def _decimal(value: object, places: int) -> Decimal:
@@ -58,7 +49,7 @@ def parse_limit(value: object) -> str:
         raise ValueError("must be more than 0")
     if amount > MAX_LIMIT_USD:
         raise ValueError(f"must be at most {MAX_LIMIT_USD} USD")
-    return plain(amount)
+    return format_usd(amount)
 
 
 def parse_thresholds(value: object) -> list[str]:
@@ -79,7 +70,7 @@ def parse_thresholds(value: object) -> list[str]:
         amounts.append(amount)
     if any(b <= a for a, b in itertools.pairwise(amounts)):
         raise ValueError("must be in ascending order, each once")
-    return [plain(a) for a in amounts]
+    return [format_usd(a) for a in amounts]
 
 
 def parse_tz(value: object) -> str:

@@ -30,9 +30,9 @@ from billing.budgets import cache
 from billing.budgets.periods import period_bounds
 from billing.budgets.repository import BudgetsRepository, repository
 from billing.budgets.rows import BudgetDef, Scope
-from billing.budgets.schemas import BudgetChange, BudgetIn, plain
+from billing.budgets.schemas import BudgetChange, BudgetIn
 from billing.errors import BillingError, NotFound
-from billing.money import PICO
+from billing.money import PICO, format_usd
 from billing.storage.models import Budget
 from billing.timefmt import rfc3339
 
@@ -225,11 +225,11 @@ def status_json(
         "period": budget.period,
         "period_start": rfc3339(start),
         "period_end": rfc3339(end),
-        "spent_usd": plain(total),
-        "settled_usd": plain(settled),
-        "provisional_usd": plain(provisional),
-        "remaining_usd": plain(max(limit - total, Decimal(0))),
-        "fraction_used": plain(max(fraction, Decimal(0))),
+        "spent_usd": format_usd(total),
+        "settled_usd": format_usd(settled),
+        "provisional_usd": format_usd(provisional),
+        "remaining_usd": format_usd(max(limit - total, Decimal(0))),
+        "fraction_used": format_usd(max(fraction, Decimal(0))),
         "state": state,
         "thresholds_crossed": crossed,
         "as_of": rfc3339(now),

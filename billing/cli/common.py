@@ -1,20 +1,28 @@
 """What every ``billing`` command shares: one-line failures, the settings, the migration, the
-database sessions and the ``billing`` loggers."""
+database sessions, loading a file of API objects and the ``billing`` loggers."""
 
 from __future__ import annotations
 
 import copy
+import json
 import logging.config
-from typing import Any, NoReturn
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
 
 import typer
+from pydantic import BaseModel, ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from uvicorn.config import LOGGING_CONFIG
 
+from billing.errors import BillingError, ValidationFailed
 from billing.settings import Settings, SettingsError, get_settings
-from billing.storage.db import make_engine, make_sessionmaker
+from billing.storage.db import make_engine, make_sessionmaker, write_transaction
 from billing.storage.migrate import upgrade_to_head
+
+M = TypeVar("M", bound=BaseModel)
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
@@ -52,6 +60,56 @@ def safe_url(url: str) -> str:
 def open_sessions(settings: Settings) -> sessionmaker[Session]:
     """A session factory on the configured database."""
     return make_sessionmaker(make_engine(settings))
+
+
+def problem(error: BillingError) -> str:
+    """One line for a domain error: a validation error's first problem (``path: message``),
+    else the error's text."""
+    if isinstance(error, ValidationFailed) and error.errors:
+        first = error.errors[0]
+        return f"{first.path}: {first.message}"
+    return str(error)
+
+
+def invalid(error: ValidationError, what: str) -> str:
+    """One line for pydantic's first problem with a ``what`` (``"price input_usd_per_mtok:
+    Input should be …"``; ``"price: …"`` for a problem with the whole object)."""
+    first = error.errors()[0]
+    where = ".".join(str(p) for p in first["loc"])
+    return f"{what}{' ' + where if where else ''}: {first['msg']}"
+
+
+def read_objects(file: Path, model: type[M], what: str) -> list[M]:
+    """The objects of ``file``, a JSON list of ``what`` objects, each validated as ``model``;
+    exits 1 with one line naming the file and its first problem."""
+    try:
+        document = json.loads(file.read_text())
+    except (OSError, ValueError) as error:
+        fail(f"cannot read {file}: {error}")
+    if not isinstance(document, list):
+        fail(f"{file} must hold a JSON list of {what} objects")
+    try:
+        return [model.model_validate(item) for item in document]
+    except ValidationError as error:
+        fail(f"{file}: {invalid(error, what)}")
+
+
+def store_objects(
+    settings: Settings, items: Sequence[M], add: Callable[[Session, M, datetime], tuple[Any, bool]]
+) -> int:
+    """Store ``items`` in one transaction, each with ``add`` (which answers ``(row, created)``),
+    after migrating the database; returns how many were created. Exits 1 with one line on a
+    domain error (nothing is stored then)."""
+    migrate_or_fail(settings)
+    created = 0
+    try:
+        with write_transaction(open_sessions(settings)) as session:
+            now = datetime.now(UTC)
+            for item in items:
+                created += add(session, item, now)[1]
+    except BillingError as error:
+        fail(problem(error))
+    return created
 
 
 def log_config(log_level: str) -> dict[str, Any]:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
@@ -11,27 +10,23 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
-from billing.cli.common import fail, load_settings, migrate_or_fail, open_sessions
-from billing.errors import BillingError, ValidationFailed
+from billing.cli.common import (
+    fail,
+    invalid,
+    load_settings,
+    migrate_or_fail,
+    open_sessions,
+    problem,
+    read_objects,
+    store_objects,
+)
+from billing.errors import BillingError
 from billing.plans.schemas import KeyIn, PlanIn
 from billing.plans.service import add_plan, list_keys, set_key
 from billing.storage.db import read_transaction, write_transaction
 
 keys_app = typer.Typer(help="Api keys: their customer, plan and name.", no_args_is_help=True)
 plans_app = typer.Typer(help="Plans: markup and own prices.", no_args_is_help=True)
-
-
-def _problem(error: BillingError) -> str:
-    if isinstance(error, ValidationFailed) and error.errors:
-        first = error.errors[0]
-        return f"{first.path}: {first.message}"
-    return str(error)
-
-
-def _invalid(error: ValidationError, what: str) -> str:
-    first = error.errors()[0]
-    where = ".".join(str(p) for p in first["loc"])
-    return f"{what}{' ' + where if where else ''}: {first['msg']}"
 
 
 @keys_app.command("set")
@@ -54,13 +49,13 @@ def keys_set(
     try:
         body = KeyIn.model_validate(fields)
     except ValidationError as error:
-        fail(_invalid(error, "key"))
+        fail(invalid(error, "key"))
     migrate_or_fail(settings)
     try:
         with write_transaction(open_sessions(settings)) as session:
             _, created = set_key(session, api_key_id, body, datetime.now(UTC))
     except BillingError as error:
-        fail(_problem(error))
+        fail(problem(error))
     typer.echo(f"billing: key {api_key_id} {'set' if created else 'unchanged'}", err=True)
 
 
@@ -90,24 +85,7 @@ def plans_load(
     """Load plan versions from FILE; an identical stored version is skipped, a different one
     fails (nothing of the file is stored then)."""
     settings = load_settings()
-    try:
-        document = json.loads(file.read_text())
-    except (OSError, ValueError) as error:
-        fail(f"cannot read {file}: {error}")
-    if not isinstance(document, list):
-        fail(f"{file} must hold a JSON list of plan objects")
-    try:
-        plans = [PlanIn.model_validate(item) for item in document]
-    except ValidationError as error:
-        fail(f"{file}: {_invalid(error, 'plan')}")
-    migrate_or_fail(settings)
-    created = 0
-    try:
-        with write_transaction(open_sessions(settings)) as session:
-            now = datetime.now(UTC)
-            for plan in plans:
-                created += add_plan(session, plan, now)[1]
-    except BillingError as error:
-        fail(_problem(error))
+    plans = read_objects(file, PlanIn, "plan")
+    created = store_objects(settings, plans, add_plan)
     present = len(plans) - created
     typer.echo(f"billing: {created} plan version(s) added, {present} already present", err=True)

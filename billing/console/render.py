@@ -38,6 +38,8 @@ ENV = Environment(
     lstrip_blocks=True,
 )
 ENV.filters["segment"] = lambda value: quote(str(value), safe="")
+# A cost cell: "unpriced" where no price applied (None), else the value as it is.
+ENV.filters["cost"] = lambda value: "unpriced" if value is None else value
 ENV.globals["query"] = _query
 # What a page without a form or errors sees (a page's context overrides them).
 ENV.globals.update(errors=[], invalid=False, form={})

@@ -17,7 +17,6 @@ from zoneinfo import ZoneInfo
 
 from sqlalchemy.orm import Session
 
-from billing.budgets.schemas import plain
 from billing.budgets.service import statuses_in_force
 from billing.calllog import buckets
 from billing.calllog.params import parse_zone
@@ -32,6 +31,7 @@ from billing.drift.schemas import FIELDS as DRIFT_FIELDS
 from billing.errors import FieldError, ValidationFailed
 from billing.export.params import parse_params
 from billing.export.service import period_label
+from billing.money import format_usd
 from billing.rollups.rows import BASES
 from billing.timefmt import rfc3339
 
@@ -211,7 +211,7 @@ def budgets_view(session: Session, now: datetime) -> dict[str, Any]:
     its progress (``fraction_used``, at most 1 for the bar)."""
     rows = statuses_in_force(session, now)
     for row in rows:
-        row["progress"] = plain(min(Decimal(row["fraction_used"]), Decimal(1)))
+        row["progress"] = format_usd(min(Decimal(row["fraction_used"]), Decimal(1)))
     return {"budgets": rows}
 
 

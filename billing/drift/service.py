@@ -160,6 +160,25 @@ def _order(row: dict[str, Any], keys: tuple[str, ...]) -> tuple[Any, ...]:
     return (STATUSES.index(row["status"]), *("" if row[k] is None else row[k] for k in keys))
 
 
+def _add_tokens(
+    sides: dict[tuple[Any, ...], _Side], query: DriftQuery, slot: Any, source: Any
+) -> _Side:
+    """The side of ``sides`` that ``source`` falls in (a row of ours or a provider's line, with
+    its ``provider``, ``model``, ``upstream_account``, ``service_tier`` and token buckets; in
+    the time ``slot`` of ``query.grain``), made if new, its tokens added to it."""
+    values = {
+        "provider": source.provider,
+        query.grain: slot,
+        "model": source.model,
+        "upstream_account": source.upstream_account,
+        "service_tier": source.service_tier,
+    }
+    side = sides.setdefault(_key(query, values), _Side())
+    for name in _TOKEN_FIELDS:
+        side.add(name, getattr(source, name))
+    return side
+
+
 def drift_rows(session: Session, query: DriftQuery) -> list[dict[str, Any]]:
     """The drift rows of ``query`` as JSON-ready dicts (``billing.drift.schemas.DriftRow``),
     mismatches first (``drift``, ``missing_ours``, ``missing_theirs``, ``match``), then by the
@@ -170,31 +189,13 @@ def drift_rows(session: Session, query: DriftQuery) -> list[dict[str, Any]]:
     for row in drift_repository(session).ours(
         session, query.since, query.until, query.provider, grain
     ):
-        values = {
-            "provider": row.provider,
-            grain: _ours_slot(row.slot),
-            "model": row.model,
-            "upstream_account": row.upstream_account,
-            "service_tier": row.service_tier,
-        }
-        side = ours.setdefault(_key(query, values), _Side())
-        for name in _TOKEN_FIELDS:
-            side.add(name, getattr(row, name))
+        side = _add_tokens(ours, query, _ours_slot(row.slot), row)
         side.add("cost_usd", pusd_to_decimal(row.cost_pusd))
         side.unpriced += row.unpriced
     theirs: dict[tuple[Any, ...], _Side] = {}
     lines = providers.current_lines(session, query.provider, query.since, query.until)
     for slot, line in _finest_complete(lines, grain):
-        values = {
-            "provider": line.provider,
-            grain: slot,
-            "model": line.model,
-            "upstream_account": line.upstream_account,
-            "service_tier": line.service_tier,
-        }
-        side = theirs.setdefault(_key(query, values), _Side())
-        for name in _TOKEN_FIELDS:
-            side.add(name, getattr(line, name))
+        side = _add_tokens(theirs, query, slot, line)
         if line.cost_usd is not None:
             side.add("cost_usd", Decimal(line.cost_usd))
     rows = [_row(query, key, ours.get(key), theirs.get(key)) for key in {**ours, **theirs}]

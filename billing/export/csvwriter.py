@@ -16,7 +16,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
 from billing.dimensions import V1_TOKEN_FIELDS
@@ -122,32 +122,9 @@ class ChunkWriter:
 
 
 #: The token and price cells of a ``calls.csv`` row: after the nine identity cells, before the cost.
-_NTOKENS = len(V1_TOKEN_FIELDS)
 _TOKENS_AT = 9
-_PRICES_AT = _TOKENS_AT + _NTOKENS
-_NPRICES = len(V1_RATES)
-_TOKEN_NAMES = [f"t{i}" for i in range(_NTOKENS)]
-_PRICE_NAMES = [f"p{i}" for i in range(_NPRICES)]
-
-# ``CallsRenderer.chunk`` names every cell of a row (the fastest unpacking and formatting in
-# CPython), so it is written out once here from the buckets and rates, as ``dataclasses`` writes
-# ``__init__``.
-_CHUNK_SOURCE = f"""
-def chunk(self, rows):
-    t = self._texts
-    p = self._prices
-    q = csv_cell
-    money = pusd_cell
-    lines = [
-        f"{{eid}},{{t[kind]}},{{t[reason]}},{{booked}},{{q(rid)}},{{t[key]}},{{t[model]}},"
-        f"{{t[proto]}},{{t[status]}},{"".join("{" + n + "}," for n in _TOKEN_NAMES)}"
-        f"{"".join("{p[" + n + "]}," for n in _PRICE_NAMES)}{{money(cost) or ''}}"
-        for (eid, kind, reason, booked, rid, key, model, proto, status,
-             {", ".join(_TOKEN_NAMES + _PRICE_NAMES)}, cost) in rows
-    ]
-    lines.append("")
-    return "\\r\\n".join(lines)
-"""
+_PRICES_AT = _TOKENS_AT + len(V1_TOKEN_FIELDS)
+_COST_AT = _PRICES_AT + len(V1_RATES)
 
 
 class CallsRenderer:
@@ -171,18 +148,25 @@ class CallsRenderer:
         return (
             eid, neutralise(kind), neutralise(reason), booked, neutralise(rid), neutralise(key),
             neutralise(model), neutralise(proto), neutralise(status), *row[_TOKENS_AT:_PRICES_AT],
-            *(price_cell(p) for p in row[_PRICES_AT : _PRICES_AT + _NPRICES]),
-            pusd_cell(row[_PRICES_AT + _NPRICES]),
+            *(price_cell(p) for p in row[_PRICES_AT:_COST_AT]),
+            pusd_cell(row[_COST_AT]),
         )  # fmt: skip
 
     def chunk(self, rows: Sequence[Sequence[Any]]) -> str:
-        """The CSV text of ``rows``, each line ending with CRLF (``_CHUNK_SOURCE``)."""
-        return _chunk(self, rows)
-
-
-_namespace: dict[str, Any] = {"csv_cell": csv_cell, "pusd_cell": pusd_cell}
-exec(_CHUNK_SOURCE, _namespace)
-_chunk: Callable[[CallsRenderer, Sequence[Sequence[Any]]], str] = _namespace["chunk"]
+        """The CSV text of ``rows``, each line ending with CRLF."""
+        text = self._texts
+        price = self._prices.__getitem__
+        lines = []
+        for row in rows:
+            eid, kind, reason, booked, rid, key, model, proto, status = row[:_TOKENS_AT]
+            cells = (
+                str(eid), text[kind], text[reason], booked, csv_cell(rid), text[key],
+                text[model], text[proto], text[status], *map(str, row[_TOKENS_AT:_PRICES_AT]),
+                *map(price, row[_PRICES_AT:_COST_AT]), pusd_cell(row[_COST_AT]) or "",
+            )  # fmt: skip
+            lines.append(",".join(cells))
+        lines.append("")
+        return "\r\n".join(lines)
 
 
 def units_cell(units: dict[str, int]) -> str:

@@ -71,28 +71,40 @@ _NTOKENS = len(TOKEN_COLUMNS)
 _COST, _PRICED = _NTOKENS + 1, _NTOKENS + 2
 _ACC_WIDTH = _NTOKENS + 3
 
-# ``add_part`` adds each ledger row of a chunk (booked_at, key, model, kind, the token cells, the
-# cost) to its group's totals, naming every cell (the fastest way in CPython), so it is written
-# out once here from the buckets, as ``dataclasses`` writes ``__init__``.
-_TOKEN_NAMES = [f"t{i}" for i in range(_NTOKENS)]
-_ADD_PART_SOURCE = (
-    "def add_part(part, groups, pick, labels_of):\n"
-    f"    for booked, key, model, kind, {', '.join(_TOKEN_NAMES)}, cost in part:\n"
-    "        group = pick((*labels_of(booked), key, model))\n"
-    "        acc = groups.get(group)\n"
-    "        if acc is None:\n"
-    f"            acc = groups[group] = [0] * {_ACC_WIDTH}\n"
-    "        if kind == 'settlement':\n"
-    "            acc[0] += 1\n"
-    + "".join(f"        acc[{i}] += {name}\n" for i, name in enumerate(_TOKEN_NAMES, 1))
-    + "        if cost is not None:\n"
-    f"            acc[{_COST}] += cost\n"
-    f"            acc[{_PRICED}] += 1\n"
-)
-_namespace: dict[str, Any] = {}
-exec(_ADD_PART_SOURCE, _namespace)
-#: ``add_part(part, groups, pick, labels_of)``: see ``_ADD_PART_SOURCE``.
-add_part: Callable[..., None] = _namespace["add_part"]
+
+def _add_entry(
+    groups: dict[tuple[Any, ...], list[int]],
+    group: tuple[Any, ...],
+    kind: str,
+    tokens: list[int],
+    cost: int | None,
+) -> None:
+    """Add one ledger entry (its ``kind``, its ``TOKEN_COLUMNS`` counts in tokens, its cost in
+    picodollars or None) to the running totals of ``group`` in ``groups``: ``[settlements,
+    *token totals, cost of the priced entries, priced entries]``, made at 0."""
+    acc = groups.get(group)
+    if acc is None:
+        acc = groups[group] = [0] * _ACC_WIDTH
+    if kind == "settlement":
+        acc[0] += 1
+    for i, count in enumerate(tokens, 1):
+        acc[i] += count
+    if cost is not None:
+        acc[_COST] += cost
+        acc[_PRICED] += 1
+
+
+def add_part(
+    part: list[Any],
+    groups: dict[tuple[Any, ...], list[int]],
+    pick: Callable[[tuple[Any, ...]], tuple[Any, ...]],
+    labels_of: Callable[[Any], tuple[Any, ...]],
+) -> None:
+    """Add each ledger row of ``part`` (``booked_at``, ``api_key_id``, ``model``, ``kind``, the
+    ``TOKEN_COLUMNS`` counts, ``cost_pusd``) to its group's totals (``_add_entry``); the group
+    is ``pick`` of the row's time labels (``labels_of(booked_at)``), key and model."""
+    for booked, key, model, kind, *tokens, cost in part:
+        _add_entry(groups, pick((*labels_of(booked), key, model)), kind, tokens, cost)
 
 
 def _add_extended(
@@ -124,17 +136,8 @@ def _add_extended(
             *pick((*labels_of(booked), key, model, customer)),
             *(named[i] for i in extra_groups),
         )
-        acc = groups.get(group)
-        if acc is None:
-            acc = groups[group] = [0] * _ACC_WIDTH
-        if kind == "settlement":
-            acc[0] += 1
         *tokens, cost = rest
-        for i, count in enumerate(tokens, 1):
-            acc[i] += count
-        if cost is not None:
-            acc[_COST] += cost
-            acc[_PRICED] += 1
+        _add_entry(groups, group, kind, tokens, cost)
         if not v2:
             continue
         cells = added.get(group)

@@ -39,18 +39,16 @@ def apply_markup(cost_pusd: int, markup_pct: str) -> int:
     )
 
 
-def plan_price_charge(
-    tokens: Tokens, units: Mapping[str, int] | None, plan_price: PriceRow
-) -> int | None:
-    """``tokens`` and ``units`` at the plan's own price, in picodollars; None when a unit counted
-    has no plan price (the markup then applies: ``line_charge``)."""
-    charge = plan_price.cost_pusd(tokens)
+def priced_pusd(tokens: Tokens, units: Mapping[str, int] | None, price: PriceRow) -> int | None:
+    """``tokens`` and ``units`` at ``price`` (a model's price or a plan's own), in picodollars,
+    unbounded; None when a unit counted has no price there."""
+    amount = price.cost_pusd(tokens)
     if units:
-        unit_charge = plan_price.units_cost_pusd(units)
-        if unit_charge is None:
+        unit_amount = price.units_cost_pusd(units)
+        if unit_amount is None:
             return None
-        charge += unit_charge
-    return charge
+        amount += unit_amount
+    return amount
 
 
 def line_charge(
@@ -75,7 +73,8 @@ def _line_charge(
     markup_pct: str | None,
 ) -> int | None:
     if plan_price is not None:
-        charge = plan_price_charge(tokens, units, plan_price)
+        # a unit without a plan price: the markup applies instead
+        charge = priced_pusd(tokens, units, plan_price)
         if charge is not None:
             return charge
     if cost_pusd is None:

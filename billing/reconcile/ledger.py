@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from billing.dimensions import TOKEN_FIELDS, Tokens
 from billing.money import MAX_PUSD
-from billing.plans.charges import line_charge
+from billing.plans.charges import line_charge, priced_pusd
 from billing.pricing.prices import PriceRow
 from billing.rates import PLAN_RATE_COLUMNS, RATE_COLUMNS
 
@@ -85,13 +85,8 @@ def line_cost(
     ``MAX_PUSD``, which no entry can hold)."""
     if price is None:
         return None
-    cost = price.cost_pusd(tokens)
-    if units:
-        unit_cost = price.units_cost_pusd(units)
-        if unit_cost is None:
-            return None
-        cost += unit_cost
-    return cost if -MAX_PUSD <= cost <= MAX_PUSD else None
+    cost = priced_pusd(tokens, units, price)
+    return cost if cost is not None and -MAX_PUSD <= cost <= MAX_PUSD else None
 
 
 def _units_delta(now: Mapping[str, int], was: Mapping[str, int]) -> dict[str, int]:

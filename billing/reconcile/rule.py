@@ -27,7 +27,7 @@ from billing.anomalies import (
     STARTED_MISSING,
     USAGE_MISSING,
 )
-from billing.dimensions import BUCKETS, Tokens, tokens_builder
+from billing.dimensions import BUCKETS, Tokens
 from billing.ingest.schemas import StreamFailed, StreamStarted, StreamUsage
 from billing.reconcile.stored import AnyEvent, StoredFailed, StoredStarted, StoredUsage
 
@@ -58,9 +58,10 @@ class AttemptFigures:
     other_models: dict[str, Tokens] = field(default_factory=dict)
 
     def context_tokens(self) -> int:
-        """Input + cache read + cache creation tokens: what a long-context threshold is about."""
-        t = self.tokens
-        return t.input_tokens + t.cache_read_input_tokens + t.cache_creation_input_tokens
+        """Input + cache read + cache creation tokens (the prompt's buckets, ``_CONTEXT``):
+        what a long-context threshold is about."""
+        tokens = self.tokens
+        return sum(getattr(tokens, name) for name in _CONTEXT)
 
 
 @dataclass(slots=True)
@@ -95,16 +96,18 @@ class CallFigures:
     other_models: dict[str, Tokens] = field(default_factory=dict)
 
 
-#: The output buckets, which the rule derives from the usage and the counters (below).
-_DERIVED = ("output_tokens_billed", "output_tokens_delivered", "output_tokens_undelivered")
-#: Every other bucket with a ``stream.usage`` field takes the usage's count as it is (0 without
-#: usage; the input from ``stream.started`` when it has one).
-_PASSED = tuple(b for b in BUCKETS if b.usage is not None and b.name not in _DERIVED)
+#: The buckets with a ``stream.usage`` field that the rule takes as the usage counts them (0
+#: without usage; the input from ``stream.started`` when it has none): all but the ``derived``
+#: ones, the billed, delivered and undelivered output, which ``_attempt_figures`` works out from
+#: the usage and the counters.
+_PASSED = tuple(b for b in BUCKETS if b.usage is not None and not b.derived)
+_PASSED_NAMES = tuple(b.name for b in _PASSED)
 _usage_counts = attrgetter(*(b.usage for b in _PASSED if b.usage is not None))
-_from_usage = tokens_builder((*(b.name for b in _PASSED), *_DERIVED))
-_from_started = tokens_builder(("input_tokens", *_DERIVED))
-# An estimate without input replaces the first of the usage's counts (see _attempt_figures).
-assert _PASSED[0].name == "input_tokens"
+#: The buckets of an ``other_models`` entry (``other_models``), with its field and its default
+#: (``None``: the entry must carry it).
+_OTHER = tuple((b.name, b.usage, None if b.required else 0) for b in BUCKETS if b.other_models)
+#: What a long-context threshold counts: the prompt's buckets, each once (not its parts).
+_CONTEXT = tuple(b.name for b in BUCKETS if b.prompt and b.part_of is None)
 
 
 def _usage_key(usage: StreamUsage | StoredUsage) -> tuple[datetime, int, str]:
@@ -170,23 +173,22 @@ def _attempt_figures(number: int, events: list[AnyEvent], call_model: str | None
     undelivered = max(0, billed - delivered)
     if usage is not None and usage.anomalies:
         anomalies.update(usage.anomalies)  # found by the gateway or tap: carried onto the call
-    if usage is not None and usage.input_tokens is not None:
-        tokens = _from_usage(*_usage_counts(usage), billed, delivered, undelivered)
-    elif usage is not None:
-        # An estimate without input: "not known", never 0 over a known input (CONTRACT "Usage
-        # dimensions (v2)"); the input comes from stream.started, else 0 with input_unknown.
-        _, *counts = _usage_counts(usage)
+    # The usage's counts as they are; without a usage, or for an estimate without input ("not
+    # known", never 0 over a known input: CONTRACT "Usage dimensions (v2)"), the input comes
+    # from stream.started, else 0 with input_unknown.
+    counts = {} if usage is None else dict(zip(_PASSED_NAMES, _usage_counts(usage), strict=True))
+    if usage is None or usage.input_tokens is None:
         if first_started is not None and first_started.input_tokens is not None:
-            known = first_started.input_tokens
+            counts["input_tokens"] = first_started.input_tokens
         else:
-            known = 0
+            counts["input_tokens"] = 0
             anomalies.add(INPUT_UNKNOWN)
-        tokens = _from_usage(known, *counts, billed, delivered, undelivered)
-    elif first_started is not None and first_started.input_tokens is not None:
-        tokens = _from_started(first_started.input_tokens, billed, delivered, undelivered)
-    else:
-        tokens = _from_started(0, billed, delivered, undelivered)
-        anomalies.add(INPUT_UNKNOWN)
+    tokens = Tokens(
+        **counts,
+        output_tokens_billed=billed,
+        output_tokens_delivered=delivered,
+        output_tokens_undelivered=undelivered,
+    )
 
     if last_failure is not None:
         status = "failed"
@@ -214,27 +216,17 @@ def _attempt_figures(number: int, events: list[AnyEvent], call_model: str | None
     return figures
 
 
-_from_other = tokens_builder(
-    (
-        "input_tokens",
-        "cache_read_input_tokens",
-        "cache_creation_input_tokens",
-        "output_tokens_billed",
-    )
-)
-
-
 def _other_models(entries: Iterable[Any]) -> dict[str, Tokens]:
     """``stream.usage.other_models`` as ``Tokens`` per model (entries of one model summed: they
     are parts of one snapshot, such as two advisor iterations). Their output was not written to
     the client as the call's: it is billed, neither delivered nor undelivered."""
     by_model: dict[str, Tokens] = {}
     for entry in entries:
-        tokens = _from_other(
-            entry["input_tokens"],
-            entry.get("cache_read_input_tokens", 0),
-            entry.get("cache_creation_input_tokens", 0),
-            entry["output_tokens"],
+        tokens = Tokens(
+            **{
+                name: entry[field] if default is None else entry.get(field, default)
+                for name, field, default in _OTHER
+            }
         )
         model = entry["model"]
         by_model[model] = by_model[model] + tokens if model in by_model else tokens

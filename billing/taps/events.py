@@ -7,21 +7,22 @@ sets ``type``; the two ``*_payload`` functions do not.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from billing.dimensions import BUCKETS
+from billing.taps.state import TapState
 from billing.taps.usage import TOKEN_FIELDS
-
-if TYPE_CHECKING:
-    from billing.taps.base import Tap
 
 __all__ = ["attempt_final_events", "stream_failed_payload", "stream_usage_payload"]
 
-#: Token fields that a payload carries only when they are not 0 (v2 dimensions: a payload
-#: without them is the v1 shape).
-_WHEN_NOT_ZERO = frozenset({"cache_creation_1h_input_tokens"})
+#: Token fields that a payload carries only when they are not 0: those of the buckets after v1
+#: (``since`` > 1, the v2 dimensions), so that a payload without them is the v1 shape.
+_WHEN_NOT_ZERO = frozenset(b.usage for b in BUCKETS if b.usage is not None and b.since > 1)
 
 
-def stream_usage_payload(tap: Tap, *, fallback_input_tokens: int | None = None) -> dict[str, Any]:
+def stream_usage_payload(
+    tap: TapState, *, fallback_input_tokens: int | None = None
+) -> dict[str, Any]:
     """The ``stream.usage`` payload of the attempt the tap has read (token counts in tokens).
 
     Shape::
@@ -37,11 +38,11 @@ def stream_usage_payload(tap: Tap, *, fallback_input_tokens: int | None = None) 
          themselves), "model": str (when reported), "stop_reason": str (when known)}
 
     ``source`` is ``upstream`` when the provider reported a usage and no content was generated
-    after it (:attr:`Tap.usage_is_final`); its counts are then the provider's. Otherwise it is
-    ``estimate``: ``output_tokens`` is :attr:`Tap.output_tokens` (the last reported running
+    after it (:attr:`TapState.usage_is_final`); its counts are then the provider's. Otherwise it is
+    ``estimate``: ``output_tokens`` is :attr:`TapState.output_tokens` (the last reported running
     count plus the deltas after it, or one token per content delta; never Anthropic's
     ``message_start`` placeholder), and the input side is whatever the stream reported
-    (:attr:`Tap.input_reported`, e.g. Anthropic's ``message_start``), else
+    (:attr:`TapState.input_reported`, e.g. Anthropic's ``message_start``), else
     ``fallback_input_tokens`` (the gateway's own count) as ``input_tokens``, else the input
     side is LEFT OUT: not known, so the service takes ``stream.started.input_tokens`` (CONTRACT
     "Usage dimensions (v2)": an estimate never replaces a known input with 0).
@@ -90,7 +91,7 @@ def stream_usage_payload(tap: Tap, *, fallback_input_tokens: int | None = None) 
     return ordered
 
 
-def stream_failed_payload(tap: Tap) -> dict[str, Any] | None:
+def stream_failed_payload(tap: TapState) -> dict[str, Any] | None:
     """The ``stream.failed`` payload when the stream carried an error, else ``None``.
 
     Shape: ``{"error_type": str, "message": str (when non-empty),
@@ -109,7 +110,7 @@ def stream_failed_payload(tap: Tap) -> dict[str, Any] | None:
 
 
 def attempt_final_events(
-    tap: Tap, *, fallback_input_tokens: int | None = None
+    tap: TapState, *, fallback_input_tokens: int | None = None
 ) -> list[dict[str, Any]]:
     """The closing events of an attempt, each a payload plus its ``type``.
 

@@ -29,12 +29,14 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from billing.anomalies import USAGE_INCONSISTENT
+from billing.dimensions import BUCKETS
 from billing.fields import MAX_UNITS, UNIT_NAME_PATTERN
 from billing.ingest.schemas import MAX_OTHER_MODELS
 
 __all__ = [
     "MAX_OTHER_MODELS",
     "MAX_UNITS",
+    "OTHER_MODEL_FIELDS",
     "TOKEN_FIELDS",
     "USAGE_INCONSISTENT",
     "InputUsage",
@@ -56,7 +58,8 @@ def is_unit_name(name: object) -> bool:
 
 
 def _counts(obj: object, names: Iterable[str]) -> dict[str, int]:
-    return {name: getattr(obj, name) for name in names}
+    # A declared bucket that no tap reads (not a field of ``obj``) is reported as 0.
+    return {name: getattr(obj, name, 0) for name in names}
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +75,9 @@ class OtherModelUsage:
 
     def as_dict(self) -> dict[str, Any]:
         """The ``stream.usage.other_models[]`` entry: ``{"model", "input_tokens",
-        "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"}``."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"}``
+        (:data:`OTHER_MODEL_FIELDS`)."""
+        return {"model": self.model, **_counts(self, OTHER_MODEL_FIELDS)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,21 +138,19 @@ class InputUsage:
         return _counts(self, INPUT_FIELDS)
 
 
-#: The ``stream.usage`` token fields a tap reports, in the order its payload lists them.
-TOKEN_FIELDS: tuple[str, ...] = (
-    "input_tokens",
-    "output_tokens",
-    "cache_read_input_tokens",
-    "cache_creation_input_tokens",
-    "reasoning_tokens",
-    "cache_creation_1h_input_tokens",
+#: The buckets of ``billing.dimensions`` that ``stream.usage`` carries (those with a ``usage``
+#: field), in the order a payload lists them: the v1 ones first (a payload without the later ones
+#: is the v1 shape), within each format the required ones first, each in declaration order.
+_REPORTED = sorted(
+    (b for b in BUCKETS if b.usage is not None), key=lambda b: (b.since, not b.required)
 )
-#: The input-side token fields (:class:`InputUsage`).
-INPUT_FIELDS: tuple[str, ...] = (
-    "input_tokens",
-    "cache_read_input_tokens",
-    "cache_creation_input_tokens",
-    "cache_creation_1h_input_tokens",
+#: The ``stream.usage`` token fields a tap reports, in the order its payload lists them.
+TOKEN_FIELDS: tuple[str, ...] = tuple(b.usage for b in _REPORTED if b.usage is not None)
+#: The input-side token fields (the ``prompt`` buckets' fields: :class:`InputUsage`).
+INPUT_FIELDS: tuple[str, ...] = tuple(b.usage for b in _REPORTED if b.usage and b.prompt)
+#: The token fields of a ``stream.usage.other_models`` entry (:class:`OtherModelUsage`).
+OTHER_MODEL_FIELDS: tuple[str, ...] = tuple(
+    b.usage for b in _REPORTED if b.usage and b.other_models
 )
 
 
@@ -269,15 +271,23 @@ def build_usage(
 def _merge_models(check: _Check, entries: Iterable[OtherModelUsage]) -> tuple[OtherModelUsage, ...]:
     merged: dict[str, list[int]] = {}
     for entry in entries:
-        values = [
-            check.count(entry.input_tokens),
-            check.count(entry.output_tokens),
-            check.count(entry.cache_read_input_tokens),
-            check.count(entry.cache_creation_input_tokens),
-        ]
+        values = [check.count(getattr(entry, name)) for name in _MODEL_COUNTS]
         if entry.model not in merged:
             if len(merged) == MAX_OTHER_MODELS:
                 continue
-            merged[entry.model] = [0, 0, 0, 0]
+            merged[entry.model] = [0] * len(_MODEL_COUNTS)
         merged[entry.model] = [a + b for a, b in zip(merged[entry.model], values, strict=True)]
     return tuple(OtherModelUsage(model, *values) for model, values in merged.items())
+
+
+def _count_fields(cls: type) -> tuple[str, ...]:
+    """The token counts of one of the dataclasses above, in field order."""
+    return tuple(f.name for f in fields(cls) if f.type == "int")
+
+
+_MODEL_COUNTS = _count_fields(OtherModelUsage)
+# Each count a tap reads is a declared bucket's field (a misspelt one would never be reported);
+# a declared bucket that none reads is reported as 0 (``_counts``).
+assert set(_count_fields(Usage)) <= set(TOKEN_FIELDS)
+assert set(_count_fields(InputUsage)) <= set(INPUT_FIELDS)
+assert set(_MODEL_COUNTS) <= set(OTHER_MODEL_FIELDS)

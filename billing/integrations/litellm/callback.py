@@ -1,0 +1,144 @@
+"""The LiteLLM callback: LiteLLM's hooks, each turned into the events of its call (what each
+sends: :mod:`billing.integrations.litellm`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from litellm.integrations.custom_logger import CustomLogger
+
+from billing.client import BillingClient
+from billing.gateway.policy import DrainPolicy
+from billing.gateway.slots import DrainSlots
+from billing.integrations.litellm.calls import Call, Calls, logged_call, streamed_call
+from billing.integrations.litellm.reading import (
+    chunk_tokens,
+    error_type,
+    input_count,
+    output_tokens,
+    stop_reason,
+)
+from billing.integrations.litellm.sender import Sender
+from billing.integrations.litellm.settings import policy_from_env
+from billing.integrations.litellm.stream import Pumps
+
+__all__ = ["BillingCallback"]
+
+
+class BillingCallback(CustomLogger):  # type: ignore[misc]
+    """The LiteLLM callback; see :mod:`billing.integrations.litellm` for the events of each
+    hook.
+
+    Args:
+        client: the billing client to send through; by default one is made at the first call
+            from ``BILLING_URL`` and ``BILLING_TOKEN`` (its spool on, in the user's cache
+            directory, unless ``BILLING_SPOOL=off``), and closed at the process's exit.
+        drain: the drain policy after a disconnect; by default :func:`policy_from_env`.
+        default_api_key_id: the ``api_key_id`` of calls made without a virtual key.
+    """
+
+    def __init__(
+        self,
+        client: BillingClient | None = None,
+        *,
+        drain: DrainPolicy | None = None,
+        default_api_key_id: str = "litellm",
+    ) -> None:
+        super().__init__()
+        policy = drain if drain is not None else policy_from_env()
+        self.default_api_key_id = default_api_key_id
+        self._sender = Sender(client, policy)
+        self._pumps = Pumps(self._sender, policy)
+        self._calls = Calls()
+
+    @property
+    def client(self) -> BillingClient:
+        """The billing client (made from the environment at first use)."""
+        return self._sender.client
+
+    @property
+    def policy(self) -> DrainPolicy:
+        """The drain policy after a disconnect (the sender and the pumps hold the same one)."""
+        return self._pumps.policy
+
+    @property
+    def slots(self) -> DrainSlots:
+        """The bound on concurrent drains (``policy.max_concurrent``)."""
+        return self._pumps.slots
+
+    # LiteLLM runs a callback's streaming iterator hook only when the callback's own class
+    # defines it (it reads ``type(callback).__dict__``): it stays here, on the leaf class.
+    async def async_post_call_streaming_iterator_hook(
+        self, user_api_key_dict: Any, response: Any, request_data: dict[str, Any]
+    ) -> AsyncIterator[Any]:
+        """Relay ``response`` (LiteLLM's chunks) to the client, reading it in a task of its
+        own; count what is handed over; on a disconnect, drain or cancel
+        (:mod:`billing.integrations.litellm.stream`)."""
+        call = streamed_call(user_api_key_dict, request_data, self.default_api_key_id)
+        if not call.request_id:  # not a call LiteLLM logs: relay it untouched
+            async for chunk in response:
+                yield chunk
+            return
+        self._calls.remember(call)
+        self._sender.started(call, input_count(request_data))
+        handoff = self._pumps.start(call, response)
+        try:
+            async for chunk in handoff:
+                yield chunk
+                call.delivered += chunk_tokens(chunk)  # the client asked for the next one
+        except (GeneratorExit, asyncio.CancelledError):
+            self._pumps.client_left(call, handoff)
+            raise
+
+    def _logged_call(self, kwargs: dict[str, Any]) -> Call | None:
+        """The call of a logging event's ``kwargs``, or ``None`` without a ``litellm_call_id``.
+        A call not seen before (a non-streamed call, a failure before the stream) is kept and
+        its ``stream.started`` sent."""
+        request_id = kwargs.get("litellm_call_id")
+        if not isinstance(request_id, str) or not request_id:
+            return None
+        call = self._calls.get(request_id)
+        if call is None:
+            call = logged_call(request_id, kwargs, self.default_api_key_id)
+            self._calls.remember(call)
+            self._sender.started(call, None)
+        return call
+
+    async def async_log_success_event(
+        self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any
+    ) -> None:
+        """The usage of a call that ran to its end (:mod:`billing.integrations.litellm`)."""
+        call = self._logged_call(kwargs)
+        if call is None or call.disconnected or call.usage_sent:
+            return  # a call the client left: the drain reports its usage
+        usage = getattr(response_obj, "usage", None)
+        if usage is None:
+            return
+        # A stream that ends normally delivered everything (CONTRACT "Events").
+        output = output_tokens(usage)
+        self._sender.send(
+            call,
+            "stream.tokens",
+            {"output_tokens_generated": output, "output_tokens_delivered": output},
+        )
+        upstream = call.upstream_usage is not None or not call.streamed
+        source = "upstream" if upstream else "estimate"
+        self._sender.usage(call, usage, source, stop_reason(response_obj))
+
+    async def async_log_failure_event(
+        self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any
+    ) -> None:
+        """``stream.failed`` for the call (:mod:`billing.integrations.litellm`)."""
+        call = self._logged_call(kwargs)
+        if call is None or call.failed:
+            return
+        call.failed = True
+        error = kwargs.get("exception")
+        fields: dict[str, Any] = {"error_type": error_type(error)}
+        if error is not None:
+            fields["message"] = f"{type(error).__name__}: {error}"[:4096]
+        if call.received:
+            fields["output_tokens_generated"] = call.received
+        self._sender.send(call, "stream.failed", fields)
