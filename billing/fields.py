@@ -12,8 +12,16 @@ import re
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, AwareDatetime, BeforeValidator, Field, StringConstraints
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BeforeValidator,
+    Field,
+    StringConstraints,
+    WithJsonSchema,
+)
 
+from billing.money import MAX_USD_DECIMALS, parse_usd
 from billing.secret_ids import looks_like_secret
 
 #: The largest token count accepted in one field (a billion tokens; far past any context window).
@@ -93,5 +101,30 @@ MetadataValue = Annotated[str, StringConstraints(max_length=256), AfterValidator
 ServiceTier = Annotated[
     str, StringConstraints(min_length=1, max_length=32), AfterValidator(printable)
 ]
-#: A unit's name (``UNIT_NAME_PATTERN``).
+#: The place that served a call (``inference_geo``: ``us``, ``global``, …): printable text of
+#: 1–32 characters, like a served tier (CONTRACT "Non-streaming calls, hosted-tool fees,
+#: provider-reported cost (v3)").
+InferenceGeo = Annotated[
+    str, StringConstraints(min_length=1, max_length=32), AfterValidator(printable)
+]
+#: A unit's name (``UNIT_NAME_PATTERN``); a counter's name follows the same rule.
 UnitName = Annotated[str, StringConstraints(pattern=UNIT_NAME_PATTERN)]
+#: Counts by name (``units``, ``counters``): at most ``MAX_UNITS`` names of
+#: ``UNIT_NAME_PATTERN``, each an integer count like a token count.
+Counts = Annotated[
+    dict[UnitName, TokenCount],
+    Field(max_length=MAX_UNITS, json_schema_extra={"additionalProperties": False}),
+]
+#: An amount in USD sent as a decimal string, exact to the picodollar (``billing.money.parse_usd``),
+#: held as its canonical text ("0.1" for "0.10": the same content either way).
+UsdAmount = Annotated[
+    str,
+    BeforeValidator(parse_usd),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "pattern": rf"^[0-9]+(\.[0-9]{{1,{MAX_USD_DECIMALS}}})?$",
+            "description": "USD as a decimal string, at most 12 decimal places (0.0042)",
+        }
+    ),
+]

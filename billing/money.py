@@ -67,6 +67,45 @@ def parse_price(value: object) -> int:
     return int(micro)
 
 
+#: The most decimal places an amount in USD may be written with: a picodollar, the unit costs
+#: are kept in.
+MAX_USD_DECIMALS = 12
+
+
+def parse_usd(value: object) -> str:
+    """An amount in USD sent as a decimal string ("0.0042") → its canonical text
+    (``format_usd``: "0.1" for "0.10"), exact to the picodollar.
+
+    Raises ``ValueError`` with a sentence for numbers (a JSON float is not exact), anything but
+    plain digits with an optional fraction, a negative amount, more than ``MAX_USD_DECIMALS``
+    decimal places, or more than ``MAX_PUSD`` picodollars."""
+    if isinstance(value, bool) or not isinstance(value, str):
+        raise ValueError(
+            'must be a decimal string such as "0.0042" (a JSON number may not be exact)'
+        )
+    if value.startswith("-") and _DECIMAL.fullmatch(value[1:]):
+        raise ValueError("must not be negative")
+    if not _DECIMAL.fullmatch(value):
+        raise ValueError(
+            f"{value!r} is not a plain decimal number; send digits with an optional fraction "
+            'such as "0.0042"'
+        )
+    if len(value.partition(".")[2]) > MAX_USD_DECIMALS:
+        raise ValueError(
+            f"has more than {MAX_USD_DECIMALS} decimal places (amounts are exact to the "
+            "picodollar, 0.000000000001 USD)"
+        )
+    amount = Decimal(value)
+    if amount * PICO > MAX_PUSD:
+        raise ValueError(f"must be at most {format_usd(pusd_to_decimal(MAX_PUSD))} USD")
+    return format_usd(amount)
+
+
+def usd_to_pusd(text: str) -> int:
+    """An amount in USD as ``parse_usd`` accepts it → picodollars (exact)."""
+    return int(Decimal(text) * PICO)
+
+
 def format_usd(amount: Decimal) -> str:
     """A Decimal in plain positional form with trailing zeros removed: ``"0.0000075"``, ``"0"``.
 

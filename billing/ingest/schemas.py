@@ -21,8 +21,9 @@ from typing_extensions import TypedDict
 from billing.anomalies import ReportedAnomaly
 from billing.dimensions import BUCKETS
 from billing.fields import (
-    MAX_UNITS,
+    Counts,
     Id128,
+    InferenceGeo,
     Label,
     MetadataKey,
     MetadataValue,
@@ -31,7 +32,7 @@ from billing.fields import (
     ServiceTier,
     Timestamp,
     TokenCount,
-    UnitName,
+    UsdAmount,
 )
 
 PROTOCOLS = ("openai.chat_completions", "openai.responses", "anthropic.messages")
@@ -158,7 +159,14 @@ class StreamUsage(_StreamUsageTokens):
     v2: ``cache_creation_1h_input_tokens`` (the one-hour part of the cache writes, a bucket of
     ``billing.dimensions`` like the other token fields), ``service_tier`` (the tier served),
     ``units`` (unit name → count), ``other_models`` (tokens billed at another model's rates) and
-    ``anomalies`` (codes of ``REPORTED_ANOMALIES``).
+    ``anomalies`` (codes of ``REPORTED_ANOMALIES``). v3 (CONTRACT "Non-streaming calls,
+    hosted-tool fees, provider-reported cost (v3)"): ``provider_cost_usd`` (the cost in USD the
+    provider itself reported for the attempt, OpenRouter ``usage.cost``: a decimal string exact
+    to the picodollar, kept beside ours and never billed), ``counters`` (name → count, like
+    ``units``, of what the provider counts but does not bill per use, such as Anthropic
+    ``server_tool_use.web_fetch_requests``: stored and shown, never priced) and
+    ``inference_geo`` (where the upstream says it ran the call, ``us``: selects a price like
+    ``service_tier``).
     """
 
     # The other token fields come from ``billing.dimensions`` (``_USAGE_TOKENS``, in the base).
@@ -168,7 +176,7 @@ class StreamUsage(_StreamUsageTokens):
     model: ModelName | None = None
     stop_reason: Label | None = None
     service_tier: ServiceTier | None = None
-    units: Annotated[dict[UnitName, TokenCount], Field(max_length=MAX_UNITS)] | None = None
+    units: Counts | None = None
     other_models: (
         Annotated[
             list[Annotated[OtherModelUsage, AfterValidator(_other_model_defaults)]],
@@ -177,6 +185,9 @@ class StreamUsage(_StreamUsageTokens):
         | None
     ) = None
     anomalies: Annotated[list[ReportedAnomaly], Field(max_length=MAX_ANOMALIES)] | None = None
+    provider_cost_usd: UsdAmount | None = None
+    counters: Counts | None = None
+    inference_geo: InferenceGeo | None = None
 
     @model_validator(mode="after")
     def _fields_agree(self) -> StreamUsage:

@@ -172,8 +172,14 @@ def _describe(item: ErrorDetails, raws: Sequence[Any], index: int) -> FieldError
     message = _message(item, event_type, field, raws, index)
     if key_error:
         parent = str(loc[-2]) if len(loc) >= 2 else "metadata"
-        message = ("unit name " if parent == "units" else f"{parent} key ") + message
+        message = f"{_KEY_NAMES.get(parent, f'{parent} key')} {message}"
     return FieldError(index, path, message)
+
+
+#: How the 422 names a bad key of an object field (an unknown one: "<field> key").
+_KEY_NAMES = {"units": "unit name", "counters": "counter name"}
+#: The object fields of name → count (``units``, ``counters``).
+_COUNTS = ("units", "counters")
 
 
 def _message(
@@ -208,11 +214,13 @@ def _message(
             return "must be an integer ≥ 1 (the upstream attempt number)"
         if "units" in item["loc"]:
             return "must be a whole number of units (a JSON integer ≥ 0)"
+        if "counters" in item["loc"]:
+            return "must be a whole number (a JSON integer ≥ 0)"
         return "must be a whole number of tokens (a JSON integer ≥ 0)"
     if kind == "greater_than_equal":
         if field == "attempt":
             return "must be an integer ≥ 1 (attempts are numbered from 1)"
-        if "units" in item["loc"]:
+        if any(name in item["loc"] for name in _COUNTS):
             return f"must be ≥ {ctx.get('ge')}: counts are never negative"
         return f"must be ≥ {ctx.get('ge')}: token counts are never negative"
     if kind == "less_than_equal":
@@ -224,8 +232,8 @@ def _message(
         )
     if kind == "too_long" and field == "metadata":
         return "has too many entries: at most 32 string keys to string values"
-    if kind == "too_long" and field == "units":
-        return f"has too many entries: at most {MAX_UNITS} unit names to counts"
+    if kind == "too_long" and field in _COUNTS:
+        return f"has too many entries: at most {MAX_UNITS} {_KEY_NAMES[field]}s to counts"
     if kind == "too_long" and field == "other_models":
         return f"has too many entries: at most {MAX_OTHER_MODELS} models"
     if kind == "too_long" and field == "anomalies":
@@ -236,6 +244,8 @@ def _message(
         return "unknown anomaly code; use one of " + ", ".join(REPORTED_ANOMALIES)
     if kind == "dict_type" and field == "units":
         return 'must be a JSON object of unit names to counts, such as {"web_search_requests": 3}'
+    if kind == "dict_type" and field == "counters":
+        return 'must be a JSON object of counter names to counts, such as {"web_fetch_requests": 2}'
     if kind == "list_type" and field in {"other_models", "anomalies"}:
         return "must be a JSON array"
     if kind == "string_type" and len(item["loc"]) >= 4 and item["loc"][-2] == "metadata":
