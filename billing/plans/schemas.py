@@ -84,7 +84,7 @@ class PlanPriceIn(_PlanPriceFields):  # type: ignore[misc]
     ``effective_from`` (the plan version's applies); rates held as micro-USD per million tokens,
     unit prices as micro-USD per unit."""
 
-    _defaults = model_validator(mode="before")(_with_defaults)
+    _defaults = model_validator(mode="after")(_with_defaults)
 
 
 class PlanIn(BaseModel):

@@ -68,13 +68,15 @@ def _rate_field(rate: Rate_) -> tuple[Any, Any]:
 _RATES_POSTED: dict[str, Any] = {r.field: _rate_field(r) for r in RATES}
 
 
-def _with_defaults(values: Any) -> Any:
-    """Each rate left out that may be (``Rate.default``) takes the rate it defaults to."""
-    if isinstance(values, dict):
-        for rate in RATES:
-            if rate.default is not None and values.get(rate.field) is None:
-                values = {**values, rate.field: values.get(rate.default)}
-    return values
+def _with_defaults(model: Any) -> Any:
+    """Each rate left out that may be (``Rate.default``) takes the rate it defaults to, once
+    both are validated (an after-validator: a bad rate is reported once, under its own field,
+    never again under a rate that defaults to it). ``RATES`` lists a default before the rates
+    that default to it."""
+    for rate in RATES:
+        if rate.default is not None and getattr(model, rate.field) is None:
+            object.__setattr__(model, rate.field, getattr(model, rate.default))
+    return model
 
 
 _LongContextFields: Any = cast(
@@ -95,7 +97,7 @@ class LongContextIn(_LongContextFields):  # type: ignore[misc]
     """The prices of a whole attempt whose input + cache read + cache creation tokens exceed
     ``above_input_tokens`` (CONTRACT "Usage dimensions (v2)"); micro-USD per million tokens."""
 
-    _defaults = model_validator(mode="before")(_with_defaults)
+    _defaults = model_validator(mode="after")(_with_defaults)
 
 
 #: A unit's price as posted: USD per unit, a decimal string with at most 6 decimal places (held
@@ -132,7 +134,7 @@ class PriceIn(_PriceInFields):  # type: ignore[misc]
     v2: ``unit_prices`` (micro-USD per unit) and ``long_context``. Identified by (model,
     service_tier, effective_from) (CONTRACT "Cost", "Usage dimensions (v2)")."""
 
-    _defaults = model_validator(mode="before")(_with_defaults)
+    _defaults = model_validator(mode="after")(_with_defaults)
 
 
 def _answered_rates() -> dict[str, Any]:

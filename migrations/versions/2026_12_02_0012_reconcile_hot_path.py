@@ -1,7 +1,7 @@
 """the reconciler's fast path: usage bodies flagged plain at ingest; customer indexes partial
 
 Revision ID: 0012
-Revises: 0010
+Revises: 0011
 Create Date: 2026-12-02 00:11:00
 
 ``events.plain_usage``: a ``stream.usage`` body without any of the fields the fast path declines

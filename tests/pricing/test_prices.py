@@ -114,6 +114,8 @@ def _post_price_with(client: TestClient, field: str, value: object) -> httpx.Res
         ("input_usd_per_mtok", "1.0000000000000000000000000001"),
         ("output_usd_per_mtok", "1.0000000"),
         ("cache_creation_1h_usd_per_mtok", "0.1234567"),
+        # Reported once, under its own field: not again under the rate that defaults to it.
+        ("cache_creation_usd_per_mtok", "0.1234567"),
         ("unit_prices", {"web_search_requests": "0.0000001"}),
         ("unit_prices", {"Web Search": "0.01"}),
         ("service_tier", ""),
