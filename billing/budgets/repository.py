@@ -113,6 +113,9 @@ class BudgetsRepository(Protocol):
     def insert_hold(self, session: Session, values: dict[str, Any]) -> bool:
         """Store a hold (in a savepoint); False when the ``request_id`` has one already."""
 
+    def call_exists(self, session: Session, request_id: str) -> bool:
+        """A call with this ``request_id`` is stored (its first event was ingested)."""
+
     def release_hold(self, session: Session, request_id: str, now: datetime) -> None: ...
     def live_holds(
         self,

@@ -45,6 +45,10 @@ class Holds(DialectBase):
             return False
         return True
 
+    def call_exists(self, session: Session, request_id: str) -> bool:
+        found = session.scalar(select(_C.request_id).where(_C.request_id == request_id))
+        return found is not None
+
     def release_hold(self, session: Session, request_id: str, now: datetime) -> None:
         session.execute(
             update(BudgetHold).where(BudgetHold.request_id == request_id).values(released_at=now)
