@@ -129,19 +129,24 @@ def spent(
     counters: dict[tuple[int, datetime], tuple[int, int]] | None = None,
 ) -> dict[int, Spent]:
     """Each budget's ``Spent`` now, by row id. ``counters``: the counters already read (the
-    spend check's statement), else read here."""
+    spend check's statement, in the same snapshot), else read here.
+
+    In a transaction whose statements each see what committed before them (an authorization:
+    read committed), the holds and the calls not yet stepped are read before the counters and
+    the calls' sums: a step that commits in between then counts a call twice for a moment (its
+    estimate and its figure), never not at all; admission errs on the side of the limit."""
     if not budgets:
         return {}
     repo = _repo(session)
-    kept = [b for b in budgets if kept_by_counters(b)]
-    if counters is None:
-        counters = repo.spend(session, [(b.id, span(b, now)[0]) for b in kept])
     keys = {b.api_key_id for b in budgets if b.api_key_id is not None}
     customers = {b.customer_id for b in budgets if b.customer_id is not None}
     everything = any(b.api_key_id is None and b.customer_id is None for b in budgets)
     holds = repo.live_holds(session, now, keys, customers, everything)
     standing = {h.request_id for h in holds if h.call == "unstepped"}
     estimates = _estimates(session, keys, everything, standing)
+    if counters is None:
+        kept = [b for b in budgets if kept_by_counters(b)]
+        counters = repo.spend(session, [(b.id, span(b, now)[0]) for b in kept])
     out: dict[int, Spent] = {}
     for budget in budgets:
         if kept_by_counters(budget):
