@@ -325,3 +325,24 @@ def test_an_unreachable_database_is_a_503_with_retry_after(
         assert reply.status_code == 503 and int(reply.headers["Retry-After"]) >= 1
         monkeypatch.undo()
         assert holds_stored(client) == 0
+
+
+def test_a_customer_budget_counts_its_keys_calls_from_their_ingest(client: TestClient) -> None:
+    price(client)
+    for key in (KEY, "key_b2"):
+        assigned = client.put(
+            f"/v1/keys/{key}",
+            json={"customer_id": "acme", "effective_from": "2026-01-01T00:00:00Z"},
+        )
+        assert assigned.status_code in (200, 201), assigned.text
+    create(
+        client, T0, budget_id="b-acme", scope={"customer_id": "acme"}, limit_usd="1", period="total"
+    )
+    now = datetime.now(UTC)
+    call(client, "k2-call", now, 200_000, settled=False, key="key_b2")  # $0.20, not stepped
+    call(client, "other", now, 400_000, settled=False, key="key_nobody")  # no customer
+    [s] = client.get("/v1/spend", params={"api_key_id": KEY}).json()["budgets"]
+    assert (s["budget_id"], s["provisional_usd"], s["spent_usd"]) == ("b-acme", "0.2", "0.2")
+    reconcile(client, datetime.now(UTC))
+    [s] = client.get("/v1/spend", params={"api_key_id": KEY}).json()["budgets"]
+    assert (s["provisional_usd"], s["spent_usd"]) == ("0.2", "0.2")
