@@ -172,13 +172,15 @@ class Holds(DialectBase):
             _C["metadata"],
             started,
             generated,
-        ).where(_UNSTEPPED, _C.started_at.is_not(None), _C.settled.is_(False))
+        ).where(_UNSTEPPED)  # (the rest in Python: a term more may turn SQLite to a full index)
         if not everything:
             if not keys:
                 return []
             query = query.where(_C.api_key_id.in_(sorted(keys)))
         found = []
         for rid, key, model, at, metadata, body, output in session.execute(query):
+            if at is None:  # no stream.started yet: no start, no estimate
+                continue
             start = json.loads(body) if body else {}
             found.append(
                 Unstepped(
