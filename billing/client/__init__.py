@@ -42,6 +42,11 @@ What the client guarantees (CONTRACT "Events" and "Ingest"):
   With ``spool_path=None`` (off), overflow events are dropped and reported, and events that
   cannot be delivered stay in memory and are tried again later (dropped at ``close()``).
 
+Before a call, ``authorize(request_id, api_key_id, model, estimate)`` reserves its estimate
+against the budgets (``POST /v1/authorizations``; one HTTP request, answered or
+:class:`ServiceError`), and ``release(request_id)`` gives the hold back when the gateway does not
+call the upstream after all (CONTRACT "Authorizations and holds (v3)").
+
 No silent loss: every event rejected, dropped or given up is logged at WARNING on the
 ``billing.client`` logger (and passed to ``on_error``). The library adds no handler of its own,
 so with no logging configured Python's last-resort handler prints these lines on standard
@@ -62,7 +67,7 @@ with ``httpx.Client`` on a thread (``sync.py``) or ``httpx.AsyncClient`` on the 
 from __future__ import annotations
 
 from billing.client.aio import AsyncBillingClient
-from billing.client.errors import ClientClosedError, ClientStats, DeliveryError
+from billing.client.errors import ClientClosedError, ClientStats, DeliveryError, ServiceError
 from billing.client.spool import DEFAULT_SPOOL, default_spool_dir
 from billing.client.sync import BillingClient
 from billing.client.wire import MAX_BATCH_EVENTS, MAX_BODY_BYTES, new_event_id, utc_now
@@ -76,6 +81,7 @@ __all__ = [
     "ClientClosedError",
     "ClientStats",
     "DeliveryError",
+    "ServiceError",
     "default_spool_dir",
     "new_event_id",
     "utc_now",

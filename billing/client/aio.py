@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Generator, Mapping
+from collections.abc import Generator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
 
@@ -37,6 +37,43 @@ class AsyncBillingClient(ClientBase[httpx.AsyncBaseTransport]):
         """Queue one event; see :meth:`BillingClient.send`. Call it from the event loop."""
         self._start()
         return self._engine.send(event)
+
+    async def authorize(
+        self,
+        request_id: str,
+        api_key_id: str,
+        model: str,
+        estimate: Mapping[str, Any],
+        *,
+        tags: Sequence[str] | None = None,
+        service_tier: str | None = None,
+        ttl_s: int | None = None,
+    ) -> dict[str, Any]:
+        """See :meth:`BillingClient.authorize`."""
+        self._start()
+        assert self._http is not None
+        url, body = self._authorization(
+            request_id, api_key_id, model, estimate, tags, service_tier, ttl_s
+        )
+        try:
+            response: httpx.Response | Exception = await self._http.post(
+                url, json=body, headers=self._headers()
+            )
+        except Exception as error:  # network errors, timeouts, protocol errors
+            response = error
+        return self._answer(response)
+
+    async def release(self, request_id: str) -> dict[str, Any]:
+        """See :meth:`BillingClient.release`."""
+        self._start()
+        assert self._http is not None
+        try:
+            response: httpx.Response | Exception = await self._http.delete(
+                self._release_url(request_id), headers=self._headers()
+            )
+        except Exception as error:  # network errors, timeouts, protocol errors
+            response = error
+        return self._answer(response)
 
     async def flush(self, timeout: float | None = None) -> bool:
         """See :meth:`BillingClient.flush`."""

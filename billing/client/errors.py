@@ -46,6 +46,32 @@ class DeliveryError(Exception):
         self.detail = detail
 
 
+class ServiceError(Exception):
+    """An authorization or a release the service did not answer with 200 (CONTRACT
+    "Authorizations and holds (v3)"); what the gateway then does is its ``fail_open`` setting.
+
+    Attributes:
+        status: the HTTP status (``409``: the request_id was authorized with another body;
+            ``422``: a bad field; ``503``: the service cannot decide now), or ``None`` when
+            there was no answer (a network error or timeout).
+        detail: the service's JSON answer, when there was one.
+        retry_after_s: the ``Retry-After`` of a ``503``, seconds.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        detail: Any = None,
+        retry_after_s: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.detail = detail
+        self.retry_after_s = retry_after_s
+
+
 @dataclass(frozen=True, slots=True)
 class ClientStats:
     """A snapshot of a client's counters (all counts are events, except ``requests`` and

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Generator, Mapping
+from collections.abc import Generator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
 
@@ -69,6 +69,52 @@ class BillingClient(ClientBase[httpx.BaseTransport]):
             ClientClosedError: the client is closed.
         """
         return self._engine.send(event)
+
+    def authorize(
+        self,
+        request_id: str,
+        api_key_id: str,
+        model: str,
+        estimate: Mapping[str, Any],
+        *,
+        tags: Sequence[str] | None = None,
+        service_tier: str | None = None,
+        ttl_s: int | None = None,
+    ) -> dict[str, Any]:
+        """Reserve ``estimate`` (``{"input_tokens", "max_output_tokens"}`` or
+        ``{"amount_usd": "0.05"}``) for the call ``request_id`` before calling the upstream;
+        returns the service's answer (``decision``, ``reason``, ``retryable``,
+        ``retry_after_s``, ``hold_usd``, ``expires_at``, …). Blocks on one HTTP request; the same
+        ``request_id`` and arguments again get the first answer.
+
+        Raises:
+            ServiceError: no answer, or not 200 (``status`` 409, 422, 503…).
+        """
+        url, body = self._authorization(
+            request_id, api_key_id, model, estimate, tags, service_tier, ttl_s
+        )
+        try:
+            response: httpx.Response | Exception = self._http.post(
+                url, json=body, headers=self._headers()
+            )
+        except Exception as error:  # network errors, timeouts, protocol errors
+            response = error
+        return self._answer(response)
+
+    def release(self, request_id: str) -> dict[str, Any]:
+        """Give back the hold of ``request_id`` (the gateway did not call the upstream);
+        returns ``{"request_id", "state", "hold_usd", "expires_at", "released_at"}``.
+
+        Raises:
+            ServiceError: no answer, or not 200 (``status`` 404: no such authorization).
+        """
+        try:
+            response: httpx.Response | Exception = self._http.delete(
+                self._release_url(request_id), headers=self._headers()
+            )
+        except Exception as error:  # network errors, timeouts, protocol errors
+            response = error
+        return self._answer(response)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Deliver everything queued so far now, and replay the spool; block until done.
