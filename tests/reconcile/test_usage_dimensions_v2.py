@@ -116,8 +116,9 @@ def test_an_advisor_iteration_is_priced_at_its_own_model_in_a_second_line(
             "cache_creation_input_tokens": 0,
         }
     ]
-    # The call's buckets hold everything it bills; the advisor's output was not the client's.
-    assert (call["input_tokens"], call["output_tokens_billed"]) == (1400, 180)
+    # v3: the call's top-level figures are those billed at its model; the advisor's tokens
+    # appear only under other_models (and in the cost).
+    assert (call["input_tokens"], call["output_tokens_billed"]) == (500, 120)
     assert (call["output_tokens_delivered"], call["output_tokens_undelivered"]) == (120, 0)
 
 
