@@ -243,6 +243,7 @@ _ROW: dict[str, Any] = {
     **_tokens(None),
     "cost_usd": (Usd | None, Field(description=_COST)),
     "charge_usd": (Usd | None, Field(description=_CHARGE)),
+    "leakage_usd": (Usd | None, Field(description=_LEAKAGE)),
     "units": (dict[str, int], Field(description="unit name → count (v2)")),
 }
 _UsageRowFields: Any = cast(Any, create_model("_UsageRowFields", __config__=_OUT, **_ROW))

@@ -13,7 +13,9 @@ for failed calls (v3)":
 - ``ledger_entries``: ``provider_cost_pusd``, ``failure_charge`` (the policy a line was charged
   under; null: ``bill``) and ``leakage_pusd`` (0 for the entries stored before, with a cost);
 - ``prices`` and ``plan_prices``: ``inference_geo`` ('' for none) in their identity;
-- ``plan_versions``: ``failure_charges`` (JSON text; null: ``bill`` for every category).
+- ``plan_versions``: ``failure_charges`` (JSON text; null: ``bill`` for every category);
+- ``usage_rollups`` and ``usage_rollups_all_keys``: ``leakage_whole_usd``, ``leakage_frac_pusd``
+  (0: nothing was left uncharged before).
 """
 
 from collections.abc import Sequence
@@ -26,6 +28,8 @@ down_revision: str | None = "0012"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
+_ROLLUPS = ("usage_rollups", "usage_rollups_all_keys")
+_LEAKAGE = ("leakage_whole_usd", "leakage_frac_pusd")
 _PRICE_IDENTITY = ["model", "service_tier", "effective_from", "above_input_tokens"]
 _PLAN_PRICE_IDENTITY = ["plan_version_id", "model", "service_tier", "above_input_tokens"]
 
@@ -45,6 +49,12 @@ def upgrade() -> None:
     op.execute("UPDATE calls SET leakage_pusd = 0 WHERE cost_pusd IS NOT NULL")
     op.execute("UPDATE ledger_entries SET leakage_pusd = 0 WHERE cost_pusd IS NOT NULL")
     op.add_column("plan_versions", sa.Column("failure_charges", sa.Text(), nullable=True))
+    for table in _ROLLUPS:
+        for column in _LEAKAGE:
+            op.add_column(
+                table,
+                sa.Column(column, sa.BigInteger(), server_default=sa.text("0"), nullable=False),
+            )
     with op.batch_alter_table("prices") as batch:
         batch.add_column(_geo())
         batch.drop_constraint(
@@ -74,6 +84,9 @@ def downgrade() -> None:
             "uq_prices_model_service_tier_effective_from_above_input_tokens", _PRICE_IDENTITY
         )
         batch.drop_column("inference_geo")
+    for table in _ROLLUPS:
+        for column in _LEAKAGE:
+            op.drop_column(table, column)
     op.drop_column("plan_versions", "failure_charges")
     for column in ("leakage_pusd", "failure_charge", "provider_cost_pusd"):
         op.drop_column("ledger_entries", column)
