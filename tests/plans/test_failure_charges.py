@@ -160,3 +160,11 @@ def test_another_policy_for_the_same_version_is_a_409(client: TestClient) -> Non
     ok(client.post("/v1/plans", json=PF), 200)
     other = {**PF, "failure_charges": {"upstream_error": "bill"}}
     assert client.post("/v1/plans", json=other).status_code == 409
+
+
+def test_the_console_call_page_shows_the_charge_and_the_leakage(charged: TestClient) -> None:
+    page = charged.get("/console/calls/gone")
+    assert page.status_code == 200, page.text
+    assert '<dd id="charge">0.001872</dd>' in page.text
+    assert '<dd id="leakage">0.00255</dd>' in page.text
+    assert "<td>bill_delivered</td>" in page.text
