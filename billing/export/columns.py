@@ -135,14 +135,13 @@ V2_USAGE_GROUPS: Final[tuple[str, ...]] = ("customer_id", "plan_id")
 #: charges the output billed less the undelivered), the cost it left uncharged and the
 #: provider's own cost (CONTRACT "Charge policy for failed calls (v3)", "Non-streaming calls,
 #: hosted-tool fees, provider-reported cost (v3)").
-V3_CALLS_ADDED: Final[tuple[V2Column, ...]] = (
-    V2Column("failure_charge", "failure_charge", "text"),
-    V2Column("leakage_usd", "leakage_pusd", "money"),
-    V2Column("provider_cost_usd", "provider_cost_pusd", "money"),
-)
 V3_USAGE_ADDED: Final[tuple[V2Column, ...]] = (
     V2Column("leakage_usd", "leakage_pusd", "money"),
     V2Column("provider_cost_usd", "provider_cost_pusd", "money"),
+)
+V3_CALLS_ADDED: Final[tuple[V2Column, ...]] = (
+    V2Column("failure_charge", "failure_charge", "text"),
+    *V3_USAGE_ADDED,
 )
 
 

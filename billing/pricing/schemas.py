@@ -17,9 +17,9 @@ from pydantic import (
 from pydantic.json_schema import WithJsonSchema
 
 from billing.fields import (
-    InferenceGeo,
     MAX_TOKENS,
     MAX_UNITS,
+    InferenceGeo,
     ModelName,
     ServiceTier,
     Timestamp,

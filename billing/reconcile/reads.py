@@ -110,8 +110,8 @@ def load_booked(session: Session, request_ids: Sequence[str]) -> dict[str, Booke
     price_ids: set[int] = set()
     plan_price_ids: set[int] = set()
     for row in repo.read_booked(session, request_ids):
-        request_id, *line, max_seq, last_reversal = row[: _WIDTH]
-        *sums, provider_cost = row[_WIDTH :]
+        request_id, *line, max_seq, last_reversal = row[:_WIDTH]
+        *sums, provider_cost = row[_WIDTH:]
         entry = booked.setdefault(request_id, Booked())
         key = LineKey(*line)
         if provider_cost is not None:
