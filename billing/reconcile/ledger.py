@@ -244,8 +244,8 @@ def plan_entries(
     ``booked_plan_prices`` the plan price each line was charged at (v2; lines without one left
     out), ``booked_provider_costs`` the provider's own cost booked per line (v3; lines without
     one left out). ``has_entries`` tells whether the call has any entry yet. An open line that
-    is no longer a target is reversed in full, and a target line that is not open gets an entry, both even at
-    zero tokens, so the ledger always names the call's key, model and price.
+    is no longer a target is reversed in full, and a target line that is not open gets an
+    entry, both even at zero tokens, so the ledger always names the call's key, model and price.
     Source: CONTRACT "Reconciliation", "Usage dimensions (v2)".
     """
     if not has_entries:
