@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import csv
 import io
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from billing.dimensions import Tokens
+from billing.plans.charges import failure_categories, failure_charge, policy_charge
+from billing.pricing.prices import PriceRow
 from billing.settings import Settings
 from tests.plans.test_plans import SONNET, call, ev, ok, post, reconcile
 
@@ -168,3 +172,82 @@ def test_the_console_call_page_shows_the_charge_and_the_leakage(charged: TestCli
     assert '<dd id="charge">0.001872</dd>' in page.text
     assert '<dd id="leakage">0.00255</dd>' in page.text
     assert "<td>bill_delivered</td>" in page.text
+
+
+# --- the policy, pure ----------------------------------------------------------------------
+
+
+@pytest.mark.nodb
+@pytest.mark.parametrize(
+    ("status", "error_type", "source", "categories"),
+    [
+        ("completed", None, "upstream", []),
+        ("client_disconnected", None, "upstream", ["client_disconnected"]),
+        ("failed", "api_error", "upstream", ["upstream_error"]),
+        ("failed", "stalled", "estimate", ["stalled", "estimated"]),
+        ("completed", None, "estimate", ["estimated"]),
+    ],
+)
+def test_a_call_falls_in_the_categories_of_its_status_and_usage(
+    status: str, error_type: str | None, source: str, categories: list[str]
+) -> None:
+    assert failure_categories(status, error_type, source) == categories
+
+
+@pytest.mark.nodb
+def test_the_policy_that_charges_least_applies() -> None:
+    policy = {"client_disconnected": "bill_delivered", "estimated": "void"}
+    assert failure_charge(policy, ["client_disconnected"]) == "bill_delivered"
+    assert failure_charge(policy, ["client_disconnected", "estimated"]) == "void"
+    assert failure_charge(policy, ["upstream_error"]) is None  # bill
+    assert failure_charge(policy, []) is None
+
+
+@pytest.mark.nodb
+def test_bill_delivered_at_a_plan_price_charges_the_delivered_output_at_it() -> None:
+    when = datetime(2026, 1, 1, tzinfo=UTC)
+    price = PriceRow(1, "m1", when, 3_000_000, 15_000_000, 300_000, 3_750_000, 3_750_000)
+    plan = PriceRow(2, "m1", when, 2_000_000, 10_000_000, 200_000, 2_500_000, 2_500_000)
+    tokens = Tokens(
+        input_tokens=70,
+        output_tokens_billed=260,
+        output_tokens_delivered=90,
+        output_tokens_undelivered=170,
+    )
+    cost = 4_110_000_000  # 70 × 3 + 260 × 15 µ$
+    assert price.cost_pusd(tokens) == cost
+    # 70 × 2 + 90 × 10 = 1,040 µ$ charged; 4,110 − (70 × 3 + 90 × 15) = 2,550 µ$ left.
+    assert policy_charge(tokens, None, cost, price, plan, None, "bill_delivered") == (
+        1_040_000_000,
+        2_550_000_000,
+    )
+    assert policy_charge(tokens, None, cost, price, plan, None, "void") == (0, cost)
+    # bill: 70 × 2 + 260 × 10 = 2,740 µ$ at the plan's price.
+    assert policy_charge(tokens, None, cost, price, plan, None, None) == (2_740_000_000, 0)
+    # Unpriced: void still charges nothing; the leakage is not known.
+    assert policy_charge(tokens, None, None, None, None, "20", "void") == (0, None)
+    assert policy_charge(tokens, None, None, None, None, "20", "bill_delivered") == (None, None)
+
+
+def test_a_new_policy_from_a_past_time_re_rates_the_settled_calls(
+    charged: TestClient, app: FastAPI, settings: Settings
+) -> None:
+    kinder = {**PF, "effective_from": "2026-02-01T00:00:00Z"}
+    kinder["failure_charges"] = {"upstream_error": "bill_delivered"}
+    ok(charged.post("/v1/plans", json=kinder), 201)
+    reconcile(app, settings, f"{DAY}T14:00:00Z")
+    err = call(charged, "err")
+    # Under bill_delivered now; with no disconnect and no delivered count it delivered what it
+    # generated, so it is billed in full.
+    assert (err["cost_usd"], err["charge_usd"], err["leakage_usd"]) == ("0.00411", "0.004932", "0")
+    entries = [
+        (e["kind"], e["failure_charge"], e["charge_usd"], e["leakage_usd"])
+        for e in err["ledger_entries"]
+    ]
+    assert entries == [
+        ("settlement", "void", "0", "0.00411"),
+        ("adjustment", "void", "0", "-0.00411"),
+        ("adjustment", "bill_delivered", "0.004932", "0"),
+    ]
+    gone = call(charged, "gone")  # disconnects are now billed in full
+    assert (gone["charge_usd"], gone["leakage_usd"]) == ("0.004932", "0")
