@@ -358,7 +358,7 @@ def test_the_v2_exports_carry_the_dimensions_and_v1_stays_as_it_was(priced: Test
     assert usage_v2.content.split(b"\r\n")[1] == (
         b'm1,,,1,100,0,30,50,50,0,0,,,10,"{""code_execution"":1,""web_search_requests"":3}"'
     )
-    bad = priced.get("/v1/exports/usage.csv", params={**period, "format": "v3"})
+    bad = priced.get("/v1/exports/usage.csv", params={**period, "format": "v4"})
     assert bad.status_code == 422
     assert bad.json()["errors"][0]["path"] == "query.format"
 
