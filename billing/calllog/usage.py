@@ -108,6 +108,9 @@ class UsageRow:
     #: (v2) The charge in picodollars (CONTRACT "Keys, customers and plans (v2)"), null as the
     #: cost is (a contribution without a charge).
     charge_pusd: int | None = None
+    #: (v3) The cost that charge policies for failed calls left uncharged, in picodollars
+    #: (CONTRACT "Charge policy for failed calls (v3)"), null as the cost is.
+    leakage_pusd: int | None = None
 
     def as_json(self) -> dict[str, Any]:
         """The contract's row: group-by keys, then ``TOTAL_FIELDS``, ``charge_usd``, ``units``."""
@@ -117,6 +120,7 @@ class UsageRow:
             **self.tokens,
             "cost_usd": pusd_to_str(self.cost_pusd),
             "charge_usd": pusd_to_str(self.charge_pusd),
+            "leakage_usd": pusd_to_str(self.leakage_pusd),
             "units": self.units,
         }
 
@@ -298,6 +302,7 @@ class _Groups:
                     cost_pusd=None if unknown else totals.cost_pusd,
                     units={name: n for name, n in sorted(self.units.get(group, {}).items()) if n},
                     charge_pusd=None if no_charge else totals.charge_pusd,
+                    leakage_pusd=None if unknown else totals.leakage_pusd,
                 )
             )
         return result
@@ -325,14 +330,19 @@ def _read_rollups(
     width = len(dims)
     for i in range(0, len(runs), _RUNS_PER_QUERY):
         for seg, *row in store.rollup_sums(session, runs[i : i + _RUNS_PER_QUERY], rows):
-            *counts, whole, frac, charge_whole, charge_frac = (
+            *counts, whole, frac, charge_whole, charge_frac, leak_whole, leak_frac = (
                 int(value or 0) for value in row[width:]
             )
             # '' is how the rollups hold a null key, model or customer
             groups.add(
                 seg,
                 tuple(value or None for value in row[:width]),
-                Totals(counts, whole * PICO + frac, charge_whole * PICO + charge_frac),
+                Totals(
+                    counts,
+                    whole * PICO + frac,
+                    charge_whole * PICO + charge_frac,
+                    leak_whole * PICO + leak_frac,
+                ),
             )
 
 

@@ -79,7 +79,11 @@ _Tz = Annotated[
     str | None, typer.Option(help="usage: IANA zone where buckets begin (default UTC).")
 ]
 _Format = Annotated[
-    str | None, typer.Option("--format", help="v1 (default) or v2 (the v2 columns after v1's).")
+    str | None,
+    typer.Option(
+        "--format",
+        help="v1 (default), v2 (the v2 columns after v1's) or v3 (v2's, then the leakage).",
+    ),
 ]
 _Customer = Annotated[
     str | None, typer.Option("--customer", help="usage: only this customer's entries (v2).")

@@ -18,8 +18,10 @@ class CallsCsvParams(BaseModel):
 
     since: AwareDatetime = Field(description="start (inclusive), RFC 3339 with an offset")
     until: AwareDatetime = Field(description="end (exclusive), RFC 3339 with an offset")
-    format: Literal["v1", "v2"] | None = Field(
-        None, description="v1 (default: the v1 columns) or v2 (the v2 columns after them)"
+    format: Literal["v1", "v2", "v3"] | None = Field(
+        None,
+        description="v1 (default: the v1 columns), v2 (the v2 columns after them) or v3 (v2's, "
+        "then the failure policy, leakage_usd and provider_cost_usd)",
     )
 
 

@@ -63,7 +63,8 @@ CALL_AGGREGATES = """SELECT min(request_id) AS request_id,
 #: What follows ``FROM prices p`` to pick the price in force at the call's start (the latest
 #: ``effective_from`` at or before it) for a usage that names no served tier: the price without
 #: a tier, not its long-context prices (``NOT_LONG_CONTEXT``).
-PRICE_IN_FORCE = """WHERE p.model = c.model AND p.service_tier = '' AND p.above_input_tokens = 0
+PRICE_IN_FORCE = """WHERE p.model = c.model AND p.service_tier = '' AND p.inference_geo = ''
+            AND p.above_input_tokens = 0
             AND p.effective_from <= g.started_at
         ORDER BY p.effective_from DESC LIMIT 1"""
 
@@ -159,6 +160,11 @@ COUNTER_BOUNDS = f"""g.progress_delivered <= {MAX_TOKENS} AND g.progress_generat
 SETTLES_NOW = f"""(({{u}}.source = 'upstream' AND {{u}}.output_tokens >= {_SEEN_DELIVERED})
             OR ({{u}}.source = 'estimate' AND {_ARRIVAL} <= {{cutoff}}))"""
 
+#: Template (``{u}``): (v3) not an estimate with an input of 0, which is "not known" when the
+#: ``stream.started`` has a count (CONTRACT "Non-streaming calls, hosted-tool fees,
+#: provider-reported cost (v3)"): the rule reads the ``stream.started``.
+ESTIMATE_INPUT_KNOWN = "({u}.source = 'upstream' OR {u}.input_tokens <> 0)"
+
 #: Every rate of the price below ``RATE_LIMIT``.
 RATES_BELOW_LIMIT = "\n        AND ".join(f"p.{name} < {RATE_LIMIT}" for name in RATE_COLUMNS)
 
@@ -166,6 +172,7 @@ RATES_BELOW_LIMIT = "\n        AND ".join(f"p.{name} < {RATE_LIMIT}" for name in
 #: (input + cache read + cache creation) exceeds: such a call is the rule's (v2).
 NOT_LONG_CONTEXT = """NOT EXISTS (SELECT 1 FROM prices q
             WHERE q.model = p.model AND q.service_tier = p.service_tier
+                AND q.inference_geo = p.inference_geo
                 AND q.effective_from = p.effective_from AND q.above_input_tokens > 0
                 AND q.above_input_tokens < {u}.input_tokens + {u}.cache_read_input_tokens
                     + {u}.cache_creation_input_tokens)"""
@@ -200,7 +207,15 @@ def settle_conditions(long_context: bool, assignments: bool) -> str:
     probes of ``PROBES_NEEDED``'s answers (``long_context``, ``assignments``)."""
     probes = (NOT_LONG_CONTEXT,) * long_context + (NO_KEY_ASSIGNMENT,) * assignments
     return "\n        AND ".join(
-        (TOKEN_RANGES, COUNTER_BOUNDS, SETTLES_NOW, RATES_BELOW_LIMIT, *probes, NO_V2_FIGURES)
+        (
+            TOKEN_RANGES,
+            COUNTER_BOUNDS,
+            SETTLES_NOW,
+            ESTIMATE_INPUT_KNOWN,
+            RATES_BELOW_LIMIT,
+            *probes,
+            NO_V2_FIGURES,
+        )
     )
 
 
@@ -223,6 +238,9 @@ ENTRY_VALUES = ", ".join(
         # the key has no assignment (NO_KEY_ASSIGNMENT); its charge is its cost.
         ", ".join(["NULL"] * (3 + len(PLAN_RATE_COLUMNS) + 2)),
         "f.cost_pusd",
+        # provider_cost_pusd, failure_charge (bill), leakage_pusd: a plain usage reports no
+        # provider cost, and a key without a plan has no failure policy (v3).
+        "NULL, NULL, 0",
     )
 )
 
@@ -233,6 +251,7 @@ SET_TOKENS_AND_COST = ", ".join(
         *(f"{name} = f.{name}" for name in TOKEN_FIELDS),
         "cost_pusd = f.cost_pusd",
         "charge_pusd = f.cost_pusd",
+        "leakage_pusd = 0",
     )
 )
 
