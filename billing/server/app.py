@@ -15,6 +15,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from billing import destinations
 from billing.api import (
     budgets,
     calls,
@@ -141,7 +142,9 @@ class _App(FastAPI):
                 )
                 await errors.render(error)(scope, receive, send)
                 return
-        await super().__call__(scope, receive, send)
+        # a budget's webhook URL is checked against the destination policy of these settings
+        with destinations.allowing_private(self.state.billing.settings.webhook_allow_private):
+            await super().__call__(scope, receive, send)
 
     def openapi(self) -> dict[str, Any]:
         """The schema, with the body models of the routes that read their bodies themselves
