@@ -50,6 +50,21 @@ def _to_utc(value: datetime) -> datetime:
         raise ValueError("is out of range: send an instant between years 1 and 9999 UTC") from None
 
 
+#: The instants an event may have happened at and a query's period may start or end at: one
+#: range (zones and calendars stay defined in it), ``[EARLIEST, LATEST]``.
+EARLIEST = datetime(1900, 1, 1, tzinfo=UTC)
+LATEST = datetime(9000, 1, 1, tzinfo=UTC)
+
+
+def in_range(value: datetime) -> datetime:
+    """``value`` (aware) if it lies in ``[EARLIEST, LATEST]``; else ``ValueError``."""
+    if not EARLIEST <= value <= LATEST:
+        raise ValueError(
+            f"must be between {EARLIEST.year}-01-01T00:00:00Z and {LATEST.year}-01-01T00:00:00Z"
+        )
+    return value
+
+
 def printable(value: str) -> str:
     """``value`` if it is printable text that is not blank; else ``ValueError``."""
     if not value.isprintable():
@@ -79,6 +94,8 @@ def not_a_secret(value: str) -> str:
 
 #: An instant: an RFC 3339 string with an offset, held as an aware UTC ``datetime``.
 Timestamp = Annotated[AwareDatetime, BeforeValidator(_require_text), AfterValidator(_to_utc)]
+#: When an event happened: a ``Timestamp`` within ``[EARLIEST, LATEST]``.
+OccurredAt = Annotated[Timestamp, AfterValidator(in_range)]
 #: A token count: an integer from 0 to ``MAX_TOKENS`` (a JSON number, never a string).
 TokenCount = Annotated[int, Field(ge=0, le=MAX_TOKENS, strict=True)]
 #: An id: printable text of 1–128 characters.

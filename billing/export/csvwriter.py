@@ -4,8 +4,9 @@
   or LF (``csv.QUOTE_MINIMAL``), and a double quote inside is doubled.
 - Text cells that a spreadsheet would run as a formula (whose first character after any spaces
   and ``;`` is ``=``, ``+``, ``-``, ``@``, a full-width ``＝ ＋ － ＠``, tab, CR or LF) get a
-  leading ``'`` (:func:`neutralise`, the one definition every CSV writer uses). Numeric cells (token counts, prices, costs,
-  negative adjustments too) are written as they are and never altered.
+  leading ``'`` (:func:`neutralise`, the one definition every CSV writer uses). Numeric cells
+  (token counts, prices, costs, negative adjustments too) are written as they are and never
+  altered.
 - Money is exact: prices and costs are stored as integers (micro-USD per million tokens,
   picodollars) and written as plain decimals with trailing zeros removed, exactly as
   :func:`billing.money.pusd_to_str` writes them, with integer and string operations only.

@@ -28,9 +28,9 @@ from billing.fields import (
     MetadataKey,
     MetadataValue,
     ModelName,
+    OccurredAt,
     PublicId,
     ServiceTier,
-    Timestamp,
     TokenCount,
     UsdAmount,
 )
@@ -55,7 +55,7 @@ class _Event(BaseModel):
 
     event_id: Id128
     request_id: Id128
-    occurred_at: Timestamp
+    occurred_at: OccurredAt
     attempt: Annotated[int, Field(ge=1, le=MAX_ATTEMPT, strict=True)] = 1
 
 
