@@ -65,19 +65,29 @@ def in_range(value: datetime) -> datetime:
     return value
 
 
-def printable(value: str) -> str:
-    """``value`` if it is printable text that is not blank; else ``ValueError``."""
+#: What a text field is told when it holds a character it may not (``no_control``).
+NOT_PRINTABLE = "must be printable text (no control characters)"
+
+
+def no_control(value: str) -> str:
+    """``value`` unless it holds a character that is not printable; else ``ValueError``.
+
+    The one text rule of every field a client sends (ids, names, labels, metadata, messages,
+    URLs): Python's ``str.isprintable`` refuses the control characters (NUL, which PostgreSQL's
+    text and ``jsonb`` cannot hold, CR, LF, tab, ESC), the line and paragraph separators
+    (U+2028, U+2029), the format characters (direction overrides such as U+202E, zero-width
+    spaces and joiners, the BOM U+FEFF, the soft hyphen), surrogates and unassigned code points.
+    Empty text passes (a field that may be empty says so by its length)."""
     if not value.isprintable():
-        raise ValueError("must be printable text (no control characters)")
-    if value.isspace():
-        raise ValueError("must not be blank (spaces only)")
+        raise ValueError(NOT_PRINTABLE)
     return value
 
 
-def _no_control(value: str) -> str:
-    # Empty and blank values stay allowed (a tag may be empty); NUL breaks PostgreSQL's jsonb.
-    if value and not value.isprintable():
-        raise ValueError("must be printable text (no control characters)")
+def printable(value: str) -> str:
+    """``value`` if it passes ``no_control`` and is not blank; else ``ValueError``."""
+    no_control(value)
+    if value.isspace():
+        raise ValueError("must not be blank (spaces only)")
     return value
 
 
@@ -113,7 +123,7 @@ ModelName = Annotated[
 MetadataKey = Annotated[
     str, StringConstraints(min_length=1, max_length=64), AfterValidator(printable)
 ]
-MetadataValue = Annotated[str, StringConstraints(max_length=256), AfterValidator(_no_control)]
+MetadataValue = Annotated[str, StringConstraints(max_length=256), AfterValidator(no_control)]
 #: A served tier: printable text of 1–32 characters.
 ServiceTier = Annotated[
     str, StringConstraints(min_length=1, max_length=32), AfterValidator(printable)
@@ -132,6 +142,10 @@ Counts = Annotated[
     dict[UnitName, TokenCount],
     Field(max_length=MAX_UNITS, json_schema_extra={"additionalProperties": False}),
 ]
+#: Free text up to 4096 characters (a failure's message): ``no_control``, may be empty.
+FreeText = Annotated[str, StringConstraints(max_length=4096), AfterValidator(no_control)]
+#: A name shown beside an id (a token's, a key's): printable text of 1–256 characters.
+Name = Annotated[str, StringConstraints(min_length=1, max_length=256), AfterValidator(printable)]
 #: An amount in USD sent as a decimal string, exact to the picodollar (``billing.money.parse_usd``),
 #: held as its canonical text ("0.1" for "0.10": the same content either way).
 UsdAmount = Annotated[

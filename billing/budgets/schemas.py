@@ -13,7 +13,7 @@ from pydantic.json_schema import WithJsonSchema
 
 from billing import destinations
 from billing.budgets.periods import zone
-from billing.fields import Id128, PublicId
+from billing.fields import Id128, PublicId, no_control
 from billing.money import format_usd
 
 #: The largest limit accepted, USD.
@@ -88,8 +88,9 @@ def parse_webhook_url(value: object) -> str | None:
         return None
     if not isinstance(value, str) or len(value) > MAX_URL_LENGTH:
         raise ValueError(f"must be an http or https URL of at most {MAX_URL_LENGTH} characters")
-    if not value.isprintable() or " " in value:
-        raise ValueError("must not contain spaces or control characters")
+    no_control(value)
+    if " " in value:
+        raise ValueError("must not contain spaces")
     destinations.check_url(value)
     return value
 

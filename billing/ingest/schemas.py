@@ -10,7 +10,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    StringConstraints,
     TypeAdapter,
     create_model,
     model_validator,
@@ -22,6 +21,7 @@ from billing.anomalies import ReportedAnomaly
 from billing.dimensions import BUCKETS
 from billing.fields import (
     Counts,
+    FreeText,
     Id128,
     InferenceGeo,
     Label,
@@ -224,7 +224,7 @@ class StreamFailed(_Event):
 
     type: Literal["stream.failed"]
     error_type: Label
-    message: Annotated[str, StringConstraints(max_length=4096)] | None = None
+    message: FreeText | None = None
     output_tokens_generated: TokenCount | None = None
 
 
