@@ -44,6 +44,7 @@ from billing.console import install as install_console
 from billing.errors import FieldError, ValidationFailed
 from billing.ingest.validation import MAX_BODY_BYTES
 from billing.metrics import Metrics
+from billing.providers.schemas import MAX_REPORT_BYTES
 from billing.reconcile.runner import Backoff, run_pass
 from billing.settings import Settings, get_settings
 from billing.storage.db import make_engine, make_sessionmaker
@@ -220,7 +221,7 @@ def create_app(settings: Settings | None = None, *, background: bool = False) ->
         app._dispatch,
         settings,
         lambda: app.state.tokens,
-        body_limits={events.PATH: MAX_BODY_BYTES, providers.PATH: providers.MAX_REPORT_BYTES},
+        body_limits={events.PATH: MAX_BODY_BYTES, providers.PATH: MAX_REPORT_BYTES},
         gzip_paths=frozenset({events.PATH}),
         form_paths=FORM_PATHS,
     )
