@@ -50,6 +50,8 @@ class Settings(BaseSettings):
     - ``forwarded_allow_ips``: the proxies (addresses, comma-separated, or ``*``) whose
       ``X-Forwarded-Proto``/``X-Forwarded-For`` are trusted (uvicorn's ``proxy_headers``); the
       console cookie is ``Secure`` when the client's scheme is https.
+    - ``min_free_disk_bytes``: ``/readyz`` answers 503 "disk full" when less than this is free
+      beside a SQLite database (default 32 MiB; its writes fail when the disk is full).
     - ``cookie_secure``: always mark the console cookie ``Secure`` (default false: when the
       request's scheme is https).
     - ``webhook_poll_s``: seconds between the delivery worker's looks at the outbox.
@@ -79,6 +81,7 @@ class Settings(BaseSettings):
     webhook_allow_private: bool = False
     forwarded_allow_ips: str | None = None
     cookie_secure: bool = False
+    min_free_disk_bytes: int = Field(default=32 << 20, ge=0)
     log_level: str = "info"
 
     @field_validator("database_url")
