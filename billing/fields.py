@@ -83,6 +83,15 @@ def no_control(value: str) -> str:
     return value
 
 
+def printable_text(value: str) -> str:
+    """``value`` with every character ``no_control`` refuses replaced by a space: what this
+    package's senders put in a free-text field they did not write (an upstream's error message,
+    an exception's text), so that the field is never refused."""
+    if value.isprintable():
+        return value
+    return "".join(ch if ch.isprintable() else " " for ch in value)
+
+
 def printable(value: str) -> str:
     """``value`` if it passes ``no_control`` and is not blank; else ``ValueError``."""
     no_control(value)

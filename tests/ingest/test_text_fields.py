@@ -12,6 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import text
 
+from billing.taps.fields import normalize_error
 from tests.builders import post
 
 HOSTILE = ["\x00", "\r", "\n", "\x1b", "\u2028", "\u202e", "\u200b", "\ufeff"]
@@ -89,3 +90,20 @@ def test_the_text_that_passes_keeps_every_event_readable_as_jsonb(
             text("SELECT body::jsonb ->> 'message' FROM events WHERE type = 'stream.failed'")
         ).scalars()
         assert sorted(messages) == sorted([f"upstream said {odd} here", "é🙂\\"])
+
+
+def test_our_senders_make_an_upstream_message_printable(client: TestClient) -> None:
+    """An upstream's error text with line breaks and escapes (the taps' ``normalize_error``,
+    which the gateway and the LiteLLM callback read) is sent with spaces in their place: the
+    event is accepted, never refused for text the gateway did not write."""
+    error = normalize_error({"type": "overloaded_error", "message": "busy\r\nretry\x1b[0m\u2028"})
+    assert error["message"] == "busy  retry [0m "
+    event = {
+        "event_id": "r-3-f",
+        "request_id": "r-3",
+        "type": "stream.failed",
+        "occurred_at": "2026-03-01T10:00:01Z",
+        "error_type": error["type"],
+        "message": error["message"],
+    }
+    assert post(client, [event]).status_code == 200
