@@ -41,7 +41,19 @@ class Settings(BaseSettings):
     - ``webhook_retry_s``: a budget alert's webhook is retried (exponential backoff with jitter)
       for this many seconds after the alert, then marked failed (CONTRACT "Budgets and alerts
       (v2)", default 24 h).
-    - ``webhook_timeout_s``: one webhook delivery's timeout (default 10 s).
+    - ``webhook_timeout_s``: the deadline of one webhook delivery attempt, whole: resolving,
+      connecting, sending and reading the reply (default 10 s).
+    - ``webhook_concurrency``: webhook deliveries in flight at once (default 16).
+    - ``webhook_allow_private``: allow webhook URLs whose host is (or resolves to) a loopback,
+      private, link-local, metadata or multicast address (default false: refused;
+      ``billing.destinations``).
+    - ``forwarded_allow_ips``: the proxies (addresses, comma-separated, or ``*``) whose
+      ``X-Forwarded-Proto``/``X-Forwarded-For`` are trusted (uvicorn's ``proxy_headers``); the
+      console cookie is ``Secure`` when the client's scheme is https.
+    - ``min_free_disk_bytes``: ``/readyz`` answers 503 "disk full" when less than this is free
+      beside a SQLite database (default 32 MiB; its writes fail when the disk is full).
+    - ``cookie_secure``: always mark the console cookie ``Secure`` (default false: when the
+      request's scheme is https).
     - ``webhook_poll_s``: seconds between the delivery worker's looks at the outbox.
     """
 
@@ -65,6 +77,11 @@ class Settings(BaseSettings):
     webhook_retry_s: float = Field(default=86_400.0, gt=0)
     webhook_timeout_s: float = Field(default=10.0, gt=0)
     webhook_poll_s: float = Field(default=1.0, gt=0)
+    webhook_concurrency: int = Field(default=16, ge=1, le=1024)
+    webhook_allow_private: bool = False
+    forwarded_allow_ips: str | None = None
+    cookie_secure: bool = False
+    min_free_disk_bytes: int = Field(default=32 << 20, ge=0)
     log_level: str = "info"
 
     @field_validator("database_url")

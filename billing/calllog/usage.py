@@ -32,7 +32,7 @@ import json
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -46,6 +46,7 @@ from billing.calllog.repository import repository
 from billing.calllog.rows import RollupSlice
 from billing.dimensions import TOKEN_FIELDS
 from billing.errors import FieldError, ValidationFailed
+from billing.fields import in_range
 from billing.money import pusd_to_str
 from billing.rollups.buckets import Run, Window, cover
 from billing.rollups.rows import BASES, CALL_START, COUNT_FIELDS, PICO
@@ -61,9 +62,6 @@ PARAMETERS = ("since", "until", "api_key_id", "model", "customer_id", "group_by"
 TOTAL_FIELDS = ("calls", *TOKEN_FIELDS, "cost_usd")
 #: The most local periods one query may return (an hour by hour year is 8,760).
 MAX_PERIODS = 20_000
-#: The range of instants a period may start or end at (zones and calendars stay defined).
-EARLIEST = datetime(1900, 1, 1, tzinfo=UTC)
-LATEST = datetime(9000, 1, 1, tzinfo=UTC)
 #: Rollup runs per statement.
 _RUNS_PER_QUERY = 2000
 #: Raw windows per statement (see ``_read_raw``).
@@ -144,12 +142,7 @@ _UNTIL = "the period's end (exclusive) with an offset, such as 2026-04-01T00:00:
 
 
 def _period_edge(text: str) -> datetime:
-    at = parse_timestamp(text)
-    if not EARLIEST <= at <= LATEST:
-        raise ValueError(
-            f"must be between {EARLIEST.year}-01-01T00:00:00Z and {LATEST.year}-01-01T00:00:00Z"
-        )
-    return at
+    return in_range(parse_timestamp(text))
 
 
 def parse_usage_query(items: Iterable[tuple[str, str]]) -> UsageQuery:

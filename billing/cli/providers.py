@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -22,7 +23,13 @@ from billing.cli.common import (
 )
 from billing.errors import ValidationFailed
 from billing.providers.pull import KEY_VARIABLES, PullError, PullRequest, fetch_pages
-from billing.providers.schemas import KINDS, PROVIDERS, ReportBucket, parse_page
+from billing.providers.schemas import (
+    KINDS,
+    MAX_REPORT_BYTES,
+    PROVIDERS,
+    ReportBucket,
+    parse_page,
+)
 from billing.providers.service import import_buckets
 from billing.storage.db import write_transaction
 
@@ -65,7 +72,7 @@ def providers_import(
     pages: list[tuple[ReportBucket, ...]] = []
     for file in files:
         try:
-            document = json.loads(file.read_bytes(), parse_float=Decimal)
+            document = json.loads(read_page_file(file), parse_float=Decimal)
         except (OSError, ValueError) as error:
             fail(f"cannot read {file}: {error}")
         try:
@@ -77,6 +84,24 @@ def providers_import(
         now = datetime.now(UTC)
         results = [import_buckets(session, provider, kind, page, now) for page in pages]
     typer.echo(json.dumps(_totals(results)))
+
+
+def read_page_file(file: Path) -> bytes:
+    """The bytes of a regular file of at most ``MAX_REPORT_BYTES``; ``ValueError`` for anything
+    else (a device such as ``/dev/zero``, a FIFO, a directory, a larger file), read no further
+    than the bound. The file is opened without blocking (a FIFO with no writer) and checked
+    through its descriptor, so the file checked is the file read."""
+    fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("not a regular file")
+        if info.st_size > MAX_REPORT_BYTES:
+            raise ValueError(f"larger than {MAX_REPORT_BYTES} bytes (a provider page is smaller)")
+        data = handle.read(MAX_REPORT_BYTES + 1)
+    if len(data) > MAX_REPORT_BYTES:
+        raise ValueError(f"larger than {MAX_REPORT_BYTES} bytes (a provider page is smaller)")
+    return data
 
 
 def _when(name: str, text: str) -> datetime:

@@ -79,8 +79,15 @@ def set_session(request: Request, response: Response, token: str) -> None:
         path=COOKIE_PATH,
         httponly=True,
         samesite="strict",
-        secure=request.url.scheme == "https",
+        secure=_secure(request),
     )
+
+
+def _secure(request: Request) -> bool:
+    """Whether the cookie is ``Secure``: always with ``BILLING_COOKIE_SECURE=true``, else when
+    the client's scheme is https (behind a trusted proxy: its ``X-Forwarded-Proto``, which
+    uvicorn applies for ``billing serve --forwarded-allow-ips``)."""
+    return bool(request.app.state.billing.settings.cookie_secure) or request.url.scheme == "https"
 
 
 def clear_session(request: Request, response: Response) -> None:
@@ -90,7 +97,7 @@ def clear_session(request: Request, response: Response) -> None:
         path=COOKIE_PATH,
         httponly=True,
         samesite="strict",
-        secure=request.url.scheme == "https",
+        secure=_secure(request),
     )
 
 

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from billing.fields import printable_text
 from billing.gateway.policy import DRAIN_SKIPPED
 from billing.taps import Tap, open_tap
 
@@ -157,5 +158,5 @@ class CallAccount:
                 "output_tokens_generated": generated,
             }
             if message:
-                failed["message"] = message[:1000]
+                failed["message"] = printable_text(message[:1000])
             self._event("stream.failed", failed)

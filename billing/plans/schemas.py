@@ -19,7 +19,7 @@ from pydantic import (
 from pydantic.json_schema import WithJsonSchema
 
 from billing.errors import FieldError, ValidationFailed
-from billing.fields import PublicId, Timestamp, not_a_secret
+from billing.fields import Name, PublicId, Timestamp, not_a_secret, printable
 from billing.money import format_usd
 from billing.pricing.schemas import _POSTED, PriceOut, _with_defaults
 
@@ -171,7 +171,7 @@ class KeyIn(BaseModel):
     customer_id: PublicId | None = None
     plan_id: PublicId | None = None
     effective_from: Timestamp | None = Field(default=None, description="default: now")
-    name: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    name: Name | None = None
 
 
 class KeyOut(BaseModel):
@@ -222,14 +222,9 @@ class KeysParams(BaseModel):
 def check_key_id(api_key_id: str) -> str:
     """An ``api_key_id`` as a path or argument gives it, checked as an event's is (printable,
     1–128 characters, never a secret); ``ValidationFailed`` (422) at ``path.api_key_id``."""
-    problem = None
-    if not 1 <= len(api_key_id) <= 128 or not api_key_id.isprintable() or api_key_id.isspace():
-        problem = "must be printable text of 1 to 128 characters"
-    else:
-        try:
-            not_a_secret(api_key_id)
-        except ValueError as error:
-            problem = str(error)
-    if problem:
-        raise ValidationFailed([FieldError(None, "path.api_key_id", problem)])
-    return api_key_id
+    try:
+        if not 1 <= len(api_key_id) <= 128:
+            raise ValueError("must be printable text of 1 to 128 characters")
+        return not_a_secret(printable(api_key_id))
+    except ValueError as error:
+        raise ValidationFailed([FieldError(None, "path.api_key_id", str(error))]) from None

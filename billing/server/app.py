@@ -15,6 +15,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from billing import destinations
 from billing.api import (
     authorizations,
     budgets,
@@ -44,6 +45,7 @@ from billing.console import install as install_console
 from billing.errors import FieldError, ValidationFailed
 from billing.ingest.validation import MAX_BODY_BYTES
 from billing.metrics import Metrics
+from billing.providers.schemas import MAX_REPORT_BYTES
 from billing.reconcile.runner import Backoff, run_pass
 from billing.settings import Settings, get_settings
 from billing.storage.db import make_engine, make_sessionmaker
@@ -142,7 +144,9 @@ class _App(FastAPI):
                 )
                 await errors.render(error)(scope, receive, send)
                 return
-        await super().__call__(scope, receive, send)
+        # a budget's webhook URL is checked against the destination policy of these settings
+        with destinations.allowing_private(self.state.billing.settings.webhook_allow_private):
+            await super().__call__(scope, receive, send)
 
     def openapi(self) -> dict[str, Any]:
         """The schema, with the body models of the routes that read their bodies themselves
@@ -218,7 +222,7 @@ def create_app(settings: Settings | None = None, *, background: bool = False) ->
         app._dispatch,
         settings,
         lambda: app.state.tokens,
-        body_limits={events.PATH: MAX_BODY_BYTES, providers.PATH: providers.MAX_REPORT_BYTES},
+        body_limits={events.PATH: MAX_BODY_BYTES, providers.PATH: MAX_REPORT_BYTES},
         gzip_paths=frozenset({events.PATH}),
         form_paths=FORM_PATHS,
     )

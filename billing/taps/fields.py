@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from billing.fields import printable_text
 from billing.taps.usage import is_unit_name
 
 __all__ = [
@@ -125,8 +126,7 @@ def normalize_error(raw: object, default_type: str = "api_error") -> dict[str, A
         else:
             err["type"] = default_type
     message = err.get("message")
-    if not isinstance(message, str):
-        err["message"] = "" if message is None else str(message)
+    err["message"] = printable_text("" if message is None else str(message))
     return err
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from litellm.integrations.custom_logger import CustomLogger
 
 from billing.client import BillingClient
+from billing.fields import printable_text
 from billing.gateway.policy import DrainPolicy
 from billing.gateway.slots import DrainSlots
 from billing.integrations.litellm.calls import Call, Calls, logged_call, streamed_call
@@ -138,7 +139,7 @@ class BillingCallback(CustomLogger):  # type: ignore[misc]
         error = kwargs.get("exception")
         fields: dict[str, Any] = {"error_type": error_type(error)}
         if error is not None:
-            fields["message"] = f"{type(error).__name__}: {error}"[:4096]
+            fields["message"] = printable_text(f"{type(error).__name__}: {error}"[:4096])
         if call.received:
             fields["output_tokens_generated"] = call.received
         self._sender.send(call, "stream.failed", fields)
