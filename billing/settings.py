@@ -43,6 +43,10 @@ class Settings(BaseSettings):
       (v2)", default 24 h).
     - ``webhook_timeout_s``: one webhook delivery's timeout (default 10 s).
     - ``webhook_poll_s``: seconds between the delivery worker's looks at the outbox.
+    - ``metrics_max_budgets``: ``/metrics`` reports the remaining amount of at most this many
+      budgets in force, the first by ``budget_id`` (CONTRACT "Observability (v3)").
+    - ``metrics_max_models``: ``/metrics`` labels at most this many models (those of the
+      highest cost); the others are summed under ``model="_other"``.
     """
 
     model_config = SettingsConfigDict(env_prefix="BILLING_", extra="ignore")
@@ -65,6 +69,8 @@ class Settings(BaseSettings):
     webhook_retry_s: float = Field(default=86_400.0, gt=0)
     webhook_timeout_s: float = Field(default=10.0, gt=0)
     webhook_poll_s: float = Field(default=1.0, gt=0)
+    metrics_max_budgets: int = Field(default=100, ge=0, le=10_000)
+    metrics_max_models: int = Field(default=100, ge=1, le=10_000)
     log_level: str = "info"
 
     @field_validator("database_url")
