@@ -20,10 +20,9 @@ correction: ``ChargeClass`` = ``Correction``. The cost is what the provider bill
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -37,7 +36,7 @@ from billing.pricing.prices import PICO_PER_MICRO
 from billing.rates import PART_OF
 from billing.rollups.buckets import HOUR, floor
 from billing.storage.db import read_transaction
-from billing.timefmt import rfc3339
+from billing.timefmt import month_bounds, rfc3339
 
 #: The FOCUS columns written, in order (FOCUS 1.2), then this service's own (``x_``).
 FOCUS_COLUMNS = (
@@ -89,7 +88,6 @@ FOCUS_COLUMNS = (
 #: ``x_TokenClass`` of each ``FOCUS_TOKENS`` bucket (one-hour cache writes are billed at their
 #: own rate, and taken out of the cache writes' row: ``PART_OF``).
 TOKEN_CLASSES = ("input", "output", "cache_read", "cache_creation", "cache_creation_1h")
-_PERIOD = re.compile(r"(\d{4})-(0[1-9]|1[0-2])")
 #: The columns whose cells are numbers (never prefixed by ``neutralise``: a negative cost
 #: stays a number).
 _NUMERIC = frozenset(
@@ -124,16 +122,16 @@ def parse_period(value: str | None, query: Iterable[tuple[str, str]] = ()) -> Fo
     """``YYYY-MM`` → the month in UTC; ``ValidationFailed`` (422) naming ``query.period`` (and
     each unknown or repeated parameter of ``query``, the whole query string)."""
     errors = query_problems(query, ("period",))
-    match = _PERIOD.fullmatch(value) if value is not None else None
-    if match is None:
-        problem = "is required" if value is None else "must be a month YYYY-MM"
-        errors.append(FieldError(None, "query.period", f"{problem}, such as 2026-11"))
-    if errors or match is None:
+    bounds = None
+    try:
+        if value is None:
+            raise ValueError("is required, a month YYYY-MM such as 2026-11")
+        bounds = month_bounds(value)
+    except ValueError as error:
+        errors.append(FieldError(None, "query.period", str(error)))
+    if errors or bounds is None:
         raise ValidationFailed(errors)
-    year, month = int(match[1]), int(match[2])
-    since = datetime(year, month, 1, tzinfo=UTC)
-    until = datetime(year + month // 12, month % 12 + 1, 1, tzinfo=UTC)
-    return FocusPeriod(since, until)
+    return FocusPeriod(*bounds)
 
 
 #: A row's ``PricingUnit`` by its ``ConsumedUnit``: tokens are priced per million (as the
