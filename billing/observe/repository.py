@@ -9,12 +9,13 @@ indexes) and ``webhook_outbox``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Protocol
 
 from sqlalchemy.orm import Session
 
-from billing.observe.rows import ModelTotals
+from billing.observe.rows import FailedDelivery, ModelTotals
 from billing.observe.sql.common import SqlObserve
 from billing.storage.dialects import ByDialect
 
@@ -34,6 +35,20 @@ class ObserveRepository(Protocol):
     ) -> tuple[datetime | None, datetime | None]:
         """The last event of the oldest pending call, and of the oldest open call quiet since
         ``cutoff`` (both due to the reconciler), or ``None``."""
+        ...
+
+    def calls_by_status(
+        self, session: Session, statuses: Sequence[str], since: datetime, until: datetime
+    ) -> dict[str, int]:
+        """How many calls of each status started in ``[since, until)``."""
+        ...
+
+    def unpriced_calls(self, session: Session, since: datetime, until: datetime) -> int:
+        """How many settled calls started in ``[since, until)`` have no cost."""
+        ...
+
+    def failed_deliveries(self, session: Session, limit: int) -> list[FailedDelivery]:
+        """The latest ``limit`` webhooks that failed for good, newest first."""
         ...
 
     def deliveries_by_state(self, session: Session) -> dict[str, int]:

@@ -7,16 +7,23 @@ costs the same however many calls the ledger holds.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
 from sqlalchemy import false, func, select, true
 from sqlalchemy.orm import Session
 
 from billing.dimensions import TOKEN_FIELDS
-from billing.observe.rows import ModelTotals
+from billing.observe.rows import FailedDelivery, ModelTotals
 from billing.rollups.buckets import MONTH
 from billing.rollups.rows import BOOKED, CALL_START, DAY, PICO
-from billing.storage.models import Call, DriftRollup, UsageRollupAllKeys, WebhookOutbox
+from billing.storage.models import (
+    BudgetAlert,
+    Call,
+    DriftRollup,
+    UsageRollupAllKeys,
+    WebhookOutbox,
+)
 
 _R = UsageRollupAllKeys
 
@@ -74,6 +81,49 @@ class SqlObserve:
             Call.settled == false(), Call.pending == false(), Call.last_received_at <= cutoff
         )
         return session.scalar(pending), session.scalar(quiet)
+
+    def calls_by_status(
+        self, session: Session, statuses: Sequence[str], since: datetime, until: datetime
+    ) -> dict[str, int]:
+        # One count per status, each a range of the calls(status, started_at) index.
+        return {
+            status: int(
+                session.scalar(
+                    select(func.count()).where(
+                        Call.status == status, Call.started_at >= since, Call.started_at < until
+                    )
+                )
+                or 0
+            )
+            for status in statuses
+        }
+
+    def unpriced_calls(self, session: Session, since: datetime, until: datetime) -> int:
+        query = select(func.count()).where(
+            Call.started_at >= since,
+            Call.started_at < until,
+            Call.settled == true(),
+            Call.cost_pusd.is_(None),
+        )
+        return int(session.scalar(query) or 0)
+
+    def failed_deliveries(self, session: Session, limit: int) -> list[FailedDelivery]:
+        query = (
+            select(
+                WebhookOutbox.alert_id,
+                BudgetAlert.budget_id,
+                BudgetAlert.type,
+                WebhookOutbox.attempts,
+                WebhookOutbox.last_status,
+                WebhookOutbox.last_error,
+                WebhookOutbox.created_at,
+            )
+            .join(BudgetAlert, BudgetAlert.alert_id == WebhookOutbox.alert_id)
+            .where(WebhookOutbox.state == "failed")
+            .order_by(WebhookOutbox.created_at.desc())
+            .limit(limit)
+        )
+        return [FailedDelivery(*row) for row in session.execute(query)]
 
     def deliveries_by_state(self, session: Session) -> dict[str, int]:
         query = select(WebhookOutbox.state, func.count()).group_by(WebhookOutbox.state)
