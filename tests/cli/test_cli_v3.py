@@ -5,10 +5,7 @@ takes times, and the ``rich`` progress of ``billing providers pull`` on a termin
 from __future__ import annotations
 
 import os
-import pty
-import subprocess
 import sys
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -19,18 +16,23 @@ from typer.testing import CliRunner
 
 from billing import cli
 from billing.auth.tokens import create_token, revoke_token
-from billing.settings import get_settings
 from billing.storage.db import write_transaction
-from tests.export.test_export import MARCH, SONNET_PRICE, day1, export, price  # noqa: F401
+from tests.cli_runs import run_on_a_terminal
+from tests.export.test_export import (  # noqa: F401
+    MARCH,
+    SONNET_PRICE,
+    cli_env,
+    day1,
+    export,
+    price,
+)
 from tests.providers.test_pull import ADMIN_KEY, OPENAI_PAGES, FakeProvider
 
 
 @pytest.fixture
-def runner(db_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[CliRunner]:
-    monkeypatch.setenv("BILLING_DATABASE_URL", db_url)
-    get_settings.cache_clear()
-    yield CliRunner()
-    get_settings.cache_clear()
+def runner(cli_env: CliRunner) -> CliRunner:  # noqa: F811
+    """``billing`` in process on the test database (``tests/export``'s ``cli_env``)."""
+    return cli_env
 
 
 def run(runner: CliRunner, *args: str) -> str:
@@ -116,22 +118,7 @@ def test_providers_pull_shows_rich_progress_on_a_terminal(db_url: str, tmp_path:
         command = [str(Path(sys.executable).parent / "billing"), "providers", "pull",
                    "--provider", "openai", "--kind", "usage", "--period", "2026-11",
                    "--base-url", fake.url]  # fmt: skip
-        leader, follower = pty.openpty()
-        try:
-            done = subprocess.run(command, env=env, cwd=tmp_path, stdout=subprocess.PIPE,
-                                  stderr=follower, timeout=120)  # fmt: skip
-            os.close(follower)
-            seen = b""
-            while True:
-                try:
-                    data = os.read(leader, 65536)
-                except OSError:
-                    break
-                if not data:
-                    break
-                seen += data
-        finally:
-            os.close(leader)
+        done, seen = run_on_a_terminal(command, env, tmp_path)
         assert done.returncode == 0, seen
         # The month as the dates of its bounds (--period), the pages, and the bar drawn.
         first = fake.requests[0][1]

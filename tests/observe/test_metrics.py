@@ -13,17 +13,10 @@ from fastapi.testclient import TestClient
 from billing.reconcile.runner import run_pass
 from billing.server.app import create_app
 from billing.settings import Settings
+from tests.plans.test_plans import HAIKU, SONNET
+from tests.plans.test_plans import PRO as PRO_PLAN
 
-M1 = {
-    "model": "m1",
-    "effective_from": "2026-01-01T00:00:00Z",
-    "input_usd_per_mtok": "3",
-    "output_usd_per_mtok": "15",
-    "cache_read_usd_per_mtok": "0.30",
-    "cache_creation_usd_per_mtok": "3.75",
-}
-M2 = dict(M1, model="m2", input_usd_per_mtok="1", output_usd_per_mtok="5")
-PRO = {"plan_id": "pro", "effective_from": "2026-01-01T00:00:00Z", "markup_pct": "20"}
+M1, M2, PRO = SONNET, HAIKU, PRO_PLAN  # m1 at 3 / 15 USD per Mtok, m2 at 1 / 5; 20 % markup
 LEDGER_FAMILIES = (
     "billing_cost_usd_total",
     "billing_charge_usd_total",
