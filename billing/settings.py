@@ -55,6 +55,10 @@ class Settings(BaseSettings):
     - ``cookie_secure``: always mark the console cookie ``Secure`` (default false: when the
       request's scheme is https).
     - ``webhook_poll_s``: seconds between the delivery worker's looks at the outbox.
+    - ``metrics_max_budgets``: ``/metrics`` reports the remaining amount of at most this many
+      budgets in force, the first by ``budget_id`` (CONTRACT "Observability (v3)").
+    - ``metrics_max_models``: ``/metrics`` labels at most this many models (those of the
+      highest cost); the others are summed under ``model="_other"``.
     """
 
     model_config = SettingsConfigDict(env_prefix="BILLING_", extra="ignore")
@@ -82,6 +86,8 @@ class Settings(BaseSettings):
     forwarded_allow_ips: str | None = None
     cookie_secure: bool = False
     min_free_disk_bytes: int = Field(default=32 << 20, ge=0)
+    metrics_max_budgets: int = Field(default=100, ge=0, le=10_000)
+    metrics_max_models: int = Field(default=100, ge=1, le=10_000)
     log_level: str = "info"
 
     @field_validator("database_url")

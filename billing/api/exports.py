@@ -1,4 +1,4 @@
-"""``GET /v1/exports/usage.csv`` and ``GET /v1/exports/calls.csv`` (CONTRACT "Export")."""
+"""``GET /v1/exports/usage.csv``, ``calls.csv`` (CONTRACT "Export") and ``focus.csv`` (v3)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ from billing.api.openapi import query_parameters
 from billing.api.state import AppState, get_state
 from billing.auth.guard import allow
 from billing.export.columns import CALLS_COLUMNS, USAGE_TOTAL_COLUMNS
+from billing.export.focus import FOCUS_COLUMNS, focus_chunks, parse_period
 from billing.export.params import ExportParams, Kind, parse_params
-from billing.export.schemas import CallsCsvParams, UsageCsvParams
-from billing.export.service import export_chunks, period_label
+from billing.export.schemas import CallsCsvParams, FocusCsvParams, UsageCsvParams
+from billing.export.service import export_chunks, is_closed, period_label
 
 router = APIRouter()
 
@@ -49,7 +50,10 @@ def _route(params: type[BaseModel], header: str) -> dict[str, Any]:
 
 
 def _start(state: AppState, params: ExportParams) -> tuple[bytes, Iterator[bytes]]:
-    chunks = export_chunks(state.sessions, params)
+    return _first(export_chunks(state.sessions, params))
+
+
+def _first(chunks: Iterator[bytes]) -> tuple[bytes, Iterator[bytes]]:
     # The first chunk runs the query, so a database outage answers 503 before any byte is sent.
     return next(chunks, b""), chunks
 
@@ -75,12 +79,16 @@ async def export_response(request: Request, kind: Kind) -> StreamingResponse:
     state = get_state(request)
     period = period_label(params, datetime.now(UTC), state.settings.close_lag_s)
     first, rest = await run_in_threadpool(_start, state, params)
+    return _csv(first, rest, period, params.kind)
+
+
+def _csv(first: bytes, rest: Iterator[bytes], period: str, name: str) -> StreamingResponse:
     return StreamingResponse(
         _stream(first, rest),
         media_type=_CSV,
         headers={
             "X-Billing-Period": period,
-            "Content-Disposition": f'attachment; filename="{params.kind}.csv"',
+            "Content-Disposition": f'attachment; filename="{name}.csv"',
             "Cache-Control": "no-store",
         },
     )
@@ -106,3 +114,20 @@ async def calls_csv(request: Request) -> StreamingResponse:
     """One row per ledger entry, by ``booked_at`` then ``entry_id``, with its prices and cost;
     ``X-Billing-Period: closed|provisional``. See ``billing.export``."""
     return await export_response(request, "calls")
+
+
+@router.get(
+    "/v1/exports/focus.csv",
+    summary="(v3) The ledger of a month in the FOCUS format, as CSV",
+    **_route(FocusCsvParams, ",".join(FOCUS_COLUMNS)),
+)
+async def focus_csv(request: Request) -> StreamingResponse:
+    """One row per ledger line booked in the month (UTC) and token class, in FOCUS 1.2
+    columns; corrections of closed months as ``ChargeClass`` ``Correction``;
+    ``X-Billing-Period: closed|provisional``. See ``billing.export.focus``."""
+    query = request.query_params
+    month = parse_period(query.get("period"), query.multi_items())
+    state = get_state(request)
+    closed = is_closed(month.until, datetime.now(UTC), state.settings.close_lag_s)
+    first, rest = await run_in_threadpool(_first, focus_chunks(state.sessions, month))
+    return _csv(first, rest, "closed" if closed else "provisional", "focus")

@@ -249,9 +249,12 @@ def _statuses(session: Session, budgets: Sequence[Budget], now: datetime) -> lis
     return statuses(budgets, spent(session, budgets, now), now)
 
 
-def statuses_in_force(session: Session, now: datetime) -> list[dict[str, Any]]:
-    """The status of every budget in force, by ``budget_id`` (the console's Budgets page)."""
-    return _statuses(session, _repo(session).list_budgets(session, False), now)
+def statuses_in_force(
+    session: Session, now: datetime, limit: int | None = None
+) -> list[dict[str, Any]]:
+    """The status of every budget in force (the first ``limit`` of them), by ``budget_id``
+    (the console's Budgets page, ``/metrics``)."""
+    return _statuses(session, _repo(session).list_budgets(session, False)[:limit], now)
 
 
 def budget_status(session: Session, budget_id: str, now: datetime) -> dict[str, Any]:

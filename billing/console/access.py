@@ -20,19 +20,27 @@ COOKIE = "billing_console"
 COOKIE_PATH = "/console"
 #: The roles each page needs besides ``admin``: those of the API endpoint it shows.
 PAGE_ROLES: dict[str, frozenset[str]] = {
+    "overview": frozenset({"read", "export"}),  # GET /v1/usage (and the budgets' states)
     "calls": frozenset({"read"}),  # GET /v1/calls, /v1/calls/{id}
     "usage": frozenset({"read", "export"}),  # GET /v1/usage
     "budgets": frozenset({"read"}),  # GET /v1/budgets/{id}
     "drift": frozenset({"read", "export"}),  # GET /v1/drift
     "exports": frozenset({"export"}),  # GET /v1/exports/*
+    "customers": frozenset({"read"}),  # GET /v1/keys, /v1/usage, budgets
+    "keys": frozenset({"read"}),  # GET /v1/keys, /v1/usage
+    "alerts": frozenset({"read"}),  # GET /v1/alerts
 }
 #: The pages in the order of the navigation, with their titles.
 PAGES: tuple[tuple[str, str], ...] = (
+    ("overview", "Overview"),
     ("calls", "Calls"),
     ("usage", "Usage"),
     ("budgets", "Budgets"),
     ("drift", "Drift"),
     ("exports", "Exports"),
+    ("customers", "Customers"),
+    ("keys", "Keys"),
+    ("alerts", "Alerts"),
 )
 
 

@@ -10,6 +10,8 @@ from urllib.parse import quote, urlencode
 from fastapi.responses import HTMLResponse
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
+from billing.console.people import usd
+
 HERE = Path(__file__).resolve().parent
 STATIC_DIR = HERE / "static"
 
@@ -41,6 +43,7 @@ ENV.filters["segment"] = lambda value: quote(str(value), safe="")
 # A cost cell: "unpriced" where no price applied (None), else the value as it is.
 ENV.filters["cost"] = lambda value: "unpriced" if value is None else value
 ENV.globals["query"] = _query
+ENV.globals["usd"] = usd
 # What a page without a form or errors sees (a page's context overrides them).
 ENV.globals.update(errors=[], invalid=False, form={})
 

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from billing.api.exports import export_response
 from billing.api.state import AppState, get_state, read
-from billing.console import access, views
+from billing.console import access, overview, pages, views
 from billing.console.access import Viewer
 from billing.console.render import page, render, respond
 from billing.drift.schemas import parse_query as parse_drift_query
@@ -146,6 +146,57 @@ async def sign_out(request: Request) -> Response:
     response = RedirectResponse(_SIGN_IN, status_code=303)
     access.clear_session(request, response)
     return response
+
+
+@router.get("/overview")
+async def overview_page(request: Request) -> Response:
+    """The landing page (v3): the period against the one before, spend by model, top keys,
+    customers and models, undelivered output, disconnects, errors, unpriced calls, budgets
+    near their limit, failing webhooks (``billing.console.overview``)."""
+    viewer = await _gate(request, "overview")
+    if isinstance(viewer, Response):
+        return viewer
+    now = datetime.now(UTC)
+    items = overview.overview_defaults(_items(request), now)
+    return await _show(
+        request,
+        viewer,
+        "overview",
+        "overview.html",
+        lambda s: overview.overview_view(s, items, now),
+        dict(items),
+    )
+
+
+async def _period_page(request: Request, name: str, build: pages.Build) -> Response:
+    """A v3 page of a period (``since`` / ``until``, the last 30 UTC days by default)."""
+    viewer = await _gate(request, name)
+    if isinstance(viewer, Response):
+        return viewer
+    now = datetime.now(UTC)
+    given = _items(request)
+    items = [*overview.overview_defaults(given, now), *[(k, v) for k, v in given if k == "cursor"]]
+    return await _show(
+        request, viewer, name, f"{name}.html", lambda s: build(s, items, now), dict(items)
+    )
+
+
+@router.get("/keys")
+async def keys(request: Request) -> Response:
+    """Keys with their customer, plan and usage of the period (v3)."""
+    return await _period_page(request, "keys", pages.keys_view)
+
+
+@router.get("/customers")
+async def customers(request: Request) -> Response:
+    """Customers: plans, keys, budgets and charges of the period (v3)."""
+    return await _period_page(request, "customers", pages.customers_view)
+
+
+@router.get("/alerts")
+async def alerts(request: Request) -> Response:
+    """Budget alerts and their webhook deliveries (v3)."""
+    return await _period_page(request, "alerts", pages.alerts_view)
 
 
 @router.get("/calls")

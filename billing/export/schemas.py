@@ -38,3 +38,9 @@ class UsageCsvParams(CallsCsvParams):
     customer_id: str | None = Field(
         None, max_length=128, description="only the entries charged to this customer (v2)"
     )
+
+
+class FocusCsvParams(BaseModel):
+    """(v3) The query of ``GET /v1/exports/focus.csv``: the month of booking, in UTC."""
+
+    period: str = Field(pattern=r"^\d{4}-(0[1-9]|1[0-2])$", description="a month, YYYY-MM")

@@ -45,6 +45,7 @@ from billing.console import install as install_console
 from billing.errors import FieldError, ValidationFailed
 from billing.ingest.validation import MAX_BODY_BYTES
 from billing.metrics import Metrics
+from billing.observe.collector import LedgerCollector
 from billing.providers.schemas import MAX_REPORT_BYTES
 from billing.reconcile.runner import Backoff, run_pass
 from billing.settings import Settings, get_settings
@@ -187,6 +188,7 @@ def create_app(settings: Settings | None = None, *, background: bool = False) ->
             return None
 
     state = AppState(settings, engine, sessions, Metrics(count_open))
+    state.metrics.registry.register(LedgerCollector(sessions, settings))
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
