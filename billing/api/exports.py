@@ -13,7 +13,7 @@ from starlette.concurrency import run_in_threadpool
 
 from billing.api.errors import answers
 from billing.api.openapi import query_parameters
-from billing.api.state import AppState, get_state
+from billing.api.state import AppState, as_of_headers, get_state, read_as_of
 from billing.auth.guard import allow
 from billing.export.columns import CALLS_COLUMNS, USAGE_TOTAL_COLUMNS
 from billing.export.params import ExportParams, Kind, parse_params
@@ -23,6 +23,8 @@ from billing.export.service import export_chunks, period_label
 router = APIRouter()
 
 _CSV = "text/csv; charset=utf-8"
+#: The ``as_of`` of a standby that has replayed nothing yet: every period is provisional.
+_NEVER = datetime.min.replace(tzinfo=UTC)
 
 
 def _route(params: type[BaseModel], header: str) -> dict[str, Any]:
@@ -48,10 +50,13 @@ def _route(params: type[BaseModel], header: str) -> dict[str, Any]:
     }
 
 
-def _start(state: AppState, params: ExportParams) -> tuple[bytes, Iterator[bytes]]:
-    chunks = export_chunks(state.sessions, params)
+def _start(state: AppState, params: ExportParams) -> tuple[datetime | None, bytes, Iterator[bytes]]:
+    """The ``as_of`` of the database the export reads (a replica, if any: read before the
+    export's snapshot), and its first chunk."""
+    as_of = read_as_of(state.reader)
+    chunks = export_chunks(state.reader, params)
     # The first chunk runs the query, so a database outage answers 503 before any byte is sent.
-    return next(chunks, b""), chunks
+    return as_of, next(chunks, b""), chunks
 
 
 def _stream(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
@@ -73,12 +78,15 @@ async def export_response(request: Request, kind: Kind) -> StreamingResponse:
         query.get("customer_id") if kind == "usage" else None,
     )
     state = get_state(request)
-    period = period_label(params, datetime.now(UTC), state.settings.close_lag_s)
-    first, rest = await run_in_threadpool(_start, state, params)
+    as_of, first, rest = await run_in_threadpool(_start, state, params)
+    # Closed only once the database read holds every commit up to the period's close (a replica
+    # that lags is provisional until it has replayed that far).
+    period = period_label(params, as_of or _NEVER, state.settings.close_lag_s)
     return StreamingResponse(
         _stream(first, rest),
         media_type=_CSV,
         headers={
+            **as_of_headers(as_of),
             "X-Billing-Period": period,
             "Content-Disposition": f'attachment; filename="{params.kind}.csv"',
             "Cache-Control": "no-store",

@@ -181,7 +181,19 @@ def create_app(settings: Settings | None = None, *, background: bool = False) ->
         except SQLAlchemyError:
             return None
 
-    state = AppState(settings, engine, sessions, Metrics(count_open))
+    # BILLING_READ_DATABASE_URL: a replica for the readers (billing.api.state.routed).
+    replica = (
+        None
+        if settings.read_database_url is None
+        else make_engine(settings, url=settings.read_database_url)
+    )
+    state = AppState(
+        settings,
+        engine,
+        sessions,
+        Metrics(count_open),
+        replica_sessions=None if replica is None else make_sessionmaker(replica),
+    )
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -201,6 +213,8 @@ def create_app(settings: Settings | None = None, *, background: bool = False) ->
             if state.ingest_writer is not None:
                 state.ingest_writer.close()
             engine.dispose()
+            if replica is not None:
+                replica.dispose()
 
     app = _App(
         title="billing",
