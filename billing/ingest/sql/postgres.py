@@ -43,8 +43,9 @@ _NEW_CALL = (
 #:
 #: Every transaction takes its locks in one order — the stored calls by request_id (the array is
 #: sorted, and ``n``'s sort reads all of ``c`` before its first insert), then the new calls by
-#: request_id, then the events by event_id (the ``ORDER BY`` reads all of ``k`` before the first
-#: event is inserted) — so concurrent groups cannot deadlock. A call committed by another
+#: request_id, then the event ids by event_id (``d``: its ``ORDER BY`` reads all of ``k``, joined
+#: only for that, before the first is inserted), then the events (no unique index there) — so
+#: concurrent groups cannot deadlock. A call committed by another
 #: transaction after this statement's snapshot is waited for by the ``calls`` insert and then
 #: skipped, without being visible here, so it is neither created nor locked, and its events get
 #: a null number: the group is rolled back and written again (``CallRaced``; a new snapshot sees
@@ -61,12 +62,20 @@ INSERT_EVENTS = (
     "ON CONFLICT (request_id) DO NOTHING RETURNING request_id, call_no), "
     "k AS (SELECT request_id, call_no, true AS quiet FROM n UNION ALL "
     "SELECT request_id, stored_no, quiet FROM c WHERE stored_no IS NOT NULL), "
+    # The values once (d and e both read them), then the dedup authority (event_ids, see the
+    # migration 0017: a partitioned events table cannot hold event_id unique), then the events
+    # that went in there.
+    "v AS MATERIALIZED (SELECT j FROM jsonb_array_elements(%s::jsonb) AS j), "
+    "d AS (INSERT INTO event_ids (event_id, content_hash) SELECT j->>0, j->>6 "
+    "FROM v LEFT JOIN k ON k.request_id = v.j->>1 "
+    'ORDER BY (j->>0) COLLATE "C" '
+    "ON CONFLICT (event_id) DO NOTHING RETURNING event_id), "
     f"e AS (INSERT INTO events ({EVENT_COLUMNS}) "
     "SELECT j->>0, j->>1, (j->>2)::integer, j->>3, (j->>4)::timestamptz, (j->>5)::timestamptz, "
     "j->>6, j->>7, (j->>8)::bigint, (j->>9)::bigint, (j->>10)::boolean, k.call_no "
-    "FROM jsonb_array_elements(%s::jsonb) AS j LEFT JOIN k ON k.request_id = j->>1 "
+    "FROM v JOIN d ON d.event_id = v.j->>0 LEFT JOIN k ON k.request_id = j->>1 "
     'ORDER BY (j->>0) COLLATE "C" '
-    "ON CONFLICT (event_id) DO NOTHING RETURNING event_id, request_id, call_no) "
+    "RETURNING event_id, request_id, call_no) "
     "SELECT e.event_id, e.request_id, e.call_no, coalesce(k.quiet, false) "
     "FROM e LEFT JOIN k ON k.request_id = e.request_id"
 )
@@ -74,7 +83,8 @@ FILL_CALL_NO = (
     "UPDATE events SET call_no = calls.call_no FROM calls "
     "WHERE events.event_id = ANY(%s) AND calls.request_id = events.request_id"
 )
-STORED_HASHES = "SELECT event_id, content_hash FROM events WHERE event_id = ANY(%s)"
+#: From the dedup authority: an archived event (``billing archive``) is still known there.
+STORED_HASHES = "SELECT event_id, content_hash FROM event_ids WHERE event_id = ANY(%s)"
 #: Marks pending the calls reconciled since their last event, and fills in the stream.started
 #: fields (api_key_id, model, protocol, started_at, metadata) only while the stored call has no
 #: key yet. A call that is pending with a key is left alone.
