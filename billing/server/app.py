@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import FastAPI
@@ -41,6 +42,7 @@ from billing.budgets.webhooks import DeliveryWorker
 from billing.console import FORM_PATHS
 from billing.console import install as install_console
 from billing.errors import FieldError, ValidationFailed
+from billing.ingest.partitions import MAINTENANCE_EVERY_S, make_partitions_ahead
 from billing.ingest.validation import MAX_BODY_BYTES
 from billing.metrics import Metrics
 from billing.reconcile.runner import Backoff, run_pass
@@ -200,6 +202,7 @@ def create_app(settings: Settings | None = None, *, background: bool = False) ->
         tasks = [asyncio.create_task(_last_used_loop(app.state.tokens))]
         if background:
             tasks.append(asyncio.create_task(_reconcile_loop(state)))
+            tasks.append(asyncio.create_task(_partitions_loop(state)))
             tasks.append(asyncio.create_task(DeliveryWorker(sessions, settings).run()))
         try:
             yield
@@ -284,6 +287,20 @@ async def _reconcile_loop(state: AppState) -> None:
                 log.exception("background reconciliation pass failed; retrying next interval")
         else:
             backoff.succeeded()
+
+
+async def _partitions_loop(state: AppState) -> None:
+    """``events``' months made ahead at start and every ``MAINTENANCE_EVERY_S``
+    (``billing.ingest.partitions``); a failure is logged and tried again at the next look."""
+    while True:
+        try:
+            made = await asyncio.to_thread(make_partitions_ahead, state.sessions, datetime.now(UTC))
+        except SQLAlchemyError as error:
+            log.warning("could not make the events' partitions ahead (%s); retrying", error)
+        else:
+            if made:
+                log.info("events partitions made: %s", ", ".join(f"{y}-{m:02d}" for y, m in made))
+        await asyncio.sleep(MAINTENANCE_EVERY_S)
 
 
 async def _last_used_loop(tokens: TokenCache) -> None:

@@ -112,6 +112,34 @@ UPSERT_CALLS = (
 
 _TO_JSON = orjson.OPT_UTC_Z
 
+#: The months of ``events`` (migration ``0017_event_partitions``), made ahead by the service
+#: (``billing.ingest.partitions``) one transaction each, under a transaction-level advisory
+#: lock so that replicas starting at once make each month once. The new month is built as a
+#: table of its own, given the rows of its month that the default partition holds (events whose
+#: ``occurred_at`` had no partition), then attached: ``ATTACH PARTITION`` locks ``events`` in
+#: ``SHARE UPDATE EXCLUSIVE`` mode, which lets ingest and the reconciler go on (``CREATE TABLE
+#: … PARTITION OF`` would stop them), and the default partition, locked first, takes no new row
+#: of that month meanwhile.
+PARTITION_LOCK = "SELECT pg_advisory_xact_lock(7130170001)"
+PARTITION_EXISTS = "SELECT to_regclass(%s) IS NOT NULL"
+LOCK_DEFAULT = "LOCK TABLE events_default IN ACCESS EXCLUSIVE MODE"
+#: Templates ({name}: the partition, {start} and {end}: its bounds as timestamptz literals).
+NEW_PARTITION = "CREATE TABLE {name} (LIKE events INCLUDING DEFAULTS)"
+FROM_DEFAULT = (
+    "WITH moved AS (DELETE FROM events_default WHERE occurred_at >= {start} "
+    "AND occurred_at < {end} RETURNING *) INSERT INTO {name} SELECT * FROM moved"
+)
+ATTACH_PARTITION = "ALTER TABLE events ATTACH PARTITION {name} FOR VALUES FROM ({start}) TO ({end})"
+
+
+def partition_name(year: int, month: int) -> str:
+    """``events_YYYY_MM``: the partition of that month (``billing.storage.models.by_database``)."""
+    return f"events_{year:04d}_{month:02d}"
+
+
+def _month_start(year: int, month: int) -> str:
+    return f"'{year:04d}-{month:02d}-01 00:00:00+00'::timestamptz"
+
 
 def _call_values(calls: CallFields) -> str:
     """The calls as the JSON array of arrays the statements unpack, by request_id: request_id,
@@ -157,6 +185,19 @@ class PostgresIngest:
         quiet = {request_id for _, request_id, _, is_quiet in returned if is_quiet}
         inserted = {event_id for event_id, _, _, _ in returned}
         return Inserted(None if len(inserted) == len(rows) else inserted, quiet)
+
+    def make_partition(self, conn: Connection, year: int, month: int) -> bool:
+        """See ``PARTITION_LOCK``."""
+        name = partition_name(year, month)
+        conn.exec_driver_sql(PARTITION_LOCK)
+        if conn.exec_driver_sql(PARTITION_EXISTS, (name,)).scalar():
+            return False
+        after = (year + month // 12, month % 12 + 1)
+        bounds = {"name": name, "start": _month_start(year, month), "end": _month_start(*after)}
+        conn.exec_driver_sql(LOCK_DEFAULT)
+        for template in (NEW_PARTITION, FROM_DEFAULT, ATTACH_PARTITION):
+            conn.exec_driver_sql(template.format(**bounds))
+        return True
 
     def stored_hashes(self, conn: Connection, event_ids: Sequence[str]) -> dict[str, str]:
         return {
