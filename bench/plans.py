@@ -27,15 +27,24 @@ sys.path.insert(0, str(HERE.parent))
 
 from reconcile import seed  # noqa: E402
 
+#: Runs of each statement (each rolled back).
+REPEAT = 5
+
 
 def _explain(conn: Any, title: str, statement: str, params: tuple[Any, ...]) -> None:
+    """The plan of the last of ``REPEAT`` runs (caches warm) and every run's execution time."""
     cursor = conn.cursor()
-    cursor.execute("EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, SUMMARY ON) " + statement, params)
-    print(f"-- {title}")
-    for (line,) in cursor.fetchall():
+    times = []
+    lines: list[str] = []
+    for _ in range(REPEAT):
+        cursor.execute("EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, SUMMARY ON) " + statement, params)
+        lines = [line for (line,) in cursor.fetchall()]
+        conn.rollback()
+        times.extend(line.split(": ")[1] for line in lines if line.startswith("Execution Time"))
+    print(f"-- {title}: execution {', '.join(times)}")
+    for line in lines:
         # The parameters' literal arrays and JSON, shortened.
         print("   ", re.sub(r"'(\{[^}]*\}|\[\[.*?\]\])'", "'…'", line))
-    conn.rollback()
 
 
 def main() -> None:

@@ -13,9 +13,10 @@ longer be unique on ``events``: ``event_ids`` (event_id, content_hash) becomes t
 which events are stored (ingest inserts there first, on conflict nothing, and stores only the
 events that went in, in the same statement: ``billing.ingest.sql.postgres.INSERT_EVENTS``), and
 keeps each event's content hash so that a repeated event is told a duplicate or a conflict
-even after its month was archived (``billing archive``). ``events`` keeps a plain index on
-``event_id`` (per partition) for the rare lookups by id, its primary key becomes
-``(seq, occurred_at)`` and ``(call_no, seq)`` stays.
+even after its month was archived (``billing archive``). Every lookup by id reads ``event_ids``;
+``events`` keeps an index on ``event_id`` only for its rows without a call number (none once
+ingest's transaction commits: ``FILL_CALL_NO``), its primary key becomes ``(seq, occurred_at)``
+and ``(call_no, seq)`` stays.
 
 Partitions: ``events_YYYY_MM`` for every month from the oldest stored event (at most
 ``BACK_MONTHS`` back) to ``AHEAD_MONTHS`` after the current one, and ``events_default`` for any
@@ -83,7 +84,8 @@ def upgrade() -> None:
         "ALTER SEQUENCE events_seq_seq OWNED BY events.seq",
         "ALTER TABLE events ADD CONSTRAINT pk_events PRIMARY KEY (seq, occurred_at)",
         "CREATE INDEX ix_events_call_no_seq ON events (call_no, seq)",
-        "CREATE INDEX ix_events_event_id ON events (event_id)",
+        # Only the events not numbered yet (within ingest's transaction: FILL_CALL_NO).
+        "CREATE INDEX ix_events_unnumbered ON events (event_id) WHERE call_no IS NULL",
         "CREATE TABLE events_default PARTITION OF events DEFAULT",
     ):
         op.execute(statement)
@@ -110,7 +112,7 @@ def downgrade() -> None:
         "ALTER TABLE events RENAME TO events_partitioned",
         "ALTER TABLE events_partitioned RENAME CONSTRAINT pk_events TO pk_events_partitioned",
         "ALTER INDEX ix_events_call_no_seq RENAME TO ix_events_partitioned_call_no_seq",
-        "ALTER INDEX ix_events_event_id RENAME TO ix_events_partitioned_event_id",
+        "ALTER INDEX ix_events_unnumbered RENAME TO ix_events_partitioned_unnumbered",
         "CREATE TABLE events (LIKE events_partitioned INCLUDING DEFAULTS)",
         "ALTER SEQUENCE events_seq_seq OWNED BY events.seq",
         "INSERT INTO events SELECT * FROM events_partitioned",

@@ -81,7 +81,8 @@ INSERT_EVENTS = (
 )
 FILL_CALL_NO = (
     "UPDATE events SET call_no = calls.call_no FROM calls "
-    "WHERE events.event_id = ANY(%s) AND calls.request_id = events.request_id"
+    "WHERE events.event_id = ANY(%s) AND events.call_no IS NULL "
+    "AND calls.request_id = events.request_id"
 )
 #: From the dedup authority: an archived event (``billing archive``) is still known there.
 STORED_HASHES = "SELECT event_id, content_hash FROM event_ids WHERE event_id = ANY(%s)"

@@ -6,7 +6,8 @@ and ``events_default``, made by the migration and ahead by the service:
 ``billing.ingest.partitions``). A partitioned table's unique index must hold the partition key,
 so ``uq_events_event_id`` exists on SQLite only, and ``event_ids`` (``event_id`` primary key,
 ``content_hash``), on PostgreSQL only, is the authority on which events are stored; ``events``
-has a plain index ``ix_events_event_id`` there instead. The models describe SQLite's shape;
+has there only ``ix_events_unnumbered``, on ``event_id`` of its rows without a call number
+(ingest's ``FILL_CALL_NO``). The models describe SQLite's shape;
 ``event_ids`` is written by ingest's and the archive's PostgreSQL statements only.
 """
 
@@ -20,7 +21,7 @@ POSTGRES_ONLY_TABLES = ("event_ids",)
 #: ``events``' partitions on PostgreSQL.
 EVENT_PARTITION = re.compile(r"^events_(\d{4}_\d{2}|default)$")
 #: Indexes and constraints that differ on PostgreSQL (the models describe SQLite's), by name.
-POSTGRES_DIFFERS = ("uq_events_event_id", "ix_events_event_id")
+POSTGRES_DIFFERS = ("uq_events_event_id", "ix_events_unnumbered")
 
 
 def only_on_postgres(name: str) -> bool:
