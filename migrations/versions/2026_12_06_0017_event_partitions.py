@@ -9,7 +9,7 @@ range-partitioned by month of ``occurred_at`` (declarative partitioning), so a m
 of its own: archived, vacuumed and, one day, dropped on its own.
 
 A partitioned table's unique index must hold the partition key, so ``event_id`` alone can no
-longer be unique on ``events``: ``event_ids`` (event_id, content_hash) becomes the authority on
+longer be unique on ``events``: ``event_ids`` (event_id, content_hash as bytes) becomes the authority on
 which events are stored (ingest inserts there first, on conflict nothing, and stores only the
 events that went in, in the same statement: ``billing.ingest.sql.postgres.INSERT_EVENTS``), and
 keeps each event's content hash so that a repeated event is told a duplicate or a conflict
@@ -93,12 +93,16 @@ def upgrade() -> None:
     while (year, month) <= last:
         op.execute(_partition(year, month))
         year, month = _month(year, month, 1)
+    # The hash as its 32 bytes, not its 64 hex digits (a row per event: docs/SCALE.md).
     op.execute(
-        "CREATE TABLE event_ids (event_id VARCHAR(128) NOT NULL, content_hash VARCHAR(64) "
+        "CREATE TABLE event_ids (event_id VARCHAR(128) NOT NULL, content_hash BYTEA "
         "NOT NULL, CONSTRAINT pk_event_ids PRIMARY KEY (event_id))"
     )
     op.execute("INSERT INTO events SELECT * FROM events_unpartitioned")
-    op.execute("INSERT INTO event_ids SELECT event_id, content_hash FROM events_unpartitioned")
+    op.execute(
+        "INSERT INTO event_ids SELECT event_id, decode(content_hash, 'hex') "
+        "FROM events_unpartitioned"
+    )
     op.execute("DROP TABLE events_unpartitioned")
     op.execute("ANALYZE events")
     op.execute("ANALYZE event_ids")

@@ -22,7 +22,8 @@ PARTITION_OF = "SELECT to_regclass(%s) IS NOT NULL"
 LOCK = "LOCK TABLE {tables} IN SHARE ROW EXCLUSIVE MODE"
 KNOWN_IDS = (
     "INSERT INTO event_ids (event_id, content_hash) "
-    "SELECT * FROM unnest(%s::varchar[], %s::varchar[]) ON CONFLICT (event_id) DO NOTHING"
+    "SELECT i, decode(h, 'hex') FROM unnest(%s::varchar[], %s::varchar[]) AS u(i, h) "
+    "ON CONFLICT (event_id) DO NOTHING"
 )
 _ID = COLUMNS.index("event_id")
 _HASH = COLUMNS.index("content_hash")

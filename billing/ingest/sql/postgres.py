@@ -66,7 +66,7 @@ INSERT_EVENTS = (
     # migration 0017: a partitioned events table cannot hold event_id unique), then the events
     # that went in there.
     "v AS MATERIALIZED (SELECT j FROM jsonb_array_elements(%s::jsonb) AS j), "
-    "d AS (INSERT INTO event_ids (event_id, content_hash) SELECT j->>0, j->>6 "
+    "d AS (INSERT INTO event_ids (event_id, content_hash) SELECT j->>0, decode(j->>6, 'hex') "
     "FROM v LEFT JOIN k ON k.request_id = v.j->>1 "
     'ORDER BY (j->>0) COLLATE "C" '
     "ON CONFLICT (event_id) DO NOTHING RETURNING event_id), "
@@ -85,7 +85,9 @@ FILL_CALL_NO = (
     "AND calls.request_id = events.request_id"
 )
 #: From the dedup authority: an archived event (``billing archive``) is still known there.
-STORED_HASHES = "SELECT event_id, content_hash FROM event_ids WHERE event_id = ANY(%s)"
+STORED_HASHES = (
+    "SELECT event_id, encode(content_hash, 'hex') FROM event_ids WHERE event_id = ANY(%s)"
+)
 #: Marks pending the calls reconciled since their last event, and fills in the stream.started
 #: fields (api_key_id, model, protocol, started_at, metadata) only while the stored call has no
 #: key yet. A call that is pending with a key is left alone.
