@@ -34,7 +34,7 @@ REPEAT = 5
 def _explain(conn: Any, title: str, statement: str, params: tuple[Any, ...]) -> None:
     """The plan of the last of ``REPEAT`` runs (caches warm) and every run's execution time."""
     cursor = conn.cursor()
-    times = []
+    times: list[str] = []
     lines: list[str] = []
     for _ in range(REPEAT):
         cursor.execute("EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, SUMMARY ON) " + statement, params)
