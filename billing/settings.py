@@ -64,6 +64,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BILLING_", extra="ignore")
 
     database_url: str = "sqlite:///billing.db"
+    read_database_url: str | None = None
     settle_after_s: float = Field(default=300.0, gt=0)
     close_lag_s: float = Field(default=60.0, ge=0)
     reconcile_interval_s: float = Field(default=2.0, gt=0)
@@ -90,9 +91,11 @@ class Settings(BaseSettings):
     metrics_max_models: int = Field(default=100, ge=1, le=10_000)
     log_level: str = "info"
 
-    @field_validator("database_url")
+    @field_validator("database_url", "read_database_url")
     @classmethod
-    def _known_database(cls, value: str) -> str:
+    def _known_database(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
         for plain in ("postgresql://", "postgres://"):
             if value.startswith(plain):
                 # psycopg 3 is the driver we ship; a bare postgresql:// would ask for psycopg2.

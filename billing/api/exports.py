@@ -2,28 +2,31 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
+from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from billing.api.errors import answers
 from billing.api.openapi import query_parameters
-from billing.api.state import AppState, get_state
+from billing.api.state import as_of_headers, get_state, read_as_of
 from billing.auth.guard import allow
 from billing.export.columns import CALLS_COLUMNS, USAGE_TOTAL_COLUMNS
 from billing.export.focus import FOCUS_COLUMNS, focus_chunks, parse_period
-from billing.export.params import ExportParams, Kind, parse_params
+from billing.export.params import Kind, parse_params
 from billing.export.schemas import CallsCsvParams, FocusCsvParams, UsageCsvParams
 from billing.export.service import export_chunks, is_closed, period_label
 
 router = APIRouter()
 
 _CSV = "text/csv; charset=utf-8"
+#: The ``as_of`` of a standby that has replayed nothing yet: every period is provisional.
+_NEVER = datetime.min.replace(tzinfo=UTC)
 
 
 def _route(params: type[BaseModel], header: str) -> dict[str, Any]:
@@ -49,13 +52,15 @@ def _route(params: type[BaseModel], header: str) -> dict[str, Any]:
     }
 
 
-def _start(state: AppState, params: ExportParams) -> tuple[bytes, Iterator[bytes]]:
-    return _first(export_chunks(state.sessions, params))
-
-
-def _first(chunks: Iterator[bytes]) -> tuple[bytes, Iterator[bytes]]:
+def _first(
+    reader: sessionmaker[Session], chunks_of: Callable[[sessionmaker[Session]], Iterator[bytes]]
+) -> tuple[datetime | None, bytes, Iterator[bytes]]:
+    """The ``as_of`` of the database the export reads (a replica, if any: read before the
+    export's snapshot), and its first chunk."""
+    as_of = read_as_of(reader)
+    chunks = chunks_of(reader)
     # The first chunk runs the query, so a database outage answers 503 before any byte is sent.
-    return next(chunks, b""), chunks
+    return as_of, next(chunks, b""), chunks
 
 
 def _stream(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
@@ -77,16 +82,23 @@ async def export_response(request: Request, kind: Kind) -> StreamingResponse:
         query.get("customer_id") if kind == "usage" else None,
     )
     state = get_state(request)
-    period = period_label(params, datetime.now(UTC), state.settings.close_lag_s)
-    first, rest = await run_in_threadpool(_start, state, params)
-    return _csv(first, rest, period, params.kind)
+    as_of, first, rest = await run_in_threadpool(
+        _first, state.reader, lambda reader: export_chunks(reader, params)
+    )
+    # Closed only once the database read holds every commit up to the period's close (a replica
+    # that lags is provisional until it has replayed that far).
+    period = period_label(params, as_of or _NEVER, state.settings.close_lag_s)
+    return _csv(first, rest, period, params.kind, as_of)
 
 
-def _csv(first: bytes, rest: Iterator[bytes], period: str, name: str) -> StreamingResponse:
+def _csv(
+    first: bytes, rest: Iterator[bytes], period: str, name: str, as_of: datetime | None
+) -> StreamingResponse:
     return StreamingResponse(
         _stream(first, rest),
         media_type=_CSV,
         headers={
+            **as_of_headers(as_of),
             "X-Billing-Period": period,
             "Content-Disposition": f'attachment; filename="{name}.csv"',
             "Cache-Control": "no-store",
@@ -128,6 +140,8 @@ async def focus_csv(request: Request) -> StreamingResponse:
     query = request.query_params
     month = parse_period(query.get("period"), query.multi_items())
     state = get_state(request)
-    closed = is_closed(month.until, datetime.now(UTC), state.settings.close_lag_s)
-    first, rest = await run_in_threadpool(_first, focus_chunks(state.sessions, month))
-    return _csv(first, rest, "closed" if closed else "provisional", "focus")
+    as_of, first, rest = await run_in_threadpool(
+        _first, state.reader, lambda reader: focus_chunks(reader, month)
+    )
+    closed = is_closed(month.until, as_of or _NEVER, state.settings.close_lag_s)
+    return _csv(first, rest, "closed" if closed else "provisional", "focus", as_of)

@@ -6,6 +6,7 @@ import sys
 
 import typer
 
+from billing.cli.archive import archive_app
 from billing.cli.budgets import budgets_app
 from billing.cli.database import migrate, reconcile
 from billing.cli.drift import drift
@@ -37,6 +38,7 @@ app.command()(replay)
 app.add_typer(providers_app, name="providers")
 app.command()(drift)
 app.add_typer(budgets_app, name="budgets")
+app.add_typer(archive_app, name="archive")
 
 
 def main() -> None:

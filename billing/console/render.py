@@ -59,6 +59,6 @@ def page(template: str, context: dict[str, Any]) -> str:
     return ENV.get_template(template).render(**context)
 
 
-def respond(html: str, status: int = 200) -> HTMLResponse:
-    """An already rendered page as a response with the console's headers."""
-    return HTMLResponse(html, status_code=status, headers=HEADERS)
+def respond(html: str, status: int = 200, extra: dict[str, str] | None = None) -> HTMLResponse:
+    """An already rendered page as a response with the console's headers (and ``extra``)."""
+    return HTMLResponse(html, status_code=status, headers={**HEADERS, **(extra or {})})

@@ -19,7 +19,7 @@ from fastapi.responses import RedirectResponse, Response
 from sqlalchemy.orm import Session
 
 from billing.api.exports import export_response
-from billing.api.state import AppState, get_state, read
+from billing.api.state import AppState, as_of_headers, get_state, routed
 from billing.console import access, overview, pages, views
 from billing.console.access import Viewer
 from billing.console.render import page, render, respond
@@ -80,8 +80,8 @@ async def _show(
         except NotFound as missing:
             return page("not_found.html", {**base, "message": str(missing)}), 404
 
-    html, status = await read(state, work)
-    return respond(html, status)
+    (html, status), as_of = await routed(state, work)
+    return respond(html, status, as_of_headers(as_of))
 
 
 def _choices() -> dict[str, Any]:

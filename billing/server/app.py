@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import FastAPI
@@ -43,6 +44,7 @@ from billing.budgets.webhooks import DeliveryWorker
 from billing.console import FORM_PATHS
 from billing.console import install as install_console
 from billing.errors import FieldError, ValidationFailed
+from billing.ingest.partitions import MAINTENANCE_EVERY_S, make_partitions_ahead
 from billing.ingest.validation import MAX_BODY_BYTES
 from billing.metrics import Metrics
 from billing.observe.collector import LedgerCollector
@@ -187,7 +189,19 @@ def create_app(settings: Settings | None = None, *, background: bool = False) ->
         except SQLAlchemyError:
             return None
 
-    state = AppState(settings, engine, sessions, Metrics(count_open))
+    # BILLING_READ_DATABASE_URL: a replica for the readers (billing.api.state.routed).
+    replica = (
+        None
+        if settings.read_database_url is None
+        else make_engine(settings, url=settings.read_database_url)
+    )
+    state = AppState(
+        settings,
+        engine,
+        sessions,
+        Metrics(count_open),
+        replica_sessions=None if replica is None else make_sessionmaker(replica),
+    )
     state.metrics.registry.register(LedgerCollector(sessions, settings))
 
     @asynccontextmanager
@@ -195,6 +209,7 @@ def create_app(settings: Settings | None = None, *, background: bool = False) ->
         tasks = [asyncio.create_task(_last_used_loop(app.state.tokens))]
         if background:
             tasks.append(asyncio.create_task(_reconcile_loop(state)))
+            tasks.append(asyncio.create_task(_partitions_loop(state)))
             tasks.append(asyncio.create_task(DeliveryWorker(sessions, settings).run()))
         try:
             yield
@@ -208,6 +223,8 @@ def create_app(settings: Settings | None = None, *, background: bool = False) ->
             if state.ingest_writer is not None:
                 state.ingest_writer.close()
             engine.dispose()
+            if replica is not None:
+                replica.dispose()
 
     app = _App(
         title="billing",
@@ -278,6 +295,20 @@ async def _reconcile_loop(state: AppState) -> None:
                 log.exception("background reconciliation pass failed; retrying next interval")
         else:
             backoff.succeeded()
+
+
+async def _partitions_loop(state: AppState) -> None:
+    """``events``' months made ahead at start and every ``MAINTENANCE_EVERY_S``
+    (``billing.ingest.partitions``); a failure is logged and tried again at the next look."""
+    while True:
+        try:
+            made = await asyncio.to_thread(make_partitions_ahead, state.sessions, datetime.now(UTC))
+        except SQLAlchemyError as error:
+            log.warning("could not make the events' partitions ahead (%s); retrying", error)
+        else:
+            if made:
+                log.info("events partitions made: %s", ", ".join(f"{y}-{m:02d}" for y, m in made))
+        await asyncio.sleep(MAINTENANCE_EVERY_S)
 
 
 async def _last_used_loop(tokens: TokenCache) -> None:
