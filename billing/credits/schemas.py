@@ -6,7 +6,15 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    model_validator,
+)
 
 from billing.errors import FieldError, ValidationFailed
 from billing.fields import PublicId, Timestamp
@@ -107,3 +115,58 @@ def check_id(value: str, path: str) -> str:
             [FieldError(None, path, "must be printable text of 1 to 128 characters")]
         )
     return value
+
+
+class GrantOut(BaseModel):
+    """A grant as answered: what is left of it now and its state."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    grant_id: str
+    customer_id: str | None
+    api_key_id: str | None
+    kind: Literal["purchased", "promotional"]
+    amount_usd: str
+    remaining_usd: str
+    effective_at: AwareDatetime
+    expires_at: AwareDatetime | None
+    priority: int
+    note: str | None
+    state: Literal["scheduled", "active", "expired", "voided"]
+
+
+class BalanceOut(BaseModel):
+    """An owner's credit now: ``available_usd`` = balance − held − pending."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    customer_id: str | None
+    api_key_id: str | None
+    balance_usd: str
+    held_usd: str
+    pending_usd: str
+    available_usd: str
+    overdraft_usd: str
+    grants: list[GrantOut]
+    as_of: AwareDatetime
+
+
+class CustomerOut(BaseModel):
+    """A customer as answered: its settings (the defaults when never put) and its balance."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    customer_id: str
+    name: str | None
+    credit_required: bool
+    low_balance_usd: str | None
+    balance: BalanceOut
+
+
+class CustomerList(BaseModel):
+    """A page of ``GET /v1/customers``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    data: list[CustomerOut]
+    next_cursor: str | None

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from billing.credits.draws import book_expiries
 from billing.metrics import Metrics
 from billing.reconcile.repository import repository
 from billing.reconcile.service import (
@@ -142,6 +143,9 @@ def run_pass(
     locked in one order (no deadlock). Returns the totals of the pass; raises the database's
     error when it is unavailable.
     """
+    with write_transaction(sessions) as session:
+        # Grants expired since the last pass book their remainders (at their expires_at).
+        book_expiries(session, now or datetime.now(UTC))
     threads = settings.reconcile_threads
     bind = sessions.kw.get("bind")
     if threads <= 1 or bind is None or not repository(bind).steps_at_once:

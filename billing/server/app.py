@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from billing.api import (
     budgets,
     calls,
+    credits,
     drift,
     errors,
     events,
@@ -246,6 +247,7 @@ _ROUTERS: list[Any] = [
     tokens_api,
     schema,
     budgets,
+    credits,
 ]
 
 
