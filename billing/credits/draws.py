@@ -13,9 +13,11 @@ what no grant covers is an ``overdraft``. An amount a reversal gives back to a g
 expired or was voided since is booked at once as its ``expiry`` / ``void`` again.
 
 Expiries: the remainder of a grant at its ``expires_at`` is booked as an ``expiry`` at
-``expires_at``, once (its ``dedupe_key``), by the first step, pass, void or export at or after
-that instant (``book_expiries``). No draw is ever booked at or after a grant's expiry, so the
-remainder is final by then: whoever books it books the same amount.
+``expires_at``, once (its ``dedupe_key``), by the first step, pass, void or credits export at or
+after that instant (``book_expiries``). No draw is booked at or after a grant's expiry (and an
+amount given back to it later ends again at once), so the remainder is final by then: whoever
+books it books the same amount. A grant is booked (its ``grant`` entry) when it is posted,
+whatever its ``effective_at``: a closed period never gains an entry.
 """
 
 from __future__ import annotations
@@ -56,19 +58,23 @@ def active(grant: GrantView, now: datetime) -> bool:
 
 
 def book_expiries(session: Session, now: datetime) -> int:
-    """Book the expiry of every grant expired by ``now`` whose expiry is not booked yet: its
-    remainder at ``expires_at``, booked at ``expires_at``; how many were booked."""
+    """Book the expiry of every grant expired by ``now`` whose expiry is not booked yet: what
+    is left of it (locked first: a step drawing it finishes before), booked at its
+    ``expires_at`` (or at its own booking, for a grant posted after it expired); how many."""
     repo = repository(session)
     booked = 0
     for grant in repo.due_expiries(session, now):
         assert grant.expires_at is not None
-        left = repo.remainder_at(session, grant.grant_id, grant.expires_at)
+        owner = Owner(grant.customer_id, grant.api_key_id)
+        (view,) = (
+            g for g in repo.grants(session, [owner], lock=True) if g.grant_id == grant.grant_id
+        )
         move = Movement(
             EXPIRY,
-            grant.expires_at,
-            Owner(grant.customer_id, grant.api_key_id),
+            max(grant.expires_at, grant.created_at),
+            owner,
             grant.grant_id,
-            left,
+            view.remaining_pusd,
             dedupe_key=f"{EXPIRY}:{grant.grant_id}",
         )
         booked += repo.add_once(session, move)

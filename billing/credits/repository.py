@@ -83,10 +83,6 @@ class CreditsRepository(Protocol):
         """The grants expired at ``now`` whose expiry (or void) is not booked yet."""
         ...
 
-    def remainder_at(self, session: Session, grant_id: str, at: datetime) -> int:
-        """What was left of the grant at ``at`` (its entries booked then or before)."""
-        ...
-
     def overdraft(self, session: Session, owner: Owner) -> int:
         """The owner's overdraft: its overdrafts less their reversals."""
         ...

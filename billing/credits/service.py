@@ -154,7 +154,7 @@ def post_grant(session: Session, body: GrantIn, now: datetime) -> tuple[dict[str
                 "grant the credit to the customer",
             )
     booked = Movement(
-        GRANT, effective_at, Owner(grant.customer_id, grant.api_key_id), grant.grant_id,
+        GRANT, now, Owner(grant.customer_id, grant.api_key_id), grant.grant_id,
         grant.amount_pusd, dedupe_key=f"{GRANT}:{grant.grant_id}",
     )  # fmt: skip
     repo.add_grant(session, grant, booked)

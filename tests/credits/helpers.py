@@ -12,7 +12,9 @@ from sqlalchemy import select
 
 from billing.reconcile.runner import run_pass
 from billing.settings import Settings
-from billing.storage.db import read_transaction
+from billing.credits.schemas import GrantIn
+from billing.credits.service import post_grant
+from billing.storage.db import read_transaction, write_transaction
 from billing.storage.models import CreditEntry
 
 #: 1 USD per million input tokens, 10 USD per million output tokens: 1,000 output tokens cost
@@ -54,12 +56,22 @@ def reconcile(app: FastAPI, settings: Settings, now: str) -> None:
     run_pass(app.state.billing.sessions, settings, now=at(now))
 
 
-def grant(client: TestClient, grant_id: str, amount: str, **fields: Any) -> dict[str, Any]:
+def grant(
+    client: TestClient, grant_id: str, amount: str, now: str | None = None, **fields: Any
+) -> dict[str, Any]:
+    """Post a grant (of acme unless an owner is given) over HTTP; with ``now``, through the
+    service at that instant instead (the HTTP clock is the wall clock)."""
     body = {"grant_id": grant_id, "amount_usd": amount, "kind": "purchased",
             "effective_at": JAN, **fields}  # fmt: skip
     if "api_key_id" not in body and "customer_id" not in body:
         body["customer_id"] = "acme"
-    return ok(client.post("/v1/credits/grants", json=body), 201)
+    if now is None:
+        return ok(client.post("/v1/credits/grants", json=body), 201)
+    state = client.app.state.billing  # type: ignore[attr-defined]
+    with write_transaction(state.sessions) as session:
+        answer, created = post_grant(session, GrantIn.model_validate(body), at(now))
+    assert created
+    return answer
 
 
 def balance(client: TestClient, **owner: str) -> dict[str, Any]:
@@ -76,6 +88,4 @@ def entries(app: FastAPI) -> list[tuple[str, str | None, str, str | None]]:
 
     with read_transaction(app.state.billing.sessions) as session:
         rows = session.scalars(select(CreditEntry).order_by(CreditEntry.entry_id))
-        return [
-            (r.kind, r.grant_id, str(pusd_to_str(r.amount_pusd)), r.request_id) for r in rows
-        ]
+        return [(r.kind, r.grant_id, str(pusd_to_str(r.amount_pusd)), r.request_id) for r in rows]

@@ -59,8 +59,8 @@ def test_grants_are_drawn_by_priority_then_earliest_expiry_across_three_calls(
 def test_a_grant_expiring_mid_period_books_its_remainder_at_expires_at(
     acme: TestClient, app: FastAPI, settings: Settings
 ) -> None:
-    grant(acme, "short", "0.05", priority=1, expires_at="2026-03-15T12:00:00Z")
-    grant(acme, "long", "1")
+    grant(acme, "short", "0.05", JAN, priority=1, expires_at="2026-03-15T12:00:00Z")
+    grant(acme, "long", "1", JAN)
     call(acme, "before", "2026-03-01T10:00:00Z", 1000)  # 0.01
     reconcile(app, settings, "2026-03-01T10:05:00Z")
     call(acme, "after", "2026-03-20T10:00:00Z", 1000)

@@ -245,12 +245,6 @@ class CoreCredits:
         )
         return list(session.scalars(query))
 
-    def remainder_at(self, session: Session, grant_id: str, at: datetime) -> int:
-        query = select(func.coalesce(func.sum(SIGNED), 0)).where(
-            CreditEntry.grant_id == grant_id, CreditEntry.booked_at <= at
-        )
-        return int(session.scalar(query) or 0)
-
     def overdraft(self, session: Session, owner: Owner) -> int:
         query = select(func.coalesce(func.sum(CreditEntry.amount_pusd), 0)).where(
             owned_by(CreditEntry, owner), CreditEntry.grant_id.is_(None)
