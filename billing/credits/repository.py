@@ -97,8 +97,15 @@ class CreditsRepository(Protocol):
         """The entries booked in ``[since, until)``, by booking time and id."""
         ...
 
-    def balance_before(self, session: Session, until: datetime) -> int:
-        """Σ of every grant's remainder over the entries booked before ``until``."""
+    def kind_totals(
+        self, session: Session, since: datetime | None, until: datetime
+    ) -> dict[tuple[str, bool], int]:
+        """Σ amount by (kind, of a grant: else of no grant, an overdraft or its reversal) of
+        the entries booked in ``[since, until)`` (``since`` None: from the first)."""
+        ...
+
+    def balances_before(self, session: Session, until: datetime) -> dict[str, int]:
+        """Each grant's remainder over its entries booked before ``until``."""
         ...
 
     def owner_entries(self, session: Session, owner: Owner, limit: int) -> list[CreditEntry]:

@@ -268,11 +268,28 @@ class CoreCredits:
         )
         return list(session.scalars(query))
 
-    def balance_before(self, session: Session, until: datetime) -> int:
-        query = select(func.coalesce(func.sum(SIGNED), 0)).where(
-            CreditEntry.grant_id.is_not(None), CreditEntry.booked_at < until
+    def kind_totals(
+        self, session: Session, since: datetime | None, until: datetime
+    ) -> dict[tuple[str, bool], int]:
+        query = select(
+            CreditEntry.kind,
+            CreditEntry.grant_id.is_not(None),
+            func.sum(CreditEntry.amount_pusd),
+        ).where(CreditEntry.booked_at < until)
+        if since is not None:
+            query = query.where(CreditEntry.booked_at >= since)
+        query = query.group_by(CreditEntry.kind, CreditEntry.grant_id.is_not(None))
+        return {
+            (kind, bool(of_grant)): int(total) for kind, of_grant, total in session.execute(query)
+        }
+
+    def balances_before(self, session: Session, until: datetime) -> dict[str, int]:
+        query = (
+            select(CreditEntry.grant_id, func.sum(SIGNED))
+            .where(CreditEntry.grant_id.is_not(None), CreditEntry.booked_at < until)
+            .group_by(CreditEntry.grant_id)
         )
-        return int(session.scalar(query) or 0)
+        return {str(grant_id): int(total) for grant_id, total in session.execute(query)}
 
     def owner_entries(self, session: Session, owner: Owner, limit: int) -> list[CreditEntry]:
         query = (
