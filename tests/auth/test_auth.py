@@ -87,6 +87,27 @@ EXAMPLES: dict[tuple[str, str], tuple[dict[str, Any], set[str]]] = {
     ("GET", "/v1/spend"): ({"params": {"api_key_id": "key_auth"}}, {"ingest", "read"}),
     ("GET", "/v1/alerts"): ({}, {"read"}),
     ("DELETE", "/v1/budgets/{budget_id:path}"): ({"path": "/v1/budgets/auth-b"}, set()),
+    ("PUT", "/v1/customers/{customer_id}"): (
+        {"path": "/v1/customers/auth-c", "json": {"name": "Auth"}},
+        set(),
+    ),
+    ("GET", "/v1/customers"): ({}, {"read"}),
+    ("GET", "/v1/customers/{customer_id}"): ({"path": "/v1/customers/auth-c"}, {"read"}),
+    ("POST", "/v1/credits/grants"): (
+        {"json": {"grant_id": "auth-g", "customer_id": "auth-c", "amount_usd": "1",
+                  "kind": "purchased"}},
+        set(),
+    ),  # fmt: skip
+    ("POST", "/v1/credits/grants/{grant_id}/void"): (
+        {"path": "/v1/credits/grants/auth-g/void", "json": {}},
+        set(),
+    ),
+    ("GET", "/v1/credits/balance"): ({"params": {"customer_id": "auth-c"}}, {"read", "ingest"}),
+    ("GET", "/v1/exports/credits.csv"): ({"params": {"period": "2026-03"}}, {"export"}),
+    ("GET", "/v1/exports/credits.manifest.json"): (
+        {"params": {"period": "2026-03"}},
+        {"export"},
+    ),
 }
 OPEN = {"/healthz", "/readyz", "/metrics"}
 
