@@ -28,6 +28,8 @@ from typing import Protocol
 
 from sqlalchemy.orm import Session
 
+from billing.credits import alerts
+from billing.credits.holds import held_for_owner
 from billing.credits.repository import repository
 from billing.credits.rows import DRAW, EXPIRY, OVERDRAFT, REVERSAL, VOID, GrantView, Movement, Owner
 
@@ -117,6 +119,21 @@ def after_step(session: Session, entries: Sequence[ChargedEntry], now: datetime)
         booking.draw(sum(before.values()) + delta, owned)
         moves.extend(booking.moves)
     repo.add(session, moves)
+    for owner in sorted({o for _, o in work}, key=Owner.sort_key):
+        owned = [g for g in grants if g.owner == owner and active(g, now)]
+        was = sum(g.remaining_pusd for g in owned)
+        left = sum(remaining[g.grant_id] for g in owned)
+        # Holds and open calls are the same before and after the draws.
+        others = held_for_owner(session, owner, now) + repo.pending(session, owner)
+        alerts.crossings(session, owner, was - others, left - others, now)
+
+
+def on_pass(session: Session, now: datetime) -> None:
+    """A reconciliation pass's credit work (once a pass, in its own transaction): the
+    expiries due and the ``credits.expiring`` alerts. Nothing (one probe) without grants."""
+    if repository(session).any_grants(session):
+        book_expiries(session, now)
+        alerts.expiring(session, now)
 
 
 class _Booking:

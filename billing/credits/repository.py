@@ -83,6 +83,12 @@ class CreditsRepository(Protocol):
         """The grants expired at ``now`` whose expiry (or void) is not booked yet."""
         ...
 
+    def expiring_owners(
+        self, session: Session, after: datetime, until: datetime
+    ) -> dict[Owner, set[str]]:
+        """The grants (by owner) whose ``expires_at`` is in ``(after, until]``."""
+        ...
+
     def overdraft(self, session: Session, owner: Owner) -> int:
         """The owner's overdraft: its overdrafts less their reversals."""
         ...

@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from billing.credits.draws import active, book_expiries, draw_order
+from billing.credits.holds import held_for_owner
 from billing.credits.repository import repository
 from billing.credits.rows import GRANT, VOID, GrantView, Movement, Owner
 from billing.credits.schemas import CustomerIn, GrantIn, to_pusd
@@ -228,12 +229,6 @@ def grant_json(session: Session, grant_id: str, now: datetime) -> dict[str, Any]
 
 
 # --- balances ------------------------------------------------------------------------------------
-
-
-def held_for_owner(session: Session, owner: Owner, now: datetime) -> int:
-    """The owner's authorization holds in picodollars. Holds are built in ``billing.budgets``
-    (CONTRACT "Authorizations and holds (v3)"); until they land there are none: 0."""
-    return 0
 
 
 def _figures(

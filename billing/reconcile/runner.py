@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from billing.credits.draws import book_expiries
+from billing.credits import draws as credit_draws
 from billing.metrics import Metrics
 from billing.reconcile.repository import repository
 from billing.reconcile.service import (
@@ -145,7 +145,7 @@ def run_pass(
     """
     with write_transaction(sessions) as session:
         # Grants expired since the last pass book their remainders (at their expires_at).
-        book_expiries(session, now or datetime.now(UTC))
+        credit_draws.on_pass(session, now or datetime.now(UTC))
     threads = settings.reconcile_threads
     bind = sessions.kw.get("bind")
     if threads <= 1 or bind is None or not repository(bind).steps_at_once:

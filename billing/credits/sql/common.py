@@ -245,6 +245,17 @@ class CoreCredits:
         )
         return list(session.scalars(query))
 
+    def expiring_owners(
+        self, session: Session, after: datetime, until: datetime
+    ) -> dict[Owner, set[str]]:
+        query = select(CreditGrant.customer_id, CreditGrant.api_key_id, CreditGrant.grant_id).where(
+            CreditGrant.expires_at > after, CreditGrant.expires_at <= until
+        )
+        found: dict[Owner, set[str]] = {}
+        for customer_id, api_key_id, grant_id in session.execute(query):
+            found.setdefault(Owner(customer_id, api_key_id), set()).add(grant_id)
+        return found
+
     def overdraft(self, session: Session, owner: Owner) -> int:
         query = select(func.coalesce(func.sum(CreditEntry.amount_pusd), 0)).where(
             owned_by(CreditEntry, owner), CreditEntry.grant_id.is_(None)
