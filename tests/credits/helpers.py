@@ -10,10 +10,10 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from billing.reconcile.runner import run_pass
-from billing.settings import Settings
 from billing.credits.schemas import GrantIn
 from billing.credits.service import post_grant
+from billing.reconcile.runner import run_pass
+from billing.settings import Settings
 from billing.storage.db import read_transaction, write_transaction
 from billing.storage.models import CreditEntry
 

@@ -90,5 +90,10 @@ def test_a_grant_with_a_remainder_warns_seven_days_before_it_expires(
     ((headers, body),) = receiver.received
     payload = Webhook(secret).verify(body, headers)
     assert payload["type"] == "credits.expiring"
-    assert payload["data"] == {"customer_id": "acme", "api_key_id": None, "grant_id": "left",
-                               "remaining_usd": "1", "expires_at": "2026-03-20T00:00:00Z"}  # fmt: skip
+    assert payload["data"] == {
+        "customer_id": "acme",
+        "api_key_id": None,
+        "grant_id": "left",
+        "remaining_usd": "1",
+        "expires_at": "2026-03-20T00:00:00Z",
+    }
