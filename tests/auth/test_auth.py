@@ -94,8 +94,14 @@ EXAMPLES: dict[tuple[str, str], tuple[dict[str, Any], set[str]]] = {
     ("GET", "/v1/customers"): ({}, {"read"}),
     ("GET", "/v1/customers/{customer_id}"): ({"path": "/v1/customers/auth-c"}, {"read"}),
     ("POST", "/v1/credits/grants"): (
-        {"json": {"grant_id": "auth-g", "customer_id": "auth-c", "amount_usd": "1",
-                  "kind": "purchased"}},
+        {
+            "json": {
+                "grant_id": "auth-g",
+                "customer_id": "auth-c",
+                "amount_usd": "1",
+                "kind": "purchased",
+            }
+        },
         set(),
     ),  # fmt: skip
     ("POST", "/v1/credits/grants/{grant_id}/void"): (
