@@ -103,7 +103,7 @@ EXAMPLES: dict[tuple[str, str], tuple[dict[str, Any], set[str]]] = {
             }
         },
         set(),
-    ),  # fmt: skip
+    ),
     ("POST", "/v1/credits/grants/{grant_id}/void"): (
         {"path": "/v1/credits/grants/auth-g/void", "json": {}},
         set(),
