@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
-from starlette.concurrency import run_in_threadpool
 
 from billing.api.errors import answers
-from billing.api.state import AppState, get_state, read
+from billing.api.state import AppState, get_state, read, write
 from billing.auth.guard import allow
 from billing.calllog.params import QueryReader
 from billing.credits.rows import Owner
@@ -34,21 +33,12 @@ from billing.credits.service import (
     void_grant,
 )
 from billing.errors import FieldError, ValidationFailed
-from billing.storage.db import write_transaction
 
 router = APIRouter()
 
 #: Customers per page of ``GET /v1/customers`` by default, and at most.
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
-
-
-async def _write(state: AppState, work: Any) -> Any:
-    def run() -> Any:
-        with write_transaction(state.sessions) as session:
-            return work(session)
-
-    return await run_in_threadpool(run)
 
 
 @router.put(
@@ -69,7 +59,7 @@ async def put_one_customer(
     """201 for a customer put the first time, 200 after."""
     cid = check_id(customer_id, "path.customer_id")
     now = datetime.now(UTC)
-    answer, created = await _write(state, lambda s: put_customer(s, cid, body, now))
+    answer, created = await write(state, lambda s: put_customer(s, cid, body, now))
     return JSONResponse(answer, status_code=201 if created else 200)
 
 
@@ -127,7 +117,7 @@ async def post_credit_grant(
 ) -> JSONResponse:
     """201 for a new grant; 200 for the same body again; 409 for another body."""
     now = datetime.now(UTC)
-    answer, created = await _write(state, lambda s: post_grant(s, body, now))
+    answer, created = await write(state, lambda s: post_grant(s, body, now))
     return JSONResponse(answer, status_code=201 if created else 200)
 
 
@@ -143,7 +133,7 @@ async def void_credit_grant(
     """The grant with ``state: "voided"`` and nothing left; repeating it changes nothing."""
     gid = check_id(grant_id, "path.grant_id")
     now = datetime.now(UTC)
-    return JSONResponse(await _write(state, lambda s: void_grant(s, gid, now)))
+    return JSONResponse(await write(state, lambda s: void_grant(s, gid, now)))
 
 
 @router.get(

@@ -17,7 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from billing.ingest.writer import GroupWriter, new_writer
 from billing.metrics import Metrics
 from billing.settings import Settings
-from billing.storage.db import read_transaction, single_reads
+from billing.storage.db import read_transaction, single_reads, write_transaction
 
 T = TypeVar("T")
 
@@ -56,6 +56,16 @@ async def read(state: AppState, work: Callable[[Session], T]) -> T:
 
     def run() -> T:
         with read_transaction(state.sessions) as session:
+            return work(session)
+
+    return await run_in_threadpool(run)
+
+
+async def write(state: AppState, work: Callable[[Session], T]) -> T:
+    """``work(session)`` in a write transaction (committed at its end), in the thread pool."""
+
+    def run() -> T:
+        with write_transaction(state.sessions) as session:
             return work(session)
 
     return await run_in_threadpool(run)

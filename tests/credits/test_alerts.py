@@ -4,29 +4,16 @@ receiver on 127.0.0.1 and verified as Standard Webhooks (CONTRACT "Prepaid credi
 
 from __future__ import annotations
 
-import asyncio
 import json
 
-import httpx
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from standardwebhooks import Webhook
 
-from billing.budgets.webhooks import DeliveryWorker
 from billing.settings import Settings
-from tests.budgets.helpers import receiving, state
+from tests.budgets.helpers import receiving
+from tests.budgets.test_webhooks import _deliver
 from tests.credits.helpers import JAN, PRICE, call, grant, ok, reconcile
-
-
-def _deliver(client: TestClient) -> int:
-    st = state(client)
-    worker = DeliveryWorker(st.sessions, st.settings)
-
-    async def once() -> int:
-        async with httpx.AsyncClient(timeout=10) as http:
-            return await worker.deliver_once(http)
-
-    return asyncio.run(once())
 
 
 def _hooked(client: TestClient, url: str) -> str:
