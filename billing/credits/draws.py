@@ -128,12 +128,16 @@ def after_step(session: Session, entries: Sequence[ChargedEntry], now: datetime)
         alerts.crossings(session, owner, was - others, left - others, now)
 
 
+def credits_exist(session: Session) -> bool:
+    """Whether any grant exists (one probe): else a pass has no credit work."""
+    return repository(session).any_grants(session)
+
+
 def on_pass(session: Session, now: datetime) -> None:
-    """A reconciliation pass's credit work (once a pass, in its own transaction): the
-    expiries due and the ``credits.expiring`` alerts. Nothing (one probe) without grants."""
-    if repository(session).any_grants(session):
-        book_expiries(session, now)
-        alerts.expiring(session, now)
+    """A reconciliation pass's credit work (once a pass, in its own transaction, when
+    ``credits_exist``): the expiries due and the ``credits.expiring`` alerts."""
+    book_expiries(session, now)
+    alerts.expiring(session, now)
 
 
 class _Booking:

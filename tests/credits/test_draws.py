@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
@@ -147,3 +149,36 @@ def test_a_key_without_a_customer_draws_its_own_grants_on_the_rule_path(
     assert entries(app)[1:] == [("draw", "k", "0.01", "solo")]
     assert balance(client, api_key_id="key_solo")["balance_usd"] == "0.49"
     assert balance(client, api_key_id="key_free")["grants"] == []
+
+
+def test_an_open_call_counts_as_pending_until_it_settles_and_draws(
+    acme: TestClient, app: FastAPI, settings: Settings
+) -> None:
+    grant(acme, "g", "1")
+    events = [
+        {"event_id": "o-s", "request_id": "open", "type": "stream.started",
+         "occurred_at": "2026-03-01T10:00:00Z", "api_key_id": "key_a", "model": "m-credit",
+         "protocol": "anthropic.messages", "input_tokens": 0},
+        {"event_id": "o-t", "request_id": "open", "type": "stream.tokens",
+         "occurred_at": "2026-03-01T10:00:01Z", "output_tokens_generated": 2000,
+         "output_tokens_delivered": 2000},
+    ]  # fmt: skip
+    ok(acme.post("/v1/events", json={"events": events}), 200)
+    reconcile(app, settings, "2026-03-01T10:00:02Z")  # reconciled open: 0.02 provisional
+    found = balance(acme)
+    assert (found["balance_usd"], found["pending_usd"], found["available_usd"]) == (
+        "1",
+        "0.02",
+        "0.98",
+    )
+    assert entries(app)[1:] == []
+    # Settled on the clock (its events arrived now, by the wall clock): drawn.
+    later = datetime.now(UTC) + timedelta(seconds=settings.settle_after_s + 1)
+    reconcile(app, settings, later.isoformat())
+    found = balance(acme)
+    assert (found["balance_usd"], found["pending_usd"], found["available_usd"]) == (
+        "0.98",
+        "0",
+        "0.98",
+    )
+    assert entries(app)[1:] == [("draw", "g", "0.02", "open")]
