@@ -44,10 +44,6 @@ class CreditsRepository(Protocol):
         """Up to ``limit`` customer ids (put, or named by keys or grants) after ``after``."""
         ...
 
-    def key_customer_assigned(self, session: Session, api_key_id: str) -> str | None:
-        """A customer the key is (or was) assigned to, if any."""
-        ...
-
     def grant(self, session: Session, grant_id: str) -> CreditGrant | None:
         """The grant, if posted."""
         ...

@@ -17,6 +17,8 @@ from billing.credits.rows import GRANT, VOID, GrantView, Movement, Owner
 from billing.credits.schemas import CustomerIn, GrantIn, to_pusd
 from billing.errors import FieldError, NotFound, PlanConflict, ValidationFailed
 from billing.money import pusd_to_decimal, pusd_to_str
+from billing.plans.rating import assignment_at
+from billing.plans.repository import repository as plans_repository
 from billing.plans.service import decode_id_cursor, encode_id_cursor
 from billing.storage.models import CreditGrant, Customer
 from billing.timefmt import rfc3339
@@ -147,7 +149,9 @@ def post_grant(session: Session, body: GrantIn, now: datetime) -> tuple[dict[str
             "first",
         )
     if body.api_key_id is not None:
-        owner = repo.key_customer_assigned(session, body.api_key_id)
+        history = plans_repository(session).key_history(session, [body.api_key_id])
+        assigned = assignment_at(history.get(body.api_key_id, []), now)
+        owner = assigned.customer_id if assigned is not None else None
         if owner is not None:
             raise _invalid(
                 "body.api_key_id",

@@ -129,14 +129,6 @@ class CoreCredits:
         ids = union(*parts).subquery()
         return list(session.scalars(select(ids.c.id).order_by(ids.c.id).limit(limit)))
 
-    def key_customer_assigned(self, session: Session, api_key_id: str) -> str | None:
-        query = (
-            select(KeyAssignment.customer_id)
-            .where(KeyAssignment.api_key_id == api_key_id, KeyAssignment.customer_id.is_not(None))
-            .limit(1)
-        )
-        return session.scalar(query)
-
     def grant(self, session: Session, grant_id: str) -> CreditGrant | None:
         return session.get(CreditGrant, grant_id)
 
