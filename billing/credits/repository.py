@@ -48,8 +48,9 @@ class CreditsRepository(Protocol):
         """The grant, if posted."""
         ...
 
-    def add_grant(self, session: Session, grant: CreditGrant, booked: Movement) -> None:
-        """Insert a grant and its ``grant`` entry."""
+    def add_grant(self, session: Session, grant: CreditGrant, booked: Movement) -> bool:
+        """Insert a grant and its ``grant`` entry; False (nothing inserted) when a grant of
+        its ``grant_id`` was stored meanwhile."""
         ...
 
     def grants(

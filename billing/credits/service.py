@@ -15,7 +15,7 @@ from billing.credits.holds import held_for_owner
 from billing.credits.repository import repository
 from billing.credits.rows import GRANT, VOID, GrantView, Movement, Owner
 from billing.credits.schemas import CustomerIn, GrantIn, to_pusd
-from billing.errors import FieldError, NotFound, PlanConflict, ValidationFailed
+from billing.errors import FieldError, GrantConflict, NotFound, ValidationFailed
 from billing.money import pusd_to_decimal, pusd_to_str
 from billing.plans.rating import assignment_at
 from billing.plans.repository import repository as plans_repository
@@ -111,7 +111,7 @@ def _invalid(path: str, message: str) -> ValidationFailed:
 def post_grant(session: Session, body: GrantIn, now: datetime) -> tuple[dict[str, Any], bool]:
     """Store a grant and book its ``grant`` entry; ``(grant, created)``. The same body again is
     a no-op (``created`` False); another body under the same ``grant_id`` raises
-    ``PlanConflict`` (409); an unknown customer, a key that has a customer, or an
+    ``GrantConflict`` (409); an unknown customer, a key that has a customer, or an
     ``expires_at`` not after ``effective_at`` raise ``ValidationFailed`` (422). The caller
     commits."""
     repo = repository(session)
@@ -130,16 +130,7 @@ def post_grant(session: Session, body: GrantIn, now: datetime) -> tuple[dict[str
     )
     stored = repo.grant(session, body.grant_id)
     if stored is not None:
-        # A repeat that leaves effective_at out means the instant it was stored at.
-        skip = 3 if body.effective_at is None else -1
-        mine, theirs = _grant_body(grant), _grant_body(stored)
-        same = all(a == b for i, (a, b) in enumerate(zip(mine, theirs, strict=True)) if i != skip)
-        if not same:
-            raise PlanConflict(
-                f"a different grant {body.grant_id!r} exists; a grant never changes: post a "
-                "new grant_id (or void this one)"
-            )
-        return grant_json(session, stored.grant_id, now), False
+        return _repeated(session, body, grant, stored, now), False
     if body.expires_at is not None and body.expires_at <= effective_at:
         raise _invalid("body.expires_at", "must be after effective_at (default: now)")
     if body.customer_id is not None and not repo.customer_known(session, body.customer_id):
@@ -162,8 +153,26 @@ def post_grant(session: Session, body: GrantIn, now: datetime) -> tuple[dict[str
         GRANT, now, Owner(grant.customer_id, grant.api_key_id), grant.grant_id,
         grant.amount_pusd, dedupe_key=f"{GRANT}:{grant.grant_id}",
     )  # fmt: skip
-    repo.add_grant(session, grant, booked)
+    if not repo.add_grant(session, grant, booked):  # posted meanwhile by another request
+        stored = repo.grant(session, body.grant_id)
+        assert stored is not None
+        return _repeated(session, body, grant, stored, now), False
     return grant_json(session, grant.grant_id, now), True
+
+
+def _repeated(
+    session: Session, body: GrantIn, grant: CreditGrant, stored: CreditGrant, now: datetime
+) -> dict[str, Any]:
+    """The stored grant when ``grant`` (as posted) is the same; else ``GrantConflict`` (409).
+    A repeat that leaves ``effective_at`` out means the instant it was stored at."""
+    skip = 3 if body.effective_at is None else -1
+    mine, theirs = _grant_body(grant), _grant_body(stored)
+    if any(a != b for i, (a, b) in enumerate(zip(mine, theirs, strict=True)) if i != skip):
+        raise GrantConflict(
+            f"a different grant {body.grant_id!r} exists; a grant never changes: post a new "
+            "grant_id (or void this one)"
+        )
+    return grant_json(session, stored.grant_id, now)
 
 
 def void_grant(session: Session, grant_id: str, now: datetime) -> dict[str, Any]:

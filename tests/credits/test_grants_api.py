@@ -137,3 +137,22 @@ def test_the_balance_needs_exactly_one_owner(acme: TestClient) -> None:
         response = acme.get("/v1/credits/balance", params=params)
         assert response.status_code == 422, response.text
     assert acme.post("/v1/credits/grants/nope/void", json={}).status_code == 404
+
+
+def test_a_grant_stored_meanwhile_is_not_inserted_twice(acme: TestClient, app: FastAPI) -> None:
+    """Two first posts of one grant_id at once: the later insert finds the grant (its savepoint
+    fails alone) and the transaction goes on."""
+    from billing.credits.repository import repository
+    from billing.credits.rows import Movement, Owner
+    from billing.storage.db import write_transaction
+    from tests.credits.helpers import at
+
+    ok(acme.post("/v1/credits/grants", json=GRANT), 201)
+    now = at("2026-12-01T00:00:00Z")
+    late = CreditGrant(grant_id="g1", customer_id="acme", amount_pusd=1, effective_at=now,
+                       priority=1, kind="purchased", created_at=now)  # fmt: skip
+    move = Movement("grant", now, Owner("acme", None), "g1", 1)
+    with write_transaction(app.state.billing.sessions) as session:
+        assert repository(session).add_grant(session, late, move) is False
+        assert repository(session).customer_known(session, "acme")
+    assert stored(app) == (1, 1, 1)

@@ -26,6 +26,7 @@ from sqlalchemy import (
     union,
 )
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from billing.credits.rows import (
@@ -132,10 +133,16 @@ class CoreCredits:
     def grant(self, session: Session, grant_id: str) -> CreditGrant | None:
         return session.get(CreditGrant, grant_id)
 
-    def add_grant(self, session: Session, grant: CreditGrant, booked: Movement) -> None:
-        session.add(grant)
-        session.flush()
+    def add_grant(self, session: Session, grant: CreditGrant, booked: Movement) -> bool:
+        try:
+            # A savepoint: a grant_id posted meanwhile fails this insert only.
+            with session.begin_nested():
+                session.add(grant)
+                session.flush()
+        except IntegrityError:
+            return False
         self.add(session, [booked])
+        return True
 
     def grants(
         self, session: Session, owners: Sequence[Owner], lock: bool = False
