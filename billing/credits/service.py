@@ -140,9 +140,7 @@ def post_grant(session: Session, body: GrantIn, now: datetime) -> tuple[dict[str
             "first",
         )
     if body.api_key_id is not None:
-        history = plans_repository(session).key_history(session, [body.api_key_id])
-        assigned = assignment_at(history.get(body.api_key_id, []), now)
-        owner = assigned.customer_id if assigned is not None else None
+        owner = _key_customer(session, body.api_key_id, now)
         if owner is not None:
             raise _invalid(
                 "body.api_key_id",
@@ -262,9 +260,25 @@ def _figures(
     return grants, figures
 
 
+def _key_customer(session: Session, api_key_id: str, now: datetime) -> str | None:
+    """The customer of the key's assignment in force at ``now``, if any."""
+    history = plans_repository(session).key_history(session, [api_key_id])
+    assigned = assignment_at(history.get(api_key_id, []), now)
+    return assigned.customer_id if assigned is not None else None
+
+
+def credit_owner(session: Session, owner: Owner, now: datetime) -> Owner:
+    """Whose credit a key's calls draw now: its customer's when it has one, else its own."""
+    if owner.api_key_id is not None and owner.customer_id is None:
+        return Owner.of(_key_customer(session, owner.api_key_id, now), owner.api_key_id)
+    return owner
+
+
 def balance(session: Session, owner: Owner, now: datetime) -> dict[str, Any]:
     """``GET /v1/credits/balance``: the owner's balance (the remainders of its active grants),
-    holds, pending charges of open calls, what is available, its overdraft and its grants."""
+    holds, pending charges of open calls, what is available, its overdraft and its grants. A
+    key with a customer answers its customer's (``customer_id`` says so)."""
+    owner = credit_owner(session, owner, now)
     grants, figures = _figures(session, owner, now)
     return {
         "customer_id": owner.customer_id,
@@ -279,10 +293,9 @@ def available_for_owner(
     session: Session, customer_id: str | None, api_key_id: str | None, now: datetime
 ) -> Decimal:
     """The owner's available credit in USD (balance − held − pending): for the authorization
-    check of a ``credit_required`` customer."""
-    return pusd_to_decimal(
-        _figures(session, Owner.of(customer_id, api_key_id), now)[1]["available"]
-    )
+    check of a ``credit_required`` customer (a key with a customer: its customer's)."""
+    owner = credit_owner(session, Owner.of(customer_id, api_key_id), now)
+    return pusd_to_decimal(_figures(session, owner, now)[1]["available"])
 
 
 def entries_json(session: Session, owner: Owner, limit: int) -> list[dict[str, Any]]:

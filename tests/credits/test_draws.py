@@ -54,6 +54,13 @@ def test_grants_are_drawn_by_priority_then_earliest_expiry_across_three_calls(
         "0",
     )
     assert (found["held_usd"], found["pending_usd"]) == ("0", "0")
+    # Asked by key (as a gateway knows it), the answer is its customer's.
+    by_key = balance(acme, api_key_id="key_a")
+    assert (by_key["customer_id"], by_key["api_key_id"], by_key["balance_usd"]) == (
+        "acme",
+        None,
+        "0.035",
+    )
     # In draw order: priority, earliest expiry (none last).
     assert [g["grant_id"] for g in found["grants"]] == ["soon", "late", "base"]
 
