@@ -79,8 +79,23 @@ def book_expiries(session: Session, now: datetime) -> int:
             view.remaining_pusd,
             dedupe_key=f"{EXPIRY}:{grant.grant_id}",
         )
-        booked += repo.add_once(session, move)
+        if repo.add_once(session, move):
+            booked += 1
+            ended(session, owner, view.remaining_pusd, now)
     return booked
+
+
+def ended(session: Session, owner: Owner, amount_pusd: int, now: datetime) -> None:
+    """The alerts of the owner's balance having lost ``amount_pusd`` (an expiry, a void)."""
+    if amount_pusd > 0:
+        current = [g for g in repository(session).grants(session, [owner]) if active(g, now)]
+        left = sum(g.remaining_pusd for g in current) - _others(session, owner, now)
+        alerts.crossings(session, owner, left + amount_pusd, left, now)
+
+
+def _others(session: Session, owner: Owner, now: datetime) -> int:
+    """What the owner's available credit lacks besides its balance: holds and open calls."""
+    return held_for_owner(session, owner, now) + repository(session).pending(session, owner)
 
 
 def after_step(session: Session, entries: Sequence[ChargedEntry], now: datetime) -> None:
@@ -124,7 +139,7 @@ def after_step(session: Session, entries: Sequence[ChargedEntry], now: datetime)
         was = sum(g.remaining_pusd for g in owned)
         left = sum(remaining[g.grant_id] for g in owned)
         # Holds and open calls are the same before and after the draws.
-        others = held_for_owner(session, owner, now) + repo.pending(session, owner)
+        others = _others(session, owner, now)
         alerts.crossings(session, owner, was - others, left - others, now)
 
 

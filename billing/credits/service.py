@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from billing.credits.draws import active, book_expiries, draw_order
+from billing.credits.draws import active, book_expiries, draw_order, ended
 from billing.credits.holds import held_for_owner
 from billing.credits.repository import repository
 from billing.credits.rows import GRANT, VOID, GrantView, Movement, Owner
@@ -185,7 +185,8 @@ def void_grant(session: Session, grant_id: str, now: datetime) -> dict[str, Any]
     if not view.voided and (view.expires_at is None or now < view.expires_at):
         move = Movement(VOID, now, view.owner, grant_id, view.remaining_pusd,
                         dedupe_key=f"{VOID}:{grant_id}")  # fmt: skip
-        repo.add_once(session, move)
+        if repo.add_once(session, move) and active(view, now):
+            ended(session, view.owner, view.remaining_pusd, now)
     return grant_json(session, grant_id, now)
 
 

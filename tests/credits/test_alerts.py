@@ -84,3 +84,19 @@ def test_a_grant_with_a_remainder_warns_seven_days_before_it_expires(
         "remaining_usd": "1",
         "expires_at": "2026-03-20T00:00:00Z",
     }
+
+
+def test_a_void_that_empties_the_balance_sends_exhausted(
+    client: TestClient, app: FastAPI, settings: Settings
+) -> None:
+    with receiving() as receiver:
+        secret = _hooked(client, receiver.url)
+        grant(client, "g", "1")
+        ok(client.post("/v1/credits/grants/g/void", json={}), 200)
+        ok(client.post("/v1/credits/grants/g/void", json={}), 200)  # once
+        assert _deliver(client) == 2
+    payloads = [Webhook(secret).verify(body, headers) for headers, body in receiver.received]
+    assert sorted((p["type"], p["data"]["available_usd"]) for p in payloads) == [
+        ("credits.exhausted", "0"),
+        ("credits.low", "0"),
+    ]
