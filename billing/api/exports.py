@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
@@ -16,7 +16,9 @@ from billing.api.errors import answers
 from billing.api.openapi import query_parameters
 from billing.api.state import as_of_headers, get_state, read_as_of
 from billing.auth.guard import allow
+from billing.calllog.params import QueryReader
 from billing.export.columns import CALLS_COLUMNS, USAGE_TOTAL_COLUMNS
+from billing.export.credits import CREDITS_COLUMNS, export_credits
 from billing.export.focus import FOCUS_COLUMNS, focus_chunks, parse_period
 from billing.export.params import Kind, parse_params
 from billing.export.schemas import CallsCsvParams, FocusCsvParams, UsageCsvParams
@@ -145,3 +147,65 @@ async def focus_csv(request: Request) -> StreamingResponse:
     )
     closed = is_closed(month.until, as_of or _NEVER, state.settings.close_lag_s)
     return _csv(first, rest, "closed" if closed else "provisional", "focus", as_of)
+
+
+_PERIOD = {
+    "name": "period",
+    "in": "query",
+    "required": True,
+    "schema": {"type": "string", "pattern": "^[0-9]{4}-(0[1-9]|1[0-2])$", "examples": ["2026-03"]},
+    "description": "a UTC month",
+}
+
+
+async def _credits(request: Request) -> tuple[bytes, dict[str, Any]]:
+    reader = QueryReader(request.query_params.multi_items(), ("period",))
+    period = reader.text("period")
+    reader.done()
+    state = get_state(request)
+    now = datetime.now(UTC)
+    return await run_in_threadpool(
+        export_credits, state.sessions, period, now, state.settings.close_lag_s
+    )
+
+
+@router.get(
+    "/v1/exports/credits.csv",
+    summary="Credit entries booked in a UTC month, as CSV",
+    response_class=Response,
+    dependencies=[Depends(allow("export"))],
+    openapi_extra={"parameters": [_PERIOD]},
+    responses={
+        200: {
+            "description": f"CSV with one header row: {','.join(CREDITS_COLUMNS)}",
+            "content": {"text/csv": {"schema": {"type": "string"}}},
+        },
+        **answers(401, 403, 422, 503),
+    },
+)
+async def credits_csv(request: Request) -> Response:
+    """Grants, draws, reversals, expiries, voids and overdrafts booked in ``period``, by
+    ``booked_at`` then ``entry_id``; ``X-Billing-Period: closed|provisional``."""
+    body, manifest = await _credits(request)
+    return Response(
+        body,
+        media_type=_CSV,
+        headers={
+            "X-Billing-Period": manifest["status"],
+            "Content-Disposition": 'attachment; filename="credits.csv"',
+            "Cache-Control": "no-store",
+        },
+    )
+
+
+@router.get(
+    "/v1/exports/credits.manifest.json",
+    summary="The manifest of credits.csv for a UTC month: totals, SHA-256 and the identity",
+    dependencies=[Depends(allow("export"))],
+    openapi_extra={"parameters": [_PERIOD]},
+    responses=answers(401, 403, 422, 503),
+)
+async def credits_manifest(request: Request) -> JSONResponse:
+    """Σ grants − Σ draws − Σ expiries − Σ voids = Σ balances at the period's end, the
+    period's own totals, the opening and closing balance, rows and the CSV's SHA-256."""
+    return JSONResponse((await _credits(request))[1])

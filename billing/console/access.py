@@ -24,6 +24,7 @@ PAGE_ROLES: dict[str, frozenset[str]] = {
     "calls": frozenset({"read"}),  # GET /v1/calls, /v1/calls/{id}
     "usage": frozenset({"read", "export"}),  # GET /v1/usage
     "budgets": frozenset({"read"}),  # GET /v1/budgets/{id}
+    "credits": frozenset({"read"}),  # GET /v1/customers, /v1/credits/balance
     "drift": frozenset({"read", "export"}),  # GET /v1/drift
     "exports": frozenset({"export"}),  # GET /v1/exports/*
     "customers": frozenset({"read"}),  # GET /v1/keys, /v1/usage, budgets
@@ -36,6 +37,7 @@ PAGES: tuple[tuple[str, str], ...] = (
     ("calls", "Calls"),
     ("usage", "Usage"),
     ("budgets", "Budgets"),
+    ("credits", "Credits"),
     ("drift", "Drift"),
     ("exports", "Exports"),
     ("customers", "Customers"),

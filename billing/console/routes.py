@@ -23,6 +23,7 @@ from billing.api.state import AppState, as_of_headers, get_state, routed
 from billing.console import access, overview, pages, views
 from billing.console.access import Viewer
 from billing.console.render import page, render, respond
+from billing.credits.rows import Owner
 from billing.drift.schemas import parse_query as parse_drift_query
 from billing.drift.service import drift_rows
 from billing.errors import NotFound, ValidationFailed
@@ -245,6 +246,27 @@ async def budgets(request: Request) -> Response:
     now = datetime.now(UTC)
     return await _show(
         request, viewer, "budgets", "budgets.html", lambda s: views.budgets_view(s, now), {}
+    )
+
+
+@router.get("/credits")
+async def credits(request: Request) -> Response:
+    """Prepaid credits: the customers and their balances, or (``?customer_id=`` /
+    ``?api_key_id=``) one owner's balance, grants and latest draws."""
+    viewer = await _gate(request, "credits")
+    if isinstance(viewer, Response):
+        return viewer
+    form = dict(_items(request))
+    customer, key = form.get("customer_id"), form.get("api_key_id")
+    owner = Owner.of(customer, key) if customer or key else None
+    now = datetime.now(UTC)
+    return await _show(
+        request,
+        viewer,
+        "credits",
+        "credits.html",
+        lambda s: views.credits_view(s, owner, now),
+        form,
     )
 
 

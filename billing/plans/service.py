@@ -101,20 +101,22 @@ def get_key(session: Session, api_key_id: str, now: datetime) -> dict[str, Any]:
     return key_json(api_key_id, history, now)
 
 
-def encode_key_cursor(api_key_id: str) -> str:
-    """The page cursor after ``api_key_id`` (URL-safe base64 of ``["k", id]``)."""
-    raw = json.dumps(["k", api_key_id]).encode()
+def encode_id_cursor(tag: str, value: str) -> str:
+    """The page cursor after the id ``value`` of a list tagged ``tag`` (URL-safe base64 of
+    ``[tag, id]``): ``"k"`` keys, ``"c"`` customers (``billing.credits``)."""
+    raw = json.dumps([tag, value]).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
-def decode_key_cursor(text: str) -> str:
-    """The key a cursor of ``encode_key_cursor`` names; ``ValueError`` in words otherwise."""
+def decode_id_cursor(tag: str, text: str) -> str:
+    """The id a cursor of ``encode_id_cursor(tag, …)`` names; ``ValueError`` in words
+    otherwise."""
     try:
         value = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
         if (
             isinstance(value, list)
             and len(value) == 2
-            and value[0] == "k"
+            and value[0] == tag
             and isinstance(value[1], str)
             and 1 <= len(value[1]) <= 128
         ):
@@ -125,6 +127,16 @@ def decode_key_cursor(text: str) -> str:
         "is not a cursor from this endpoint; pass the next_cursor of the previous page "
         "unchanged, or leave cursor out for the first page"
     )
+
+
+def encode_key_cursor(api_key_id: str) -> str:
+    """The page cursor after ``api_key_id`` (URL-safe base64 of ``["k", id]``)."""
+    return encode_id_cursor("k", api_key_id)
+
+
+def decode_key_cursor(text: str) -> str:
+    """The key a cursor of ``encode_key_cursor`` names; ``ValueError`` in words otherwise."""
+    return decode_id_cursor("k", text)
 
 
 def list_keys(

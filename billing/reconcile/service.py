@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from billing.budgets import counters as budget_counters
+from billing.credits import draws as credit_draws
 from billing.dimensions import set_tokens
 from billing.plans.rating import Rating
 from billing.pricing.service import price_book
@@ -215,6 +216,7 @@ def reconcile_calls(
     repo.write_calls(session, updates, now)
     repo.write_attempts(session, updates)
     repo.write_entries(session, entries)
+    credit_draws.after_step(session, entries, now)
     rollups.after_step(session, rolled_up, after, entries, deltas)
     held = [new.request_id for _, new, _ in updates if drift_rollup.holds(new)]
     drift_rollup.after_writes(session, drift_before, held, common_drift)

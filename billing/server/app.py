@@ -21,6 +21,7 @@ from billing.api import (
     authorizations,
     budgets,
     calls,
+    credits,
     drift,
     errors,
     events,
@@ -271,6 +272,7 @@ _ROUTERS: list[Any] = [
     schema,
     budgets,
     authorizations,
+    credits,
 ]
 
 

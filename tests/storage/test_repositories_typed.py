@@ -34,6 +34,7 @@ RENAMED = {
     "budgets": ("billing/budgets/sql/alerts.py", "insert_alert"),
     "pricing": ("billing/pricing/sql/common.py", "rows_by_id"),
     "archive": ("billing/archive/sql/common.py", "open_calls"),
+    "credits": ("billing/credits/sql/common.py", "owners_with_grants"),
 }
 
 
