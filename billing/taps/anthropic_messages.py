@@ -177,9 +177,7 @@ class AnthropicMessagesTap(Tap):
         usage = as_dict(usage, "message_start.message.usage")
         fields = _read_usage(usage)
         self._set_service_tier(opt_tier(usage))
-        units, counters = split_counters(
-            opt_units(usage, "server_tool_use"), _NOT_BILLED_PER_USE
-        )
+        units, counters = split_counters(opt_units(usage, "server_tool_use"), _NOT_BILLED_PER_USE)
         self._reported_units.update(units)
         self._counters.update(counters)
         # output_tokens here is a placeholder inside the running count: not recorded; neither
