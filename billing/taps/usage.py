@@ -244,8 +244,8 @@ def build_usage(
 ) -> Usage:
     """A :class:`Usage` from a provider's raw counts (``None``: not reported, 0); see
     :func:`build_input` for the input side. ``units`` and ``counters``: raw counts by name (a
-    negative one is 0, flagged; 0 counts are left out); ``other_models``: entries whose counts may be negative
-    (0, flagged), merged per model in order of first appearance, at most
+    negative one is 0, flagged; 0 counts are left out); ``other_models``: entries whose counts
+    may be negative (0, flagged), merged per model in order of first appearance, at most
     :data:`MAX_OTHER_MODELS` models."""
     check = _Check(anomalies)
     counts = _input_side(
