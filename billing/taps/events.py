@@ -35,7 +35,8 @@ def stream_usage_payload(
          "units": {name: int > 0} (when any), "counters": {name: int > 0} (when any),
          "provider_cost_usd": decimal str (when the provider reported it),
          "other_models": [{"model", "input_tokens", "output_tokens",
-         "cache_read_input_tokens", "cache_creation_input_tokens"}] (when any), "anomalies": ["usage_inconsistent"] (when the upstream's figures contradicted
+         "cache_read_input_tokens", "cache_creation_input_tokens"}] (when any),
+         "anomalies": ["usage_inconsistent"] (when the upstream's figures contradicted
          themselves), "model": str (when reported), "stop_reason": str (when known)}
 
     ``source`` is ``upstream`` when the provider reported a usage and no content was generated
