@@ -78,6 +78,15 @@ class Meter:
         an error body gives ``stream.failed``)."""
         self.account.whole(body)
 
+    def failed(self, error: BaseException) -> None:
+        """The upstream could not be opened, or failed before its response was read (a
+        connection error, a timeout): the attempt's events all the same (``stream.started``,
+        a usage of nothing generated, ``stream.failed`` ``upstream_disconnect``), so that no
+        call made upstream goes without its record."""
+        account = self.account
+        account.start_attempt()
+        account.settle(error_type="upstream_disconnect", message=str(error) or repr(error))
+
     def json(
         self,
         upstream: httpx.Response | bytes,

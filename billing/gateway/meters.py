@@ -43,6 +43,8 @@ class Meters:
             ``stalled`` (``stream.failed``); ``None``: no stall detection of the meter's own
             (an ``httpx`` read timeout counts as a stall too).
         max_attempts: attempts per call, retries of a stalled upstream included (>= 1).
+        shutdown_grace_s: at the process's shutdown (:meth:`lifespan`), seconds given to the
+            upstreams still read before they are cut (:meth:`shutdown`).
 
     Raises:
         ValueError: an argument out of range.
@@ -56,6 +58,7 @@ class Meters:
         progress_every: int = 64,
         stall_timeout_s: float | None = None,
         max_attempts: int = 2,
+        shutdown_grace_s: float = 30.0,
     ) -> None:
         if progress_every < 1 or max_attempts < 1:
             raise ValueError("progress_every and max_attempts must be >= 1")
@@ -66,6 +69,7 @@ class Meters:
         self.progress_every = progress_every
         self.stall_timeout_s = stall_timeout_s
         self.max_attempts = max_attempts
+        self.shutdown_grace_s = shutdown_grace_s
         self.slots = DrainSlots(self.policy.max_concurrent)
         #: the asyncio attempts reading an upstream now (relayed or drained)
         self.pumps: set[Pump] = set()
@@ -109,11 +113,17 @@ class Meters:
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: object = None) -> AsyncIterator[None]:
-        """The gateway's lifespan (``FastAPI(lifespan=meters.lifespan)``, Starlette alike):
-        nothing at start; at shutdown, :meth:`shutdown`. A gateway with a lifespan of its own
-        awaits :meth:`shutdown` in it."""
-        yield
-        await self.shutdown()
+        """The gateway's lifespan (``FastAPI(lifespan=meters.lifespan)``, Starlette alike): at
+        start, the billing client starts delivering (a spool left by a killed process is
+        delivered now); at shutdown, :meth:`shutdown` with ``shutdown_grace_s``. A gateway with
+        a lifespan of its own enters this one in it (``async with meters.lifespan(app):``)."""
+        start: Callable[[], object] | None = getattr(self.client, "start", None)
+        if start is not None:
+            start()
+        try:
+            yield
+        finally:
+            await self.shutdown(self.shutdown_grace_s)
 
     async def shutdown(self, grace_s: float = 30.0, flush_s: float = 10.0) -> None:
         """End the process's metering without losing a call: wait at most ``grace_s`` seconds

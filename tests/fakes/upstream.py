@@ -16,6 +16,11 @@ documented SSE shapes:
   ``content_block_stop``, ``message_delta`` (``usage.output_tokens``: the cumulative count) and
   ``message_stop``.
 
+Without ``"stream": true`` it answers the whole response object of the protocol instead (a
+``chat.completion``, a Responses ``response``, an Anthropic ``message``) with the same usage.
+Every answer carries the provider's headers a gateway passes on: ``x-request-id`` (``req_`` and
+the call's id) and ``x-ratelimit-remaining-requests``.
+
 Like a real provider, generation runs in its own task, independent of the connection: when the
 client disconnects the model goes on until the request's total, and every generated token is
 recorded (what the provider would bill). :attr:`FakeUpstream.records` maps the request's id
@@ -213,6 +218,51 @@ class _Shapes:
             _sse({"type": "message_stop"}, "message_stop"),
         ]
 
+    def whole(self) -> dict[str, Any]:
+        """The non-streaming response object, of ``gen.total`` output tokens."""
+        n, inp = self.gen.total, self.gen.input_tokens
+        text = TOKEN_TEXT * n
+        if self.protocol == "openai.chat_completions":
+            message = {"role": "assistant", "content": text, "refusal": None}
+            return {
+                "id": f"chatcmpl-{self.id}",
+                "object": "chat.completion",
+                "created": self.created,
+                "model": self.model,
+                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                "usage": {
+                    "prompt_tokens": inp,
+                    "completion_tokens": n,
+                    "total_tokens": inp + n,
+                    "prompt_tokens_details": {"cached_tokens": 0},
+                    "completion_tokens_details": {"reasoning_tokens": 0},
+                },
+            }
+        if self.protocol == "openai.responses":
+            part = {"type": "output_text", "text": text, "annotations": []}
+            response = self._response("completed")
+            response["output"] = [
+                {"id": f"msg_{self.id}", "type": "message", "role": "assistant", "content": [part]}
+            ]
+            response["usage"] = {
+                "input_tokens": inp,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens": n,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": inp + n,
+            }
+            return response
+        return {
+            "id": f"msg_{self.id}",
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "text", "text": text}],
+            "model": self.model,
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
+            "usage": {"input_tokens": inp, "output_tokens": n},
+        }
+
     def _chat_frame(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None) -> bytes:
         chunk: dict[str, Any] = {
             "id": f"chatcmpl-{self.id}",
@@ -392,8 +442,8 @@ class FakeUpstream:
             body = orjson.loads(await request.body())
         except orjson.JSONDecodeError:
             return JSONResponse({"error": {"message": "body is not JSON"}}, status_code=400)
-        if not isinstance(body, dict) or body.get("stream") is not True:
-            return JSONResponse({"error": {"message": "only stream: true is faked"}}, 400)
+        if not isinstance(body, dict):
+            return JSONResponse({"error": {"message": "body is not an object"}}, 400)
         h = request.headers
 
         def settings(name: str, kind: Callable[[str], Any]) -> Any:
@@ -406,6 +456,13 @@ class FakeUpstream:
             self.records.setdefault(rid, []).append(gen)
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         shapes = _Shapes(protocol, str(body.get("model", "fake-model")), gen, include_usage)
+        headers = {"x-request-id": f"req_{rid}", "x-ratelimit-remaining-requests": "99"}
+        if body.get("stream") is not True:
+            with self._lock:
+                gen.generated = gen.total
+            gen.finished = True
+            gen.done.set()
+            return JSONResponse(shapes.whole(), headers=headers)
         queue: asyncio.Queue[object] = asyncio.Queue()
         task = asyncio.get_running_loop().create_task(
             self._generate(
@@ -417,7 +474,9 @@ class FakeUpstream:
                 stall_after=None if stall is None else int(stall),
             )
         )
-        return StreamingResponse(_drain_queue(queue, gen, task), media_type="text/event-stream")
+        return StreamingResponse(
+            _drain_queue(queue, gen, task), media_type="text/event-stream", headers=headers
+        )
 
     async def _generate(
         self,
