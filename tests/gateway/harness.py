@@ -82,13 +82,22 @@ def billing_server(db_url: str) -> Iterator[Billing]:
 
 
 @contextmanager
-def example_gateway(upstream: str, billing: Billing, *, drain: bool = True) -> Iterator[str]:
-    """``examples/fastapi_gateway.py`` in its own process; yields its base URL."""
+def example_gateway(
+    upstream: str,
+    billing: Billing,
+    *,
+    drain: bool = True,
+    env: dict[str, str] | None = None,
+    args: tuple[str, ...] = (),
+) -> Iterator[str]:
+    """``examples/fastapi_gateway.py`` in its own process; yields its base URL. ``env`` is
+    added to the process's environment (``XDG_CACHE_HOME``: where its client spools), ``args``
+    to its command line."""
     port = _free_port()
-    args = [sys.executable, str(ROOT / "examples" / "fastapi_gateway.py"), "--port", str(port)]
-    args += ["--upstream", upstream, "--billing", billing.url] + ([] if drain else ["--no-drain"])
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "BILLING_TOKEN": billing.ingest_token}
-    with serving(args, env, port) as url:
+    argv = [sys.executable, str(ROOT / "examples" / "fastapi_gateway.py"), "--port", str(port)]
+    argv += ["--upstream", upstream, "--billing", billing.url] + ([] if drain else ["--no-drain"])
+    environ = {**os.environ, "PYTHONPATH": str(ROOT), "BILLING_TOKEN": billing.ingest_token}
+    with serving(argv + list(args), {**environ, **(env or {})}, port) as url:
         yield url
 
 
