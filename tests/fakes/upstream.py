@@ -27,7 +27,9 @@ recorded (what the provider would bill). :attr:`FakeUpstream.records` maps the r
 (header ``X-Request-Id``, else the body's ``user`` / ``metadata.user_id``, else a new one) to
 one :class:`Generation` per upstream request (a retried call has several).
 
-Per-request settings, as headers (defaults from the constructor):
+Per-request settings, as headers, or in the body's ``x_fake`` object by the constructor's names
+(``{"x_fake": {"total": 300}}``: what a gateway passes on untouched); defaults from the
+constructor:
 
 * ``X-Fake-Total``: output tokens to generate (int);
 * ``X-Fake-Tokens-Per-Chunk``: tokens per content chunk (int; each token is the text ``" t"``);
@@ -446,8 +448,10 @@ class FakeUpstream:
             return JSONResponse({"error": {"message": "body is not an object"}}, 400)
         h = request.headers
 
+        in_body = body.get("x_fake") if isinstance(body.get("x_fake"), dict) else {}
+
         def settings(name: str, kind: Callable[[str], Any]) -> Any:
-            return kind(h.get(_HEADERS[name], str(self.defaults[name])))
+            return kind(h.get(_HEADERS[name], str(in_body.get(name, self.defaults[name]))))
 
         rid = h.get("x-request-id") or _body_user(body) or f"up-{uuid.uuid4().hex}"
         stall = h.get("x-fake-stall-after")
