@@ -63,6 +63,7 @@ class Delivery:
         flush_interval_s: float,
         max_buffer: int,
         spool_path: str | os.PathLike[str] | DefaultSpool | None,
+        max_spool_bytes: int,
         max_retries: int,
         timeout_s: float,
         backoff_base_s: float,
@@ -78,6 +79,8 @@ class Delivery:
             raise ValueError("flush_interval_s must be > 0")
         if max_buffer < 1:
             raise ValueError("max_buffer must be >= 1")
+        if max_spool_bytes < 1:
+            raise ValueError("max_spool_bytes must be >= 1")
         if max_retries < 0:
             raise ValueError("max_retries must be >= 0")
         if timeout_s <= 0:
@@ -102,9 +105,9 @@ class Delivery:
         self.on_error = on_error
         self.spool: Spool | None = None
         if spool_path is DEFAULT_SPOOL:
-            self.spool = Spool(*claim_default_spool(self.endpoint))
+            self.spool = Spool(*claim_default_spool(self.endpoint), max_bytes=max_spool_bytes)
         elif isinstance(spool_path, str | os.PathLike):
-            self.spool = Spool(Path(spool_path))
+            self.spool = Spool(Path(spool_path), max_bytes=max_spool_bytes)
 
         self.lock = threading.Lock()
         self.notify: Callable[[], None] = lambda: None
