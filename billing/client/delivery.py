@@ -15,7 +15,14 @@ from typing import Any, Literal
 
 from billing import __version__
 from billing.client.errors import DeliveryError, OnError
-from billing.client.spool import DEFAULT_SPOOL, DefaultSpool, Item, Spool, claim_default_spool
+from billing.client.spool import (
+    DEFAULT_MAX_SPOOL_BYTES,
+    DEFAULT_SPOOL,
+    DefaultSpool,
+    Item,
+    Spool,
+    claim_default_spool,
+)
 from billing.client.wire import HEAD, MAX_BATCH_EVENTS, TAIL, Verdict, classify
 
 log = logging.getLogger("billing.client")
@@ -63,13 +70,13 @@ class Delivery:
         flush_interval_s: float,
         max_buffer: int,
         spool_path: str | os.PathLike[str] | DefaultSpool | None,
-        max_spool_bytes: int,
         max_retries: int,
         timeout_s: float,
         backoff_base_s: float,
         backoff_max_s: float,
         max_retry_after_s: float,
         on_error: OnError | None,
+        max_spool_bytes: int = DEFAULT_MAX_SPOOL_BYTES,
     ) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"url must start with http:// or https://, not {url!r}")
