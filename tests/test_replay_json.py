@@ -11,45 +11,11 @@ import pytest
 
 from billing.replay import ReplayError, replay
 from tests.conftest import LiveServer
+from tests.taps.test_taps_nonstreaming import CHAT_COMPLETION as COMPLETION
+from tests.taps.test_taps_nonstreaming import MESSAGE
 from tests.test_replay import run_cli, serve, settle_and_get  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.slow
-
-COMPLETION = {
-    "id": "chatcmpl-B9MHDbslfkBeAs8l4bebGdFOJ6PeG",
-    "object": "chat.completion",
-    "created": 1741570283,
-    "model": "gpt-4o-2024-08-06",
-    "choices": [
-        {
-            "index": 0,
-            "message": {"role": "assistant", "content": "A wooden boardwalk.", "refusal": None},
-            "finish_reason": "stop",
-        }
-    ],
-    "usage": {
-        "prompt_tokens": 1117,
-        "completion_tokens": 46,
-        "total_tokens": 1163,
-        "prompt_tokens_details": {"cached_tokens": 1024},
-        "completion_tokens_details": {"reasoning_tokens": 0},
-    },
-    "service_tier": "default",
-}
-MESSAGE = {
-    "id": "msg_01",
-    "type": "message",
-    "role": "assistant",
-    "model": "claude-sonnet-4-5-20250929",
-    "content": [{"type": "text", "text": "Hello."}],
-    "stop_reason": "end_turn",
-    "stop_sequence": None,
-    "usage": {
-        "input_tokens": 25,
-        "output_tokens": 12,
-        "server_tool_use": {"web_fetch_requests": 1},
-    },
-}
 
 
 def test_a_json_response_is_started_counted_and_billed(
@@ -63,6 +29,7 @@ def test_a_json_response_is_started_counted_and_billed(
     assert [e["type"] for e in events] == ["stream.started", "stream.tokens", "stream.usage"]
     assert events[0]["model"] == "gpt-4o-2024-08-06"
     assert (events[1]["output_tokens_generated"], events[1]["output_tokens_delivered"]) == (46, 46)
+    assert events[2]["reasoning_tokens"] == 12
     usage = events[2]
     assert (usage["source"], usage["input_tokens"], usage["cache_read_input_tokens"]) == (
         "upstream",
@@ -104,7 +71,7 @@ def test_cli_replay_of_a_json_message(serve: object, tmp_path: Path) -> None:  #
     request_id, _, rest = done.stdout.partition("\n")
     call = json.loads(rest)
     assert call["request_id"] == request_id
-    assert (call["input_tokens"], call["output_tokens_billed"]) == (25, 12)
+    assert (call["input_tokens"], call["output_tokens_billed"]) == (2095, 503)
     [usage] = [e for e in call["events"] if e["type"] == "stream.usage"]
-    assert (usage["source"], usage["counters"]) == ("upstream", {"web_fetch_requests": 1})
-    assert "units" not in usage
+    assert (usage["source"], usage["counters"]) == ("upstream", {"web_fetch_requests": 2})
+    assert usage["units"] == {"web_search_requests": 1}

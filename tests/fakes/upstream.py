@@ -168,29 +168,14 @@ class _Shapes:
         if self.protocol == "openai.chat_completions":
             frames = [self._chat({}, "stop")]
             if self.include_usage:
-                usage = {
-                    "prompt_tokens": inp,
-                    "completion_tokens": n,
-                    "total_tokens": inp + n,
-                    "prompt_tokens_details": {"cached_tokens": 0},
-                    "completion_tokens_details": {"reasoning_tokens": 0},
-                }
-                frames.append(self._chat_frame([], usage))
+                frames.append(self._chat_frame([], self._chat_usage(n)))
             return [*frames, _sse("[DONE]")]
         if self.protocol == "openai.responses":
             text = TOKEN_TEXT * n
             item_id = f"msg_{self.id}"
-            part = {"type": "output_text", "text": text, "annotations": []}
-            item = {"id": item_id, "type": "message", "role": "assistant", "content": [part]}
-            done = self._response("completed")
-            done["output"] = [item]
-            done["usage"] = {
-                "input_tokens": inp,
-                "input_tokens_details": {"cached_tokens": 0},
-                "output_tokens": n,
-                "output_tokens_details": {"reasoning_tokens": 0},
-                "total_tokens": inp + n,
-            }
+            done = self._completed(n)
+            item = done["output"][0]
+            part = item["content"][0]
             return [
                 self._resp(
                     "response.output_text.done",
@@ -232,28 +217,10 @@ class _Shapes:
                 "created": self.created,
                 "model": self.model,
                 "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-                "usage": {
-                    "prompt_tokens": inp,
-                    "completion_tokens": n,
-                    "total_tokens": inp + n,
-                    "prompt_tokens_details": {"cached_tokens": 0},
-                    "completion_tokens_details": {"reasoning_tokens": 0},
-                },
+                "usage": self._chat_usage(n),
             }
         if self.protocol == "openai.responses":
-            part = {"type": "output_text", "text": text, "annotations": []}
-            response = self._response("completed")
-            response["output"] = [
-                {"id": f"msg_{self.id}", "type": "message", "role": "assistant", "content": [part]}
-            ]
-            response["usage"] = {
-                "input_tokens": inp,
-                "input_tokens_details": {"cached_tokens": 0},
-                "output_tokens": n,
-                "output_tokens_details": {"reasoning_tokens": 0},
-                "total_tokens": inp + n,
-            }
-            return response
+            return self._completed(n)
         return {
             "id": f"msg_{self.id}",
             "type": "message",
@@ -264,6 +231,34 @@ class _Shapes:
             "stop_sequence": None,
             "usage": {"input_tokens": inp, "output_tokens": n},
         }
+
+    def _chat_usage(self, n: int) -> dict[str, Any]:
+        """A Chat Completions usage of ``n`` output tokens."""
+        inp = self.gen.input_tokens
+        return {
+            "prompt_tokens": inp,
+            "completion_tokens": n,
+            "total_tokens": inp + n,
+            "prompt_tokens_details": {"cached_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": 0},
+        }
+
+    def _completed(self, n: int) -> dict[str, Any]:
+        """The ``completed`` response object of ``n`` output tokens, with its output and usage."""
+        inp = self.gen.input_tokens
+        part = {"type": "output_text", "text": TOKEN_TEXT * n, "annotations": []}
+        response = self._response("completed")
+        response["output"] = [
+            {"id": f"msg_{self.id}", "type": "message", "role": "assistant", "content": [part]}
+        ]
+        response["usage"] = {
+            "input_tokens": inp,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": n,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": inp + n,
+        }
+        return response
 
     def _chat_frame(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None) -> bytes:
         chunk: dict[str, Any] = {
