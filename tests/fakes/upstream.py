@@ -164,7 +164,7 @@ class _Shapes:
         return _sse(delta, "content_block_delta")
 
     def tail(self) -> list[bytes]:
-        n, inp = self.gen.generated, self.gen.input_tokens
+        n = self.gen.generated
         if self.protocol == "openai.chat_completions":
             frames = [self._chat({}, "stop")]
             if self.include_usage:
