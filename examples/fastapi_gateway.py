@@ -84,14 +84,16 @@ def create_app(
         upstream_request = http.build_request(
             "POST", "/v1/chat/completions", json=body, headers={"X-Request-Id": request_id}
         )
+        upstream: httpx.Response | None = None
         try:
             upstream = await http.send(upstream_request, stream=streamed)
             if streamed and upstream.status_code == 200:
                 return meter.response(upstream, hide_usage=not client_wants_usage)  # billing
             if streamed:  # the provider's error, as it sent it
                 await upstream.aread()
-                await upstream.aclose()
         except httpx.HTTPError as error:
+            if upstream is not None:
+                await upstream.aclose()
             meter.failed(error)  # billing: the attempt is recorded all the same
             return JSONResponse(
                 {"error": {"message": "the upstream failed", "type": "upstream_error"}},

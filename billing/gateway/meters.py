@@ -142,10 +142,12 @@ class Meters:
         if left:
             await asyncio.wait([pump.task for pump in left], timeout=flush_s)
         close: Callable[..., object] | None = getattr(self.client, "close", None)
-        if close is not None:
-            result = close(timeout=flush_s)
-            if inspect.isawaitable(result):
-                await result
+        if close is None:
+            return
+        if inspect.iscoroutinefunction(close):  # AsyncBillingClient
+            await close(timeout=flush_s)
+        else:  # BillingClient: its close blocks, off the loop
+            await asyncio.to_thread(close, timeout=flush_s)
 
     async def wait_drains(self, timeout: float | None = None) -> bool:
         """Wait (``timeout`` seconds at most) until no drain runs, e.g. before closing the
