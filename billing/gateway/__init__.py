@@ -25,7 +25,8 @@ drains), ``upstream.py`` (the byte streams accepted).
 
 from __future__ import annotations
 
-from billing.gateway.meter import Meter, Meters
+from billing.gateway.meter import Meter
+from billing.gateway.meters import Meters
 from billing.gateway.policy import DRAIN_SKIPPED, DrainPolicy
 
 __all__ = ["DRAIN_SKIPPED", "DrainPolicy", "Meter", "Meters"]

@@ -88,6 +88,16 @@ class CallAccount:
             started["metadata"] = self.metadata
         self._event("stream.started", started)
 
+    def whole(self, body: bytes) -> None:
+        """A non-streaming response: one attempt whose whole body is ``body`` (the protocol's
+        response object), read by the tap (:meth:`billing.taps.Tap.read_json`) and settled at
+        once, delivered in full (CONTRACT "Non-streaming calls, hosted-tool fees,
+        provider-reported cost": delivered = the output count)."""
+        self.start_attempt()
+        self.tap.read_json(body)
+        self.bytes_relayed += len(body)
+        self.settle()
+
     def fed(self) -> int:
         """After a chunk was fed to the tap: sends progress when due; returns generated tokens.
 

@@ -32,9 +32,11 @@ def stream_usage_payload(
          "reasoning_tokens": int, "cache_creation_1h_input_tokens": int (when > 0),
          "source": "upstream" | "estimate",
          "service_tier": str (when the upstream said which tier served it),
-         "units": {name: int > 0} (when any), "other_models": [{"model", "input_tokens",
-         "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"}] (when
-         any), "anomalies": ["usage_inconsistent"] (when the upstream's figures contradicted
+         "units": {name: int > 0} (when any), "counters": {name: int > 0} (when any),
+         "provider_cost_usd": decimal str (when the provider reported it),
+         "other_models": [{"model", "input_tokens", "output_tokens",
+         "cache_read_input_tokens", "cache_creation_input_tokens"}] (when any),
+         "anomalies": ["usage_inconsistent"] (when the upstream's figures contradicted
          themselves), "model": str (when reported), "stop_reason": str (when known)}
 
     ``source`` is ``upstream`` when the provider reported a usage and no content was generated
@@ -80,6 +82,11 @@ def stream_usage_payload(
     units = tap.units
     if units:
         ordered["units"] = units
+    counters = tap.counters
+    if counters:
+        ordered["counters"] = counters
+    if tap.provider_cost_usd is not None:
+        ordered["provider_cost_usd"] = tap.provider_cost_usd
     if other_models:
         ordered["other_models"] = other_models
     if anomalies:

@@ -1,6 +1,7 @@
 """The README's "Integrate a gateway" app, run as written: at most 15 lines of billing code, and
 served by uvicorn in its own process in front of the fake upstream, it bills a call the
-provider's count, also when the client left early."""
+provider's count, also when the client left early or did not stream, and refuses a call it
+could not bill before the upstream sees it."""
 
 from __future__ import annotations
 
@@ -83,8 +84,21 @@ def test_the_readme_gateway_runs_as_written(db_url: str, tmp_path: Path) -> None
                     )
 
             full, left = asyncio.run(run())
+            chat = url + "/v1/chat/completions"
+            body = {"model": "fake-model", "messages": []}
+            refused = httpx.post(chat, json=body, headers={"X-Request-Id": "readme-no-key"})
+            assert refused.status_code == 400
+            whole = httpx.post(
+                chat, json=body, headers={"X-Api-Key-Id": "key_c", "X-Request-Id": "readme-whole"}
+            )
+            assert whole.status_code == 200 and whole.headers["x-request-id"] == "readme-whole"
+            assert whole.json()["usage"]["completion_tokens"] == 30
+            assert sorted(fake.records) == sorted(
+                [full.request_id, left.request_id, "readme-whole"]
+            )
             fake.wait_finished([full.request_id, left.request_id])
-            calls = asyncio.run(wait_calls(billing, [full.request_id, left.request_id]))
+            ids = [full.request_id, left.request_id, "readme-whole"]
+            calls = asyncio.run(wait_calls(billing, ids))
     for read in (full, left):
         call = calls[read.request_id]
         assert call["output_tokens_billed"] == 30 and call["input_tokens"] == 7
@@ -93,4 +107,8 @@ def test_the_readme_gateway_runs_as_written(db_url: str, tmp_path: Path) -> None
     assert calls[full.request_id]["output_tokens_delivered"] == 30 == full.read
     assert calls[left.request_id]["api_key_id"] == "key_b"
     assert calls[left.request_id]["status"] == "client_disconnected"
+    assert (calls["readme-whole"]["status"], calls["readme-whole"]["output_tokens_delivered"]) == (
+        "completed",
+        30,
+    )
     assert left.read <= calls[left.request_id]["output_tokens_delivered"] <= left.read + 1
