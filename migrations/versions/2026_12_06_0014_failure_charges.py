@@ -1,7 +1,7 @@
 """v3: counters, provider-reported cost and inference geo; the charge policy for failed calls
 
 Revision ID: 0014_failure_charges
-Revises: 0012
+Revises: 0013_holds
 Create Date: 2026-12-06 00:14:00
 
 CONTRACT "Non-streaming calls, hosted-tool fees, provider-reported cost (v3)" and "Charge policy
@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0014_failure_charges"
-down_revision: str | None = "0012"
+down_revision: str | None = "0013_holds"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -1,7 +1,7 @@
 """PostgreSQL: raw events range-partitioned by month of occurred_at; event_ids the dedup authority
 
 Revision ID: 0017_event_partitions
-Revises: 0012
+Revises: 0014_failure_charges
 Create Date: 2026-12-06 10:00:00
 
 CONTRACT "Replicas, failover and archives (v3)": on PostgreSQL the raw events are
@@ -34,7 +34,7 @@ from datetime import UTC, datetime
 from alembic import op
 
 revision: str = "0017_event_partitions"
-down_revision: str | None = "0012"
+down_revision: str | None = "0014_failure_charges"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -1,7 +1,7 @@
 """prepaid credits: customers, credit grants and credit entries
 
 Revision ID: 0018_credits
-Revises: 0012
+Revises: 0017_event_partitions
 Create Date: 2026-12-06 00:18:00
 
 CONTRACT "Prepaid credits (v3)". ``customers`` (a customer's name, ``credit_required`` and
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0018_credits"
-down_revision: str | None = "0012"
+down_revision: str | None = "0017_event_partitions"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
