@@ -59,6 +59,7 @@ EXAMPLES: dict[tuple[str, str], tuple[dict[str, Any], set[str]]] = {
     ("GET", "/v1/usage"): ({"params": PERIOD}, {"read", "export"}),
     ("GET", "/v1/exports/usage.csv"): ({"params": PERIOD}, {"export"}),
     ("GET", "/v1/exports/calls.csv"): ({"params": PERIOD}, {"export"}),
+    ("GET", "/v1/exports/focus.csv"): ({"params": {"period": "2026-10"}}, {"export"}),
     ("POST", "/v1/provider-reports"): (
         {"json": {"provider": "openai", "kind": "usage", "report": EMPTY_PAGE}},
         set(),

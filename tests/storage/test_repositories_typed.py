@@ -33,6 +33,7 @@ RENAMED = {
     "plans": ("billing/plans/sql/common.py", "key_history"),
     "budgets": ("billing/budgets/sql/alerts.py", "insert_alert"),
     "pricing": ("billing/pricing/sql/common.py", "rows_by_id"),
+    "observe": ("billing/observe/sql/common.py", "oldest_due"),
 }
 
 
