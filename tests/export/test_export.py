@@ -752,8 +752,9 @@ def test_cli_export_equals_http_and_manifest_proves_it(
 def test_cli_export_errors_are_one_line(day1: TestClient, cli_env: CliRunner) -> None:
     for args, words in [
         (["export", "--until", DAY1["until"]], "--since is required"),
-        (["export", "calls", "--since", "2026-03-01", "--until", DAY1["until"]],
-         "--since '2026-03-01' is not an RFC 3339 timestamp"),
+        # (v3: a date alone is its midnight UTC; other shapes are refused)
+        (["export", "calls", "--since", "03/01/2026", "--until", DAY1["until"]],
+         "--since '03/01/2026' is not an RFC 3339 timestamp"),
         (["export", "usage", *("--since", DAY1["since"], "--until", DAY1["until"]),
           "--tz", "Nowhere"], "--tz unknown time zone"),
         (["export", "calls", *("--since", DAY1["since"], "--until", DAY1["until"]),

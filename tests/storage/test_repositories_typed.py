@@ -35,6 +35,7 @@ RENAMED = {
     "pricing": ("billing/pricing/sql/common.py", "rows_by_id"),
     "archive": ("billing/archive/sql/common.py", "open_calls"),
     "credits": ("billing/credits/sql/common.py", "owners_with_grants"),
+    "observe": ("billing/observe/sql/common.py", "oldest_due"),
 }
 
 
