@@ -18,8 +18,7 @@ from pydantic import (
     model_validator,
 )
 
-from billing.errors import FieldError, ValidationFailed
-from billing.fields import PublicId, Timestamp, not_a_secret, printable
+from billing.fields import PublicId, Timestamp, printable
 from billing.money import PICO, parse_usd
 
 #: The most decimal places of a credit amount (a grant, a low-balance threshold): a micro-dollar.
@@ -114,22 +113,6 @@ class GrantIn(BaseModel):
         ):
             raise ValueError("expires_at must be after effective_at")
         return self
-
-
-def check_id(value: str, path: str) -> str:
-    """A customer or key id as a path or query gives it: printable, 1–128 characters;
-    ``ValidationFailed`` (422) at ``path``."""
-    problem = None
-    if not 1 <= len(value) <= 128 or not value.isprintable() or value.isspace():
-        problem = "must be printable text of 1 to 128 characters"
-    else:
-        try:
-            not_a_secret(value)
-        except ValueError as error:
-            problem = str(error)
-    if problem:
-        raise ValidationFailed([FieldError(None, path, problem)])
-    return value
 
 
 class GrantOut(BaseModel):

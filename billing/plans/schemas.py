@@ -195,17 +195,24 @@ class KeysParams(BaseModel):
     cursor: str | None = Field(None, description="``next_cursor`` of the previous page")
 
 
-def check_key_id(api_key_id: str) -> str:
-    """An ``api_key_id`` as a path or argument gives it, checked as an event's is (printable,
-    1–128 characters, never a secret); ``ValidationFailed`` (422) at ``path.api_key_id``."""
+def check_public_id(value: str, path: str) -> str:
+    """An id (a key's, a customer's, a grant's) as a path or argument gives it, checked as an
+    event's is (printable, 1–128 characters, never a secret); ``ValidationFailed`` (422) at
+    ``path``."""
     problem = None
-    if not 1 <= len(api_key_id) <= 128 or not api_key_id.isprintable() or api_key_id.isspace():
+    if not 1 <= len(value) <= 128 or not value.isprintable() or value.isspace():
         problem = "must be printable text of 1 to 128 characters"
     else:
         try:
-            not_a_secret(api_key_id)
+            not_a_secret(value)
         except ValueError as error:
             problem = str(error)
     if problem:
-        raise ValidationFailed([FieldError(None, "path.api_key_id", problem)])
-    return api_key_id
+        raise ValidationFailed([FieldError(None, path, problem)])
+    return value
+
+
+def check_key_id(api_key_id: str) -> str:
+    """An ``api_key_id`` as a path or argument gives it (``check_public_id`` at
+    ``path.api_key_id``)."""
+    return check_public_id(api_key_id, "path.api_key_id")
