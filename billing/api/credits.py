@@ -21,7 +21,6 @@ from billing.credits.schemas import (
     CustomerOut,
     GrantIn,
     GrantOut,
-    check_id,
 )
 from billing.credits.service import (
     balance,
@@ -33,6 +32,7 @@ from billing.credits.service import (
     void_grant,
 )
 from billing.errors import FieldError, ValidationFailed
+from billing.plans.schemas import check_public_id
 
 router = APIRouter()
 
@@ -57,7 +57,7 @@ async def put_one_customer(
     customer_id: str, body: CustomerIn, state: Annotated[AppState, Depends(get_state)]
 ) -> JSONResponse:
     """201 for a customer put the first time, 200 after."""
-    cid = check_id(customer_id, "path.customer_id")
+    cid = check_public_id(customer_id, "path.customer_id")
     now = datetime.now(UTC)
     answer, created = await write(state, lambda s, _now: put_customer(s, cid, body, now))
     return JSONResponse(answer, status_code=201 if created else 200)
@@ -93,7 +93,7 @@ async def get_one_customer(
     customer_id: str, state: Annotated[AppState, Depends(get_state)]
 ) -> JSONResponse:
     """404 for a customer never put nor named by a key or a grant."""
-    cid = check_id(customer_id, "path.customer_id")
+    cid = check_public_id(customer_id, "path.customer_id")
     now = datetime.now(UTC)
     return JSONResponse(await read(state, lambda s: get_customer(s, cid, now)))
 
@@ -131,7 +131,7 @@ async def void_credit_grant(
     grant_id: str, state: Annotated[AppState, Depends(get_state)]
 ) -> JSONResponse:
     """The grant with ``state: "voided"`` and nothing left; repeating it changes nothing."""
-    gid = check_id(grant_id, "path.grant_id")
+    gid = check_public_id(grant_id, "path.grant_id")
     now = datetime.now(UTC)
     return JSONResponse(await write(state, lambda s, _now: void_grant(s, gid, now)))
 

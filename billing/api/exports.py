@@ -17,6 +17,7 @@ from billing.api.openapi import query_parameters
 from billing.api.state import as_of_headers, get_state, read_as_of
 from billing.auth.guard import allow
 from billing.calllog.params import QueryReader
+from billing.credits.schemas import CreditsManifest
 from billing.export.columns import CALLS_COLUMNS, USAGE_TOTAL_COLUMNS
 from billing.export.credits import CREDITS_COLUMNS, export_credits
 from billing.export.focus import FOCUS_COLUMNS, focus_chunks, parse_period
@@ -203,7 +204,7 @@ async def credits_csv(request: Request) -> Response:
     summary="The manifest of credits.csv for a UTC month: totals, SHA-256 and the identity",
     dependencies=[Depends(allow("export"))],
     openapi_extra={"parameters": [_PERIOD]},
-    responses=answers(401, 403, 422, 503),
+    responses=answers(401, 403, 422, 503, ok={200: (CreditsManifest, "the manifest")}),
 )
 async def credits_manifest(request: Request) -> JSONResponse:
     """Σ grants − Σ draws − Σ expiries − Σ voids = Σ balances at the period's end, the

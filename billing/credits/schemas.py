@@ -7,17 +7,18 @@ from decimal import Decimal
 from typing import Annotated, Literal
 
 from pydantic import (
+    AfterValidator,
     AwareDatetime,
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
+    StringConstraints,
     WithJsonSchema,
     model_validator,
 )
 
-from billing.errors import FieldError, ValidationFailed
-from billing.fields import PublicId, Timestamp
+from billing.fields import PublicId, Timestamp, printable
 from billing.money import PICO, parse_usd
 
 #: The most decimal places of a credit amount (a grant, a low-balance threshold): a micro-dollar.
@@ -60,6 +61,13 @@ CreditAmount = Annotated[str, BeforeValidator(_positive_amount), WithJsonSchema(
 ThresholdAmount = Annotated[str, BeforeValidator(_threshold_amount), WithJsonSchema(_AMOUNT_SCHEMA)]
 
 
+#: Free text for people (a customer's name, a grant's note): printable, not blank.
+Text256 = Annotated[str, StringConstraints(min_length=1, max_length=256), AfterValidator(printable)]
+Text1000 = Annotated[
+    str, StringConstraints(min_length=1, max_length=1000), AfterValidator(printable)
+]
+
+
 def to_pusd(text: str) -> int:
     """A canonical amount text → picodollars (exact: at most 6 decimal places)."""
     return int(Decimal(text) * PICO)
@@ -70,7 +78,7 @@ class CustomerIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    name: Text256 | None = None
     credit_required: bool = False
     low_balance_usd: ThresholdAmount | None = None
 
@@ -89,7 +97,7 @@ class GrantIn(BaseModel):
     expires_at: Timestamp | None = None
     priority: Annotated[int, Field(strict=True, ge=0, le=1_000_000)] = DEFAULT_PRIORITY
     kind: Literal["purchased", "promotional"]
-    note: Annotated[str, Field(min_length=1, max_length=1000)] | None = None
+    note: Text1000 | None = None
 
     @model_validator(mode="after")
     def _one_owner(self) -> GrantIn:
@@ -105,16 +113,6 @@ class GrantIn(BaseModel):
         ):
             raise ValueError("expires_at must be after effective_at")
         return self
-
-
-def check_id(value: str, path: str) -> str:
-    """A customer or key id as a path or query gives it: printable, 1–128 characters;
-    ``ValidationFailed`` (422) at ``path``."""
-    if not 1 <= len(value) <= 128 or not value.isprintable() or value.isspace():
-        raise ValidationFailed(
-            [FieldError(None, path, "must be printable text of 1 to 128 characters")]
-        )
-    return value
 
 
 class GrantOut(BaseModel):
@@ -170,3 +168,24 @@ class CustomerList(BaseModel):
 
     data: list[CustomerOut]
     next_cursor: str | None
+
+
+class CreditsManifest(BaseModel):
+    """The manifest of ``credits.csv`` for a month: its rows and SHA-256, the totals to date and
+    in the period, the opening and closing balance, and whether the identity holds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    export: Literal["credits"]
+    period: str
+    since: AwareDatetime
+    until: AwareDatetime
+    status: Literal["closed", "provisional"]
+    rows: int
+    sha256: str
+    to_date: dict[str, str]
+    in_period: dict[str, str]
+    opening_balance_usd: str
+    closing_balance_usd: str
+    identity: str
+    identity_holds: bool

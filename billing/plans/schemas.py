@@ -219,12 +219,19 @@ class KeysParams(BaseModel):
     cursor: str | None = Field(None, description="``next_cursor`` of the previous page")
 
 
-def check_key_id(api_key_id: str) -> str:
-    """An ``api_key_id`` as a path or argument gives it, checked as an event's is (printable,
-    1–128 characters, never a secret); ``ValidationFailed`` (422) at ``path.api_key_id``."""
+def check_public_id(value: str, path: str) -> str:
+    """An id (a key's, a customer's, a grant's) as a path or argument gives it, checked as an
+    event's is (printable, 1–128 characters, never a secret); ``ValidationFailed`` (422) at
+    ``path``."""
     try:
-        if not 1 <= len(api_key_id) <= 128:
+        if not 1 <= len(value) <= 128:
             raise ValueError("must be printable text of 1 to 128 characters")
-        return not_a_secret(printable(api_key_id))
+        return not_a_secret(printable(value))
     except ValueError as error:
-        raise ValidationFailed([FieldError(None, "path.api_key_id", str(error))]) from None
+        raise ValidationFailed([FieldError(None, path, str(error))]) from None
+
+
+def check_key_id(api_key_id: str) -> str:
+    """An ``api_key_id`` as a path or argument gives it (``check_public_id`` at
+    ``path.api_key_id``)."""
+    return check_public_id(api_key_id, "path.api_key_id")

@@ -68,6 +68,8 @@ def test_a_repeated_grant_is_a_no_op_and_a_changed_body_a_409(
         ({"customer_id": None}, "body", "exactly one owner"),
         ({"kind": "free"}, "body.kind", "purchased"),
         ({"priority": "1"}, "body.priority", "integer"),
+        ({"note": "a\u0000b"}, "body.note", "printable"),
+        ({"grant_id": "sk-ant-api03-" + "a" * 40}, "body.grant_id", "secret"),
     ],
 )
 def test_bad_grants_get_a_clear_422_and_nothing_is_stored(
@@ -130,6 +132,8 @@ def test_customers_are_a_resource_with_their_balance(acme: TestClient, app: Fast
     bad = acme.put("/v1/customers/acme", json={"low_balance_usd": "-1"})
     assert bad.status_code == 422 and bad.json()["errors"][0]["path"] == "body.low_balance_usd"
     assert ok(acme.get("/v1/customers/acme"), 200)["low_balance_usd"] == "5"
+    secret = acme.put("/v1/customers/sk-ant-api03-" + "a" * 40, json={})
+    assert secret.status_code == 422 and secret.json()["errors"][0]["path"] == "path.customer_id"
 
 
 def test_the_balance_needs_exactly_one_owner(acme: TestClient) -> None:
