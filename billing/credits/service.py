@@ -290,6 +290,20 @@ def balance(session: Session, owner: Owner, now: datetime) -> dict[str, Any]:
     }
 
 
+def credit_gate(
+    session: Session, api_key_id: str, customer_id: str | None, hold_pusd: int, now: datetime
+) -> bool:
+    """Whether a hold of ``hold_pusd`` may be taken for a call of ``api_key_id`` (its customer
+    ``customer_id``): always, unless the owner is a ``credit_required`` customer whose available
+    credit is below it. The owner's grants are locked first (PostgreSQL), so that concurrent
+    authorizations are decided one after another."""
+    owner = credit_owner(session, Owner.of(customer_id, api_key_id), now)
+    if owner.customer_id is None or not credit_required(session, owner.customer_id):
+        return True
+    repository(session).grants(session, [owner], lock=True)
+    return _figures(session, owner, now)[1]["available"] >= hold_pusd
+
+
 def available_for_owner(
     session: Session, customer_id: str | None, api_key_id: str | None, now: datetime
 ) -> Decimal:

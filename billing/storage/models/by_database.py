@@ -5,9 +5,9 @@ On PostgreSQL ``events`` is range-partitioned by month of ``occurred_at`` (``eve
 and ``events_default``, made by the migration and ahead by the service:
 ``billing.ingest.partitions``). A partitioned table's unique index must hold the partition key,
 so ``uq_events_event_id`` exists on SQLite only, and ``event_ids`` (``event_id`` primary key,
-``content_hash`` as its 32 bytes), on PostgreSQL only, is the authority on which events are stored; ``events``
-has there only ``ix_events_unnumbered``, on ``event_id`` of its rows without a call number
-(ingest's ``FILL_CALL_NO``). The models describe SQLite's shape;
+``content_hash`` as its 32 bytes), on PostgreSQL only, is the authority on which events are
+stored; ``events`` has there only ``ix_events_unnumbered``, on ``event_id`` of its rows
+without a call number (ingest's ``FILL_CALL_NO``). The models describe SQLite's shape;
 ``event_ids`` is written by ingest's and the archive's PostgreSQL statements only.
 """
 
