@@ -1,9 +1,11 @@
 """What of the upstream's response head a metered response passes on to the client.
 
 The client sees the provider's rate limits and request id as if it had called the provider
-(``x-ratelimit-*``, ``anthropic-ratelimit-*``, ``retry-after``, ``openai-*``,
-``anthropic-*``, ``request-id``, …), never a header that describes the upstream's own
-transfer (length, encoding, connection), and the call's id as ``X-Request-Id``
+(``x-ratelimit-*``, ``anthropic-ratelimit-*``, ``ratelimit-*``, ``retry-after``,
+``request-id``, ``openai-processing-ms``, ``openai-version``), never a header that describes
+the upstream's own transfer (length, encoding, connection) nor the gateway's account with the
+provider (``openai-organization``, ``openai-project``, ``anthropic-organization-id``), and the
+call's id as ``X-Request-Id``
 (:data:`CALL_ID_HEADER`): the upstream's own ``x-request-id`` goes on as
 ``X-Upstream-Request-Id`` (:data:`UPSTREAM_ID_HEADER`), so that the client can quote either.
 """
@@ -21,7 +23,7 @@ UPSTREAM_ID_HEADER = "X-Upstream-Request-Id"
 
 #: Upstream headers passed on as they are (lowercase names), and the prefixes passed on.
 _PASSED = frozenset({"retry-after", "request-id", "openai-processing-ms", "openai-version"})
-_PASSED_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-", "ratelimit-", "openai-", "x-openai-")
+_PASSED_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-", "ratelimit-")
 
 
 def relayed_headers(upstream: Mapping[str, str] | None, request_id: str) -> dict[str, str]:

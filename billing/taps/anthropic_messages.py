@@ -17,7 +17,8 @@ Rules, from Anthropic's API docs ("Streaming Messages", "Prompt caching", "Exten
   token; ``signature_delta`` and ``citations_delta`` do not;
 * ``usage.cache_creation.ephemeral_1h_input_tokens`` is the one-hour part of the cache writes
   (``cache_creation_input_tokens``, or the sum of the per-TTL breakdown when only that is
-  sent); ``usage.service_tier`` is the tier that served the message; every counter of
+  sent); ``usage.service_tier`` is the tier that served the message, ``usage.inference_geo``
+  where it ran (``us``, ``global``); every counter of
   ``usage.server_tool_use`` (``web_search_requests``, …) is a unit of that name, but for those
   Anthropic bills no fee per use (``web_fetch_requests``: only its tokens are billed), which go
   to ``counters``;
@@ -177,6 +178,7 @@ class AnthropicMessagesTap(Tap):
         usage = as_dict(usage, "message_start.message.usage")
         fields = _read_usage(usage)
         self._set_service_tier(opt_tier(usage))
+        self._set_inference_geo(opt_tier(usage, "inference_geo"))
         units, counters = split_counters(opt_units(usage, "server_tool_use"), _NOT_BILLED_PER_USE)
         self._reported_units.update(units)
         self._counters.update(counters)
@@ -198,6 +200,7 @@ class AnthropicMessagesTap(Tap):
         usage = as_dict(usage, "message_delta.usage")
         fields = _read_usage(usage)
         self._set_service_tier(opt_tier(usage))
+        self._set_inference_geo(opt_tier(usage, "inference_geo"))
         if "server_tool_use" in usage:  # a snapshot: replaces
             self._reported_units, self._counters = split_counters(
                 opt_units(usage, "server_tool_use"), _NOT_BILLED_PER_USE

@@ -32,6 +32,7 @@ def stream_usage_payload(
          "reasoning_tokens": int, "cache_creation_1h_input_tokens": int (when > 0),
          "source": "upstream" | "estimate",
          "service_tier": str (when the upstream said which tier served it),
+         "inference_geo": str (when the upstream said where it ran the call),
          "units": {name: int > 0} (when any), "counters": {name: int > 0} (when any),
          "provider_cost_usd": decimal str (when the provider reported it),
          "other_models": [{"model", "input_tokens", "output_tokens",
@@ -79,6 +80,8 @@ def stream_usage_payload(
     ordered["source"] = source
     if tap.service_tier:
         ordered["service_tier"] = tap.service_tier
+    if tap.inference_geo:
+        ordered["inference_geo"] = tap.inference_geo
     units = tap.units
     if units:
         ordered["units"] = units

@@ -47,6 +47,7 @@ class TapState:
         self._model: str | None = None
         self._error: dict[str, Any] | None = None
         self._service_tier: str | None = None
+        self._inference_geo: str | None = None
         # units counted from the stream's own items (not from a usage report), e.g. the
         # Responses API's web_search_call output items
         self._stream_units: dict[str, int] = {}
@@ -162,6 +163,11 @@ class TapState:
             if self._usage is not None and self._usage.service_tier != tier:
                 self._usage = replace(self._usage, service_tier=tier)
 
+    def _set_inference_geo(self, geo: str | None) -> None:
+        """Record where the upstream says it ran the call (a later report replaces it)."""
+        if geo:
+            self._inference_geo = geo
+
     def _set_stream_unit(self, name: str, count: int) -> None:
         """Record a unit counted from the stream's own items (a running count)."""
         self._stream_units[name] = count
@@ -238,6 +244,11 @@ class TapState:
     service_tier = Reads[str | None](
         "_service_tier",
         "The service tier the upstream says it SERVED (never the one asked for), or ``None``.",
+    )
+
+    inference_geo = Reads[str | None](
+        "_inference_geo",
+        "Where the upstream says it ran the call (Anthropic ``usage.inference_geo``), or ``None``.",
     )
 
     @property

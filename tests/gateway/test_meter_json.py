@@ -168,9 +168,20 @@ def test_the_usage_chunk_is_hidden_whatever_the_split(size: int) -> None:
     assert (tap.usage, tap.output_tokens, tap.stop_reason) == (None, 1, "stop")
 
 
-def test_a_stream_the_client_asked_usage_for_is_relayed_untouched() -> None:
-    assert relayed_headers({"Content-Length": "3", "Retry-After": "2"}, "r") == {
+def test_what_the_client_asked_for_passes_and_the_gateways_account_does_not() -> None:
+    upstream = {
+        "Content-Length": "3",
+        "Content-Encoding": "gzip",
+        "Retry-After": "2",
+        "openai-organization": "org-of-the-gateway",
+        "anthropic-organization-id": "the-gateway",
+        "anthropic-ratelimit-tokens-remaining": "5",
+        "request-id": "req_a",
+    }
+    assert relayed_headers(upstream, "r") == {
         "retry-after": "2",
+        "anthropic-ratelimit-tokens-remaining": "5",
+        "request-id": "req_a",
         "X-Request-Id": "r",
     }
     other = b'data: {"choices":[],"usage":null}\n\ndata: {"choices":[{"delta":{}}]}\n\n'

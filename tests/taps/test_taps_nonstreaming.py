@@ -384,6 +384,7 @@ MESSAGE = {
         "output_tokens": 503,
         "server_tool_use": {"web_search_requests": 1, "web_fetch_requests": 2},
         "service_tier": "standard",
+        "inference_geo": "us",
     },
 }
 
@@ -400,6 +401,7 @@ def test_a_message_bills_searches_and_counts_fetches_apart() -> None:
             "cache_creation_1h_input_tokens": 300,
             "source": "upstream",
             "service_tier": "standard",
+            "inference_geo": "us",
             "units": {"web_search_requests": 1},
             "counters": {"web_fetch_requests": 2},
             "model": "claude-sonnet-4-5-20250929",
