@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -26,6 +27,7 @@ from billing.settings import Settings
 from billing.storage.db import make_engine, make_sessionmaker
 from billing.storage.models import WebhookOutbox
 from tests.budgets.helpers import call, price, receiving, state, write
+from tests.system.test_webhook_stall import _huge, _RawReceiver
 
 REFUSED_URLS = [
     "http://127.0.0.1/x",
@@ -207,3 +209,41 @@ def test_an_outage_is_logged_less_and_less_often(
     asyncio.run(run_a_second())
     lines = [r for r in caplog.records if "round failed" in r.getMessage()]
     assert 1 <= len(lines) <= 4, [r.getMessage() for r in lines]
+
+
+def _trickle_fast(receiver: _RawReceiver, conn: Any) -> None:
+    for byte in b"HTTP/1.1 200 OK\r\ncontent-length: 40\r\n\r\n" + b"x" * 40:
+        if receiver.stop.wait(0.3):
+            return
+        conn.sendall(bytes([byte]))
+        receiver.sent += 1
+
+
+def test_one_deadline_bounds_the_whole_attempt(client: TestClient) -> None:
+    """A receiver that answers a byte every 0.3 s (no read ever waits 1 s) is cut at the
+    attempt's deadline (1 s here): a counted attempt, ``timed out``."""
+    _allow_private(client)
+    st = state(client)
+    st.settings = st.settings.model_copy(update={"webhook_timeout_s": 1.0})
+    with _RawReceiver(_trickle_fast) as receiver:
+        _alert_crossed(client, receiver.url)
+        started = time.monotonic()
+        assert _deliver(client) == 1
+        elapsed = time.monotonic() - started
+        receiver.stop.set()
+    assert elapsed < 3.0, elapsed
+    [alert] = client.get("/v1/alerts").json()["data"]
+    delivery = alert["delivery"]
+    assert (delivery["state"], delivery["attempts"]) == ("pending", 1)
+    assert delivery["last_error"] == webhooks.TIMED_OUT
+
+
+def test_a_1_gib_reply_is_read_no_further_than_64_kib(client: TestClient) -> None:
+    _allow_private(client)
+    with _RawReceiver(_huge) as receiver:
+        _alert_crossed(client, receiver.url)
+        assert _deliver(client) == 1
+        assert receiver.closed.wait(10)
+    assert receiver.sent < 64 << 20
+    [alert] = client.get("/v1/alerts").json()["data"]
+    assert alert["delivery"]["state"] == "delivered"
