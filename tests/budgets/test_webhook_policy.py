@@ -27,6 +27,7 @@ from billing.settings import Settings
 from billing.storage.db import make_engine, make_sessionmaker
 from billing.storage.models import WebhookOutbox
 from tests.budgets.helpers import call, price, receiving, state, write
+from tests.budgets.test_webhooks import _deliver
 from tests.system.test_webhook_stall import _huge, _RawReceiver
 
 REFUSED_URLS = [
@@ -92,17 +93,6 @@ def test_public_destinations_pass_and_private_ones_pass_when_allowed() -> None:
             destinations.check_url("http://u:p@127.0.0.1/x")  # credentials: never
     with pytest.raises(destinations.RefusedDestination):
         destinations.check_url("http://127.0.0.1:9/x")
-
-
-def _deliver(client: TestClient) -> int:
-    st = state(client)
-    worker = DeliveryWorker(st.sessions, st.settings)
-
-    async def once() -> int:
-        async with worker.client() as http:
-            return await worker.deliver_once(http)
-
-    return asyncio.run(once())
 
 
 def _alert_crossed(client: TestClient, url: str) -> None:
