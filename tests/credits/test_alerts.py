@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from standardwebhooks import Webhook
@@ -14,6 +15,12 @@ from billing.settings import Settings
 from tests.budgets.helpers import receiving
 from tests.budgets.test_webhooks import _deliver
 from tests.credits.helpers import JAN, PRICE, call, grant, ok, reconcile
+
+
+@pytest.fixture
+def settings(db_url: str) -> Settings:
+    """The receivers listen on 127.0.0.1: private destinations allowed."""
+    return Settings(database_url=db_url, webhook_allow_private=True)
 
 
 def _hooked(client: TestClient, url: str) -> str:

@@ -29,11 +29,14 @@ def venv_dir() -> Path:
 
 
 def _python312() -> str | None:
+    """A Python 3.12 that runs: on the path, else pyenv's own (pyenv's ``python3.12`` shim is on
+    the path whether or not 3.12 is selected, and fails when it is not)."""
     found = shutil.which("python3.12")
-    if found:
-        return found
-    candidates = sorted(glob.glob(str(Path.home() / ".pyenv/versions/3.12*/bin/python3.12")))
-    return candidates[-1] if candidates else None
+    pyenv = sorted(glob.glob(str(Path.home() / ".pyenv/versions/3.12*/bin/python3.12")))
+    for candidate in ([found] if found else []) + pyenv[::-1]:
+        if subprocess.run([candidate, "--version"], capture_output=True).returncode == 0:
+            return candidate
+    return None
 
 
 def validator() -> Path | None:
