@@ -262,11 +262,13 @@ def test_replayed_fixture_bills_the_expected_usage(
     assert stored.get("anomalies", []) == expected.get("anomalies", [])
     assert ("stream.failed" in [e["type"] for e in events]) is (error is not None)
     if usage is not None:
-        # the call's figures are its ledger lines' sum: its own model's and its other models'
+        # v3: the call's top-level figures are those billed at its own model; its other
+        # models' tokens appear only under other_models (CONTRACT "Non-streaming calls,
+        # hosted-tool fees, provider-reported cost (v3)"), each with a ledger line of its own
         others = expected.get("other_models", [])
 
         def total(key: str) -> int:
-            return int(usage[key]) + sum(int(other.get(key, 0)) for other in others)
+            return int(usage[key])
 
         assert call["settled"] is True
         assert call["usage_source"] == "upstream"
