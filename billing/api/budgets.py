@@ -4,15 +4,14 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import AwareDatetime
-from starlette.concurrency import run_in_threadpool
 
 from billing.api.errors import answers
-from billing.api.state import AppState, get_state, read, read_single
+from billing.api.state import AppState, get_state, read, read_single, write
 from billing.auth.guard import allow
 from billing.budgets import service
 from billing.budgets.schemas import (
@@ -26,7 +25,6 @@ from billing.budgets.schemas import (
 )
 from billing.calllog.params import query_problems
 from billing.errors import ValidationFailed
-from billing.storage.db import write_transaction
 
 router = APIRouter()
 # DELETE is declared last: the access matrix (tests/auth) calls the routes in this order.
@@ -36,14 +34,6 @@ def _known(request: Request, *names: str) -> None:
     problems = query_problems(request.query_params.multi_items(), names)
     if problems:
         raise ValidationFailed(problems)
-
-
-async def _write(state: AppState, work: Any) -> Any:
-    def run() -> Any:
-        with write_transaction(state.sessions) as session:
-            return work(session, datetime.now(UTC))
-
-    return await run_in_threadpool(run)
 
 
 @router.post(
@@ -66,7 +56,7 @@ async def post_budget(
 ) -> JSONResponse:
     """201 with the budget and, this once, its ``webhook_secret`` (``whsec_…``); 409 when the id
     is taken; 422 naming the field for a bad limit, time zone, thresholds or URL."""
-    out = await _write(state, lambda s, now: service.create_budget(s, body, now))
+    out = await write(state, lambda s, now: service.create_budget(s, body, now))
     return JSONResponse(out, status_code=201)
 
 
@@ -82,7 +72,7 @@ async def put_budget(
     """The whole budget as POST takes it (without ``budget_id``); 404 for an unknown or deleted
     budget. Its current period's counter is filled again for the new definition."""
     return JSONResponse(
-        await _write(state, lambda s, now: service.update_budget(s, budget_id, body, now))
+        await write(state, lambda s, now: service.update_budget(s, budget_id, body, now))
     )
 
 
@@ -165,6 +155,4 @@ async def delete_budget(
     budget_id: str, state: Annotated[AppState, Depends(get_state)]
 ) -> JSONResponse:
     """The budget with its ``ended_at``; 404 for an unknown or already deleted budget."""
-    return JSONResponse(
-        await _write(state, lambda s, now: service.delete_budget(s, budget_id, now))
-    )
+    return JSONResponse(await write(state, lambda s, now: service.delete_budget(s, budget_id, now)))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import orjson
@@ -17,7 +18,7 @@ from starlette.concurrency import run_in_threadpool
 from billing.ingest.writer import GroupWriter, new_writer
 from billing.metrics import Metrics
 from billing.settings import Settings
-from billing.storage.db import read_transaction, single_reads
+from billing.storage.db import read_transaction, single_reads, write_transaction
 
 T = TypeVar("T")
 
@@ -57,6 +58,17 @@ async def read(state: AppState, work: Callable[[Session], T]) -> T:
     def run() -> T:
         with read_transaction(state.sessions) as session:
             return work(session)
+
+    return await run_in_threadpool(run)
+
+
+async def write(state: AppState, work: Callable[[Session, datetime], T]) -> T:
+    """``work(session, now)`` in a write transaction (SQLite: ``BEGIN IMMEDIATE``), in the
+    thread pool."""
+
+    def run() -> T:
+        with write_transaction(state.sessions) as session:
+            return work(session, datetime.now(UTC))
 
     return await run_in_threadpool(run)
 

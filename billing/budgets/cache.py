@@ -23,12 +23,14 @@ from sqlalchemy.orm import Session
 
 from billing.budgets.repository import repository
 from billing.budgets.rows import BudgetDef
+from billing.budgets.scopes import kept_by_counters
 
 
 @dataclass(frozen=True, slots=True)
 class InForce:
-    """The versions in force at ``generation``: by row id, by key, by customer (each list by
-    ``budget_id``)."""
+    """The versions in force at ``generation``: by row id; those the counters keep by key and
+    by customer (each list by ``budget_id``); the others (v3: a tag, every call, a model, a
+    rolling window; ``billing.budgets.scopes.kept_by_counters``), read from the calls."""
 
     generation: int | None
     by_row: dict[int, BudgetDef]
@@ -42,6 +44,8 @@ class InForce:
         by_customer: dict[str, list[BudgetDef]] = {}
         for budget in sorted(found, key=lambda b: b.budget_id):
             by_row[budget.id] = budget
+            if not kept_by_counters(budget):
+                continue
             if budget.api_key_id is not None:
                 by_key.setdefault(budget.api_key_id, []).append(budget)
             elif budget.customer_id is not None:

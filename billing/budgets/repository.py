@@ -6,17 +6,26 @@ Amounts are picodollars (``*_pusd``); ``cost`` and ``charge`` are the two measur
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
 from sqlalchemy.orm import Session
 
-from billing.budgets.rows import BudgetDef, Claimed, CounterRow, OpenAmounts, Scope, StepAmounts
+from billing.budgets.rows import (
+    BudgetDef,
+    CallAmount,
+    Claimed,
+    CounterRow,
+    LiveHold,
+    OpenAmounts,
+    Scope,
+    StepAmounts,
+)
 from billing.budgets.sql.postgres import PostgresBudgets
 from billing.budgets.sql.sqlite import SqliteBudgets
 from billing.storage.dialects import ByDialect
-from billing.storage.models import Budget, BudgetAlert, WebhookOutbox
+from billing.storage.models import Budget, BudgetAlert, BudgetHold, WebhookOutbox
 
 
 class BudgetsRepository(Protocol):
@@ -25,6 +34,10 @@ class BudgetsRepository(Protocol):
 
     def lock_exclusive(self, session: Session) -> None:
         """Held while a budget version fills its first counter."""
+
+    def lock_budgets(self, session: Session, rows: Sequence[int]) -> None:
+        """Held by an authorization over the budget versions ``rows`` until its transaction
+        ends (PostgreSQL: an advisory lock each, in ascending order; SQLite: its one writer)."""
 
     def versions(self, session: Session, budget_id: str) -> list[Budget]: ...
     def insert_budget(self, session: Session, values: dict[str, Any]) -> Budget:
@@ -95,6 +108,40 @@ class BudgetsRepository(Protocol):
         self, session: Session, gone: Sequence[str], rows: Sequence[OpenAmounts]
     ) -> None:
         """``budget_open_calls`` without ``gone`` and with ``rows`` (added or replaced)."""
+
+    def hold(self, session: Session, request_id: str) -> BudgetHold | None: ...
+    def insert_hold(self, session: Session, values: dict[str, Any]) -> bool:
+        """Store a hold (in a savepoint); False when the ``request_id`` has one already."""
+
+    def call_exists(self, session: Session, request_id: str) -> bool:
+        """A call with this ``request_id`` is stored (its first event was ingested)."""
+
+    def release_hold(self, session: Session, request_id: str, now: datetime) -> None: ...
+    def live_holds(
+        self,
+        session: Session,
+        now: datetime,
+        keys: Collection[str],
+        customers: Collection[str],
+        everything: bool,
+    ) -> list[LiveHold]:
+        """The holds neither released nor expired at ``now``, with their call's state: of
+        ``keys`` or ``customers``, or every one (``everything``)."""
+
+    def call_amounts(
+        self,
+        session: Session,
+        measure: str,
+        start: datetime,
+        end: datetime | None,
+        *,
+        rolling: bool,
+        key: str | None = None,
+        customer: str | None = None,
+        tag: str | None = None,
+        model: str | None = None,
+    ) -> list[CallAmount]:
+        """The amounts of the calls a budget no counter keeps counts (``sql.holds``)."""
 
     def insert_alert(self, session: Session, values: dict[str, Any]) -> bool:
         """Insert unless the (budget, period, threshold, type) has one; True when inserted."""

@@ -29,6 +29,11 @@ class BudgetDef:
     thresholds: str
     webhook_url: str | None
     tracked_from: datetime
+    # (v3) a tag scope, a model filter, a rolling window, what an unpriced model gets.
+    tag: str | None = None
+    model: str | None = None
+    window_s: int | None = None
+    unpriced: str | None = None
 
 
 class OpenAmounts(NamedTuple):
@@ -74,3 +79,29 @@ class Claimed(NamedTuple):
     secret: str
     attempts: int
     created_at: datetime
+
+
+class LiveHold(NamedTuple):
+    """A hold not released and not expired (``budget_holds``), with its call's state:
+    ``call`` is None without a call, ``"unstepped"`` for a call no reconciliation step has
+    read yet (the hold stands for its figure), ``"counted"`` otherwise (the hold is gone)."""
+
+    request_id: str
+    api_key_id: str
+    customer_id: str | None
+    tags: tuple[str, ...]
+    model: str
+    hold_pusd: int
+    expires_at: datetime
+    call: str | None
+
+
+class CallAmount(NamedTuple):
+    """A call read for a budget that its counters do not keep (``billing.budgets.spent``):
+    settled or not, its amount in the budget's measure (0 when null), the tags of its
+    ``stream.started`` metadata (comma-separated, as sent) and of its authorization."""
+
+    settled: bool
+    amount_pusd: int
+    metadata_tags: str | None
+    hold_tags: str | None

@@ -13,7 +13,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 from pydantic.json_schema import WithJsonSchema
 
 from billing.budgets.periods import zone
-from billing.fields import Id128, PublicId
+from billing.fields import Id128, Label, ModelName, PublicId, ServiceTier, TokenCount, UsdAmount
 from billing.money import format_usd
 
 #: The largest limit accepted, USD.
@@ -25,6 +25,9 @@ MAX_THRESHOLD_DECIMALS = 6
 MAX_THRESHOLDS = 10
 MAX_URL_LENGTH = 2048
 DEFAULT_THRESHOLDS = ("0.8", "1")
+#: A rolling period's window, seconds (CONTRACT "Authorizations and holds (v3)").
+MIN_WINDOW_S = 60
+MAX_WINDOW_S = 2_592_000
 
 _DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 
@@ -129,25 +132,35 @@ WebhookUrl = Annotated[
 Usd = Annotated[str, Field(pattern=r"^-?[0-9]+(\.[0-9]+)?$")]
 
 
+def parse_model_filter(value: object) -> object:
+    """A model name, or a prefix ending in ``*`` (``"claude-*"``); ``*`` nowhere else."""
+    if isinstance(value, str) and "*" in value[:-1]:
+        raise ValueError('may hold "*" only at its end (a prefix such as "claude-*")')
+    if value == "*":
+        raise ValueError('"*" alone names every model: leave "model" out instead')
+    return value
+
+
 class Scope(BaseModel):
-    """Exactly one of ``api_key_id`` (a key) or ``customer_id`` (every key of a customer)."""
+    """Exactly one of ``api_key_id`` (a key), ``customer_id`` (every key of a customer), ``tag``
+    (v3: the calls tagged with it) or ``all`` (v3: ``true``, every call)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     api_key_id: PublicId | None = None
     customer_id: Id128 | None = None
+    tag: Label | None = None
+    all: Literal[True] | None = None
 
     @model_validator(mode="after")
     def _one(self) -> Scope:
-        if (self.api_key_id is None) == (self.customer_id is None):
-            raise ValueError('must be {"api_key_id": "…"} or {"customer_id": "…"}')
+        given = [v for v in (self.api_key_id, self.customer_id, self.tag, self.all) if v]
+        if len(given) != 1:
+            raise ValueError(
+                'must be one of {"api_key_id": "…"}, {"customer_id": "…"}, {"tag": "…"} '
+                'or {"all": true}'
+            )
         return self
-
-    def as_json(self) -> dict[str, str]:
-        if self.api_key_id is not None:
-            return {"api_key_id": self.api_key_id}
-        assert self.customer_id is not None
-        return {"customer_id": self.customer_id}
 
 
 class BudgetChange(BaseModel):
@@ -158,13 +171,32 @@ class BudgetChange(BaseModel):
     scope: Scope
     limit_usd: LimitUsd = Field(description="USD, a positive decimal, at most 12 decimal places")
     measure: Literal["charge", "cost"] = "charge"  # measure.DEFAULT_MEASURE
-    period: Literal["day", "week", "month", "total"]
+    period: Literal["day", "week", "month", "total", "rolling"]
+    window_s: int | None = Field(
+        default=None,
+        ge=MIN_WINDOW_S,
+        le=MAX_WINDOW_S,
+        strict=True,
+        description='seconds of a "rolling" period (and only of one)',
+    )
+    model: Annotated[ModelName, BeforeValidator(parse_model_filter)] | None = Field(
+        default=None, description='count only this model\'s calls, or a prefix: "claude-*"'
+    )
+    unpriced: Literal["allow", "deny"] = Field(
+        default="allow", description="what an authorization of an unpriced model gets"
+    )
     tz: TimeZone = Field(default="UTC", description="IANA zone of the calendar; weeks: Monday")
     thresholds: Thresholds = Field(
         default_factory=lambda: list(DEFAULT_THRESHOLDS),
         description="fractions of the limit, ascending, each in (0, ∞)",
     )
     webhook_url: WebhookUrl = Field(default=None, description="http(s) URL for the alerts")
+
+    @model_validator(mode="after")
+    def _window(self) -> BudgetChange:
+        if (self.period == "rolling") != (self.window_s is not None):
+            raise ValueError('"window_s" is required with period "rolling" and only with it')
+        return self
 
 
 class BudgetIn(BudgetChange):
@@ -178,10 +210,13 @@ class BudgetOut(BaseModel):
 
     budget_id: str
     version: int
-    scope: dict[str, str]
+    scope: dict[str, str | bool]
     limit_usd: Usd
     measure: str
     period: str
+    window_s: int | None
+    model: str | None
+    unpriced: Literal["allow", "deny"]
     tz: str
     thresholds: list[str]
     webhook_url: str | None
@@ -200,15 +235,16 @@ class BudgetStatus(BaseModel):
     """``GET /v1/budgets/{budget_id}``: the spend of the current period."""
 
     budget_id: str
-    scope: dict[str, str]
+    scope: dict[str, str | bool]
     limit_usd: Usd
     measure: str
     period: str
     period_start: str
     period_end: str | None
-    spent_usd: Usd
+    spent_usd: Usd = Field(description="settled_usd + provisional_usd + held_usd")
     settled_usd: Usd
     provisional_usd: Usd
+    held_usd: Usd = Field(description="the live holds of authorizations whose call has no event")
     remaining_usd: Usd
     fraction_used: str
     state: Literal["ok", "warning", "exceeded"]
@@ -247,3 +283,75 @@ class AlertOut(BaseModel):
 
 class AlertList(BaseModel):
     data: list[AlertOut]
+
+
+# -- authorizations (v3) --------------------------------------------------------------------
+
+#: An authorization's hold lasts ``ttl_s`` seconds (CONTRACT "Authorizations and holds (v3)").
+MIN_TTL_S, DEFAULT_TTL_S, MAX_TTL_S = 10, 600, 3600
+MAX_TAGS = 8
+
+
+class TokenEstimate(BaseModel):
+    """A call's estimate in tokens: priced at the model's price in force now."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    input_tokens: TokenCount
+    max_output_tokens: TokenCount
+
+
+class AmountEstimate(BaseModel):
+    """A call's estimate in USD."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    amount_usd: UsdAmount
+
+
+class AuthorizationIn(BaseModel):
+    """``POST /v1/authorizations``: reserve before calling the upstream."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    request_id: Id128
+    api_key_id: PublicId
+    model: ModelName
+    service_tier: ServiceTier | None = None
+    tags: list[Label] = Field(default_factory=list, max_length=MAX_TAGS)
+    estimate: TokenEstimate | AmountEstimate
+    ttl_s: int = Field(default=DEFAULT_TTL_S, ge=MIN_TTL_S, le=MAX_TTL_S, strict=True)
+
+
+class AuthorizationOut(BaseModel):
+    """The decision (the first one again for a repeated ``request_id``)."""
+
+    request_id: str
+    decision: Literal["allow", "deny"]
+    reason: (
+        Literal[
+            "budget_exceeded",
+            "insufficient_headroom",
+            "estimate_exceeds_limit",
+            "insufficient_credit",
+            "unpriced",
+        ]
+        | None
+    )
+    retryable: bool
+    retry_after_s: int | None
+    hold_usd: Usd
+    expires_at: str | None
+    binding_budget_id: str | None
+    budgets: list[BudgetStatus]
+    as_of: str
+
+
+class HoldOut(BaseModel):
+    """``DELETE /v1/authorizations/{request_id}``: the hold after the release."""
+
+    request_id: str
+    state: Literal["released", "expired", "converted"]
+    hold_usd: Usd
+    expires_at: str
+    released_at: str | None

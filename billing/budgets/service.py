@@ -18,7 +18,6 @@ import json
 import secrets
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from decimal import ROUND_FLOOR, Decimal
 from typing import Any
@@ -31,6 +30,8 @@ from billing.budgets.periods import period_bounds
 from billing.budgets.repository import BudgetsRepository, repository
 from billing.budgets.rows import BudgetDef, Scope
 from billing.budgets.schemas import BudgetChange, BudgetIn
+from billing.budgets.scopes import kept_by_counters, scope_json, span
+from billing.budgets.spent import Spent, over, spent
 from billing.errors import BillingError, NotFound
 from billing.money import PICO, format_usd
 from billing.storage.models import Budget
@@ -73,22 +74,18 @@ def thresholds_of(budget: AnyBudget) -> list[str]:
     return value
 
 
-def scope_of(budget: AnyBudget) -> dict[str, str]:
-    if budget.api_key_id is not None:
-        return {"api_key_id": budget.api_key_id}
-    assert budget.customer_id is not None
-    return {"customer_id": budget.customer_id}
-
-
 def budget_json(budget: Budget, secret: bool = False) -> dict[str, Any]:
     """A budget version as answered (``BudgetOut``); the secret only when ``secret``."""
     out: dict[str, Any] = {
         "budget_id": budget.budget_id,
         "version": budget.version,
-        "scope": scope_of(budget),
+        "scope": scope_json(budget),
         "limit_usd": budget.limit_usd,
         "measure": budget.measure,
         "period": budget.period,
+        "window_s": budget.window_s,
+        "model": budget.model,
+        "unpriced": budget.unpriced or "allow",
         "tz": budget.tz,
         "thresholds": thresholds_of(budget),
         "webhook_url": budget.webhook_url,
@@ -159,7 +156,6 @@ def _add_version(
     repo = _repo(session)
     # No reconciliation step updates counters while this version fills its first one.
     repo.lock_exclusive(session)
-    start, end = period_bounds(body.period, body.tz, now)
     budget = repo.insert_budget(
         session,
         {
@@ -167,17 +163,27 @@ def _add_version(
             "version": version,
             "api_key_id": body.scope.api_key_id,
             "customer_id": body.scope.customer_id,
+            "tag": body.scope.tag,
+            "model": body.model,
             "measure": body.measure,
             "period": body.period,
+            "window_s": body.window_s,
+            "unpriced": body.unpriced,
             "tz": body.tz,
             "limit_usd": body.limit_usd,
             "thresholds": json.dumps(body.thresholds),
             "webhook_url": body.webhook_url,
             "webhook_secret": secret,
-            "tracked_from": start,
+            # (a rolling window has no counter: nothing is tracked from a period's start)
+            "tracked_from": now
+            if body.period == "rolling"
+            else period_bounds(body.period, body.tz, now)[0],
             "created_at": now,
         },
     )
+    if not kept_by_counters(budget):
+        return budget  # read from the calls when asked (billing.budgets.spent)
+    start, end = span(budget, now)
     scope: Scope = (
         ("api_key_id", body.scope.api_key_id)
         if body.scope.api_key_id is not None
@@ -194,12 +200,6 @@ def _add_version(
 # -- status ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Spent:
-    settled_pusd: int
-    provisional_pusd: int
-
-
 def status_json(
     budget: AnyBudget, start: datetime, end: datetime | None, spent: Spent, now: datetime
 ) -> dict[str, Any]:
@@ -207,7 +207,8 @@ def status_json(
     limit = Decimal(budget.limit_usd)
     settled = Decimal(spent.settled_pusd) / PICO
     provisional = Decimal(spent.provisional_pusd) / PICO
-    total = settled + provisional
+    held = Decimal(spent.held_pusd) / PICO
+    total = settled + provisional + held
     fraction = (total / limit).quantize(FRACTION_PLACES, rounding=ROUND_FLOOR)
     thresholds = thresholds_of(budget)
     crossed = [t for t in thresholds if total >= limit * Decimal(t)]
@@ -219,7 +220,7 @@ def status_json(
         state = "ok"
     return {
         "budget_id": budget.budget_id,
-        "scope": scope_of(budget),
+        "scope": scope_json(budget),
         "limit_usd": budget.limit_usd,
         "measure": budget.measure,
         "period": budget.period,
@@ -228,6 +229,7 @@ def status_json(
         "spent_usd": format_usd(total),
         "settled_usd": format_usd(settled),
         "provisional_usd": format_usd(provisional),
+        "held_usd": format_usd(held),
         "remaining_usd": format_usd(max(limit - total, Decimal(0))),
         "fraction_used": format_usd(max(fraction, Decimal(0))),
         "state": state,
@@ -236,15 +238,15 @@ def status_json(
     }
 
 
+def statuses(
+    budgets: Sequence[AnyBudget], figures: dict[int, Spent], now: datetime
+) -> list[dict[str, Any]]:
+    """The statuses of ``budgets`` from their figures (``billing.budgets.spent``), in order."""
+    return [status_json(b, *span(b, now), figures[b.id], now) for b in budgets]
+
+
 def _statuses(session: Session, budgets: Sequence[Budget], now: datetime) -> list[dict[str, Any]]:
-    bounds = {b.id: period_bounds(b.period, b.tz, now) for b in budgets}
-    counters = _repo(session).spend(session, [(b.id, bounds[b.id][0]) for b in budgets])
-    out = []
-    for budget in budgets:
-        start, end = bounds[budget.id]
-        settled, provisional = counters.get((budget.id, start), (0, 0))
-        out.append(status_json(budget, start, end, Spent(settled, provisional), now))
-    return out
+    return statuses(budgets, spent(session, budgets, now), now)
 
 
 def statuses_in_force(session: Session, now: datetime) -> list[dict[str, Any]]:
@@ -269,22 +271,20 @@ def spend_check(session: Session, api_key_id: str, now: datetime) -> dict[str, A
     current period (none yet this period) counts 0. Needs no transaction around it
     (``billing.storage.db.single_reads``): the statement is one snapshot, and versions loaded
     again by another statement are at least as new as its generation."""
-    generation, _, counters = _repo(session).spend_check_rows(session, api_key_id, now)
+    generation, customer, rows = _repo(session).spend_check_rows(session, api_key_id, now)
     budgets = cache.in_force_at(session, generation)
     # (A version ended between the statement and a reload of the copy is left out.)
-    known = [c for c in counters if c.budget_row in budgets.by_row]
-    statuses = []
-    for budget_row, counter_start, settled, provisional in sorted(
-        known, key=lambda c: budgets.by_row[c.budget_row].budget_id
-    ):
-        budget = budgets.by_row[budget_row]
-        start, end = period_bounds(budget.period, budget.tz, now)
-        spent = Spent(settled, provisional) if counter_start == start else Spent(0, 0)
-        statuses.append(status_json(budget, start, end, spent, now))
+    found = over(budgets.by_row.values(), api_key_id, customer, (), None)
+    counters = {
+        (c.budget_row, c.period_start): (c.settled_pusd, c.provisional_pusd)
+        for c in rows
+        if c.period_start is not None
+    }
+    statuses_ = statuses(found, spent(session, found, now, counters), now)
     return {
         "api_key_id": api_key_id,
-        "allowed": all(s["state"] != "exceeded" for s in statuses),
-        "budgets": statuses,
+        "allowed": all(s["state"] != "exceeded" for s in statuses_),
+        "budgets": statuses_,
         "as_of": rfc3339(now),
     }
 
@@ -327,7 +327,7 @@ def record_crossings(
     if not changes:
         return 0
     repo = _repo(session)
-    _, end = period_bounds(budget.period, budget.tz, start)
+    _, end = span(budget, start)
     status = status_json(budget, start, end, Spent(settled_pusd, provisional_pusd), now)
     made = 0
     for kind, threshold in changes:

@@ -16,6 +16,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from billing.api import (
+    authorizations,
     budgets,
     calls,
     drift,
@@ -246,6 +247,7 @@ _ROUTERS: list[Any] = [
     tokens_api,
     schema,
     budgets,
+    authorizations,
 ]
 
 

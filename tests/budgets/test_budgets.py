@@ -53,6 +53,7 @@ def test_a_monthly_dollar_crossing_80_and_100_percent_gives_two_alerts_then_not_
         "spent_usd": "0.5",
         "settled_usd": "0.5",
         "provisional_usd": "0",
+        "held_usd": "0",
         "remaining_usd": "0.5",
         "fraction_used": "0.5",
         "state": "ok",

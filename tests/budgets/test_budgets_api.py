@@ -57,6 +57,7 @@ def test_create_read_change_delete(client: TestClient) -> None:
         "spent_usd",
         "settled_usd",
         "provisional_usd",
+        "held_usd",
         "remaining_usd",
         "fraction_used",
         "state",

@@ -6,6 +6,11 @@ step either committed before the budget read the ledger (the budget counts its e
 reads the budget after it committed (the step adds them): read committed, each statement sees
 what committed before it. Due webhooks are claimed with ``FOR UPDATE SKIP LOCKED``, so
 replicas never claim the same row.
+
+An authorization takes the transaction-level advisory lock of each budget it is under
+(``HOLD_LOCKS`` + the version's row id, in ascending order: one lock order for all), then reads
+the budgets' spend and holds: two authorizations under one budget decide one after the other,
+the second seeing the first one's hold (read committed).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from sqlalchemy.orm import Session
 from billing.budgets.rows import Claimed
 from billing.budgets.sql.alerts import Alerts
 from billing.budgets.sql.counters import Counters
+from billing.budgets.sql.holds import Holds
 from billing.budgets.sql.versions import BudgetVersions
 from billing.rollups.buckets import QUARTER
 from billing.rollups.sql.postgres import floor_sql
@@ -29,11 +35,14 @@ from billing.rollups.sql.postgres import floor_sql
 #: The advisory lock's key (any constant of this service's own).
 BUDGETS_LOCK = 0x6275_6467_6574  # "budget"
 
+#: The base of the budgets' admission locks (``lock_budgets``): "hold" << 32, + the row id.
+HOLD_LOCKS = 0x686F_6C64 << 32
+
 LOCK_SHARED = text("SELECT pg_advisory_xact_lock_shared(:key)")
 LOCK_EXCLUSIVE = text("SELECT pg_advisory_xact_lock(:key)")
 
 
-class PostgresBudgets(BudgetVersions, Counters, Alerts):
+class PostgresBudgets(BudgetVersions, Counters, Alerts, Holds):
     """``BudgetsRepository`` on PostgreSQL."""
 
     insert = staticmethod(insert)
@@ -50,6 +59,10 @@ class PostgresBudgets(BudgetVersions, Counters, Alerts):
 
     def lock_exclusive(self, session: Session) -> None:
         session.execute(LOCK_EXCLUSIVE, {"key": BUDGETS_LOCK})
+
+    def lock_budgets(self, session: Session, rows: Sequence[int]) -> None:
+        for row in sorted(rows):
+            session.execute(LOCK_EXCLUSIVE, {"key": HOLD_LOCKS + row})
 
     def claim_due(
         self, session: Session, now: datetime, lease_until: datetime, owner: str, limit: int

@@ -1,7 +1,8 @@
 """The budgets' SQL on SQLite (``billing.budgets.repository``).
 
 SQLite has one writer at a time: a budget's first counter and a reconciliation step's counter
-updates never interleave, so the locks are nothing; a claim of due webhooks runs in a write
+updates never interleave, nor do two authorizations (each in a write transaction), so the
+locks are nothing; a claim of due webhooks runs in a write
 transaction (nobody else claims meanwhile).
 """
 
@@ -20,6 +21,7 @@ from sqlalchemy.orm import Session
 
 from billing.budgets.sql.alerts import Alerts
 from billing.budgets.sql.counters import Counters
+from billing.budgets.sql.holds import Holds
 from billing.budgets.sql.versions import BudgetVersions
 from billing.rollups.buckets import QUARTER
 from billing.rollups.sql.sqlite import floor_sql
@@ -43,7 +45,7 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _start_text = lru_cache(maxsize=4096)(sqlite_text)
 
 
-class SqliteBudgets(BudgetVersions, Counters, Alerts):
+class SqliteBudgets(BudgetVersions, Counters, Alerts, Holds):
     """``BudgetsRepository`` on SQLite."""
 
     insert = staticmethod(insert)
@@ -57,6 +59,10 @@ class SqliteBudgets(BudgetVersions, Counters, Alerts):
         return clause
 
     def lock_shared(self, session: Session) -> None:
+        return None
+
+    def lock_budgets(self, session: Session, rows: Sequence[int]) -> None:
+        # An authorization runs in a write transaction (BEGIN IMMEDIATE): the one writer.
         return None
 
     def add_spends(

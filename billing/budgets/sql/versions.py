@@ -46,6 +46,10 @@ _DEFINITIONS = select(
     Budget.thresholds,
     Budget.webhook_url,
     Budget.tracked_from,
+    Budget.tag,
+    Budget.model,
+    Budget.window_s,
+    Budget.unpriced,
 ).where(Budget.ended_at.is_(None))
 
 

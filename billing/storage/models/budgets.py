@@ -54,6 +54,13 @@ class Budget(Base):
     tracked_from: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # (0013, v3) a tag scope (neither a key, a customer nor a tag: every call), a model or a
+    # model prefix ending in ``*``, a rolling window's seconds (``period`` "rolling") and what
+    # an authorization of an unpriced model gets ("allow" | "deny"; null: "allow").
+    tag: Mapped[str | None] = mapped_column(String(64))
+    model: Mapped[str | None] = mapped_column(String(256))
+    window_s: Mapped[int | None] = mapped_column(Integer)
+    unpriced: Mapped[str | None] = mapped_column(String(8))
 
     __table_args__ = (
         UniqueConstraint("budget_id", "version"),
@@ -117,6 +124,53 @@ class BudgetOpenCall(Base):
     __table_args__ = (
         Index(None, "api_key_id", "started_at"),
         Index(None, "customer_id", "started_at"),
+    )
+
+
+class BudgetHold(Base):
+    """A granted authorization (CONTRACT "Authorizations and holds (v3)"): ``hold_pusd``
+    reserved for the call ``request_id`` of ``api_key_id`` (its customer at the authorization,
+    its ``tags`` as a JSON list, its ``model``) until ``expires_at``, ``released_at`` (DELETE)
+    or the call's first event (a ``calls`` row with this ``request_id``: the call's own figure
+    replaces it). ``body_hash`` is the SHA-256 of the authorization's canonical body and
+    ``answer`` its first answer (JSON), returned again to a repeated authorization."""
+
+    __tablename__ = "budget_holds"
+
+    request_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    api_key_id: Mapped[str] = mapped_column(String(128), nullable=False)
+    customer_id: Mapped[str | None] = mapped_column(String(128))
+    model: Mapped[str] = mapped_column(String(256), nullable=False)
+    tags: Mapped[str] = mapped_column(Text, nullable=False)
+    hold_pusd: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    body_hash: Mapped[str] = mapped_column(String(64), nullable=False)
+    answer: Mapped[str] = mapped_column(Text, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    released_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    __table_args__ = (
+        # The holds not released, by expiry: every live one, a key's, a customer's.
+        Index(
+            "ix_budget_holds_live",
+            "expires_at",
+            postgresql_where=text("released_at IS NULL"),
+            sqlite_where=text("released_at IS NULL"),
+        ),
+        Index(
+            "ix_budget_holds_live_api_key_id",
+            "api_key_id",
+            "expires_at",
+            postgresql_where=text("released_at IS NULL"),
+            sqlite_where=text("released_at IS NULL"),
+        ),
+        Index(
+            "ix_budget_holds_live_customer_id",
+            "customer_id",
+            "expires_at",
+            postgresql_where=text("released_at IS NULL AND customer_id IS NOT NULL"),
+            sqlite_where=text("released_at IS NULL AND customer_id IS NOT NULL"),
+        ),
     )
 
 

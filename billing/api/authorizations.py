@@ -1,0 +1,54 @@
+"""``POST /v1/authorizations`` and ``DELETE /v1/authorizations/{request_id}`` (CONTRACT
+"Authorizations and holds (v3)"): parse, call one ``billing.budgets.authorize`` function in a
+write transaction, answer."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import JSONResponse
+
+from billing.api.errors import answers
+from billing.api.state import AppState, get_state, write
+from billing.auth.guard import allow
+from billing.budgets import authorize
+from billing.budgets.schemas import AuthorizationIn, AuthorizationOut, HoldOut
+
+router = APIRouter()
+
+
+@router.post(
+    "/v1/authorizations",
+    summary="Reserve an estimate against the budgets before calling the upstream",
+    dependencies=[Depends(allow("ingest"))],
+    responses=answers(
+        401,
+        403,
+        409,
+        422,
+        503,
+        ok={200: (AuthorizationOut, "allow (with the hold) or deny (with the reason)")},
+        described={409: "this request_id was authorized with another body"},
+    ),
+)
+async def post_authorization(
+    body: AuthorizationIn, state: Annotated[AppState, Depends(get_state)]
+) -> JSONResponse:
+    """The decision; a repeated ``request_id`` with the same body gets the first answer and
+    never holds twice."""
+    return JSONResponse(await write(state, lambda s, now: authorize.authorize(s, body, now)))
+
+
+@router.delete(
+    "/v1/authorizations/{request_id:path}",
+    summary="Release a hold (the gateway gave up before calling)",
+    dependencies=[Depends(allow("ingest"))],
+    responses=answers(401, 403, 404, 503, ok={200: (HoldOut, "the hold's state")}),
+)
+async def delete_authorization(
+    request_id: str, state: Annotated[AppState, Depends(get_state)]
+) -> JSONResponse:
+    """``released`` (now or before), ``converted`` (its call has an event) or ``expired``;
+    404 for an unknown ``request_id``."""
+    return JSONResponse(await write(state, lambda s, now: authorize.release(s, request_id, now)))

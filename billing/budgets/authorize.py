@@ -1,0 +1,220 @@
+"""Authorizations and holds (CONTRACT "Authorizations and holds (v3)"): ``POST
+/v1/authorizations`` reserves an estimate against every budget over the call before the gateway
+calls the upstream; ``DELETE /v1/authorizations/{request_id}`` gives it back.
+
+An authorization runs in a write transaction: it takes the admission lock of each budget it is
+under (``BudgetsRepository.lock_budgets``: PostgreSQL advisory locks in row order, SQLite's one
+writer), reads their spend and live holds (``billing.budgets.spent``) and stores the hold when
+it allows, before its transaction ends. So concurrent authorizations under one budget decide
+one after the other, each seeing the holds of those before: their sum never exceeds the
+headroom. A hold is stored once per ``request_id`` with its first answer, which a repeated
+authorization with the same body gets again (another body: 409).
+
+The hold of a token estimate is its cost at the model's price in force now: input at the
+(long-context, when the input crosses it) input rate, all of ``max_output_tokens`` at the
+output rate; it counts alike in budgets of either measure (the plan's charge is not known
+before the call).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from billing.budgets import cache
+from billing.budgets.repository import BudgetsRepository, repository
+from billing.budgets.rows import BudgetDef, LiveHold
+from billing.budgets.schemas import AmountEstimate, AuthorizationIn
+from billing.budgets.service import statuses
+from billing.budgets.spent import Spent, over, spent
+from billing.errors import BillingError, NotFound
+from billing.money import format_usd, pusd_to_decimal, usd_to_pusd
+from billing.pricing.service import price_book
+from billing.storage.models import BudgetHold
+from billing.timefmt import rfc3339
+
+#: ``retry_after_s`` is at most this (holds may end sooner: released, converted).
+MAX_RETRY_AFTER_S = 60
+
+
+class AuthorizationConflict(BillingError):
+    """409: the ``request_id`` was authorized with another body."""
+
+    status = 409
+
+
+@dataclass(frozen=True)
+class Decision:
+    allow: bool
+    reason: str | None = None
+    retryable: bool = False
+    retry_after_s: int | None = None
+    binding: str | None = None
+
+
+def _repo(session: Session) -> BudgetsRepository:
+    repo: BudgetsRepository = repository(session)
+    return repo
+
+
+def body_hash(body: AuthorizationIn) -> str:
+    """SHA-256 of the body's canonical JSON (the same content: the same hash)."""
+    text = json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def estimate_pusd(session: Session, body: AuthorizationIn, now: datetime) -> int | None:
+    """The hold the estimate asks for, picodollars; None for a token estimate of a model
+    without a price in force now."""
+    estimate = body.estimate
+    if isinstance(estimate, AmountEstimate):
+        return usd_to_pusd(estimate.amount_usd)
+    price = price_book(session, [body.model]).at(
+        body.model, now, body.service_tier, estimate.input_tokens
+    )
+    if price is None:
+        return None
+    # A rate in micro-USD per million tokens is a token's price in picodollars.
+    return estimate.input_tokens * price.input + estimate.max_output_tokens * price.output
+
+
+def _retry_after(holds: list[LiveHold], over_pusd: int, now: datetime) -> int:
+    """Seconds until enough of ``holds`` expire to free ``over_pusd`` (capped)."""
+    freed = 0
+    for hold in sorted(holds, key=lambda h: h.expires_at):
+        freed += hold.hold_pusd
+        if freed >= over_pusd:
+            wait = math.ceil((hold.expires_at - now).total_seconds())
+            return max(1, min(wait, MAX_RETRY_AFTER_S))
+    return MAX_RETRY_AFTER_S
+
+
+def decide(
+    budgets: list[BudgetDef], figures: dict[int, Spent], hold: int, unpriced: bool, now: datetime
+) -> Decision:
+    """The decision over ``budgets`` (by ``budget_id``) for a hold of ``hold`` picodollars: a
+    final denial first (``budget_exceeded``: spent without holds reached the limit;
+    ``estimate_exceeds_limit``; ``unpriced`` where a budget says deny), else one that holds in
+    flight cause (``insufficient_headroom``, retryable when the hold fits once they end)."""
+    retryable: Decision | None = None
+    for budget in budgets:
+        f = figures[budget.id]
+        limit = usd_to_pusd(budget.limit_usd)
+        used = f.settled_pusd + f.provisional_pusd
+        if used >= limit:
+            return Decision(False, "budget_exceeded", binding=budget.budget_id)
+        if hold > limit:
+            return Decision(False, "estimate_exceeds_limit", binding=budget.budget_id)
+        if unpriced and budget.unpriced == "deny":
+            return Decision(False, "unpriced", binding=budget.budget_id)
+        if retryable is None and used + f.held_pusd + hold > limit:
+            if used + hold <= limit:
+                wait = _retry_after(f.holds, used + f.held_pusd + hold - limit, now)
+                retryable = Decision(False, "insufficient_headroom", True, wait, budget.budget_id)
+            else:
+                return Decision(False, "insufficient_headroom", binding=budget.budget_id)
+    if retryable is not None:
+        return retryable
+    tightest = min(
+        budgets,
+        key=lambda b: (usd_to_pusd(b.limit_usd) - figures[b.id].total_pusd, b.budget_id),
+        default=None,
+    )
+    binding = None if tightest is None else tightest.budget_id
+    return Decision(True, "unpriced" if unpriced else None, binding=binding)
+
+
+def _again(stored: BudgetHold, digest: str) -> dict[str, Any]:
+    if stored.body_hash != digest:
+        raise AuthorizationConflict(
+            f"request_id {stored.request_id!r} was authorized with another body; "
+            "send the same body again, or a new request_id"
+        )
+    answer: dict[str, Any] = json.loads(stored.answer)
+    return answer
+
+
+def authorize(session: Session, body: AuthorizationIn, now: datetime) -> dict[str, Any]:
+    """``POST /v1/authorizations`` in a write transaction: the decision, the hold stored when
+    allowed (the first answer again for a repeated ``request_id``)."""
+    repo = _repo(session)
+    digest = body_hash(body)
+    stored = repo.hold(session, body.request_id)
+    if stored is not None:
+        return _again(stored, digest)
+    priced = estimate_pusd(session, body, now)
+    hold = priced or 0
+    generation, customer, _ = repo.spend_check_rows(session, body.api_key_id, now)
+    in_force = cache.in_force_at(session, generation)
+    budgets = over(in_force.by_row.values(), body.api_key_id, customer, body.tags, body.model)
+    repo.lock_budgets(session, [b.id for b in budgets])
+    figures = spent(session, budgets, now)
+    decision = decide(budgets, figures, hold, priced is None, now)
+    expires = now + timedelta(seconds=body.ttl_s)
+    if decision.allow:
+        for budget in budgets:
+            figures[budget.id].held_pusd += hold
+    answer = {
+        "request_id": body.request_id,
+        "decision": "allow" if decision.allow else "deny",
+        "reason": decision.reason,
+        "retryable": decision.retryable,
+        "retry_after_s": decision.retry_after_s,
+        "hold_usd": format_usd(pusd_to_decimal(hold if decision.allow else 0)),
+        "expires_at": rfc3339(expires) if decision.allow else None,
+        "binding_budget_id": decision.binding,
+        "budgets": statuses(budgets, figures, now),
+        "as_of": rfc3339(now),
+    }
+    if not decision.allow:
+        return answer  # nothing stored: a retry decides again
+    values = {
+        "request_id": body.request_id,
+        "api_key_id": body.api_key_id,
+        "customer_id": customer,
+        "model": body.model,
+        "tags": json.dumps(sorted(set(body.tags))),
+        "hold_pusd": hold,
+        "body_hash": digest,
+        "answer": json.dumps(answer, separators=(",", ":")),
+        "created_at": now,
+        "expires_at": expires,
+    }
+    if not repo.insert_hold(session, values):  # the same request_id, concurrently
+        raced = repo.hold(session, body.request_id)
+        assert raced is not None
+        return _again(raced, digest)
+    return answer
+
+
+def release(session: Session, request_id: str, now: datetime) -> dict[str, Any]:
+    """``DELETE /v1/authorizations/{request_id}``: the hold stops counting now (unless its call
+    has an event already, ``converted``, or it expired); 404 for an unknown one. Releasing
+    again answers the same."""
+    repo = _repo(session)
+    stored = repo.hold(session, request_id)
+    if stored is None:
+        raise NotFound(f"no authorization with request_id {request_id!r}")
+    if stored.released_at is not None:
+        state = "released"
+    elif repo.call_exists(session, request_id):
+        state = "converted"
+    elif stored.expires_at <= now:
+        state = "expired"
+    else:
+        repo.release_hold(session, request_id, now)
+        stored.released_at = now
+        state = "released"
+    return {
+        "request_id": request_id,
+        "state": state,
+        "hold_usd": format_usd(pusd_to_decimal(stored.hold_pusd)),
+        "expires_at": rfc3339(stored.expires_at),
+        "released_at": rfc3339(stored.released_at),
+    }

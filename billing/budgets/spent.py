@@ -1,0 +1,138 @@
+"""What budgets have spent now: settled, provisional and held (CONTRACT "Budgets and alerts
+(v2)", "Authorizations and holds (v3)").
+
+- **settled** and **provisional**: a budget kept by counters (``scopes.kept_by_counters``) reads
+  its counter of the current period; any other (a tag, every call, a model, a rolling window)
+  sums the amounts of the calls started in its span (``BudgetsRepository.call_amounts``: by
+  the calls' key, customer, model and start indexes; a tag budget reads the span's calls).
+- **held**: the live holds the budget is over (neither released nor expired), while their call
+  has no event. A hold whose call is stored but not yet read by a reconciliation step stands
+  for the call's figure (provisional); once a step read the call, the call's own figure counts
+  and the hold no longer does. Never both, never after release or expiry.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol, TypeVar
+
+from sqlalchemy.orm import Session
+
+from billing.budgets.repository import BudgetsRepository, repository
+from billing.budgets.rows import LiveHold
+from billing.budgets.scopes import Scoped, applies, kept_by_counters, span, tags_of
+
+
+class Budgeted(Scoped, Protocol):
+    """A budget version as these reads take it (a ``budgets`` row or its cached copy)."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def budget_id(self) -> str: ...
+    @property
+    def measure(self) -> str: ...
+
+
+B = TypeVar("B", bound=Budgeted)
+
+
+@dataclass
+class Spent:
+    """A budget's spend in its current period, picodollars; ``holds``: the live holds counted
+    in ``held_pusd`` (their expiries say when headroom may come back)."""
+
+    settled_pusd: int
+    provisional_pusd: int
+    held_pusd: int = 0
+    holds: list[LiveHold] = field(default_factory=list)
+
+    @property
+    def total_pusd(self) -> int:
+        return self.settled_pusd + self.provisional_pusd + self.held_pusd
+
+
+def _repo(session: Session) -> BudgetsRepository:
+    repo: BudgetsRepository = repository(session)
+    return repo
+
+
+def _hold_applies(budget: Budgeted, hold: LiveHold) -> bool:
+    return applies(budget, hold.api_key_id, hold.customer_id, hold.tags, hold.model)
+
+
+def _computed(session: Session, budget: Budgeted, now: datetime) -> tuple[int, int]:
+    start, end = span(budget, now)
+    found = _repo(session).call_amounts(
+        session,
+        budget.measure,
+        start,
+        end,
+        rolling=budget.period == "rolling",
+        key=budget.api_key_id,
+        customer=budget.customer_id,
+        tag=budget.tag,
+        model=budget.model,
+    )
+    sums = [0, 0]  # provisional, settled
+    for call in found:
+        if budget.tag is not None and not (
+            budget.tag in tags_of(call.metadata_tags)
+            or (call.hold_tags is not None and budget.tag in json.loads(call.hold_tags))
+        ):
+            continue
+        sums[call.settled] += call.amount_pusd
+    return sums[1], sums[0]
+
+
+def spent(
+    session: Session,
+    budgets: Sequence[Budgeted],
+    now: datetime,
+    counters: dict[tuple[int, datetime], tuple[int, int]] | None = None,
+) -> dict[int, Spent]:
+    """Each budget's ``Spent`` now, by row id. ``counters``: the counters already read (the
+    spend check's statement), else read here."""
+    if not budgets:
+        return {}
+    repo = _repo(session)
+    kept = [b for b in budgets if kept_by_counters(b)]
+    if counters is None:
+        counters = repo.spend(session, [(b.id, span(b, now)[0]) for b in kept])
+    keys = {b.api_key_id for b in budgets if b.api_key_id is not None}
+    customers = {b.customer_id for b in budgets if b.customer_id is not None}
+    everything = any(b.api_key_id is None and b.customer_id is None for b in budgets)
+    holds = repo.live_holds(session, now, keys, customers, everything)
+    out: dict[int, Spent] = {}
+    for budget in budgets:
+        if kept_by_counters(budget):
+            settled, provisional = counters.get((budget.id, span(budget, now)[0]), (0, 0))
+        else:
+            settled, provisional = _computed(session, budget, now)
+        figures = Spent(settled, provisional)
+        for hold in holds:
+            if not _hold_applies(budget, hold):
+                continue
+            if hold.call is None:
+                figures.held_pusd += hold.hold_pusd
+                figures.holds.append(hold)
+            elif hold.call == "unstepped":
+                figures.provisional_pusd += hold.hold_pusd
+        out[budget.id] = figures
+    return out
+
+
+def over(
+    budgets: Collection[B],
+    key: str,
+    customer: str | None,
+    tags: Collection[str],
+    model: str | None,
+) -> list[B]:
+    """The versions over a call of ``key`` (its ``customer`` now), ``tags`` and ``model`` (None:
+    any model, the spend check), by ``budget_id``."""
+    found = [b for b in budgets if applies(b, key, customer, tags, model, model is None)]
+    return sorted(found, key=lambda b: b.budget_id)

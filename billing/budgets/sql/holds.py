@@ -1,0 +1,144 @@
+"""The holds of authorizations and the calls of the budgets no counter keeps
+(``billing.budgets.repository``), built with SQLAlchemy on the ORM tables (the same on both
+databases)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import case, func, or_, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from billing.budgets.measure import AMOUNT_COLUMNS
+from billing.budgets.rows import CallAmount, LiveHold
+from billing.budgets.sql.common import DialectBase
+from billing.storage.models import BudgetHold, Call
+
+_C = Call.__table__.c
+_H = BudgetHold.__table__.c
+
+#: A hold's call: none, not yet read by a reconciliation step (no attempt written, not
+#: settled: the hold stands for its figure), or counted by the budgets.
+_CALL_STATE = case(
+    (_C.request_id.is_(None), None),
+    (_C.attempts == 0, case((_C.settled.is_(False), "unstepped"), else_="counted")),
+    else_="counted",
+)
+
+
+class Holds(DialectBase):
+    """Holds: stored once per ``request_id``, released, read while live; the calls' amounts of
+    a budget read at the time asked."""
+
+    def hold(self, session: Session, request_id: str) -> BudgetHold | None:
+        return session.get(BudgetHold, request_id)
+
+    def insert_hold(self, session: Session, values: dict[str, Any]) -> bool:
+        try:
+            with session.begin_nested():
+                session.add(BudgetHold(**values))
+        except IntegrityError:  # a concurrent authorization of the same request_id
+            return False
+        return True
+
+    def call_exists(self, session: Session, request_id: str) -> bool:
+        found = session.scalar(select(_C.request_id).where(_C.request_id == request_id))
+        return found is not None
+
+    def release_hold(self, session: Session, request_id: str, now: datetime) -> None:
+        session.execute(
+            update(BudgetHold).where(BudgetHold.request_id == request_id).values(released_at=now)
+        )
+
+    def live_holds(
+        self,
+        session: Session,
+        now: datetime,
+        keys: Collection[str],
+        customers: Collection[str],
+        everything: bool,
+    ) -> list[LiveHold]:
+        query = (
+            select(
+                _H.request_id,
+                _H.api_key_id,
+                _H.customer_id,
+                _H.tags,
+                _H.model,
+                _H.hold_pusd,
+                _H.expires_at,
+                _CALL_STATE,
+            )
+            .select_from(BudgetHold.__table__.outerjoin(Call, _C.request_id == _H.request_id))
+            .where(_H.released_at.is_(None), _H.expires_at > now)
+        )
+        if not everything:
+            owners = []
+            if keys:
+                owners.append(_H.api_key_id.in_(sorted(keys)))
+            if customers:
+                owners.append(_H.customer_id.in_(sorted(customers)))
+            if not owners:
+                return []
+            query = query.where(or_(*owners))
+        return [
+            LiveHold(rid, key, customer, tuple(json.loads(tags)), model, int(held), expires, call)
+            for rid, key, customer, tags, model, held, expires, call in session.execute(query)
+        ]
+
+    def call_amounts(
+        self,
+        session: Session,
+        measure: str,
+        start: datetime,
+        end: datetime | None,
+        *,
+        rolling: bool,
+        key: str | None = None,
+        customer: str | None = None,
+        tag: str | None = None,
+        model: str | None = None,
+    ) -> list[CallAmount]:
+        """The calls started in the span (``[start, end)``; rolling: after ``start``), of
+        ``key`` / ``customer`` / ``model`` (a prefix ending in ``*``) when given: their sums by
+        settled or not; with ``tag``, each call whose metadata or authorization tags may hold
+        it (the caller keeps those that do)."""
+        amount = func.coalesce(_C[AMOUNT_COLUMNS[measure]], 0)
+        where: list[Any] = [_C.started_at > start if rolling else _C.started_at >= start]
+        if end is not None and not rolling:
+            where.append(_C.started_at < end)
+        if key is not None:
+            where.append(_C.api_key_id == key)
+        if customer is not None:
+            where.append(_C.customer_id == customer)
+        if model is not None:
+            if model.endswith("*"):
+                where.append(_C.model.startswith(model[:-1], autoescape=True))
+            else:
+                where.append(_C.model == model)
+        if tag is None:
+            sums = select(_C.settled, func.sum(amount)).where(*where).group_by(_C.settled)
+            return [
+                CallAmount(bool(settled), int(total or 0), None, None)
+                for settled, total in session.execute(sums)
+            ]
+        metadata_tags = _C["metadata"]["tags"].as_string()
+        rows = (
+            select(_C.settled, amount, metadata_tags, _H.tags)
+            .select_from(Call.__table__.outerjoin(BudgetHold, _H.request_id == _C.request_id))
+            .where(
+                *where,
+                or_(
+                    metadata_tags.contains(tag, autoescape=True),
+                    _H.tags.contains(json.dumps(tag), autoescape=True),
+                ),
+            )
+        )
+        return [
+            CallAmount(bool(settled), int(value), tags, held)
+            for settled, value, tags, held in session.execute(rows)
+        ]
