@@ -42,6 +42,13 @@ What the client guarantees (CONTRACT "Events" and "Ingest"):
   With ``spool_path=None`` (off), overflow events are dropped and reported, and events that
   cannot be delivered stay in memory and are tried again later (dropped at ``close()``).
 
+Before it calls the upstream, a gateway may reserve the call's estimate against the budgets:
+``authorize(request_id=..., api_key_id=..., model=..., max_output_tokens=N)`` (or
+``amount_usd=``) returns the typed decision (:class:`Authorization`), ``release(request_id)``
+gives a hold back (CONTRACT "Authorizations and holds (v3)"). One request each, no retry; no
+decision (503, no answer) raises :class:`AuthorizationUnavailable`, a refused request
+:class:`AuthorizationRejected` (``authorizations.py`` reads the answers).
+
 No silent loss: every event rejected, dropped or given up is logged at WARNING on the
 ``billing.client`` logger (and passed to ``on_error``). The library adds no handler of its own,
 so with no logging configured Python's last-resort handler prints these lines on standard
@@ -62,7 +69,15 @@ with ``httpx.Client`` on a thread (``sync.py``) or ``httpx.AsyncClient`` on the 
 from __future__ import annotations
 
 from billing.client.aio import AsyncBillingClient
-from billing.client.errors import ClientClosedError, ClientStats, DeliveryError
+from billing.client.authorizations import Authorization, Release
+from billing.client.errors import (
+    AuthorizationError,
+    AuthorizationRejected,
+    AuthorizationUnavailable,
+    ClientClosedError,
+    ClientStats,
+    DeliveryError,
+)
 from billing.client.spool import DEFAULT_SPOOL, default_spool_dir
 from billing.client.sync import BillingClient
 from billing.client.wire import MAX_BATCH_EVENTS, MAX_BODY_BYTES, new_event_id, utc_now
@@ -72,10 +87,15 @@ __all__ = [
     "MAX_BATCH_EVENTS",
     "MAX_BODY_BYTES",
     "AsyncBillingClient",
+    "Authorization",
+    "AuthorizationError",
+    "AuthorizationRejected",
+    "AuthorizationUnavailable",
     "BillingClient",
     "ClientClosedError",
     "ClientStats",
     "DeliveryError",
+    "Release",
     "default_spool_dir",
     "new_event_id",
     "utc_now",

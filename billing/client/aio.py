@@ -7,10 +7,20 @@ import contextlib
 import time
 from collections.abc import Generator, Mapping
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, Unpack
 
 import httpx
 
+from billing.client.authorizations import (
+    Authorization,
+    AuthorizationFields,
+    Release,
+    Request,
+    authorization_request,
+    read_authorization,
+    read_release,
+    release_request,
+)
 from billing.client.base import ClientBase, R
 from billing.client.delivery import Action, Post, log
 
@@ -37,6 +47,32 @@ class AsyncBillingClient(ClientBase[httpx.AsyncBaseTransport]):
         """Queue one event; see :meth:`BillingClient.send`. Call it from the event loop."""
         self._start()
         return self._engine.send(event)
+
+    async def authorize(self, **fields: Unpack[AuthorizationFields]) -> Authorization:
+        """See :meth:`BillingClient.authorize`."""
+        request = authorization_request(self._engine.base_url, **fields)
+        return read_authorization(await self._request(request, fields.get("timeout_s")))
+
+    async def release(self, request_id: str, *, timeout_s: float | None = None) -> Release | None:
+        """See :meth:`BillingClient.release`."""
+        request = release_request(self._engine.base_url, request_id)
+        return read_release(await self._request(request, timeout_s), request_id)
+
+    async def _request(
+        self, request: Request, timeout_s: float | None
+    ) -> httpx.Response | Exception:
+        self._start()
+        assert self._http is not None
+        try:
+            return await self._http.request(
+                request.method,
+                request.url,
+                content=request.body,
+                headers=self._engine.headers,
+                timeout=timeout_s or self._engine.timeout_s,
+            )
+        except Exception as error:  # network errors, timeouts, protocol errors
+            return error
 
     async def flush(self, timeout: float | None = None) -> bool:
         """See :meth:`BillingClient.flush`."""

@@ -84,7 +84,8 @@ class Delivery:
             raise ValueError("timeout_s must be > 0")
         if backoff_base_s < 0 or backoff_max_s < backoff_base_s:
             raise ValueError("need 0 <= backoff_base_s <= backoff_max_s")
-        self.endpoint = url.rstrip("/") + "/v1/events"
+        self.base_url = url.rstrip("/")
+        self.endpoint = self.base_url + "/v1/events"
         self.headers = {
             "Content-Type": "application/json",
             "User-Agent": f"billing-client/{__version__}",

@@ -70,3 +70,37 @@ class ClientStats:
 
 
 OnError = Callable[[DeliveryError], None]
+
+
+class AuthorizationError(Exception):
+    """An authorization (or a release) without a decision; see its two kinds.
+
+    Attributes:
+        status: the HTTP status, or ``None`` when there was no answer.
+        detail: the service's JSON answer, when there was one.
+        retry_after_s: the service's ``Retry-After`` in seconds, when it sent one.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        detail: Any = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.detail = detail
+        self.retry_after_s = retry_after_s
+
+
+class AuthorizationUnavailable(AuthorizationError):
+    """The service could not decide: ``503`` (or another ``5xx``, ``408``, ``429``) or no
+    answer at all; what the gateway does then is its ``fail_open`` setting."""
+
+
+class AuthorizationRejected(AuthorizationError):
+    """The service refused the request itself (``401``, ``403``, ``409``: the ``request_id`` was
+    authorized with another body, ``422``: a bad estimate or TTL): a gateway's mistake."""

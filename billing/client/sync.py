@@ -5,10 +5,20 @@ from __future__ import annotations
 import threading
 from collections.abc import Generator, Mapping
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, Unpack
 
 import httpx
 
+from billing.client.authorizations import (
+    Authorization,
+    AuthorizationFields,
+    Release,
+    Request,
+    authorization_request,
+    read_authorization,
+    read_release,
+    release_request,
+)
 from billing.client.base import ClientBase, R
 from billing.client.delivery import Action, Post, log
 
@@ -69,6 +79,43 @@ class BillingClient(ClientBase[httpx.BaseTransport]):
             ClientClosedError: the client is closed.
         """
         return self._engine.send(event)
+
+    def authorize(self, **fields: Unpack[AuthorizationFields]) -> Authorization:
+        """Reserve the call's estimate against the budgets before calling the upstream
+        (``POST /v1/authorizations``, one request, no retry): the typed decision.
+
+        ``request_id``, ``api_key_id``, ``model`` and either ``max_output_tokens`` (with
+        ``input_tokens``, default 0) or ``amount_usd``; optional ``service_tier``, ``tags``,
+        ``ttl_s`` and ``timeout_s`` (else the client's ``timeout_s``).
+
+        Raises:
+            AuthorizationUnavailable: the service could not decide (``503``, another ``5xx``,
+                ``408``, ``429``) or did not answer: apply the gateway's ``fail_open``.
+            AuthorizationRejected: the service refused the request (``401``, ``403``, ``409``,
+                ``422``).
+            ValueError: both estimates or neither.
+        """
+        request = authorization_request(self._engine.base_url, **fields)
+        return read_authorization(self._request(request, fields.get("timeout_s")))
+
+    def release(self, request_id: str, *, timeout_s: float | None = None) -> Release | None:
+        """Give the hold of ``request_id`` back (``DELETE /v1/authorizations/{request_id}``: the
+        gateway did not call the upstream, or it failed before a byte); ``None`` when the
+        service knows no such authorization. Raises as :meth:`authorize`."""
+        request = release_request(self._engine.base_url, request_id)
+        return read_release(self._request(request, timeout_s), request_id)
+
+    def _request(self, request: Request, timeout_s: float | None) -> httpx.Response | Exception:
+        try:
+            return self._http.request(
+                request.method,
+                request.url,
+                content=request.body,
+                headers=self._engine.headers,
+                timeout=timeout_s or self._engine.timeout_s,
+            )
+        except Exception as error:  # network errors, timeouts, protocol errors
+            return error
 
     def flush(self, timeout: float | None = None) -> bool:
         """Deliver everything queued so far now, and replay the spool; block until done.

@@ -9,13 +9,26 @@ asyncio) or :meth:`Meter.relay_sync` wraps the upstream byte stream.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from decimal import Decimal
 from typing import Any, Protocol
 
+from starlette.responses import Response
 from starlette.types import Message, Receive
 
 from billing.gateway.account import CallAccount
+from billing.gateway.authorize import (
+    DEFAULT_MAX_OUTPUT_TOKENS,
+    Admission,
+    Authorizer,
+    Opener,
+    Reserver,
+    opener_of,
+    preparing,
+    refusal,
+)
 from billing.gateway.drain import Drain, drain_in_thread
 from billing.gateway.policy import DrainPolicy
 from billing.gateway.pump import END, STALLED, Pump, Send
@@ -50,9 +63,16 @@ class Meters:
             ``stalled`` (``stream.failed``); ``None``: no stall detection of the meter's own
             (an ``httpx`` read timeout counts as a stall too).
         max_attempts: attempts per call, retries of a stalled upstream included (>= 1).
+        authorize: reserve each call's estimate before its upstream is opened (with an
+            ``AsyncBillingClient``; :meth:`Meter.authorize`, :meth:`Meter.response`).
+        fail_open: when the service cannot decide (503, no answer): call the upstream
+            (``True``) or answer 503; logged at WARNING either way.
+        hold_usd, max_output_tokens, hold_ttl_s: a fixed estimate per call, else the output
+            limit of ``call(body=...)`` (``max_output_tokens`` without one); the hold's TTL.
 
     Raises:
         ValueError: an argument out of range.
+        TypeError: ``authorize`` with a client that cannot authorize asynchronously.
     """
 
     def __init__(
@@ -63,6 +83,11 @@ class Meters:
         progress_every: int = 64,
         stall_timeout_s: float | None = None,
         max_attempts: int = 2,
+        authorize: bool = False,
+        fail_open: bool = True,
+        hold_usd: Decimal | None = None,
+        max_output_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS,
+        hold_ttl_s: int | None = None,
     ) -> None:
         if progress_every < 1 or max_attempts < 1:
             raise ValueError("progress_every and max_attempts must be >= 1")
@@ -74,6 +99,14 @@ class Meters:
         self.stall_timeout_s = stall_timeout_s
         self.max_attempts = max_attempts
         self.slots = DrainSlots(self.policy.max_concurrent)
+        self.authorizer: Authorizer | None = None
+        if authorize:
+            if not inspect.iscoroutinefunction(getattr(client, "authorize", None)):
+                raise TypeError("authorize=True needs an AsyncBillingClient")
+            reserver: Reserver = client  # type: ignore[assignment]
+            self.authorizer = Authorizer(
+                reserver, fail_open, hold_usd, max_output_tokens, hold_ttl_s
+            )
 
     def call(
         self,
@@ -84,11 +117,14 @@ class Meters:
         protocol: str,
         input_tokens: int | None = None,
         metadata: Mapping[str, str] | None = None,
+        body: Mapping[str, Any] | None = None,
     ) -> Meter:
         """The meter of one call (CONTRACT "Events": ``stream.started``'s fields).
 
         ``input_tokens`` is the gateway's own count of the input (used when the upstream
-        reports none); ``metadata`` is added to the drain policy's entries.
+        reports none, and in the authorization's estimate); ``metadata`` is added to the drain
+        policy's entries; ``body`` is the request sent upstream, whose output limit
+        (``max_tokens``, ``max_completion_tokens``, ``max_output_tokens``) bounds the hold.
 
         Raises:
             ValueError: ``protocol`` is not one of :data:`billing.taps.PROTOCOLS`.
@@ -105,6 +141,7 @@ class Meters:
                 metadata={**self.policy.metadata(), **(metadata or {})},
                 progress_every=self.progress_every,
             ),
+            body,
         )
 
     @property
@@ -127,13 +164,35 @@ class Meter:
     """The metered stream of one call; see :meth:`response`, :meth:`relay` and
     :meth:`relay_sync`."""
 
-    def __init__(self, meters: Meters, account: CallAccount) -> None:
+    def __init__(self, meters: Meters, account: CallAccount, body: Any = None) -> None:
         self._meters = meters
         self.account = account
+        self._body = body
+        self.admission: Admission | None = None  # the authorization's outcome, once asked
 
     @property
     def request_id(self) -> str:
         return self.account.request_id
+
+    async def authorize(self) -> Response | None:
+        """Reserve the call's estimate (once; with ``Meters(authorize=True)``, else nothing):
+        ``None`` when the upstream may be called, else the refusal to answer the client with,
+        in the protocol's error shape (402 final, 429 with ``Retry-After`` retryable, 503 when
+        the service cannot decide and ``fail_open`` is off). :meth:`response` given an opener
+        calls it; a gateway that opens the upstream itself calls it first."""
+        authorizer, account = self._meters.authorizer, self.account
+        if authorizer is None:
+            return None
+        if self.admission is None:
+            self.admission = await authorizer.admit(account, self._body)
+        return None if self.admission.allowed else refusal(account.protocol, self.admission)
+
+    async def release(self) -> None:
+        """Give the call's hold back (the upstream failed before a byte); once."""
+        authorizer, admitted = self._meters.authorizer, self.admission
+        if authorizer is not None and admitted is not None and admitted.held:
+            self.admission = Admission(True)
+            await authorizer.release(self.account.request_id)
 
     def _pump(self, source: AsyncSource, send: Send | None = None) -> Pump:
         meters = self._meters
@@ -173,7 +232,7 @@ class Meter:
 
     def response(
         self,
-        upstream: AsyncSource,
+        upstream: AsyncSource | Opener,
         *,
         retry: Callable[[], Awaitable[AsyncSource]] | None = None,
         status_code: int = 200,
@@ -189,13 +248,30 @@ class Meter:
         chunk). A chunk counts as delivered once the server's ``send`` returned. The client
         left when the server says ``http.disconnect``, a write fails, or the response task is
         cancelled; the upstream is then drained as with :meth:`relay`.
+
+        ``upstream`` may be an opener instead (``lambda: http.send(request, stream=True)``),
+        which the response calls once :meth:`authorize` allowed the call: a refusal is the
+        answer then, without a request upstream; an upstream that fails before a byte (it
+        raises, or answers other than 200) releases the hold and its error is the answer (as
+        the provider sent it; a 502 in the protocol's shape when there was no answer).
+
+        Raises:
+            TypeError: ``Meters(authorize=True)`` and an upstream already open, not authorized.
         """
+        opened: list[AsyncSource] = []
+        opener, prepare = opener_of(upstream), None
+        if opener is not None:
+            prepare = preparing(self.authorize, opener, self.account.protocol, self.release, opened)
+        elif self._meters.authorizer is not None and self.admission is None:
+            raise TypeError("with authorize=True, give the upstream's opener")
+        else:
+            opened.append(upstream)  # type: ignore[arg-type]
 
         async def serve(send: Send, receive: Receive, head: Message) -> None:
-            await self._serve(upstream, retry, send, receive, head)
+            await self._serve(opened[0], retry, send, receive, head)
 
         return MeteredResponse(
-            serve, status_code=status_code, headers=headers, media_type=media_type
+            serve, status_code=status_code, headers=headers, media_type=media_type, prepare=prepare
         )
 
     async def _serve(
