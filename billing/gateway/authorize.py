@@ -36,6 +36,7 @@ __all__ = [
     "opener_of",
     "preparing",
     "refusal",
+    "release_quietly",
 ]
 
 log = logging.getLogger("billing.gateway")
@@ -206,11 +207,18 @@ class Authorizer:
         return admission(answer, request_id=call.request_id, fail_open=self.fail_open)
 
     async def release(self, request_id: str) -> None:
-        """Give the hold back; a release that fails is logged (the hold ends at its TTL)."""
-        try:
-            await self.client.release(request_id)
-        except AuthorizationError as error:
-            log.warning("hold of %s not released (%s): it ends at its TTL", request_id, error)
+        """Give the hold back (see :func:`release_quietly`)."""
+        await release_quietly(self.client.release, request_id)
+
+
+async def release_quietly(
+    release: Callable[[str], Awaitable[Release | None]], request_id: str
+) -> None:
+    """``release(request_id)``; a release that fails is logged (the hold ends at its TTL)."""
+    try:
+        await release(request_id)
+    except AuthorizationError as error:
+        log.warning("hold of %s not released (%s): it ends at its TTL", request_id, error)
 
 
 def opener_of(upstream: AsyncSource | Opener) -> Opener | None:
