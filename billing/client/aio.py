@@ -11,16 +11,8 @@ from typing import Any, Self, Unpack
 
 import httpx
 
-from billing.client.authorizations import (
-    Authorization,
-    AuthorizationFields,
-    Release,
-    Request,
-    authorization_request,
-    read_authorization,
-    read_release,
-    release_request,
-)
+from billing.client import authorizations as authz
+from billing.client.authorizations import Authorization, AuthorizationFields, Release, Request
 from billing.client.base import ClientBase, R
 from billing.client.delivery import Action, Post, log
 
@@ -50,13 +42,13 @@ class AsyncBillingClient(ClientBase[httpx.AsyncBaseTransport]):
 
     async def authorize(self, **fields: Unpack[AuthorizationFields]) -> Authorization:
         """See :meth:`BillingClient.authorize`."""
-        request = authorization_request(self._engine.base_url, **fields)
-        return read_authorization(await self._request(request, fields.get("timeout_s")))
+        request = authz.authorization_request(self._engine.base_url, **fields)
+        return authz.read_authorization(await self._request(request, fields.get("timeout_s")))
 
     async def release(self, request_id: str, *, timeout_s: float | None = None) -> Release | None:
         """See :meth:`BillingClient.release`."""
-        request = release_request(self._engine.base_url, request_id)
-        return read_release(await self._request(request, timeout_s), request_id)
+        request = authz.release_request(self._engine.base_url, request_id)
+        return authz.read_release(await self._request(request, timeout_s), request_id)
 
     async def _request(
         self, request: Request, timeout_s: float | None
@@ -64,13 +56,7 @@ class AsyncBillingClient(ClientBase[httpx.AsyncBaseTransport]):
         self._start()
         assert self._http is not None
         try:
-            return await self._http.request(
-                request.method,
-                request.url,
-                content=request.body,
-                headers=self._engine.headers,
-                timeout=timeout_s or self._engine.timeout_s,
-            )
+            return await self._http.request(**self._request_args(request, timeout_s))
         except Exception as error:  # network errors, timeouts, protocol errors
             return error
 

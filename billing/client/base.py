@@ -7,6 +7,7 @@ from typing import Any, Generic, TypeVar
 
 import httpx
 
+from billing.client.authorizations import Request
 from billing.client.engine import Engine
 from billing.client.errors import ClientStats, OnError
 from billing.client.spool import DEFAULT_SPOOL, DefaultSpool
@@ -69,6 +70,16 @@ class ClientBase(Generic[_TransportT]):
 
     def _open(self, transport: _TransportT | None) -> None:
         raise NotImplementedError
+
+    def _request_args(self, request: Request, timeout_s: float | None) -> dict[str, Any]:
+        """The arguments of ``httpx``'s ``request`` for ``request`` (an authorization's)."""
+        return {
+            "method": request.method,
+            "url": request.url,
+            "content": request.body,
+            "headers": self._engine.headers,
+            "timeout": timeout_s or self._engine.timeout_s,
+        }
 
     def stats(self) -> ClientStats:
         """A snapshot of the counters."""

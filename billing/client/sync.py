@@ -9,16 +9,8 @@ from typing import Any, Self, Unpack
 
 import httpx
 
-from billing.client.authorizations import (
-    Authorization,
-    AuthorizationFields,
-    Release,
-    Request,
-    authorization_request,
-    read_authorization,
-    read_release,
-    release_request,
-)
+from billing.client import authorizations as authz
+from billing.client.authorizations import Authorization, AuthorizationFields, Release, Request
 from billing.client.base import ClientBase, R
 from billing.client.delivery import Action, Post, log
 
@@ -95,25 +87,19 @@ class BillingClient(ClientBase[httpx.BaseTransport]):
                 ``422``).
             ValueError: both estimates or neither.
         """
-        request = authorization_request(self._engine.base_url, **fields)
-        return read_authorization(self._request(request, fields.get("timeout_s")))
+        request = authz.authorization_request(self._engine.base_url, **fields)
+        return authz.read_authorization(self._request(request, fields.get("timeout_s")))
 
     def release(self, request_id: str, *, timeout_s: float | None = None) -> Release | None:
         """Give the hold of ``request_id`` back (``DELETE /v1/authorizations/{request_id}``: the
         gateway did not call the upstream, or it failed before a byte); ``None`` when the
         service knows no such authorization. Raises as :meth:`authorize`."""
-        request = release_request(self._engine.base_url, request_id)
-        return read_release(self._request(request, timeout_s), request_id)
+        request = authz.release_request(self._engine.base_url, request_id)
+        return authz.read_release(self._request(request, timeout_s), request_id)
 
     def _request(self, request: Request, timeout_s: float | None) -> httpx.Response | Exception:
         try:
-            return self._http.request(
-                request.method,
-                request.url,
-                content=request.body,
-                headers=self._engine.headers,
-                timeout=timeout_s or self._engine.timeout_s,
-            )
+            return self._http.request(**self._request_args(request, timeout_s))
         except Exception as error:  # network errors, timeouts, protocol errors
             return error
 

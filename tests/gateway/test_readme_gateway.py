@@ -170,22 +170,14 @@ def test_the_readme_gateway_enforces_a_budget(db_url: str, tmp_path: Path) -> No
             )
     # Denied: in OpenAI's error shape, and the upstream never called.
     assert over.status_code == 402, over.text
-    assert over.json() == {
-        "error": {
-            "message": "budget b_key_over: estimate_exceeds_limit",
-            "type": "insufficient_quota",
-            "code": "estimate_exceeds_limit",
-        }
-    }
+    message = "budget b_key_over: estimate_exceeds_limit"
+    kind, code = "insufficient_quota", "estimate_exceeds_limit"
+    assert over.json() == {"error": {"message": message, "type": kind, "code": code}}
     assert "retry-after" not in over.headers
     assert busy.status_code == 429, busy.text
-    assert busy.json() == {
-        "error": {
-            "message": "budget b_key_busy: insufficient_headroom; retry later",
-            "type": "rate_limit_exceeded",
-            "code": "insufficient_headroom",
-        }
-    }
+    message = "budget b_key_busy: insufficient_headroom; retry later"
+    kind, code = "rate_limit_exceeded", "insufficient_headroom"
+    assert busy.json() == {"error": {"message": message, "type": kind, "code": code}}
     assert 1 <= int(busy.headers["retry-after"]) <= 60
     assert (fake.requests("rg-over"), fake.requests("rg-busy")) == (0, 0)
     assert held_during == "0.95"  # the refused call held nothing
