@@ -21,6 +21,7 @@ from billing.budgets.rows import (
     OpenAmounts,
     Scope,
     StepAmounts,
+    Unstepped,
 )
 from billing.budgets.sql.postgres import PostgresBudgets
 from billing.budgets.sql.sqlite import SqliteBudgets
@@ -142,6 +143,12 @@ class BudgetsRepository(Protocol):
         model: str | None = None,
     ) -> list[CallAmount]:
         """The amounts of the calls a budget no counter keeps counts (``sql.holds``)."""
+
+    def unstepped_calls(
+        self, session: Session, keys: Collection[str], everything: bool
+    ) -> list[Unstepped]:
+        """The calls of ``keys`` (or every one) stored with a start but not yet read by a
+        reconciliation step, with their ``stream.started`` input and largest generated count."""
 
     def insert_alert(self, session: Session, values: dict[str, Any]) -> bool:
         """Insert unless the (budget, period, threshold, type) has one; True when inserted."""

@@ -105,3 +105,16 @@ class CallAmount(NamedTuple):
     amount_pusd: int
     metadata_tags: str | None
     hold_tags: str | None
+
+
+class Unstepped(NamedTuple):
+    """A call stored but not yet read by a reconciliation step (``ix_calls_unstepped``): what
+    its events say so far, for an estimate of its cost (``billing.budgets.spent``)."""
+
+    request_id: str
+    api_key_id: str | None
+    model: str | None
+    started_at: datetime
+    metadata_tags: str | None
+    input_tokens: int
+    output_tokens: int

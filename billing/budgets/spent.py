@@ -5,6 +5,11 @@
   its counter of the current period; any other (a tag, every call, a model, a rolling window)
   sums the amounts of the calls started in its span (``BudgetsRepository.call_amounts``: by
   the calls' key, customer, model and start indexes; a tag budget reads the span's calls).
+- a call stored but not yet read by a reconciliation step counts from its ingest
+  (provisional): at its hold when it has a live one, else at an estimate, its
+  ``stream.started`` input and largest generated count at its model's price at its start
+  (``ix_calls_unstepped``: few rows; a customer budget counts it from its first step, since
+  the call's customer is written then).
 - **held**: the live holds the budget is over (neither released nor expired), while their call
   has no event. A hold whose call is stored but not yet read by a reconciliation step stands
   for the call's figure (provisional); once a step read the call, the call's own figure counts
@@ -22,8 +27,9 @@ from typing import Protocol, TypeVar
 from sqlalchemy.orm import Session
 
 from billing.budgets.repository import BudgetsRepository, repository
-from billing.budgets.rows import LiveHold
+from billing.budgets.rows import LiveHold, Unstepped
 from billing.budgets.scopes import Scoped, applies, kept_by_counters, span, tags_of
+from billing.pricing.service import price_book
 
 
 class Budgeted(Scoped, Protocol):
@@ -88,6 +94,34 @@ def _computed(session: Session, budget: Budgeted, now: datetime) -> tuple[int, i
     return sums[1], sums[0]
 
 
+def _in_span(budget: Budgeted, started_at: datetime, now: datetime) -> bool:
+    start, end = span(budget, now)
+    if budget.period == "rolling":
+        return started_at > start
+    return started_at >= start and (end is None or started_at < end)
+
+
+def _estimates(
+    session: Session, keys: Collection[str], everything: bool, skip: Collection[str]
+) -> list[tuple[Unstepped, int]]:
+    """The calls not yet stepped (but those in ``skip``: their holds stand for them), each with
+    its estimate in picodollars (unpriced: left out, as a step would price it at nothing)."""
+    calls = [
+        c
+        for c in _repo(session).unstepped_calls(session, keys, everything)
+        if c.request_id not in skip
+    ]
+    if not calls:
+        return []
+    book = price_book(session, {c.model for c in calls if c.model is not None})
+    found = []
+    for c in calls:
+        price = book.at(c.model, c.started_at, None, c.input_tokens)
+        if price is not None:
+            found.append((c, c.input_tokens * price.input + c.output_tokens * price.output))
+    return found
+
+
 def spent(
     session: Session,
     budgets: Sequence[Budgeted],
@@ -106,6 +140,8 @@ def spent(
     customers = {b.customer_id for b in budgets if b.customer_id is not None}
     everything = any(b.api_key_id is None and b.customer_id is None for b in budgets)
     holds = repo.live_holds(session, now, keys, customers, everything)
+    standing = {h.request_id for h in holds if h.call == "unstepped"}
+    estimates = _estimates(session, keys, everything, standing)
     out: dict[int, Spent] = {}
     for budget in budgets:
         if kept_by_counters(budget):
@@ -121,6 +157,12 @@ def spent(
                 figures.holds.append(hold)
             elif hold.call == "unstepped":
                 figures.provisional_pusd += hold.hold_pusd
+        for call, estimate in estimates:
+            tags = tags_of(call.metadata_tags)
+            if applies(budget, call.api_key_id, None, tags, call.model) and _in_span(
+                budget, call.started_at, now
+            ):
+                figures.provisional_pusd += estimate
         out[budget.id] = figures
     return out
 

@@ -10,7 +10,8 @@ partial indexes read the holds not released by expiry (all of them, a key's, a c
 ``budgets`` gains the v3 options: ``tag`` (a tag scope; a budget with neither a key, a customer
 nor a tag counts every call), ``model`` (a name or a prefix ending in ``*``), ``window_s`` (a
 rolling period's window) and ``unpriced`` (``allow`` | ``deny``; null for the budgets stored
-before: ``allow``).
+before: ``allow``). ``ix_calls_unstepped``: the calls no reconciliation step has read yet
+(``attempts = 0``), which the budgets count from their ingest.
 """
 
 from collections.abc import Sequence
@@ -67,7 +68,17 @@ def upgrade() -> None:
         )
 
 
+    op.create_index(
+        "ix_calls_unstepped",
+        "calls",
+        ["api_key_id", "started_at"],
+        postgresql_where=sa.text("attempts = 0"),
+        sqlite_where=sa.text("attempts = 0"),
+    )
+
+
 def downgrade() -> None:
+    op.drop_index("ix_calls_unstepped", table_name="calls")
     op.drop_table("budget_holds")
     with op.batch_alter_table("budgets") as batch:
         for column in ("unpriced", "window_s", "model", "tag"):

@@ -87,6 +87,21 @@ EXAMPLES: dict[tuple[str, str], tuple[dict[str, Any], set[str]]] = {
     ("GET", "/v1/spend"): ({"params": {"api_key_id": "key_auth"}}, {"ingest", "read"}),
     ("GET", "/v1/alerts"): ({}, {"read"}),
     ("DELETE", "/v1/budgets/{budget_id:path}"): ({"path": "/v1/budgets/auth-b"}, set()),
+    ("POST", "/v1/authorizations"): (
+        {
+            "json": {
+                "request_id": "auth-h1",
+                "api_key_id": "key_auth",
+                "model": "m-auth",
+                "estimate": {"amount_usd": "0.01"},
+            }
+        },
+        {"ingest"},
+    ),
+    ("DELETE", "/v1/authorizations/{request_id:path}"): (
+        {"path": "/v1/authorizations/auth-h1"},
+        {"ingest"},
+    ),
 }
 OPEN = {"/healthz", "/readyz", "/metrics"}
 

@@ -148,9 +148,9 @@ def test_expired_and_released_holds_stop_counting_at_once(client: TestClient) ->
     assert held(client, "b1", T0 + timedelta(seconds=11)) == ("0", "0", "0", "0")
     assert release_at(client, "r-del", T0 + timedelta(seconds=20)) == released
     assert release_at(client, "r-exp", T0 + timedelta(seconds=20))["state"] == "expired"
-    # A call that comes after its hold was released counts only itself.
+    # A call that comes after its hold was released counts only itself ($0.10, not $0.25).
     call(client, "r-del", T0 + timedelta(seconds=30), 100_000, settled=False)
-    assert held(client, "b1", T0 + timedelta(seconds=31)) == ("0", "0", "0", "0")
+    assert held(client, "b1", T0 + timedelta(seconds=31)) == ("0", "0.1", "0", "0.1")
     assert client.delete("/v1/authorizations/nope").status_code == 404
 
 
@@ -262,3 +262,37 @@ def test_the_spend_check_right_after_the_first_event_counts_the_call_not_its_hol
     reconcile(client, datetime.now(UTC))
     [s] = client.get("/v1/spend", params={"api_key_id": KEY}).json()["budgets"]
     assert (s["provisional_usd"], s["held_usd"], s["spent_usd"]) == ("0.05", "0", "0.05")
+
+
+def test_the_spend_check_right_after_an_ingest_counts_a_call_no_step_has_read(
+    client: TestClient,
+) -> None:
+    price(client)
+    dollar_budget(client)
+    create(client, T0, budget_id="b-all", scope={"all": True}, limit_usd="5", period="total")
+    create(
+        client,
+        T0,
+        budget_id="b-other",
+        scope={"api_key_id": "key_x"},
+        limit_usd="1",
+        period="total",
+    )
+    # 300,000 input tokens at $1/M and 10,000 generated at $2/M: $0.32, before any step.
+    call(client, "o1", datetime.now(UTC), 300_000, settled=False, generated=10_000)
+    check = client.get("/v1/spend", params={"api_key_id": KEY}).json()
+    assert [
+        (b["budget_id"], b["settled_usd"], b["provisional_usd"], b["spent_usd"])
+        for b in check["budgets"]
+    ] == [("b-all", "0", "0.32", "0.32"), ("b1", "0", "0.32", "0.32")]
+    assert client.get("/v1/budgets/b-other").json()["spent_usd"] == "0"
+    # The authorization right after sees it too: $0.32 + $0.10 held.
+    out = client.post("/v1/authorizations", json=body("o2")).json()
+    assert [(b["budget_id"], b["spent_usd"]) for b in out["budgets"]] == [
+        ("b-all", "0.42"),
+        ("b1", "0.42"),
+    ]
+    # A step reads the call: its own figure replaces the estimate (the same here), never both.
+    reconcile(client, datetime.now(UTC))
+    [s] = client.get("/v1/spend", params={"api_key_id": KEY}).json()["budgets"][1:]
+    assert (s["provisional_usd"], s["held_usd"], s["spent_usd"]) == ("0.32", "0.1", "0.42")

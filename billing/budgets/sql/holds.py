@@ -9,17 +9,22 @@ from collections.abc import Collection
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import case, func, or_, select, update
+from sqlalchemy import case, func, or_, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from billing.budgets.measure import AMOUNT_COLUMNS
-from billing.budgets.rows import CallAmount, LiveHold
+from billing.budgets.rows import CallAmount, LiveHold, Unstepped
 from billing.budgets.sql.common import DialectBase
-from billing.storage.models import BudgetHold, Call
+from billing.storage.models import BudgetHold, Call, Event
 
 _C = Call.__table__.c
 _H = BudgetHold.__table__.c
+_E = Event.__table__.c
+
+#: A call no reconciliation step has read yet: as the partial index ``ix_calls_unstepped``
+#: states it (SQLite matches the predicate term by term: no bound value).
+_UNSTEPPED = text("calls.attempts = 0")
 
 #: A hold's call: none, not yet read by a reconciliation step (no attempt written, not
 #: settled: the hold stands for its figure), or counted by the budgets.
@@ -142,3 +147,47 @@ class Holds(DialectBase):
             CallAmount(bool(settled), int(value), tags, held)
             for settled, value, tags, held in session.execute(rows)
         ]
+
+    def unstepped_calls(
+        self, session: Session, keys: Collection[str], everything: bool
+    ) -> list[Unstepped]:
+        started = (
+            select(_E.body)
+            .where(_E.call_no == _C.call_no, _E.type == "stream.started")
+            .order_by(_E.seq)
+            .limit(1)
+            .scalar_subquery()
+        )
+        generated = (
+            select(func.max(_E.output_tokens_generated))
+            .where(_E.call_no == _C.call_no)
+            .scalar_subquery()
+        )
+        query = select(
+            _C.request_id,
+            _C.api_key_id,
+            _C.model,
+            _C.started_at,
+            _C["metadata"],
+            started,
+            generated,
+        ).where(_UNSTEPPED, _C.started_at.is_not(None), _C.settled.is_(False))
+        if not everything:
+            if not keys:
+                return []
+            query = query.where(_C.api_key_id.in_(sorted(keys)))
+        found = []
+        for rid, key, model, at, metadata, body, output in session.execute(query):
+            start = json.loads(body) if body else {}
+            found.append(
+                Unstepped(
+                    rid,
+                    key,
+                    model,
+                    at,
+                    (metadata or {}).get("tags"),
+                    int(start.get("input_tokens") or 0),
+                    int(output or 0),
+                )
+            )
+        return found

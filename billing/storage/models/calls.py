@@ -170,6 +170,16 @@ class Call(TokenColumns, Base):
             postgresql_where=text("NOT settled AND NOT pending"),
             sqlite_where=text("settled = 0 AND pending = 0"),
         ),
+        # (0013, v3) The calls no reconciliation step has read yet (ingest writes 0 attempts, a
+        # step the call's count), by key: the budgets count them from their ingest
+        # (billing.budgets.spent). Partial: a step takes the call out of it.
+        Index(
+            "ix_calls_unstepped",
+            "api_key_id",
+            "started_at",
+            postgresql_where=text("attempts = 0"),
+            sqlite_where=text("attempts = 0"),
+        ),
         # The call log's status filter, alone and with a key (billing.calllog.queries).
         Index(None, "status", "started_at", "request_id"),
         Index(None, "api_key_id", "status", "started_at", "request_id"),

@@ -1,0 +1,55 @@
+"""Admission is atomic per budget (CONTRACT "Authorizations and holds (v3)"): fifty gateways
+authorizing $0.10 at once against a $1 budget get exactly ten holds; real HTTP clients against
+a real server (uvicorn on 127.0.0.1), on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+
+from tests.budgets.helpers import PRICE
+from tests.budgets.test_holds import KEY, body
+from tests.conftest import LiveServer
+
+CLIENTS = 50
+
+
+def test_fifty_concurrent_tenths_against_a_dollar_admit_exactly_ten(
+    live_server: LiveServer,
+) -> None:
+    with httpx.Client(base_url=live_server.url, timeout=60) as admin:
+        assert admin.post("/v1/prices", json=PRICE).status_code in (200, 201)
+        made = admin.post(
+            "/v1/budgets",
+            json={
+                "budget_id": "b-dollar",
+                "scope": {"api_key_id": KEY},
+                "limit_usd": "1",
+                "period": "month",
+            },
+        )
+        assert made.status_code == 201, made.text
+    start = threading.Barrier(CLIENTS)
+
+    def one(i: int) -> dict[str, Any]:
+        with httpx.Client(base_url=live_server.url, timeout=60) as gateway:
+            start.wait()
+            response = gateway.post("/v1/authorizations", json=body(f"conc-{i}"))
+            assert response.status_code == 200, response.text
+            out: dict[str, Any] = response.json()
+            return out
+
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        answers = list(pool.map(one, range(CLIENTS)))
+    allowed = [a for a in answers if a["decision"] == "allow"]
+    denied = [a for a in answers if a["decision"] == "deny"]
+    assert len(allowed) == 10
+    assert {a["hold_usd"] for a in allowed} == {"0.1"}
+    assert {(a["reason"], a["retryable"]) for a in denied} == {("insufficient_headroom", True)}
+    assert all(1 <= a["retry_after_s"] <= 60 for a in denied)
+    with httpx.Client(base_url=live_server.url, timeout=60) as reader:
+        status = reader.get("/v1/budgets/b-dollar").json()
+    assert (status["held_usd"], status["spent_usd"], status["state"]) == ("1", "1", "exceeded")
