@@ -65,8 +65,8 @@ class Meters:
         max_attempts: attempts per call, retries of a stalled upstream included (>= 1).
         authorize: reserve each call's estimate before its upstream is opened (with an
             ``AsyncBillingClient``; :meth:`Meter.authorize`, :meth:`Meter.response`).
-        fail_open: when the service cannot decide (503, no answer): call the upstream
-            (``True``) or answer 503; logged at WARNING either way.
+        fail_open: when the service cannot decide (503, no answer, a refused request such
+            as a 409): call the upstream (``True``) or answer 503; logged at WARNING.
         hold_usd, max_output_tokens, hold_ttl_s: a fixed estimate per call, else the output
             limit of ``call(body=...)`` (``max_output_tokens`` without one); the hold's TTL.
 
