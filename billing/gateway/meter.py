@@ -164,7 +164,9 @@ class Meter:
     """The metered stream of one call; see :meth:`response`, :meth:`relay` and
     :meth:`relay_sync`."""
 
-    def __init__(self, meters: Meters, account: CallAccount, body: Any = None) -> None:
+    def __init__(
+        self, meters: Meters, account: CallAccount, body: Mapping[str, Any] | None = None
+    ) -> None:
         self._meters = meters
         self.account = account
         self._body = body
