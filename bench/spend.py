@@ -15,7 +15,7 @@ reconciling every 0.5 s; its CPU seconds are reported per phase):
    (each run starts once the reconciler has drained the previous one's calls; with budgets
    the reconciler keeps their counters);
 3. ``GET /v1/spend`` for random budgeted keys over HTTP (httpx, one connection) and in-process
-   (``spend_check`` in ``single_reads``, as the handler runs it), while a thread ingests
+   (``spend_check`` in ``read_transaction``, as the handler runs it), while a thread ingests
    ``--rate`` events a second.
 
     python bench/spend.py                                      # SQLite in $TMPDIR
@@ -52,7 +52,7 @@ from billing.settings import Settings
 from billing.storage.db import (
     make_engine,
     make_sessionmaker,
-    single_reads,
+    read_transaction,
     write_transaction,
 )
 
@@ -269,7 +269,7 @@ def spend_latency(
         samples = []
         for key in picks:
             began = time.perf_counter()
-            with single_reads(sessions) as session:  # as the handler reads it
+            with read_transaction(sessions) as session:  # as the handler reads it
                 service.spend_check(session, key, datetime.now(UTC))
             samples.append(time.perf_counter() - began)
         _report("spend_check in-process", samples)

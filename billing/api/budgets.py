@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from pydantic import AwareDatetime
 
 from billing.api.errors import answers
-from billing.api.state import AppState, get_state, read, read_single, write
+from billing.api.state import AppState, get_state, read, write
 from billing.auth.guard import allow
 from billing.budgets import service
 from billing.budgets.schemas import (
@@ -121,7 +121,7 @@ async def get_spend(
     """``allowed`` is false when any budget over the key or its customer is exceeded."""
     _known(request, "api_key_id")
     now = datetime.now(UTC)
-    check = await read_single(state, lambda s: service.spend_check(s, api_key_id, now))
+    check = await read(state, lambda s: service.spend_check(s, api_key_id, now))
     return JSONResponse(check)
 
 

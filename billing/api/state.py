@@ -18,7 +18,7 @@ from starlette.concurrency import run_in_threadpool
 from billing.ingest.writer import GroupWriter, new_writer
 from billing.metrics import Metrics
 from billing.settings import Settings
-from billing.storage.db import read_transaction, single_reads, write_transaction
+from billing.storage.db import read_transaction, write_transaction
 
 T = TypeVar("T")
 
@@ -69,17 +69,6 @@ async def write(state: AppState, work: Callable[[Session, datetime], T]) -> T:
     def run() -> T:
         with write_transaction(state.sessions) as session:
             return work(session, datetime.now(UTC))
-
-    return await run_in_threadpool(run)
-
-
-async def read_single(state: AppState, work: Callable[[Session], T]) -> T:
-    """``read``, for a ``work`` whose reads are each one statement (``single_reads``: on
-    PostgreSQL no transaction's round trips around them)."""
-
-    def run() -> T:
-        with single_reads(state.sessions) as session:
-            return work(session)
 
     return await run_in_threadpool(run)
 

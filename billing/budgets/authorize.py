@@ -218,3 +218,24 @@ def release(session: Session, request_id: str, now: datetime) -> dict[str, Any]:
         "expires_at": rfc3339(stored.expires_at),
         "released_at": rfc3339(stored.released_at),
     }
+
+
+def holds_in_flight(session: Session, now: datetime) -> list[dict[str, Any]]:
+    """The holds counted now (live, their call without an event), oldest first, each with its
+    age in whole seconds (the console's Budgets page)."""
+    found = _repo(session).live_holds(session, now, (), (), everything=True)
+    return [
+        {
+            "request_id": h.request_id,
+            "api_key_id": h.api_key_id,
+            "customer_id": h.customer_id,
+            "model": h.model,
+            "tags": list(h.tags),
+            "hold_usd": format_usd(pusd_to_decimal(h.hold_pusd)),
+            "created_at": rfc3339(h.created_at),
+            "expires_at": rfc3339(h.expires_at),
+            "age_s": int((now - h.created_at).total_seconds()),
+        }
+        for h in sorted(found, key=lambda h: (h.created_at, h.request_id))
+        if h.call is None
+    ]

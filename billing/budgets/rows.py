@@ -94,6 +94,7 @@ class LiveHold(NamedTuple):
     hold_pusd: int
     expires_at: datetime
     call: str | None
+    created_at: datetime
 
 
 class CallAmount(NamedTuple):

@@ -261,16 +261,17 @@ def budget_status(session: Session, budget_id: str, now: datetime) -> dict[str, 
 
 
 def spend_check(session: Session, api_key_id: str, now: datetime) -> dict[str, Any]:
-    """``GET /v1/spend``: every budget in force over the key or its customer (the key's
-    assignment in force now), by ``budget_id``, and ``allowed`` (false when any of them is
-    exceeded).
+    """``GET /v1/spend``: every budget in force over the key, its customer (the key's
+    assignment in force now) or every call (v3: ``{"all": true}``; a tag budget is over no
+    key), by ``budget_id``, and ``allowed`` (false when any of them is exceeded).
 
     One statement (``BudgetsRepository.spend_check_rows``: the generation, the customer and the
     versions' latest counters) over the versions kept in memory (``billing.budgets.cache``;
-    loaded again when the generation says they changed). A counter that is not of the version's
-    current period (none yet this period) counts 0. Needs no transaction around it
-    (``billing.storage.db.single_reads``): the statement is one snapshot, and versions loaded
-    again by another statement are at least as new as its generation."""
+    loaded again when the generation says they changed), then the holds and the calls not yet
+    stepped, and the v3 budgets' calls (``billing.budgets.spent``), all indexed reads. A counter
+    that is not of the version's current period (none yet this period) counts 0. Run in one
+    read transaction (``billing.storage.db.read_transaction``: one snapshot on PostgreSQL too),
+    so that a step committing meanwhile is seen by all of its reads or none."""
     generation, customer, rows = _repo(session).spend_check_rows(session, api_key_id, now)
     budgets = cache.in_force_at(session, generation)
     # (A version ended between the statement and a reload of the copy is left out.)

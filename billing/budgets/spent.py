@@ -8,8 +8,8 @@
 - a call stored but not yet read by a reconciliation step counts from its ingest
   (provisional): at its hold when it has a live one, else at an estimate, its
   ``stream.started`` input and largest generated count at its model's price at its start
-  (``ix_calls_unstepped``: few rows; a customer budget counts it from its first step, since
-  the call's customer is written then).
+  (``ix_calls_unstepped``: few rows; the key's customer at the call's start from its
+  assignments, ``billing.plans.rating``, as the step will write it).
 - **held**: the live holds the budget is over (neither released nor expired), while their call
   has no event. A hold whose call is stored but not yet read by a reconciliation step stands
   for the call's figure (provisional); once a step read the call, the call's own figure counts
@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session
 from billing.budgets.repository import BudgetsRepository, repository
 from billing.budgets.rows import LiveHold, Unstepped
 from billing.budgets.scopes import Scoped, applies, kept_by_counters, span, tags_of
+from billing.plans.rating import Rating
 from billing.pricing.service import price_book
 
 
@@ -103,9 +104,10 @@ def _in_span(budget: Budgeted, started_at: datetime, now: datetime) -> bool:
 
 def _estimates(
     session: Session, keys: Collection[str], everything: bool, skip: Collection[str]
-) -> list[tuple[Unstepped, int]]:
+) -> list[tuple[Unstepped, str | None, int]]:
     """The calls not yet stepped (but those in ``skip``: their holds stand for them), each with
-    its estimate in picodollars (unpriced: left out, as a step would price it at nothing)."""
+    its key's customer at its start and its estimate in picodollars (unpriced: left out, as a
+    step would price it at nothing)."""
     calls = [
         c
         for c in _repo(session).unstepped_calls(session, keys, everything)
@@ -114,11 +116,14 @@ def _estimates(
     if not calls:
         return []
     book = price_book(session, {c.model for c in calls if c.model is not None})
+    rating = Rating.load(session, (c.api_key_id for c in calls))
     found = []
     for c in calls:
         price = book.at(c.model, c.started_at, None, c.input_tokens)
         if price is not None:
-            found.append((c, c.input_tokens * price.input + c.output_tokens * price.output))
+            customer = rating.terms(c.api_key_id, c.started_at).customer_id
+            estimate = c.input_tokens * price.input + c.output_tokens * price.output
+            found.append((c, customer, estimate))
     return found
 
 
@@ -129,19 +134,25 @@ def spent(
     counters: dict[tuple[int, datetime], tuple[int, int]] | None = None,
 ) -> dict[int, Spent]:
     """Each budget's ``Spent`` now, by row id. ``counters``: the counters already read (the
-    spend check's statement), else read here."""
+    spend check's statement, in the same snapshot), else read here.
+
+    In a transaction whose statements each see what committed before them (an authorization:
+    read committed), the holds and the calls not yet stepped are read before the counters and
+    the calls' sums: a step that commits in between then counts a call twice for a moment (its
+    estimate and its figure), never not at all; admission errs on the side of the limit."""
     if not budgets:
         return {}
     repo = _repo(session)
-    kept = [b for b in budgets if kept_by_counters(b)]
-    if counters is None:
-        counters = repo.spend(session, [(b.id, span(b, now)[0]) for b in kept])
     keys = {b.api_key_id for b in budgets if b.api_key_id is not None}
     customers = {b.customer_id for b in budgets if b.customer_id is not None}
     everything = any(b.api_key_id is None and b.customer_id is None for b in budgets)
     holds = repo.live_holds(session, now, keys, customers, everything)
     standing = {h.request_id for h in holds if h.call == "unstepped"}
-    estimates = _estimates(session, keys, everything, standing)
+    # A customer's calls not yet stepped have no customer on their row: every one is read.
+    estimates = _estimates(session, keys, everything or bool(customers), standing)
+    if counters is None:
+        kept = [b for b in budgets if kept_by_counters(b)]
+        counters = repo.spend(session, [(b.id, span(b, now)[0]) for b in kept])
     out: dict[int, Spent] = {}
     for budget in budgets:
         if kept_by_counters(budget):
@@ -157,9 +168,9 @@ def spent(
                 figures.holds.append(hold)
             elif hold.call == "unstepped":
                 figures.provisional_pusd += hold.hold_pusd
-        for call, estimate in estimates:
+        for call, customer, estimate in estimates:
             tags = tags_of(call.metadata_tags)
-            if applies(budget, call.api_key_id, None, tags, call.model) and _in_span(
+            if applies(budget, call.api_key_id, customer, tags, call.model) and _in_span(
                 budget, call.started_at, now
             ):
                 figures.provisional_pusd += estimate

@@ -16,14 +16,29 @@ from billing.cli.common import fail, load_settings, migrate_or_fail, open_sessio
 from billing.errors import BillingError
 from billing.storage.db import read_transaction, write_transaction
 
-budgets_app = typer.Typer(help="Budgets over a key or a customer.", no_args_is_help=True)
+budgets_app = typer.Typer(
+    help="Budgets over a key, a customer, a tag or every call.", no_args_is_help=True
+)
 
 KeyOpt = Annotated[str | None, typer.Option("--api-key-id", help="The budget is over this key.")]
 CustomerOpt = Annotated[
     str | None, typer.Option("--customer-id", help="The budget is over this customer's keys.")
 ]
 LimitOpt = Annotated[str, typer.Option("--limit-usd", help="USD, a positive decimal.")]
-PeriodOpt = Annotated[str, typer.Option(help="day, week (from Monday), month or total.")]
+PeriodOpt = Annotated[
+    str, typer.Option(help="day, week (from Monday), month, total or rolling (--window-s).")
+]
+TagOpt = Annotated[str | None, typer.Option("--tag", help="The budget is over this tag's calls.")]
+AllOpt = Annotated[bool, typer.Option("--all", help="The budget is over every call.")]
+ModelOpt = Annotated[
+    str | None, typer.Option("--model", help='Count only this model, or a prefix: "claude-*".')
+]
+WindowOpt = Annotated[
+    int | None, typer.Option("--window-s", help="A rolling period's window, 60–2592000 s.")
+]
+UnpricedOpt = Annotated[
+    str, typer.Option(help="What an authorization of an unpriced model gets: allow or deny.")
+]
 MeasureOpt = Annotated[str, typer.Option(help="charge (default) or cost.")]
 TzOpt = Annotated[str, typer.Option(help="IANA time zone of the calendar.")]
 ThresholdsOpt = Annotated[
@@ -41,14 +56,23 @@ def _body(
     tz: str,
     thresholds: str,
     url: str | None,
+    v3: dict[str, Any],
 ) -> dict[str, Any]:
-    scope = {"api_key_id": key} if key is not None else {}
+    """The budget's JSON body from the options (``v3``: tag, all, model, window_s, unpriced)."""
+    scope: dict[str, Any] = {"api_key_id": key} if key is not None else {}
     if customer is not None:
         scope["customer_id"] = customer
+    if v3["tag"] is not None:
+        scope["tag"] = v3["tag"]
+    if v3["all"]:
+        scope["all"] = True
     return {
         "scope": scope,
         "limit_usd": limit,
         "period": period,
+        "window_s": v3["window_s"],
+        "model": v3["model"],
+        "unpriced": v3["unpriced"],
         "measure": measure,
         "tz": tz,
         "thresholds": [t.strip() for t in thresholds.split(",") if t.strip()],
@@ -91,9 +115,17 @@ def budgets_create(
     tz: TzOpt = "UTC",
     thresholds: ThresholdsOpt = "0.8,1",
     webhook_url: UrlOpt = None,
+    tag: TagOpt = None,
+    all_calls: AllOpt = False,
+    model: ModelOpt = None,
+    window_s: WindowOpt = None,
+    unpriced: UnpricedOpt = "allow",
 ) -> None:
     """Create a budget; prints it with its webhook_secret (shown this once)."""
-    body = _body(api_key_id, customer_id, limit_usd, period, measure, tz, thresholds, webhook_url)
+    v3 = {"tag": tag, "all": all_calls, "model": model, "window_s": window_s, "unpriced": unpriced}
+    body = _body(
+        api_key_id, customer_id, limit_usd, period, measure, tz, thresholds, webhook_url, v3
+    )
     parsed = _validated(BudgetIn, {"budget_id": budget_id, **body})
     _print(_run(lambda s, now: service.create_budget(s, parsed, now)))
 
@@ -109,9 +141,17 @@ def budgets_update(
     tz: TzOpt = "UTC",
     thresholds: ThresholdsOpt = "0.8,1",
     webhook_url: UrlOpt = None,
+    tag: TagOpt = None,
+    all_calls: AllOpt = False,
+    model: ModelOpt = None,
+    window_s: WindowOpt = None,
+    unpriced: UnpricedOpt = "allow",
 ) -> None:
     """Replace a budget's definition (a new version; the history stays)."""
-    body = _body(api_key_id, customer_id, limit_usd, period, measure, tz, thresholds, webhook_url)
+    v3 = {"tag": tag, "all": all_calls, "model": model, "window_s": window_s, "unpriced": unpriced}
+    body = _body(
+        api_key_id, customer_id, limit_usd, period, measure, tz, thresholds, webhook_url, v3
+    )
     parsed = _validated(BudgetChange, body)
     _print(_run(lambda s, now: service.update_budget(s, budget_id, parsed, now)))
 

@@ -43,11 +43,13 @@ What the client guarantees (CONTRACT "Events" and "Ingest"):
   cannot be delivered stay in memory and are tried again later (dropped at ``close()``).
 
 Before it calls the upstream, a gateway may reserve the call's estimate against the budgets:
-``authorize(request_id=..., api_key_id=..., model=..., max_output_tokens=N)`` (or
-``amount_usd=``) returns the typed decision (:class:`Authorization`), ``release(request_id)``
-gives a hold back (CONTRACT "Authorizations and holds (v3)"). One request each, no retry; no
-decision (503, no answer) raises :class:`AuthorizationUnavailable`, a refused request
-:class:`AuthorizationRejected` (``authorizations.py`` reads the answers).
+``authorize(request_id=..., api_key_id=..., model=..., estimate={"input_tokens": N,
+"max_output_tokens": M})`` (or ``{"amount_usd": "0.05"}``) returns the typed decision
+(:class:`Authorization`), ``release(request_id)`` gives a hold back (:class:`Release`; CONTRACT
+"Authorizations and holds (v3)"). One request each, no retry; anything but a 200 raises a
+:class:`ServiceError`: :class:`AuthorizationUnavailable` when the service could not decide (503,
+no answer), :class:`AuthorizationRejected` when it refused the request (``authorizations.py``
+reads the answers).
 
 No silent loss: every event rejected, dropped or given up is logged at WARNING on the
 ``billing.client`` logger (and passed to ``on_error``). The library adds no handler of its own,
@@ -71,12 +73,12 @@ from __future__ import annotations
 from billing.client.aio import AsyncBillingClient
 from billing.client.authorizations import Authorization, Release
 from billing.client.errors import (
-    AuthorizationError,
     AuthorizationRejected,
     AuthorizationUnavailable,
     ClientClosedError,
     ClientStats,
     DeliveryError,
+    ServiceError,
 )
 from billing.client.spool import DEFAULT_SPOOL, default_spool_dir
 from billing.client.sync import BillingClient
@@ -88,7 +90,6 @@ __all__ = [
     "MAX_BODY_BYTES",
     "AsyncBillingClient",
     "Authorization",
-    "AuthorizationError",
     "AuthorizationRejected",
     "AuthorizationUnavailable",
     "BillingClient",
@@ -96,6 +97,7 @@ __all__ = [
     "ClientStats",
     "DeliveryError",
     "Release",
+    "ServiceError",
     "default_spool_dir",
     "new_event_id",
     "utc_now",

@@ -45,7 +45,7 @@ class AsyncBillingClient(ClientBase[httpx.AsyncBaseTransport]):
         request = authz.authorization_request(self._engine.base_url, **fields)
         return authz.read_authorization(await self._request(request, fields.get("timeout_s")))
 
-    async def release(self, request_id: str, *, timeout_s: float | None = None) -> Release | None:
+    async def release(self, request_id: str, *, timeout_s: float | None = None) -> Release:
         """See :meth:`BillingClient.release`."""
         request = authz.release_request(self._engine.base_url, request_id)
         return authz.read_release(await self._request(request, timeout_s), request_id)

@@ -10,7 +10,7 @@ it calls the upstream, and applies its ``fail_open`` setting when there is none.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
@@ -35,18 +35,16 @@ __all__ = [
 
 class AuthorizationFields(TypedDict, total=False):
     """The arguments of ``authorize``: the call (``request_id``, ``api_key_id``, ``model``,
-    ``service_tier``, ``tags``), its estimate (``input_tokens`` with ``max_output_tokens``, or
-    ``amount_usd``), the hold's ``ttl_s``, and ``timeout_s`` (the request's, else the
-    client's)."""
+    ``service_tier``, ``tags``), its ``estimate`` (``{"input_tokens", "max_output_tokens"}`` or
+    ``{"amount_usd"}``, a ``Decimal`` or a decimal string), the hold's ``ttl_s``, and
+    ``timeout_s`` (the request's, else the client's)."""
 
     request_id: Required[str]
     api_key_id: Required[str]
     model: Required[str]
-    input_tokens: int
-    max_output_tokens: int | None
-    amount_usd: Decimal | str | None
+    estimate: Required[Mapping[str, Any]]
     service_tier: str | None
-    tags: Sequence[str]
+    tags: Sequence[str] | None
     ttl_s: int | None
     timeout_s: float | None
 
@@ -94,25 +92,11 @@ class Release:
 
 
 def authorization_request(base_url: str, **fields: Unpack[AuthorizationFields]) -> Request:
-    """``POST /v1/authorizations`` with a token estimate (``input_tokens``, default 0, and
-    ``max_output_tokens``) or a fixed ``amount_usd``, exactly one of them.
-
-    Raises:
-        ValueError: both estimates or neither, or an ``amount_usd`` that is not a decimal.
-    """
-    max_output_tokens = fields.get("max_output_tokens")
-    amount_usd = fields.get("amount_usd")
-    if (max_output_tokens is None) == (amount_usd is None):
-        raise ValueError("give max_output_tokens or amount_usd, exactly one")
-    estimate: dict[str, Any]
-    if amount_usd is not None:
-        try:
-            estimate = {"amount_usd": str(Decimal(amount_usd))}
-        except InvalidOperation:
-            raise ValueError(f"amount_usd must be a decimal, not {amount_usd!r}") from None
-    else:
-        input_tokens = fields.get("input_tokens", 0)
-        estimate = {"input_tokens": input_tokens, "max_output_tokens": max_output_tokens}
+    """``POST /v1/authorizations`` (the service checks the estimate: a 422 otherwise)."""
+    estimate = {
+        name: str(value) if isinstance(value, Decimal) else value
+        for name, value in fields["estimate"].items()
+    }
     body: dict[str, Any] = {
         "request_id": fields["request_id"],
         "api_key_id": fields["api_key_id"],
@@ -122,8 +106,9 @@ def authorization_request(base_url: str, **fields: Unpack[AuthorizationFields]) 
     for name in ("service_tier", "ttl_s"):
         if fields.get(name) is not None:
             body[name] = fields.get(name)
-    if fields.get("tags"):
-        body["tags"] = list(fields.get("tags", ()))
+    tags = fields.get("tags")
+    if tags is not None:
+        body["tags"] = list(tags)
     return Request("POST", base_url + "/v1/authorizations", orjson.dumps(body))
 
 
@@ -180,16 +165,13 @@ def read_authorization(result: httpx.Response | Exception) -> Authorization:
         raise AuthorizationUnavailable(f"authorization: unreadable answer ({error!r})") from error
 
 
-def read_release(result: httpx.Response | Exception, request_id: str) -> Release | None:
-    """The hold of an answer to :func:`release_request`; ``None`` when the service knows no
-    authorization of ``request_id`` (404).
+def read_release(result: httpx.Response | Exception, request_id: str) -> Release:
+    """The hold of an answer to :func:`release_request`.
 
     Raises:
         AuthorizationUnavailable: no answer, 5xx, 408 or 429.
-        AuthorizationRejected: another refusal.
+        AuthorizationRejected: another refusal (404: no authorization of ``request_id``).
     """
-    if isinstance(result, httpx.Response) and result.status_code == 404:
-        return None
     data = _answer(result, f"release of {request_id}")
     state = data.get("state")
     if state not in ("released", "expired", "converted"):

@@ -72,11 +72,14 @@ class ClientStats:
 OnError = Callable[[DeliveryError], None]
 
 
-class AuthorizationError(Exception):
-    """An authorization (or a release) without a decision; see its two kinds.
+class ServiceError(Exception):
+    """An authorization or a release the service did not answer with 200 (CONTRACT
+    "Authorizations and holds (v3)"); one of its two kinds is raised.
 
     Attributes:
-        status: the HTTP status, or ``None`` when there was no answer.
+        status: the HTTP status (``409``: the request_id was authorized with another body;
+            ``422``: a bad field; ``404``: no such authorization; ``503``: the service cannot
+            decide now), or ``None`` when there was no answer (a network error or timeout).
         detail: the service's JSON answer, when there was one.
         retry_after_s: the service's ``Retry-After`` in seconds, when it sent one.
     """
@@ -96,11 +99,12 @@ class AuthorizationError(Exception):
         self.retry_after_s = retry_after_s
 
 
-class AuthorizationUnavailable(AuthorizationError):
+class AuthorizationUnavailable(ServiceError):
     """The service could not decide: ``503`` (or another ``5xx``, ``408``, ``429``) or no
     answer at all; what the gateway does then is its ``fail_open`` setting."""
 
 
-class AuthorizationRejected(AuthorizationError):
-    """The service refused the request itself (``401``, ``403``, ``409``: the ``request_id`` was
-    authorized with another body, ``422``: a bad estimate or TTL): a gateway's mistake."""
+class AuthorizationRejected(ServiceError):
+    """The service refused the request itself (``401``, ``403``, ``404``: no such authorization
+    to release, ``409``: the ``request_id`` was authorized with another body, ``422``: a bad
+    estimate or TTL): a gateway's mistake."""

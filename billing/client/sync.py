@@ -76,24 +76,25 @@ class BillingClient(ClientBase[httpx.BaseTransport]):
         """Reserve the call's estimate against the budgets before calling the upstream
         (``POST /v1/authorizations``, one request, no retry): the typed decision.
 
-        ``request_id``, ``api_key_id``, ``model`` and either ``max_output_tokens`` (with
-        ``input_tokens``, default 0) or ``amount_usd``; optional ``service_tier``, ``tags``,
-        ``ttl_s`` and ``timeout_s`` (else the client's ``timeout_s``).
+        ``request_id``, ``api_key_id``, ``model`` and ``estimate`` (``{"input_tokens": N,
+        "max_output_tokens": M}`` or ``{"amount_usd": "0.05"}``); optional ``service_tier``,
+        ``tags``, ``ttl_s`` and ``timeout_s`` (else the client's ``timeout_s``). The same
+        ``request_id`` and arguments again get the first answer.
 
         Raises:
             AuthorizationUnavailable: the service could not decide (``503``, another ``5xx``,
                 ``408``, ``429``) or did not answer: apply the gateway's ``fail_open``.
             AuthorizationRejected: the service refused the request (``401``, ``403``, ``409``,
                 ``422``).
-            ValueError: both estimates or neither.
         """
         request = authz.authorization_request(self._engine.base_url, **fields)
         return authz.read_authorization(self._request(request, fields.get("timeout_s")))
 
-    def release(self, request_id: str, *, timeout_s: float | None = None) -> Release | None:
+    def release(self, request_id: str, *, timeout_s: float | None = None) -> Release:
         """Give the hold of ``request_id`` back (``DELETE /v1/authorizations/{request_id}``: the
-        gateway did not call the upstream, or it failed before a byte); ``None`` when the
-        service knows no such authorization. Raises as :meth:`authorize`."""
+        gateway did not call the upstream, or it failed before a byte). Raises as
+        :meth:`authorize` (``AuthorizationRejected`` with ``status`` 404: no such
+        authorization)."""
         request = authz.release_request(self._engine.base_url, request_id)
         return authz.read_release(self._request(request, timeout_s), request_id)
 

@@ -17,6 +17,7 @@ from zoneinfo import ZoneInfo
 
 from sqlalchemy.orm import Session
 
+from billing.budgets.authorize import holds_in_flight
 from billing.budgets.service import statuses_in_force
 from billing.calllog import buckets
 from billing.calllog.params import parse_zone
@@ -208,11 +209,12 @@ def drift_view(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def budgets_view(session: Session, now: datetime) -> dict[str, Any]:
     """The Budgets page: each budget in force with its current period's status
     (``billing.budgets.service.statuses_in_force``, the shape of ``GET /v1/budgets/{id}``) and
-    its progress (``fraction_used``, at most 1 for the bar)."""
+    its progress (``fraction_used``, at most 1 for the bar); the holds of authorizations counted
+    now, with their age (``billing.budgets.authorize.holds_in_flight``)."""
     rows = statuses_in_force(session, now)
     for row in rows:
         row["progress"] = format_usd(min(Decimal(row["fraction_used"]), Decimal(1)))
-    return {"budgets": rows}
+    return {"budgets": rows, "holds": holds_in_flight(session, now)}
 
 
 STATUS_CHOICES = STATUSES

@@ -18,7 +18,7 @@ import httpx
 from starlette.responses import JSONResponse, Response
 
 from billing.client.authorizations import Authorization, AuthorizationFields, Release
-from billing.client.errors import AuthorizationError, AuthorizationUnavailable
+from billing.client.errors import AuthorizationUnavailable, ServiceError
 from billing.gateway.account import CallAccount
 from billing.gateway.upstream import AsyncSource
 
@@ -64,9 +64,7 @@ class Reserver(Protocol):
 
     async def authorize(self, **fields: Unpack[AuthorizationFields]) -> Authorization: ...
 
-    async def release(
-        self, request_id: str, *, timeout_s: float | None = None
-    ) -> Release | None: ...
+    async def release(self, request_id: str, *, timeout_s: float | None = None) -> Release: ...
 
 
 class Estimate(TypedDict, total=False):
@@ -118,12 +116,12 @@ class Admission:
 
 
 def admission(
-    answer: Authorization | AuthorizationError, *, request_id: str, fail_open: bool
+    answer: Authorization | ServiceError, *, request_id: str, fail_open: bool
 ) -> Admission:
     """The gateway's decision on the service's answer (or the error in its place); a call with
     no decision is logged at WARNING on ``billing.gateway``, allowed or refused by
     ``fail_open``."""
-    if isinstance(answer, AuthorizationError):
+    if isinstance(answer, ServiceError):
         kind = "unavailable" if isinstance(answer, AuthorizationUnavailable) else "refused"
         outcome = "calling the upstream (fail_open)" if fail_open else "refusing the call"
         log.warning("authorization of %s %s (%s): %s", request_id, kind, answer.message, outcome)
@@ -193,16 +191,16 @@ class Authorizer:
             amount_usd=self.amount_usd,
             default_max_output_tokens=self.default_max_output_tokens,
         )
-        answer: Authorization | AuthorizationError
+        answer: Authorization | ServiceError
         try:
             answer = await self.client.authorize(
                 request_id=call.request_id,
                 api_key_id=call.api_key_id,
                 model=call.model,
+                estimate=estimate,
                 ttl_s=self.ttl_s,
-                **estimate,
             )
-        except AuthorizationError as error:
+        except ServiceError as error:
             answer = error
         return admission(answer, request_id=call.request_id, fail_open=self.fail_open)
 
@@ -211,13 +209,11 @@ class Authorizer:
         await release_quietly(self.client.release, request_id)
 
 
-async def release_quietly(
-    release: Callable[[str], Awaitable[Release | None]], request_id: str
-) -> None:
+async def release_quietly(release: Callable[[str], Awaitable[Release]], request_id: str) -> None:
     """``release(request_id)``; a release that fails is logged (the hold ends at its TTL)."""
     try:
         await release(request_id)
-    except AuthorizationError as error:
+    except ServiceError as error:
         log.warning("hold of %s not released (%s): it ends at its TTL", request_id, error)
 
 

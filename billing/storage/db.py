@@ -362,8 +362,8 @@ def read_transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
 def single_reads(factory: sessionmaker[Session]) -> Iterator[Session]:
     """A session for reads that are each one statement, each its own consistent snapshot (a
     reader that needs several statements to agree uses ``read_transaction``). On PostgreSQL the
-    connection is in autocommit: no ``BEGIN`` and ``ROLLBACK`` round trips around the statement
-    (the spend check, ``billing.budgets.service.spend_check``); SQLite's is a read transaction as
+    connection is in autocommit: no ``BEGIN`` and ``ROLLBACK`` round trips around the
+    statement; SQLite's is a read transaction as
     ``read_transaction``'s (no round trips there)."""
     with _reading(factory, "AUTOCOMMIT") as session:
         yield session

@@ -92,3 +92,43 @@ def test_the_budget_commands(monkeypatch: pytest.MonkeyPatch, db_url: str) -> No
     assert code == 0 and json.loads(out)["ended_at"] is not None
     code, _, err = _run(monkeypatch, db_url, "show", "cli-1")
     assert code == 1 and "was deleted" in err
+
+
+def test_v3_budgets_from_the_command_line(monkeypatch: pytest.MonkeyPatch, db_url: str) -> None:
+    code, out, _ = _run(
+        monkeypatch,
+        db_url,
+        "create",
+        "cli-tag",
+        "--tag",
+        "team-a",
+        "--model",
+        "claude-*",
+        "--limit-usd",
+        "2",
+        "--period",
+        "rolling",
+        "--window-s",
+        "3600",
+        "--unpriced",
+        "deny",
+    )
+    assert code == 0, out
+    created = json.loads(out)
+    assert {k: created[k] for k in ("scope", "model", "period", "window_s", "unpriced")} == {
+        "scope": {"tag": "team-a"},
+        "model": "claude-*",
+        "period": "rolling",
+        "window_s": 3600,
+        "unpriced": "deny",
+    }
+    code, out, _ = _run(
+        monkeypatch, db_url, "create", "cli-all", "--all", "--limit-usd", "9", "--period", "day"
+    )
+    assert code == 0 and json.loads(out)["scope"] == {"all": True}
+    code, out, _ = _run(monkeypatch, db_url, "show", "cli-tag")
+    assert code == 0 and (json.loads(out)["spent_usd"], json.loads(out)["held_usd"]) == ("0", "0")
+    code, _, err = _run(
+        monkeypatch, db_url, "create", "x", "--all", "--limit-usd", "1", "--period", "rolling"
+    )
+    assert code == 2 and "window_s" in err

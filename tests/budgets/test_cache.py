@@ -63,7 +63,7 @@ def test_a_budget_created_changed_and_deleted_elsewhere_is_seen_by_the_next_step
         ("b1", "1", "0.1")
     ]
     assert _copy_generation(client) != before
-    # Over HTTP too (the handler's single_reads; now is later than November: a new period).
+    # Over HTTP too (the handler's read transaction; now is later than November: a new period).
     answer = client.get("/v1/spend", params={"api_key_id": "key_b1"}).json()
     assert [(b["budget_id"], b["spent_usd"]) for b in answer["budgets"]] == [("b1", "0")]
     # The next step counts its call into the new budget (the copy loaded again).

@@ -7,10 +7,14 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
+from sqlalchemy.exc import OperationalError
 
 from billing.budgets import authorize
+from billing.budgets.repository import repository as budgets_repository
 from billing.budgets.schemas import AuthorizationIn
 from billing.storage.models import BudgetHold
 from tests.budgets.helpers import MODEL, call, create, price, read, reconcile, status, usage, write
@@ -296,3 +300,49 @@ def test_the_spend_check_right_after_an_ingest_counts_a_call_no_step_has_read(
     reconcile(client, datetime.now(UTC))
     [s] = client.get("/v1/spend", params={"api_key_id": KEY}).json()["budgets"][1:]
     assert (s["provisional_usd"], s["held_usd"], s["spent_usd"]) == ("0.32", "0.1", "0.42")
+
+
+def test_an_unreachable_database_is_a_503_with_retry_after(
+    app: FastAPI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = app.state.billing
+
+    def unreachable(*args: Any) -> None:
+        raise OperationalError("SELECT budget_holds", {}, Exception("connection reset by peer"))
+
+    repo = budgets_repository(state.sessions.kw["bind"])
+    with TestClient(app, raise_server_exceptions=False, base_url="http://127.0.0.1") as client:
+        dollar_budget(client)
+        monkeypatch.setattr(repo, "live_holds", unreachable)
+        for reply in (
+            client.post("/v1/authorizations", json=body("down", estimate={"amount_usd": "0.1"})),
+            client.get("/v1/spend", params={"api_key_id": KEY}),
+        ):
+            assert reply.status_code == 503, reply.text
+            assert int(reply.headers["Retry-After"]) >= 1
+        monkeypatch.setattr(repo, "hold", unreachable)
+        reply = client.delete("/v1/authorizations/down")
+        assert reply.status_code == 503 and int(reply.headers["Retry-After"]) >= 1
+        monkeypatch.undo()
+        assert holds_stored(client) == 0
+
+
+def test_a_customer_budget_counts_its_keys_calls_from_their_ingest(client: TestClient) -> None:
+    price(client)
+    for key in (KEY, "key_b2"):
+        assigned = client.put(
+            f"/v1/keys/{key}",
+            json={"customer_id": "acme", "effective_from": "2026-01-01T00:00:00Z"},
+        )
+        assert assigned.status_code in (200, 201), assigned.text
+    create(
+        client, T0, budget_id="b-acme", scope={"customer_id": "acme"}, limit_usd="1", period="total"
+    )
+    now = datetime.now(UTC)
+    call(client, "k2-call", now, 200_000, settled=False, key="key_b2")  # $0.20, not stepped
+    call(client, "other", now, 400_000, settled=False, key="key_nobody")  # no customer
+    [s] = client.get("/v1/spend", params={"api_key_id": KEY}).json()["budgets"]
+    assert (s["budget_id"], s["provisional_usd"], s["spent_usd"]) == ("b-acme", "0.2", "0.2")
+    reconcile(client, datetime.now(UTC))
+    [s] = client.get("/v1/spend", params={"api_key_id": KEY}).json()["budgets"]
+    assert (s["provisional_usd"], s["spent_usd"]) == ("0.2", "0.2")

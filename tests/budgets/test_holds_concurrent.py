@@ -53,3 +53,34 @@ def test_fifty_concurrent_tenths_against_a_dollar_admit_exactly_ten(
     with httpx.Client(base_url=live_server.url, timeout=60) as reader:
         status = reader.get("/v1/budgets/b-dollar").json()
     assert (status["held_usd"], status["spent_usd"], status["state"]) == ("1", "1", "exceeded")
+
+
+def test_one_request_id_authorized_at_once_by_many_holds_once(live_server: LiveServer) -> None:
+    with httpx.Client(base_url=live_server.url, timeout=60) as admin:
+        assert admin.post("/v1/prices", json=PRICE).status_code in (200, 201)
+        made = admin.post(
+            "/v1/budgets",
+            json={
+                "budget_id": "b-once",
+                "scope": {"api_key_id": KEY},
+                "limit_usd": "1",
+                "period": "total",
+            },
+        )
+        assert made.status_code == 201, made.text
+    start = threading.Barrier(20)
+
+    def one(_: int) -> dict[str, Any]:
+        with httpx.Client(base_url=live_server.url, timeout=60) as gateway:
+            start.wait()
+            response = gateway.post("/v1/authorizations", json=body("same"))
+            assert response.status_code == 200, response.text
+            out: dict[str, Any] = response.json()
+            return out
+
+    with ThreadPoolExecutor(20) as pool:
+        answers = list(pool.map(one, range(20)))
+    assert all(a == answers[0] for a in answers)
+    assert (answers[0]["decision"], answers[0]["hold_usd"]) == ("allow", "0.1")
+    with httpx.Client(base_url=live_server.url, timeout=60) as reader:
+        assert reader.get("/v1/budgets/b-once").json()["held_usd"] == "0.1"

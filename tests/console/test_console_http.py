@@ -381,6 +381,24 @@ def test_budgets_list_their_progress_and_state(seeded: TestClient, tokens: dict[
     html = seeded.get("/console/budgets").text
     assert "b-console" in html and "key_&lt;b&gt;x&lt;/b&gt;" in html and "<b>x</b>" not in html
     assert '<progress max="1" value="0">0</progress>' in html and "<strong>ok</strong>" in html
+    assert "No hold: no authorization waits for its call." in html
+    held = seeded.post(
+        "/v1/authorizations",
+        json={
+            "request_id": "req-<i>h</i>",
+            "api_key_id": "key_<b>x</b>",
+            "model": "m-console",
+            "tags": ["team-a", "team-b"],
+            "estimate": {"amount_usd": "0.5"},
+        },
+        headers=admin,
+    )
+    assert held.json()["decision"] == "allow", held.text
+    html = seeded.get("/console/budgets").text
+    assert "0.5 (0 settled, 0 provisional, 0.5 held)" in html
+    assert '<progress max="1" value="0.25">0.25</progress>' in html
+    assert "req-&lt;i&gt;h&lt;/i&gt;" in html and "team-a, team-b" in html
+    assert re.search(r'<td class="num">0\.5</td>\s*<td class="num">[0-9]+ s</td>', html), html
     calls = seeded.get("/console/calls").text
     assert "this page does not show them yet" in calls and "/v1/calls?customer_id=" in calls
     assert 'name="customer_id"' not in calls

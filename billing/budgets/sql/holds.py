@@ -77,6 +77,7 @@ class Holds(DialectBase):
                 _H.hold_pusd,
                 _H.expires_at,
                 _CALL_STATE,
+                _H.created_at,
             )
             .select_from(BudgetHold.__table__.outerjoin(Call, _C.request_id == _H.request_id))
             .where(_H.released_at.is_(None), _H.expires_at > now)
@@ -91,8 +92,8 @@ class Holds(DialectBase):
                 return []
             query = query.where(or_(*owners))
         return [
-            LiveHold(rid, key, customer, tuple(json.loads(tags)), model, int(held), expires, call)
-            for rid, key, customer, tags, model, held, expires, call in session.execute(query)
+            LiveHold(rid, key, customer, tuple(json.loads(tags)), model, int(held), *rest)
+            for rid, key, customer, tags, model, held, *rest in session.execute(query)
         ]
 
     def call_amounts(
@@ -171,13 +172,15 @@ class Holds(DialectBase):
             _C["metadata"],
             started,
             generated,
-        ).where(_UNSTEPPED, _C.started_at.is_not(None), _C.settled.is_(False))
+        ).where(_UNSTEPPED)  # (the rest in Python: a term more may turn SQLite to a full index)
         if not everything:
             if not keys:
                 return []
             query = query.where(_C.api_key_id.in_(sorted(keys)))
         found = []
         for rid, key, model, at, metadata, body, output in session.execute(query):
+            if at is None:  # no stream.started yet: no start, no estimate
+                continue
             start = json.loads(body) if body else {}
             found.append(
                 Unstepped(

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from billing.client import BillingClient
-from billing.client.errors import AuthorizationError
+from billing.client.errors import ServiceError
 from billing.gateway.authorize import Admission, admission, estimate_of, release_quietly
 from billing.integrations.litellm.calls import MAX_OPEN_CALLS, streamed_call
 from billing.integrations.litellm.reading import input_count
@@ -84,9 +84,9 @@ class Holds:
                 request_id=call.request_id,
                 api_key_id=call.api_key_id,
                 model=call.model,
-                **estimate,
+                estimate=estimate,
             )
-        except AuthorizationError as error:
+        except ServiceError as error:
             answer = error
         decided = admission(answer, request_id=call.request_id, fail_open=self.settings.fail_open)
         if not decided.allowed:
