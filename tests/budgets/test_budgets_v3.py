@@ -12,15 +12,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from billing.storage.models import Budget, BudgetHold
-from tests.budgets.helpers import MODEL, PRICE, create, price, read, reconcile, status
+from tests.budgets.helpers import MODEL, PRICE, _ts, create, price, read, reconcile, status
 from tests.budgets.test_holds import KEY, auth_at, body
 from tests.builders import post
 
 T0 = datetime(2026, 11, 10, 12, 0, tzinfo=UTC)
-
-
-def _ts(at: datetime) -> str:
-    return at.isoformat().replace("+00:00", "Z")
 
 
 def settled_call(

@@ -16,6 +16,8 @@ from sqlalchemy.exc import OperationalError
 from billing.budgets import authorize
 from billing.budgets.repository import repository as budgets_repository
 from billing.budgets.schemas import AuthorizationIn
+from billing.server.app import create_app
+from billing.settings import Settings
 from billing.storage.models import BudgetHold
 from tests.budgets.helpers import MODEL, call, create, price, read, reconcile, status, usage, write
 
@@ -346,3 +348,14 @@ def test_a_customer_budget_counts_its_keys_calls_from_their_ingest(client: TestC
     reconcile(client, datetime.now(UTC))
     [s] = client.get("/v1/spend", params={"api_key_id": KEY}).json()["budgets"]
     assert (s["provisional_usd"], s["spent_usd"]) == ("0.2", "0.2")
+
+
+def test_a_hold_survives_a_restart_of_the_service(settings: Settings) -> None:
+    with TestClient(create_app(settings), base_url="http://127.0.0.1") as first:
+        price(first)
+        dollar_budget(first)
+        out = first.post("/v1/authorizations", json=body("r-restart"))
+        assert out.json()["hold_usd"] == "0.1"
+    with TestClient(create_app(settings), base_url="http://127.0.0.1") as second:
+        assert second.get("/v1/budgets/b1").json()["held_usd"] == "0.1"
+        assert second.post("/v1/authorizations", json=body("r-restart")).json() == out.json()

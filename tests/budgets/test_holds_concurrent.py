@@ -17,33 +17,44 @@ from tests.conftest import LiveServer
 CLIENTS = 50
 
 
-def test_fifty_concurrent_tenths_against_a_dollar_admit_exactly_ten(
-    live_server: LiveServer,
-) -> None:
-    with httpx.Client(base_url=live_server.url, timeout=60) as admin:
+def _dollar_budget(server: LiveServer, budget_id: str) -> None:
+    """The price of ``MODEL`` and a $1 budget over ``KEY`` for this month."""
+    with httpx.Client(base_url=server.url, timeout=60) as admin:
         assert admin.post("/v1/prices", json=PRICE).status_code in (200, 201)
         made = admin.post(
             "/v1/budgets",
             json={
-                "budget_id": "b-dollar",
+                "budget_id": budget_id,
                 "scope": {"api_key_id": KEY},
                 "limit_usd": "1",
                 "period": "month",
             },
         )
         assert made.status_code == 201, made.text
-    start = threading.Barrier(CLIENTS)
 
-    def one(i: int) -> dict[str, Any]:
-        with httpx.Client(base_url=live_server.url, timeout=60) as gateway:
+
+def _at_once(server: LiveServer, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each body posted to ``/v1/authorizations`` by a client of its own, all released at once
+    (a barrier); the answers in order."""
+    start = threading.Barrier(len(bodies))
+
+    def one(sent: dict[str, Any]) -> dict[str, Any]:
+        with httpx.Client(base_url=server.url, timeout=60) as gateway:
             start.wait()
-            response = gateway.post("/v1/authorizations", json=body(f"conc-{i}"))
+            response = gateway.post("/v1/authorizations", json=sent)
             assert response.status_code == 200, response.text
             out: dict[str, Any] = response.json()
             return out
 
-    with ThreadPoolExecutor(CLIENTS) as pool:
-        answers = list(pool.map(one, range(CLIENTS)))
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        return list(pool.map(one, bodies))
+
+
+def test_fifty_concurrent_tenths_against_a_dollar_admit_exactly_ten(
+    live_server: LiveServer,
+) -> None:
+    _dollar_budget(live_server, "b-dollar")
+    answers = _at_once(live_server, [body(f"conc-{i}") for i in range(CLIENTS)])
     allowed = [a for a in answers if a["decision"] == "allow"]
     denied = [a for a in answers if a["decision"] == "deny"]
     assert len(allowed) == 10
@@ -56,30 +67,8 @@ def test_fifty_concurrent_tenths_against_a_dollar_admit_exactly_ten(
 
 
 def test_one_request_id_authorized_at_once_by_many_holds_once(live_server: LiveServer) -> None:
-    with httpx.Client(base_url=live_server.url, timeout=60) as admin:
-        assert admin.post("/v1/prices", json=PRICE).status_code in (200, 201)
-        made = admin.post(
-            "/v1/budgets",
-            json={
-                "budget_id": "b-once",
-                "scope": {"api_key_id": KEY},
-                "limit_usd": "1",
-                "period": "total",
-            },
-        )
-        assert made.status_code == 201, made.text
-    start = threading.Barrier(20)
-
-    def one(_: int) -> dict[str, Any]:
-        with httpx.Client(base_url=live_server.url, timeout=60) as gateway:
-            start.wait()
-            response = gateway.post("/v1/authorizations", json=body("same"))
-            assert response.status_code == 200, response.text
-            out: dict[str, Any] = response.json()
-            return out
-
-    with ThreadPoolExecutor(20) as pool:
-        answers = list(pool.map(one, range(20)))
+    _dollar_budget(live_server, "b-once")
+    answers = _at_once(live_server, [body("same")] * 20)
     assert all(a == answers[0] for a in answers)
     assert (answers[0]["decision"], answers[0]["hold_usd"]) == ("allow", "0.1")
     with httpx.Client(base_url=live_server.url, timeout=60) as reader:
