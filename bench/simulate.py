@@ -29,13 +29,15 @@ from sqlalchemy.pool import NullPool  # noqa: E402
 
 from billing.storage.migrate import upgrade_to_head  # noqa: E402
 from billing.storage.models import Base  # noqa: E402
+from billing.storage.models.by_database import POSTGRES_ONLY_TABLES  # noqa: E402
 from tests.invariants import scratch_database  # noqa: E402
 from tests.system.test_simulation import SimulationFailure, run_seed  # noqa: E402
 
 
 def _truncate(url: str) -> None:
     engine = create_engine(url, poolclass=NullPool)
-    tables = ", ".join(t.name for t in Base.metadata.sorted_tables)
+    names = [t.name for t in Base.metadata.sorted_tables] + list(POSTGRES_ONLY_TABLES)
+    tables = ", ".join(names)
     with engine.begin() as conn:
         conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
     engine.dispose()

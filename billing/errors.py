@@ -141,6 +141,12 @@ class PlanConflict(BillingError):
     status = 409
 
 
+class GrantConflict(BillingError):
+    """409: a credit grant of the same ``grant_id`` exists with another body (v3)."""
+
+    status = 409
+
+
 class Unavailable(BillingError):
     """503: the database is unreachable; nothing was stored. Retry after ``retry_after`` s."""
 

@@ -50,19 +50,53 @@ def _to_utc(value: datetime) -> datetime:
         raise ValueError("is out of range: send an instant between years 1 and 9999 UTC") from None
 
 
-def printable(value: str) -> str:
-    """``value`` if it is printable text that is not blank; else ``ValueError``."""
-    if not value.isprintable():
-        raise ValueError("must be printable text (no control characters)")
-    if value.isspace():
-        raise ValueError("must not be blank (spaces only)")
+#: The instants an event may have happened at and a query's period may start or end at: one
+#: range (zones and calendars stay defined in it), ``[EARLIEST, LATEST]``.
+EARLIEST = datetime(1900, 1, 1, tzinfo=UTC)
+LATEST = datetime(9000, 1, 1, tzinfo=UTC)
+
+
+def in_range(value: datetime) -> datetime:
+    """``value`` (aware) if it lies in ``[EARLIEST, LATEST]``; else ``ValueError``."""
+    if not EARLIEST <= value <= LATEST:
+        raise ValueError(
+            f"must be between {EARLIEST.year}-01-01T00:00:00Z and {LATEST.year}-01-01T00:00:00Z"
+        )
     return value
 
 
-def _no_control(value: str) -> str:
-    # Empty and blank values stay allowed (a tag may be empty); NUL breaks PostgreSQL's jsonb.
-    if value and not value.isprintable():
-        raise ValueError("must be printable text (no control characters)")
+#: What a text field is told when it holds a character it may not (``no_control``).
+NOT_PRINTABLE = "must be printable text (no control characters)"
+
+
+def no_control(value: str) -> str:
+    """``value`` unless it holds a character that is not printable; else ``ValueError``.
+
+    The one text rule of every field a client sends (ids, names, labels, metadata, messages,
+    URLs): Python's ``str.isprintable`` refuses the control characters (NUL, which PostgreSQL's
+    text and ``jsonb`` cannot hold, CR, LF, tab, ESC), the line and paragraph separators
+    (U+2028, U+2029), the format characters (direction overrides such as U+202E, zero-width
+    spaces and joiners, the BOM U+FEFF, the soft hyphen), surrogates and unassigned code points.
+    Empty text passes (a field that may be empty says so by its length)."""
+    if not value.isprintable():
+        raise ValueError(NOT_PRINTABLE)
+    return value
+
+
+def printable_text(value: str) -> str:
+    """``value`` with every character ``no_control`` refuses replaced by a space: what this
+    package's senders put in a free-text field they did not write (an upstream's error message,
+    an exception's text), so that the field is never refused."""
+    if value.isprintable():
+        return value
+    return "".join(ch if ch.isprintable() else " " for ch in value)
+
+
+def printable(value: str) -> str:
+    """``value`` if it passes ``no_control`` and is not blank; else ``ValueError``."""
+    no_control(value)
+    if value.isspace():
+        raise ValueError("must not be blank (spaces only)")
     return value
 
 
@@ -79,6 +113,8 @@ def not_a_secret(value: str) -> str:
 
 #: An instant: an RFC 3339 string with an offset, held as an aware UTC ``datetime``.
 Timestamp = Annotated[AwareDatetime, BeforeValidator(_require_text), AfterValidator(_to_utc)]
+#: When an event happened: a ``Timestamp`` within ``[EARLIEST, LATEST]``.
+OccurredAt = Annotated[Timestamp, AfterValidator(in_range)]
 #: A token count: an integer from 0 to ``MAX_TOKENS`` (a JSON number, never a string).
 TokenCount = Annotated[int, Field(ge=0, le=MAX_TOKENS, strict=True)]
 #: An id: printable text of 1–128 characters.
@@ -96,7 +132,7 @@ ModelName = Annotated[
 MetadataKey = Annotated[
     str, StringConstraints(min_length=1, max_length=64), AfterValidator(printable)
 ]
-MetadataValue = Annotated[str, StringConstraints(max_length=256), AfterValidator(_no_control)]
+MetadataValue = Annotated[str, StringConstraints(max_length=256), AfterValidator(no_control)]
 #: A served tier: printable text of 1–32 characters.
 ServiceTier = Annotated[
     str, StringConstraints(min_length=1, max_length=32), AfterValidator(printable)
@@ -115,6 +151,10 @@ Counts = Annotated[
     dict[UnitName, TokenCount],
     Field(max_length=MAX_UNITS, json_schema_extra={"additionalProperties": False}),
 ]
+#: Free text up to 4096 characters (a failure's message): ``no_control``, may be empty.
+FreeText = Annotated[str, StringConstraints(max_length=4096), AfterValidator(no_control)]
+#: A name shown beside an id (a token's, a key's): printable text of 1–256 characters.
+Name = Annotated[str, StringConstraints(min_length=1, max_length=256), AfterValidator(printable)]
 #: An amount in USD sent as a decimal string, exact to the picodollar (``billing.money.parse_usd``),
 #: held as its canonical text ("0.1" for "0.10": the same content either way).
 UsdAmount = Annotated[

@@ -18,6 +18,11 @@ emit are posted through :class:`billing.client.BillingClient`:
    final usage, else the tap's estimate, which leaves the input out when the stream did not
    report it: the service then bills ``stream.started.input_tokens``) and ``stream.failed``
    when the stream carried an error.
+
+A ``.json`` file is a NON-streaming response body (the protocol's response object, CONTRACT
+"Non-streaming calls, hosted-tool fees, provider-reported cost"): it is read whole
+(:meth:`billing.taps.Tap.read_json`) and posted as ``stream.started``, one ``stream.tokens``
+(delivered = the output) and the closing events.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from urllib.parse import quote
 import httpx
 
 from billing.client import BillingClient, DeliveryError, new_event_id
-from billing.taps import open_tap
+from billing.taps import Tap, open_tap
 
 __all__ = ["DEFAULT_URL", "ReplayError", "ReplayResult", "fetch_call", "replay"]
 
@@ -129,9 +134,13 @@ def replay(
     if chunk_size < 1 or (progress_every is not None and progress_every < 1):
         raise ReplayError("chunk_size and progress_every must be >= 1")
     request_id = request_id or f"replay-{uuid.uuid4().hex}"
+    whole = source.suffix.lower() == ".json"
+    if whole and disconnect_after is not None:
+        raise ReplayError("--disconnect-after applies to a stream, not to a .json response")
     scout = open_tap(protocol)  # a first reading, for the model and the stream's length
-    scout.feed(body)
-    scout.close()
+    if not whole:
+        scout.feed(body)
+    _read(scout, body, whole)
     if model is None:
         model = scout.model or "unknown"
     if progress_every is None:
@@ -166,8 +175,9 @@ def replay(
             request_id=request_id,
             disconnect_after=disconnect_after,
             input_tokens=input_tokens,
-            chunk_size=chunk_size,
+            chunk_size=len(body) + 1 if whole else chunk_size,
             progress_every=progress_every,
+            whole=whole,
         )
         delivered = client.flush(timeout_s)
     finally:
@@ -190,6 +200,7 @@ def _play(
     input_tokens: int | None,
     chunk_size: int,
     progress_every: int,
+    whole: bool = False,
 ) -> list[dict[str, Any]]:
     clock = _Clock()
     events: list[dict[str, Any]] = []
@@ -216,7 +227,7 @@ def _play(
     tap = open_tap(protocol)
     reported = 0
     disconnected = False
-    for start in range(0, len(body), chunk_size):
+    for start in range(0, 0 if whole else len(body), chunk_size):
         tap.feed(body[start : start + chunk_size])
         generated = tap.output_tokens
         if not disconnected and disconnect_after is not None and generated >= disconnect_after:
@@ -239,7 +250,7 @@ def _play(
                 }
             )
             reported = generated
-    tap.close()
+    _read(tap, body, whole)
     generated = tap.output_tokens
     post(
         {
@@ -251,6 +262,14 @@ def _play(
     for payload in tap.final_events():
         post(payload)
     return events
+
+
+def _read(tap: Tap, body: bytes, whole: bool) -> None:
+    """Read the rest of ``body`` (all of a ``whole`` response body) and close the tap."""
+    if whole:
+        tap.read_json(body)
+    else:
+        tap.close()
 
 
 def _why(problems: list[DeliveryError], url: str) -> str:

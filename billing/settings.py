@@ -41,13 +41,30 @@ class Settings(BaseSettings):
     - ``webhook_retry_s``: a budget alert's webhook is retried (exponential backoff with jitter)
       for this many seconds after the alert, then marked failed (CONTRACT "Budgets and alerts
       (v2)", default 24 h).
-    - ``webhook_timeout_s``: one webhook delivery's timeout (default 10 s).
+    - ``webhook_timeout_s``: the deadline of one webhook delivery attempt, whole: resolving,
+      connecting, sending and reading the reply (default 10 s).
+    - ``webhook_concurrency``: webhook deliveries in flight at once (default 16).
+    - ``webhook_allow_private``: allow webhook URLs whose host is (or resolves to) a loopback,
+      private, link-local, metadata or multicast address (default false: refused;
+      ``billing.destinations``).
+    - ``forwarded_allow_ips``: the proxies (addresses, comma-separated, or ``*``) whose
+      ``X-Forwarded-Proto``/``X-Forwarded-For`` are trusted (uvicorn's ``proxy_headers``); the
+      console cookie is ``Secure`` when the client's scheme is https.
+    - ``min_free_disk_bytes``: ``/readyz`` answers 503 "disk full" when less than this is free
+      beside a SQLite database (default 32 MiB; its writes fail when the disk is full).
+    - ``cookie_secure``: always mark the console cookie ``Secure`` (default false: when the
+      request's scheme is https).
     - ``webhook_poll_s``: seconds between the delivery worker's looks at the outbox.
+    - ``metrics_max_budgets``: ``/metrics`` reports the remaining amount of at most this many
+      budgets in force, the first by ``budget_id`` (CONTRACT "Observability (v3)").
+    - ``metrics_max_models``: ``/metrics`` labels at most this many models (those of the
+      highest cost); the others are summed under ``model="_other"``.
     """
 
     model_config = SettingsConfigDict(env_prefix="BILLING_", extra="ignore")
 
     database_url: str = "sqlite:///billing.db"
+    read_database_url: str | None = None
     settle_after_s: float = Field(default=300.0, gt=0)
     close_lag_s: float = Field(default=60.0, ge=0)
     reconcile_interval_s: float = Field(default=2.0, gt=0)
@@ -65,11 +82,20 @@ class Settings(BaseSettings):
     webhook_retry_s: float = Field(default=86_400.0, gt=0)
     webhook_timeout_s: float = Field(default=10.0, gt=0)
     webhook_poll_s: float = Field(default=1.0, gt=0)
+    webhook_concurrency: int = Field(default=16, ge=1, le=1024)
+    webhook_allow_private: bool = False
+    forwarded_allow_ips: str | None = None
+    cookie_secure: bool = False
+    min_free_disk_bytes: int = Field(default=32 << 20, ge=0)
+    metrics_max_budgets: int = Field(default=100, ge=0, le=10_000)
+    metrics_max_models: int = Field(default=100, ge=1, le=10_000)
     log_level: str = "info"
 
-    @field_validator("database_url")
+    @field_validator("database_url", "read_database_url")
     @classmethod
-    def _known_database(cls, value: str) -> str:
+    def _known_database(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
         for plain in ("postgresql://", "postgres://"):
             if value.startswith(plain):
                 # psycopg 3 is the driver we ship; a bare postgresql:// would ask for psycopg2.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 
 
@@ -10,3 +11,17 @@ def rfc3339(value: datetime | None) -> str | None:
     if value is None:
         return None
     return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+_MONTH = re.compile(r"(\d{4})-(0[1-9]|1[0-2])")
+
+
+def month_bounds(text: str) -> tuple[datetime, datetime]:
+    """``YYYY-MM`` → the month in UTC, ``[first day, first day of the next month)``;
+    ``ValueError`` for anything else."""
+    match = _MONTH.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(f"{text!r} is not a month YYYY-MM, such as 2026-11")
+    year, month = int(match[1]), int(match[2])
+    since = datetime(year, month, 1, tzinfo=UTC)
+    return since, datetime(year + month // 12, month % 12 + 1, 1, tzinfo=UTC)

@@ -1,16 +1,23 @@
-"""A small OpenAI-compatible gateway with billing: ``POST /v1/chat/completions`` (``"stream":
-true``) in front of an upstream, metered by :mod:`billing.gateway`.
+"""A small OpenAI-compatible gateway with billing: ``POST /v1/chat/completions`` (streamed or
+not) in front of an upstream, metered by :mod:`billing.gateway`.
 
     BILLING_TOKEN=... python examples/fastapi_gateway.py --port 9000 \
         --upstream https://api.openai.com --billing http://127.0.0.1:8000 [--no-drain] \
         [--no-authorize]
 
 The customer's key id comes from the ``X-Api-Key-Id`` header (a stand-in for the gateway's own
-key lookup), the call's id from ``X-Request-Id`` (else a new one; it is passed on upstream).
-Each call is authorized against the budgets before the upstream is opened (a refusal answers
-402 or 429 in OpenAI's error shape) unless ``--no-authorize``. After a client disconnect the
-upstream is drained (read on to its final usage) unless ``--no-drain``. The billing lines are
-marked ``# billing``.
+key lookup); a request without it, or without a ``model``, is refused (400) before anything is
+sent upstream: no upstream call without a call record. The call's id comes from
+``X-Request-Id`` (else a new one); it is passed on upstream and comes back to the client as
+``X-Request-Id`` (the upstream's own as ``X-Upstream-Request-Id``, beside its rate-limit
+headers). Each call is authorized against the budgets before the upstream is opened (a refusal
+answers 402 or 429 in OpenAI's error shape) unless ``--no-authorize``; an upstream that fails
+before a byte gives the hold back, and its error is the answer. A streamed call always asks the
+upstream for its usage; a client that did not ask for it does not get the usage chunk. After a
+client disconnect the upstream is drained (read on to its final usage) unless ``--no-drain``.
+At shutdown the meters settle what is in flight (``Meters.shutdown``: a grace period, then
+flagged estimates) and the billing client delivers or spools what it holds. The billing lines
+are marked ``# billing``.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import os
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import httpx
 import uvicorn
@@ -30,42 +38,73 @@ from billing.client import AsyncBillingClient  # billing
 from billing.gateway import DrainPolicy, Meters  # billing
 
 
+def _refuse(message: str) -> Response:
+    return JSONResponse({"error": {"message": message, "type": "invalid_request_error"}}, 400)
+
+
 def create_app(
-    upstream_url: str, billing_url: str, *, drain: bool = True, authorize: bool = True
+    upstream_url: str,
+    billing_url: str,
+    *,
+    drain: bool = True,
+    grace_s: float = 30,
+    authorize: bool = True,
 ) -> FastAPI:
     """The gateway app; the billing token is read from ``BILLING_TOKEN``."""
     billing = AsyncBillingClient(billing_url, token=os.environ.get("BILLING_TOKEN"))  # billing
-    meters = Meters(billing, drain=DrainPolicy(enabled=drain), authorize=authorize)  # billing
+    meters = Meters(  # billing
+        billing,  # billing
+        drain=DrainPolicy(enabled=drain),  # billing
+        shutdown_grace_s=grace_s,  # billing
+        authorize=authorize,  # billing
+    )  # billing
     http = httpx.AsyncClient(base_url=upstream_url, timeout=httpx.Timeout(60, connect=5))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        yield
-        await meters.wait_drains(timeout=30)  # billing
-        await billing.close(timeout=10)  # billing
+        async with meters.lifespan(app):  # billing: at shutdown drains, estimates, flush
+            yield
         await http.aclose()
 
     app = FastAPI(lifespan=lifespan)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        body = await request.json()
-        if body.get("stream") is not True:
-            return JSONResponse({"error": {"message": "this gateway streams only"}}, 400)
-        body["stream_options"] = {**body.get("stream_options", {}), "include_usage": True}
+        try:
+            body: Any = await request.json()
+        except ValueError:
+            return _refuse("the body is not JSON")
+        key_id = request.headers.get("x-api-key-id")
+        if not key_id:  # billing: a call no one can be billed for is not made
+            return _refuse("X-Api-Key-Id is required")
+        if (
+            not isinstance(body, dict)
+            or not isinstance(body.get("model"), str)
+            or not body["model"]
+        ):
+            return _refuse("model is required")
         request_id = request.headers.get("x-request-id") or f"gw-{uuid.uuid4().hex}"
-        upstream = http.build_request(
-            "POST", "/v1/chat/completions", json=body, headers={"X-Request-Id": request_id}
-        )
+        streamed = body.get("stream") is True
+        options = body.get("stream_options") or {}
+        client_wants_usage = bool(options.get("include_usage"))
+        if streamed:  # the upstream's usage ends the stream (metered, hidden if not asked for)
+            body["stream_options"] = {**options, "include_usage": True}
         meter = meters.call(  # billing
             request_id=request_id,  # billing
-            api_key_id=request.headers["x-api-key-id"],  # billing
+            api_key_id=key_id,  # billing
             model=body["model"],  # billing
             protocol="openai.chat_completions",  # billing
             body=body,  # billing
         )  # billing
-        # authorized, the upstream is opened; its error (a status other than 200) is the answer
-        return meter.response(lambda: http.send(upstream, stream=True))  # billing
+        upstream = http.build_request(
+            "POST", "/v1/chat/completions", json=body, headers={"X-Request-Id": request_id}
+        )
+        # authorized, the upstream is opened: a stream relayed, a whole response (or the
+        # provider's error) metered and answered as it came, no answer a 502
+        return meter.response(  # billing
+            lambda: http.send(upstream, stream=streamed),  # billing
+            hide_usage=not client_wants_usage,  # billing
+        )  # billing
 
     return app
 
@@ -82,11 +121,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--no-authorize", action="store_true", help="call the upstream without a budget check"
     )
+    parser.add_argument(
+        "--grace-s",
+        type=float,
+        default=30,
+        help="at shutdown, seconds given to the streams in flight before they are cut",
+    )
     args = parser.parse_args(argv)
     app = create_app(
-        args.upstream, args.billing, drain=not args.no_drain, authorize=not args.no_authorize
+        args.upstream,
+        args.billing,
+        drain=not args.no_drain,
+        grace_s=args.grace_s,
+        authorize=not args.no_authorize,
     )
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        timeout_graceful_shutdown=int(args.grace_s),
+    )
 
 
 if __name__ == "__main__":

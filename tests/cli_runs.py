@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pty
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -94,3 +95,29 @@ def _restore(states: list[_LoggerState]) -> None:
             logger.handlers.clear()
             logger.setLevel(logging.NOTSET)
             logger.propagate = True
+
+
+def run_on_a_terminal(
+    command: Sequence[str], env: Mapping[str, str], cwd: Path | None = None, timeout: float = 120
+) -> tuple[subprocess.CompletedProcess[bytes], bytes]:
+    """``command`` with its standard error on a pseudo-terminal (so that it draws its progress
+    bars) and its standard output captured: the finished process and what the terminal got."""
+    leader, follower = pty.openpty()
+    try:
+        done = subprocess.run(
+            list(command), env=dict(env), cwd=cwd, stdout=subprocess.PIPE, stderr=follower,
+            timeout=timeout,
+        )  # fmt: skip
+        os.close(follower)
+        seen = b""
+        while True:
+            try:
+                data = os.read(leader, 65536)
+            except OSError:
+                break
+            if not data:
+                break
+            seen += data
+    finally:
+        os.close(leader)
+    return done, seen

@@ -26,6 +26,7 @@ from billing.server.app import create_app
 from billing.settings import Settings
 from billing.storage.migrate import upgrade_to_head
 from billing.storage.models import Base
+from billing.storage.models.by_database import POSTGRES_ONLY_TABLES
 from tests.cli_runs import WAYS
 
 # Property tests check values, not speed: no per-example deadline (Hypothesis' default of 200 ms
@@ -90,7 +91,8 @@ def _pg_migrated() -> Iterator[str]:
 
 def _truncate_pg(url: str) -> None:
     engine = create_engine(url, poolclass=NullPool)
-    tables = ", ".join(t.name for t in Base.metadata.sorted_tables)
+    names = [t.name for t in Base.metadata.sorted_tables] + list(POSTGRES_ONLY_TABLES)
+    tables = ", ".join(names)
     with engine.begin() as conn:
         conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
     engine.dispose()

@@ -1,6 +1,6 @@
 """``POST /v1/authorizations`` and ``DELETE /v1/authorizations/{request_id}`` (CONTRACT
 "Authorizations and holds (v3)"): parse, call one ``billing.budgets.authorize`` function in a
-write transaction, answer."""
+write transaction (with the prepaid-credit check of ``billing.credits``), answer."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from billing.api.state import AppState, get_state, write
 from billing.auth.guard import allow
 from billing.budgets import authorize
 from billing.budgets.schemas import AuthorizationIn, AuthorizationOut, HoldOut
+from billing.credits.service import credit_gate
 
 router = APIRouter()
 
@@ -37,7 +38,9 @@ async def post_authorization(
 ) -> JSONResponse:
     """The decision; a repeated ``request_id`` with the same body gets the first answer and
     never holds twice."""
-    return JSONResponse(await write(state, lambda s, now: authorize.authorize(s, body, now)))
+    return JSONResponse(
+        await write(state, lambda s, now: authorize.authorize(s, body, now, credit_gate))
+    )
 
 
 @router.delete(

@@ -8,7 +8,6 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
-from pydantic import AwareDatetime
 
 from billing.api.errors import answers
 from billing.api.state import AppState, get_state, read, write
@@ -23,7 +22,7 @@ from billing.budgets.schemas import (
     BudgetStatus,
     SpendCheck,
 )
-from billing.calllog.params import query_problems
+from billing.calllog.params import QueryReader, parse_timestamp, query_problems
 from billing.errors import ValidationFailed
 
 router = APIRouter()
@@ -136,12 +135,19 @@ async def get_alerts(
     state: Annotated[AppState, Depends(get_state)],
     budget_id: Annotated[str | None, Query(min_length=1, max_length=128)] = None,
     since: Annotated[
-        AwareDatetime | None, Query(description="RFC 3339 with offset: alerts made at or after")
+        str | None,
+        Query(
+            description="RFC 3339 with offset: alerts made at or after",
+            json_schema_extra={"format": "date-time"},
+        ),
     ] = None,
 ) -> JSONResponse:
-    """``{"data": [alert, …]}`` oldest first, at most 1000."""
-    _known(request, "budget_id", "since")
-    data = await read(state, lambda s: service.list_alerts(s, budget_id, since))
+    """``{"data": [alert, …]}`` oldest first, at most 1000. ``since`` is read as every query
+    endpoint reads a timestamp (``billing.calllog.params.parse_timestamp``)."""
+    reader = QueryReader(request.query_params.multi_items(), ("budget_id", "since"))
+    after = reader.parsed("since", parse_timestamp)
+    reader.done()
+    data = await read(state, lambda s: service.list_alerts(s, budget_id, after))
     return JSONResponse({"data": data})
 
 

@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse, Response
 
 from billing.api.errors import answers
 from billing.api.openapi import query_parameters
-from billing.api.state import AppState, get_state, read, read_json
+from billing.api.state import AppState, as_of_headers, get_state, routed, routed_json
 from billing.auth.guard import allow
 from billing.calllog.queries import list_calls, parse_calls_query
 from billing.calllog.schemas import CallDetail, CallsPage, CallsParams
@@ -29,7 +29,7 @@ async def calls(request: Request, state: Annotated[AppState, Depends(get_state)]
     """``{"data": [call, …], "next_cursor": …}``; pass ``next_cursor`` as ``cursor`` for the next
     page (null: no more calls now). 422 for an unknown, repeated or malformed parameter."""
     query = parse_calls_query(request.query_params.multi_items())
-    return await read_json(state, lambda session: list_calls(session, query).as_json())
+    return await routed_json(state, lambda session: list_calls(session, query).as_json())
 
 
 @router.get(
@@ -42,4 +42,5 @@ async def call_detail(
     request_id: str, state: Annotated[AppState, Depends(get_state)]
 ) -> JSONResponse:
     """The call object, its events in order and its ledger entries; 404 for an unknown call."""
-    return JSONResponse(await read(state, lambda session: get_call(session, request_id)))
+    call, as_of = await routed(state, lambda session: get_call(session, request_id))
+    return JSONResponse(call, headers=as_of_headers(as_of))

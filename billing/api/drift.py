@@ -9,7 +9,7 @@ from fastapi.responses import Response
 
 from billing.api.errors import answers
 from billing.api.openapi import query_parameters
-from billing.api.state import AppState, get_state, read, read_json
+from billing.api.state import AppState, as_of_headers, get_state, routed, routed_json
 from billing.auth.guard import allow
 from billing.drift.csv import drift_csv
 from billing.drift.schemas import DriftList, DriftParams, parse_query
@@ -28,7 +28,7 @@ router = APIRouter()
 async def get_drift(request: Request, state: Annotated[AppState, Depends(get_state)]) -> Response:
     """``{"data": [row, …]}``; see ``billing.drift.service``."""
     query = parse_query(request.query_params.multi_items())
-    return await read_json(state, lambda session: {"data": drift_rows(session, query)})
+    return await routed_json(state, lambda session: {"data": drift_rows(session, query)})
 
 
 @router.get(
@@ -51,12 +51,13 @@ async def get_drift_csv(
 ) -> Response:
     """The rows of ``/v1/drift`` for the same query, as CSV (``billing.drift.csv``)."""
     query = parse_query(request.query_params.multi_items())
-    body = await read(state, lambda session: drift_csv(query, drift_rows(session, query)))
+    body, as_of = await routed(state, lambda session: drift_csv(query, drift_rows(session, query)))
     return Response(
         body,
         media_type="text/csv; charset=utf-8",
         headers={
             "Content-Disposition": 'attachment; filename="drift.csv"',
             "Cache-Control": "no-store",
+            **as_of_headers(as_of),
         },
     )

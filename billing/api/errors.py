@@ -191,6 +191,24 @@ def request_invalid(error: RequestValidationError) -> ValidationFailed:
     return ValidationFailed(errors)
 
 
+#: Why FastAPI could not read a JSON body that its parser did not refuse as JSON (its 400).
+_UNREADABLE: tuple[type[Exception], ...] = (RecursionError, UnicodeDecodeError, ValueError)
+
+
+def body_unreadable(error: HTTPException) -> ValidationFailed | None:
+    """The 422 for FastAPI's 400 "There was an error parsing the body": JSON nested too deep or
+    text that is not UTF-8 (its cause), a body a client sent like any other invalid JSON; None
+    for any other HTTP error."""
+    if error.status_code != 400 or not isinstance(error.__cause__, _UNREADABLE):
+        return None
+    message = (
+        "is not UTF-8 text"
+        if isinstance(error.__cause__, UnicodeDecodeError)
+        else "is not JSON this service reads (nested too deep)"
+    )
+    return ValidationFailed([FieldError(None, "body", message)])
+
+
 def install(app: FastAPI, retry_after_s: int) -> None:
     """Register the handlers: domain errors, request validation (422), routing errors, database
     outages (503); each answers through ``render``."""
@@ -207,6 +225,9 @@ def install(app: FastAPI, retry_after_s: int) -> None:
 
     async def _routing(_request: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, HTTPException)
+        unreadable = body_unreadable(error)
+        if unreadable is not None:
+            return render(unreadable)
         return render(RoutingError(error.status_code, str(error.detail), error.headers))
 
     for kind in HANDLED:

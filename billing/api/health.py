@@ -12,6 +12,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 
 from billing.api.state import AppState, get_state
+from billing.storage.disk import free_bytes
 from billing.storage.migrate import current_revision, head_revision
 
 router = APIRouter()
@@ -34,7 +35,8 @@ class Ready(BaseModel):
 
 
 class NotReady(BaseModel):
-    """The database is unreachable or not at the migration head; ``reason`` says which."""
+    """The database is unreachable, not at the migration head, or (SQLite) its disk is full;
+    ``reason`` says which."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -61,6 +63,12 @@ def _readiness(state: AppState) -> tuple[bool, str]:
     head = head_revision()
     if current != head:
         return False, f"database at migration {current}, head is {head}: run `billing migrate`"
+    free = free_bytes(state.engine)
+    if free is not None and free < state.settings.min_free_disk_bytes:
+        return False, (
+            f"disk full: {free} bytes free beside the SQLite database, less than "
+            f"BILLING_MIN_FREE_DISK_BYTES ({state.settings.min_free_disk_bytes}): writes fail"
+        )
     return True, "ok"
 
 

@@ -23,8 +23,6 @@ from billing.storage.db import write_transaction
 
 router = APIRouter()
 
-#: A provider page is at most a few hundred buckets of results; 8 MiB is far past one.
-MAX_REPORT_BYTES = 8 << 20
 PATH = "/v1/provider-reports"
 
 

@@ -9,7 +9,7 @@ from fastapi.responses import Response
 
 from billing.api.errors import answers
 from billing.api.openapi import query_parameters
-from billing.api.state import AppState, get_state, read_json
+from billing.api.state import AppState, get_state, routed_json
 from billing.auth.guard import allow
 from billing.calllog.schemas import UsagePage, UsageParams
 from billing.calllog.usage import parse_usage_query, usage_rows
@@ -28,6 +28,6 @@ async def usage(request: Request, state: Annotated[AppState, Depends(get_state)]
     """``{"data": [row, …]}``: one row per non-empty group, ordered by the group-by keys. 422 for
     an unknown, repeated, missing or malformed parameter."""
     query = parse_usage_query(request.query_params.multi_items())
-    return await read_json(
+    return await routed_json(
         state, lambda session: {"data": [r.as_json() for r in usage_rows(session, query)]}
     )

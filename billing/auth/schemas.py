@@ -9,14 +9,8 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
 from billing.auth.tokens import Role, TokenInfo
-from billing.fields import Timestamp
+from billing.fields import Timestamp, printable
 from billing.timefmt import rfc3339
-
-
-def _printable(value: str) -> str:
-    if not value.isprintable():
-        raise ValueError("must be printable text (no control characters)")
-    return value
 
 
 class TokenIn(BaseModel):
@@ -27,7 +21,7 @@ class TokenIn(BaseModel):
 
     role: Role
     name: (
-        Annotated[str, StringConstraints(min_length=1, max_length=128), AfterValidator(_printable)]
+        Annotated[str, StringConstraints(min_length=1, max_length=128), AfterValidator(printable)]
         | None
     ) = None
     expires_at: Timestamp | None = None

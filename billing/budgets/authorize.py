@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -47,6 +48,12 @@ class AuthorizationConflict(BillingError):
     """409: the ``request_id`` was authorized with another body."""
 
     status = 409
+
+
+#: The prepaid-credit check an authorization also passes (``billing.credits.service.credit_gate``,
+#: given by the API so that budgets need not know credits): ``(session, api_key_id, customer_id,
+#: hold_pusd, now)`` → whether the owner's available credit covers the hold.
+CreditGate = Callable[[Session, str, "str | None", int, datetime], bool]
 
 
 @dataclass(frozen=True)
@@ -140,9 +147,13 @@ def _again(stored: BudgetHold, digest: str) -> dict[str, Any]:
     return answer
 
 
-def authorize(session: Session, body: AuthorizationIn, now: datetime) -> dict[str, Any]:
+def authorize(
+    session: Session, body: AuthorizationIn, now: datetime, credit: CreditGate | None = None
+) -> dict[str, Any]:
     """``POST /v1/authorizations`` in a write transaction: the decision, the hold stored when
-    allowed (the first answer again for a repeated ``request_id``)."""
+    allowed (the first answer again for a repeated ``request_id``). With ``credit``, a hold the
+    owner's prepaid credit cannot cover is denied ``insufficient_credit`` (final; CONTRACT
+    "Prepaid credits (v3)")."""
     repo = _repo(session)
     digest = body_hash(body)
     stored = repo.hold(session, body.request_id)
@@ -156,6 +167,12 @@ def authorize(session: Session, body: AuthorizationIn, now: datetime) -> dict[st
     repo.lock_budgets(session, [b.id for b in budgets])
     figures = spent(session, budgets, now)
     decision = decide(budgets, figures, hold, priced is None, now)
+    if (
+        decision.allow
+        and credit is not None
+        and not credit(session, body.api_key_id, customer, hold, now)
+    ):
+        decision = Decision(False, "insufficient_credit")
     expires = now + timedelta(seconds=body.ttl_s)
     if decision.allow:
         for budget in budgets:

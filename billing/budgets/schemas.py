@@ -7,13 +7,22 @@ import itertools
 import re
 from decimal import Decimal
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from pydantic.json_schema import WithJsonSchema
 
+from billing import destinations
 from billing.budgets.periods import zone
-from billing.fields import Id128, Label, ModelName, PublicId, ServiceTier, TokenCount, UsdAmount
+from billing.fields import (
+    Id128,
+    Label,
+    ModelName,
+    PublicId,
+    ServiceTier,
+    TokenCount,
+    UsdAmount,
+    no_control,
+)
 from billing.money import format_usd
 
 #: The largest limit accepted, USD.
@@ -84,22 +93,17 @@ def parse_tz(value: object) -> str:
 
 
 def parse_webhook_url(value: object) -> str | None:
-    """An ``http`` or ``https`` URL with a host (at most 2048 characters), or None."""
+    """An ``https`` or ``http`` URL with a host and no credentials, at most 2048 characters of
+    printable text, whose host is no refused address (``billing.destinations.check_url``), or
+    None."""
     if value is None:
         return None
     if not isinstance(value, str) or len(value) > MAX_URL_LENGTH:
         raise ValueError(f"must be an http or https URL of at most {MAX_URL_LENGTH} characters")
-    try:
-        parts = urlsplit(value)
-        host = parts.hostname
-    except ValueError:
-        raise ValueError("is not a valid URL") from None
-    if parts.scheme not in ("http", "https"):
-        raise ValueError("must be an http:// or https:// URL")
-    if not host:
-        raise ValueError("must name a host")
-    if any(ord(c) < 33 for c in value):
-        raise ValueError("must not contain spaces or control characters")
+    no_control(value)
+    if " " in value:
+        raise ValueError("must not contain spaces")
+    destinations.check_url(value)
     return value
 
 

@@ -249,9 +249,12 @@ def _statuses(session: Session, budgets: Sequence[Budget], now: datetime) -> lis
     return statuses(budgets, spent(session, budgets, now), now)
 
 
-def statuses_in_force(session: Session, now: datetime) -> list[dict[str, Any]]:
-    """The status of every budget in force, by ``budget_id`` (the console's Budgets page)."""
-    return _statuses(session, _repo(session).list_budgets(session, False), now)
+def statuses_in_force(
+    session: Session, now: datetime, limit: int | None = None
+) -> list[dict[str, Any]]:
+    """The status of every budget in force (the first ``limit`` of them), by ``budget_id``
+    (the console's Budgets page, ``/metrics``)."""
+    return _statuses(session, _repo(session).list_budgets(session, False)[:limit], now)
 
 
 def budget_status(session: Session, budget_id: str, now: datetime) -> dict[str, Any]:
@@ -327,49 +330,59 @@ def record_crossings(
             changes.append((RESOLVED, t))
     if not changes:
         return 0
-    repo = _repo(session)
     _, end = span(budget, start)
     status = status_json(budget, start, end, Spent(settled_pusd, provisional_pusd), now)
     made = 0
     for kind, threshold in changes:
-        alert_id = new_alert_id()
-        body = json.dumps(
-            {
-                "type": kind,
-                "timestamp": rfc3339(now),
-                "data": {**status, "budget_id": budget.budget_id, "threshold": threshold},
-            },
-            separators=(",", ":"),
-        )
-        inserted = repo.insert_alert(
+        data = {**status, "budget_id": budget.budget_id, "threshold": threshold}
+        made += enqueue_alert(session, budget, kind, threshold, start, data, now)
+    return made
+
+
+def enqueue_alert(
+    session: Session,
+    budget: AnyBudget,
+    kind: str,
+    threshold: str,
+    start: datetime,
+    data: dict[str, Any],
+    now: datetime,
+) -> bool:
+    """Store one alert ``kind`` of ``budget`` (``{"type", "timestamp", "data"}``) unless its
+    (budget, ``start``, ``threshold``, ``kind``) has one, with its webhook in the outbox when the
+    budget has a URL (signed with the budget's secret); whether it was stored. Budget alerts and
+    (v3) credit alerts (``billing.credits.alerts``) go through it."""
+    alert_id = new_alert_id()
+    body = json.dumps(
+        {"type": kind, "timestamp": rfc3339(now), "data": data}, separators=(",", ":")
+    )
+    repo = _repo(session)
+    inserted = repo.insert_alert(
+        session,
+        {
+            "alert_id": alert_id,
+            "budget_id": budget.budget_id,
+            "budget_row": budget.id,
+            "period_start": start,
+            "threshold": threshold,
+            "type": kind,
+            "created_at": now,
+            "body": body,
+        },
+    )
+    if inserted and budget.webhook_url:
+        repo.insert_outbox(
             session,
             {
                 "alert_id": alert_id,
-                "budget_id": budget.budget_id,
-                "budget_row": budget.id,
-                "period_start": start,
-                "threshold": threshold,
-                "type": kind,
+                "url": budget.webhook_url,
+                "state": "pending",
+                "attempts": 0,
+                "next_attempt_at": now,
                 "created_at": now,
-                "body": body,
             },
         )
-        if not inserted:
-            continue
-        made += 1
-        if budget.webhook_url:
-            repo.insert_outbox(
-                session,
-                {
-                    "alert_id": alert_id,
-                    "url": budget.webhook_url,
-                    "state": "pending",
-                    "attempts": 0,
-                    "next_attempt_at": now,
-                    "created_at": now,
-                },
-            )
-    return made
+    return inserted
 
 
 def list_alerts(

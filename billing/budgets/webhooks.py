@@ -8,12 +8,18 @@ secret; the ``standardwebhooks`` package's ``Webhook(secret).verify`` accepts it
 
 The worker (``DeliveryWorker``, started by ``billing serve``) claims due rows with a lease
 (``BudgetsRepository.claim_due``: ``FOR UPDATE SKIP LOCKED`` on PostgreSQL, so replicas share
-the work and a crashed worker's rows come back when the lease ends), posts them with httpx (10 s
-timeout), and records the outcome: a 2xx is ``delivered``; anything else is retried with
-exponential backoff and full jitter until ``webhook_retry_s`` (24 h) after the alert, then
-``failed``. Delivery is at least once. It runs on the server's event loop with the database work
-in threads, never on the ingest path. A URL's credentials, path and query are never logged (only
-its scheme, host and port).
+the work and a crashed worker's rows come back when the lease ends), posts each in its own task
+(up to ``webhook_concurrency`` at once) with httpx within one deadline for the whole attempt
+(``webhook_timeout_s``: resolving, connecting, sending and reading), reads at most
+``REPLY_LIMIT`` bytes of the reply and drops them, and records the outcome: a 2xx is
+``delivered``; anything else (a status, a timeout, a refused destination, an invalid URL, any
+error) is a counted attempt, retried with exponential backoff and full jitter until
+``webhook_retry_s`` (24 h) after the alert, then ``failed``; ``last_error`` is a fixed category.
+Every connection goes through the destination policy (``billing.destinations``: the addresses a
+name resolves to are checked, and the address checked is the one connected to). Delivery is at
+least once. It runs on the server's event loop with the database work in threads, never on the
+ingest path. A URL's credentials, path and query are never logged (only its scheme, host and
+port).
 """
 
 from __future__ import annotations
@@ -26,12 +32,15 @@ import logging
 import random
 import re
 import uuid
+from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from urllib.parse import urlsplit
 
+import httpcore
 import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
+from billing import destinations
 from billing.budgets.repository import repository
 from billing.budgets.rows import Claimed
 from billing.settings import Settings
@@ -114,8 +123,126 @@ def _redact_httpx_logs() -> None:
         logger.addFilter(_RedactUrls())
 
 
+#: The most bytes of a reply read (then the connection is closed; the reply is never kept).
+REPLY_LIMIT = 64 * 1024
+#: What ``last_error`` (and ``GET /v1/alerts``) says of a failed attempt: a fixed category,
+#: never the receiver's response or the network's details.
+TIMED_OUT = "timed out"
+REFUSED = "refused by the destination policy"
+INVALID_URL = "invalid URL"
+UNREACHABLE = "connection failed"
+FAILED = "delivery failed"
+#: The longest pause of the worker's loop after failed rounds (the database away), seconds.
+MAX_OUTAGE_PAUSE_S = 30.0
+
+
+class _GuardedBackend(httpcore.AsyncNetworkBackend):
+    """httpcore's network backend, connecting only to addresses the destination policy allows:
+    the host's addresses are resolved and checked (``billing.destinations.checked_addresses``)
+    and the connection goes to the address checked (a name that resolves anew to a private
+    address between the check and the connection is never reached)."""
+
+    def __init__(self, inner: httpcore.AsyncNetworkBackend) -> None:
+        self.inner = inner
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        [address, *_] = await destinations.checked_addresses(host, port)
+        return await self.inner.connect_tcp(
+            address, port, timeout, local_address=local_address, socket_options=socket_options
+        )
+
+    async def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        raise destinations.RefusedDestination("must not be a Unix socket")
+
+    async def sleep(self, seconds: float) -> None:
+        await self.inner.sleep(seconds)
+
+
+def guarded_transport() -> httpx.AsyncHTTPTransport:
+    """An httpx transport that takes no proxy from the environment and connects through
+    ``_GuardedBackend``."""
+    transport = httpx.AsyncHTTPTransport(trust_env=False, retries=0)
+    pool = transport._pool  # httpx exposes no network_backend argument
+    pool._network_backend = _GuardedBackend(pool._network_backend)
+    return transport
+
+
+async def _attempt(
+    client: httpx.AsyncClient, item: Claimed, deadline_s: float
+) -> tuple[int | None, str | None]:
+    """Post ``item`` once within ``deadline_s`` for the whole attempt (resolving, connecting,
+    sending, reading), reading at most ``REPLY_LIMIT`` bytes of the reply; its status and error
+    category (every failure is one)."""
+    timestamp = int(datetime.now(UTC).timestamp())
+    try:
+        async with asyncio.timeout(deadline_s):
+            async with client.stream(
+                "POST",
+                item.url,
+                content=item.body.encode(),
+                headers=headers_for(item.secret, item.alert_id, timestamp, item.body),
+            ) as response:
+                read = 0
+                async for chunk in response.aiter_raw():
+                    read += len(chunk)
+                    if read >= REPLY_LIMIT:
+                        break
+                status = response.status_code
+    except (TimeoutError, httpx.TimeoutException):
+        return None, TIMED_OUT
+    except destinations.RefusedDestination:
+        return None, REFUSED
+    except (httpx.InvalidURL, httpx.UnsupportedProtocol, ValueError):  # UnicodeError too
+        return None, INVALID_URL
+    except (httpx.HTTPError, OSError):
+        return None, UNREACHABLE
+    except Exception as error:  # whatever else a library raises for a hostile destination
+        log.warning("webhook %s: %s while posting", item.alert_id, type(error).__name__)
+        return None, FAILED
+    return status, None if 200 <= status < 300 else f"answered {status}"
+
+
+class _Outage:
+    """The loop's failed rounds in a row: the pause before the next (doubling up to
+    ``MAX_OUTAGE_PAUSE_S``) and which of them are logged (the 1st, 2nd, 4th, 8th, …)."""
+
+    def __init__(self, poll_s: float) -> None:
+        self.poll_s = poll_s
+        self.failures = 0
+
+    def failed(self, error: Exception) -> None:
+        self.failures += 1
+        if self.failures & (self.failures - 1) == 0:
+            log.warning(
+                "webhook delivery round failed (%s; %d in a row)",
+                type(error).__name__,
+                self.failures,
+            )
+
+    def succeeded(self) -> None:
+        if self.failures:
+            log.warning("webhook delivery resumed after %d failed rounds", self.failures)
+        self.failures = 0
+
+    def pause_s(self) -> float:
+        return min(MAX_OUTAGE_PAUSE_S, self.poll_s * float(2 ** min(self.failures, 30)))
+
+
 class DeliveryWorker:
-    """Claims, posts and records the outbox's due webhooks; ``run`` loops until cancelled."""
+    """Claims, posts and records the outbox's due webhooks; ``run`` loops until cancelled, with
+    up to ``webhook_concurrency`` deliveries in flight."""
 
     def __init__(
         self,
@@ -129,11 +256,20 @@ class DeliveryWorker:
         self.transport = transport
         _redact_httpx_logs()
 
-    def _claim(self) -> list[Claimed]:
+    def client(self) -> httpx.AsyncClient:
+        """The delivery's HTTP client: no redirects, no proxy, the guarded transport."""
+        return httpx.AsyncClient(
+            timeout=httpx.Timeout(self.settings.webhook_timeout_s),
+            follow_redirects=False,
+            trust_env=False,
+            transport=self.transport or guarded_transport(),
+        )
+
+    def _claim(self, limit: int = CLAIM_BATCH) -> list[Claimed]:
         now = datetime.now(UTC)
         lease = timedelta(seconds=self.settings.webhook_timeout_s + LEASE_MARGIN_S)
         with write_transaction(self.sessions) as session:
-            return repository(session).claim_due(session, now, now + lease, self.owner, CLAIM_BATCH)
+            return repository(session).claim_due(session, now, now + lease, self.owner, limit)
 
     def _record(self, item: Claimed, status: int | None, error: str | None) -> None:
         now = datetime.now(UTC)
@@ -155,22 +291,8 @@ class DeliveryWorker:
             repository(session).record_attempt(session, item.alert_id, self.owner, values)
 
     async def _post(self, client: httpx.AsyncClient, item: Claimed) -> None:
-        timestamp = int(datetime.now(UTC).timestamp())
-        status: int | None = None
-        error: str | None = None
-        try:
-            response = await client.post(
-                item.url,
-                content=item.body.encode(),
-                headers=headers_for(item.secret, item.alert_id, timestamp, item.body),
-            )
-            status = response.status_code
-            if not 200 <= status < 300:
-                error = f"answered {status}"
-        except httpx.TimeoutException:
-            error = "timed out"
-        except httpx.HTTPError as exc:
-            error = type(exc).__name__
+        with destinations.allowing_private(self.settings.webhook_allow_private):
+            status, error = await _attempt(client, item, self.settings.webhook_timeout_s)
         if error is not None:
             log.info(
                 "webhook %s to %s not delivered (%s); retrying later",
@@ -180,6 +302,14 @@ class DeliveryWorker:
             )
         await asyncio.to_thread(self._record, item, status, error)
 
+    async def _post_logged(self, client: httpx.AsyncClient, item: Claimed) -> None:
+        try:
+            await self._post(client, item)
+        except Exception as error:  # the database away: the lease ends and it comes back
+            log.warning(
+                "webhook %s: outcome not recorded (%s)", item.alert_id, type(error).__name__
+            )
+
     async def deliver_once(self, client: httpx.AsyncClient) -> int:
         """One round: claim the due webhooks and post them concurrently; returns how many."""
         claimed = await asyncio.to_thread(self._claim)
@@ -188,16 +318,38 @@ class DeliveryWorker:
         return len(claimed)
 
     async def run(self) -> None:
-        """Deliver until cancelled; a failed round (the database away) is logged and retried."""
-        timeout = httpx.Timeout(self.settings.webhook_timeout_s)
-        async with httpx.AsyncClient(
-            timeout=timeout, follow_redirects=False, transport=self.transport
-        ) as client:
-            while True:
-                try:
-                    busy = await self.deliver_once(client)
-                except Exception as error:  # the database away: try again next round
-                    log.warning("webhook delivery round failed (%s)", type(error).__name__)
-                    busy = 0
-                if busy < CLAIM_BATCH:
-                    await asyncio.sleep(self.settings.webhook_poll_s)
+        """Deliver until cancelled: claim as many due webhooks as there are free places in the
+        pool, each posted in its own task (a slow receiver holds one place for at most
+        ``webhook_timeout_s``); failed rounds (the database away) back off, and are logged
+        less and less often."""
+        outage = _Outage(self.settings.webhook_poll_s)
+        in_flight: set[asyncio.Task[None]] = set()
+        async with self.client() as client:
+            try:
+                while True:
+                    free = self.settings.webhook_concurrency - len(in_flight)
+                    claimed: list[Claimed] = []
+                    if free > 0:
+                        try:
+                            claimed = await asyncio.to_thread(self._claim, min(free, CLAIM_BATCH))
+                            outage.succeeded()
+                        except Exception as error:  # the database away: try again later
+                            outage.failed(error)
+                            await asyncio.sleep(outage.pause_s())
+                            continue
+                    for item in claimed:
+                        task = asyncio.create_task(self._post_logged(client, item))
+                        in_flight.add(task)
+                        task.add_done_callback(in_flight.discard)
+                    if len(claimed) < free:
+                        await asyncio.sleep(self.settings.webhook_poll_s)
+                    elif in_flight:  # the pool is full: wait for a place
+                        await asyncio.wait(
+                            in_flight,
+                            timeout=self.settings.webhook_poll_s,
+                            return_when=asyncio.FIRST_COMPLETED,
+                        )
+            finally:
+                for task in in_flight:
+                    task.cancel()
+                await asyncio.gather(*in_flight, return_exceptions=True)

@@ -22,7 +22,8 @@ class CalllogRepository(Protocol):
     def rollup_sums(self, session: Session, runs: Sequence[Run], rows: RollupSlice) -> Sums:
         """The rollup ``rows`` inside each of the ``runs`` (a run: one level, a range of bucket
         starts), summed per (run's ``seg``, ``rows.dims``): ``(seg, *dims, *COUNT_FIELDS,
-        cost_whole_usd, cost_frac_pusd, charge_whole_usd, charge_frac_pusd)``, sums as the
+        cost_whole_usd, cost_frac_pusd, charge_whole_usd, charge_frac_pusd, leakage_whole_usd,
+        leakage_frac_pusd)``, sums as the
         database gives them (null for no row), ``''`` for a null key, model or customer. Each run
         is one range of the table's primary key."""
 

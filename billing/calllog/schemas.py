@@ -90,6 +90,19 @@ _CHARGE = (
     "(1 + markup_pct / 100), else the cost; null when there is no cost and no plan price"
 )
 
+_PROVIDER_COST = (
+    "the cost the provider itself reported, exact USD, beside cost_usd and never billed; null: "
+    "not reported (v3)"
+)
+_LEAKAGE = (
+    "the cost that the plan's charge policy for failed calls left uncharged, exact USD; null "
+    "when the cost is not known (v3)"
+)
+_FAILURE_CHARGE = (
+    "the plan's charge policy for a failed call the entry was charged under (bill_delivered, "
+    "void); null: bill (v3)"
+)
+
 _CALL: dict[str, Any] = {
     "request_id": (str, ...),
     "api_key_id": (str | None, ...),
@@ -116,6 +129,20 @@ _CALL: dict[str, Any] = {
     "customer_id": (str | None, Field(description="the key's customer at the call's start (v2)")),
     "plan_id": (str | None, Field(description="the key's plan at the call's start (v2)")),
     "charge_usd": (Usd | None, Field(description=_CHARGE)),
+    "leakage_usd": (Usd | None, Field(description=_LEAKAGE)),
+    "provider_cost_usd": (Usd | None, Field(description=_PROVIDER_COST)),
+    "cost_drift_usd": (
+        Usd | None,
+        Field(
+            description="provider_cost_usd − cost_usd where both are known and differ; else "
+            "null (v3)"
+        ),
+    ),
+    "counters": (
+        dict[str, int],
+        Field(description="what the provider counts but does not bill per use (v3)"),
+    ),
+    "inference_geo": (str | None, Field(description="where the upstream served the call (v3)")),
 }
 _CallFields: Any = cast(Any, create_model("_CallFields", __config__=_OUT, **_CALL))
 
@@ -174,6 +201,9 @@ _ENTRY: dict[str, Any] = {
         Field(description="the plan's markup charged over cost, percent; null: none (v2)"),
     ),
     "charge_usd": (Usd | None, Field(description=_CHARGE)),
+    "failure_charge": (str | None, Field(description=_FAILURE_CHARGE)),
+    "leakage_usd": (Usd | None, Field(description=_LEAKAGE)),
+    "provider_cost_usd": (Usd | None, Field(description=_PROVIDER_COST)),
 }
 _LedgerEntryFields: Any = cast(Any, create_model("_LedgerEntryFields", __config__=_OUT, **_ENTRY))
 
@@ -213,6 +243,7 @@ _ROW: dict[str, Any] = {
     **_tokens(None),
     "cost_usd": (Usd | None, Field(description=_COST)),
     "charge_usd": (Usd | None, Field(description=_CHARGE)),
+    "leakage_usd": (Usd | None, Field(description=_LEAKAGE)),
     "units": (dict[str, int], Field(description="unit name → count (v2)")),
 }
 _UsageRowFields: Any = cast(Any, create_model("_UsageRowFields", __config__=_OUT, **_ROW))

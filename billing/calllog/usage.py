@@ -32,7 +32,7 @@ import json
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -46,6 +46,7 @@ from billing.calllog.repository import repository
 from billing.calllog.rows import RollupSlice
 from billing.dimensions import TOKEN_FIELDS
 from billing.errors import FieldError, ValidationFailed
+from billing.fields import in_range
 from billing.money import pusd_to_str
 from billing.rollups.buckets import Run, Window, cover
 from billing.rollups.rows import BASES, CALL_START, COUNT_FIELDS, PICO
@@ -61,9 +62,6 @@ PARAMETERS = ("since", "until", "api_key_id", "model", "customer_id", "group_by"
 TOTAL_FIELDS = ("calls", *TOKEN_FIELDS, "cost_usd")
 #: The most local periods one query may return (an hour by hour year is 8,760).
 MAX_PERIODS = 20_000
-#: The range of instants a period may start or end at (zones and calendars stay defined).
-EARLIEST = datetime(1900, 1, 1, tzinfo=UTC)
-LATEST = datetime(9000, 1, 1, tzinfo=UTC)
 #: Rollup runs per statement.
 _RUNS_PER_QUERY = 2000
 #: Raw windows per statement (see ``_read_raw``).
@@ -108,6 +106,9 @@ class UsageRow:
     #: (v2) The charge in picodollars (CONTRACT "Keys, customers and plans (v2)"), null as the
     #: cost is (a contribution without a charge).
     charge_pusd: int | None = None
+    #: (v3) The cost that charge policies for failed calls left uncharged, in picodollars
+    #: (CONTRACT "Charge policy for failed calls (v3)"), null as the cost is.
+    leakage_pusd: int | None = None
 
     def as_json(self) -> dict[str, Any]:
         """The contract's row: group-by keys, then ``TOTAL_FIELDS``, ``charge_usd``, ``units``."""
@@ -117,6 +118,7 @@ class UsageRow:
             **self.tokens,
             "cost_usd": pusd_to_str(self.cost_pusd),
             "charge_usd": pusd_to_str(self.charge_pusd),
+            "leakage_usd": pusd_to_str(self.leakage_pusd),
             "units": self.units,
         }
 
@@ -140,12 +142,7 @@ _UNTIL = "the period's end (exclusive) with an offset, such as 2026-04-01T00:00:
 
 
 def _period_edge(text: str) -> datetime:
-    at = parse_timestamp(text)
-    if not EARLIEST <= at <= LATEST:
-        raise ValueError(
-            f"must be between {EARLIEST.year}-01-01T00:00:00Z and {LATEST.year}-01-01T00:00:00Z"
-        )
-    return at
+    return in_range(parse_timestamp(text))
 
 
 def parse_usage_query(items: Iterable[tuple[str, str]]) -> UsageQuery:
@@ -298,6 +295,7 @@ class _Groups:
                     cost_pusd=None if unknown else totals.cost_pusd,
                     units={name: n for name, n in sorted(self.units.get(group, {}).items()) if n},
                     charge_pusd=None if no_charge else totals.charge_pusd,
+                    leakage_pusd=None if unknown else totals.leakage_pusd,
                 )
             )
         return result
@@ -325,14 +323,19 @@ def _read_rollups(
     width = len(dims)
     for i in range(0, len(runs), _RUNS_PER_QUERY):
         for seg, *row in store.rollup_sums(session, runs[i : i + _RUNS_PER_QUERY], rows):
-            *counts, whole, frac, charge_whole, charge_frac = (
+            *counts, whole, frac, charge_whole, charge_frac, leak_whole, leak_frac = (
                 int(value or 0) for value in row[width:]
             )
             # '' is how the rollups hold a null key, model or customer
             groups.add(
                 seg,
                 tuple(value or None for value in row[:width]),
-                Totals(counts, whole * PICO + frac, charge_whole * PICO + charge_frac),
+                Totals(
+                    counts,
+                    whole * PICO + frac,
+                    charge_whole * PICO + charge_frac,
+                    leak_whole * PICO + leak_frac,
+                ),
             )
 
 

@@ -45,7 +45,20 @@ def call_json(call: Call) -> dict[str, Any]:
         "customer_id": call.customer_id,
         "plan_id": call.plan_id,
         "charge_usd": pusd_to_str(call.charge_pusd),
+        "leakage_usd": pusd_to_str(call.leakage_pusd),
+        "provider_cost_usd": pusd_to_str(call.provider_cost_pusd),
+        "cost_drift_usd": pusd_to_str(cost_drift_pusd(call.cost_pusd, call.provider_cost_pusd)),
+        "counters": dict(call.counters or {}),
+        "inference_geo": call.inference_geo,
     }
+
+
+def cost_drift_pusd(cost_pusd: int | None, provider_cost_pusd: int | None) -> int | None:
+    """The provider's own cost less ours, where both are known and differ (v3: "drift shows
+    per call where they differ"); else None."""
+    if cost_pusd is None or provider_cost_pusd is None or cost_pusd == provider_cost_pusd:
+        return None
+    return provider_cost_pusd - cost_pusd
 
 
 def event_json(event: Event) -> dict[str, Any]:
@@ -80,6 +93,9 @@ def ledger_entry_json(entry: LedgerEntry) -> dict[str, Any]:
         "plan_prices": _plan_prices(entry),
         "markup_pct": entry.markup_pct,
         "charge_usd": pusd_to_str(entry.charge_pusd),
+        "failure_charge": entry.failure_charge,
+        "leakage_usd": pusd_to_str(entry.leakage_pusd),
+        "provider_cost_usd": pusd_to_str(entry.provider_cost_pusd),
     }
 
 

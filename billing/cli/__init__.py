@@ -6,7 +6,9 @@ import sys
 
 import typer
 
+from billing.cli.archive import archive_app
 from billing.cli.budgets import budgets_app
+from billing.cli.credits import credits_app
 from billing.cli.database import migrate, reconcile
 from billing.cli.drift import drift
 from billing.cli.export import export
@@ -37,6 +39,8 @@ app.command()(replay)
 app.add_typer(providers_app, name="providers")
 app.command()(drift)
 app.add_typer(budgets_app, name="budgets")
+app.add_typer(archive_app, name="archive")
+app.add_typer(credits_app, name="credits")
 
 
 def main() -> None:

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 
+from billing import destinations
 from billing.budgets import service
 from billing.budgets.schemas import BudgetChange, BudgetIn
 from billing.cli.common import fail, load_settings, migrate_or_fail, open_sessions
@@ -82,7 +83,8 @@ def _body(
 
 def _validated(model: type[BudgetChange], body: dict[str, Any]) -> Any:
     try:
-        return model.model_validate(body)
+        with destinations.allowing_private(load_settings().webhook_allow_private):
+            return model.model_validate(body)
     except ValidationError as error:
         first = error.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "budget"

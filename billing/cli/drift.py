@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from billing.cli.common import fail, load_settings, migrate_or_fail, open_sessions
+from billing.cli.times import Period, cli_bounds
 from billing.drift.csv import drift_csv
 from billing.drift.schemas import parse_query
 from billing.drift.service import drift_rows
@@ -19,8 +20,12 @@ from billing.storage.db import read_transaction
 
 
 def drift(
-    since: Annotated[str, typer.Option(help="calls started from, RFC 3339")],
-    until: Annotated[str, typer.Option(help="up to (exclusive), RFC 3339")],
+    since: Annotated[
+        str | None, typer.Option(help="calls started from, RFC 3339 or a date (UTC)")
+    ] = None,
+    until: Annotated[
+        str | None, typer.Option(help="up to (exclusive), RFC 3339 or a date (UTC)")
+    ] = None,
     provider: Annotated[str | None, typer.Option(help="openai or anthropic")] = None,
     group_by: Annotated[
         str | None, typer.Option(help="day|hour, model, upstream_account, service_tier")
@@ -28,11 +33,13 @@ def drift(
     tolerance_pct: Annotated[str | None, typer.Option(help="percent (default 1)")] = None,
     output_format: Annotated[str, typer.Option("--format", help="csv or json")] = "csv",
     output: Annotated[Path | None, typer.Option(help="write to FILE")] = None,
+    period: Period = None,
 ) -> None:
     """The drift rows, mismatches first."""
     if output_format not in ("csv", "json"):
         fail("--format must be csv or json", 2)
-    items = [("since", since), ("until", until)]
+    since, until = cli_bounds(since, until, period)
+    items = [(name, value) for name, value in (("since", since), ("until", until)) if value]
     for name, value in (
         ("provider", provider),
         ("group_by", group_by),

@@ -23,9 +23,12 @@ from rich.progress import (
 from sqlalchemy.exc import SQLAlchemyError
 
 from billing.cli.common import fail, load_settings, migrate_or_fail, open_sessions
+from billing.cli.times import Period, cli_bounds
 from billing.errors import ValidationFailed
+from billing.export.focus import focus_chunks, parse_period
 from billing.export.params import KINDS, parse_params
 from billing.export.service import ExportStats, count_entries, export_chunks, period_label
+from billing.settings import Settings
 
 _EXPORT_FLAGS = {
     "query.since": "--since",
@@ -64,10 +67,20 @@ def _write_export(chunks: Iterator[bytes], output: Path | None) -> tuple[int, st
 
 
 _Kind = Annotated[
-    str, typer.Argument(help="usage (rows per group) or calls (one row per ledger entry).")
+    str,
+    typer.Argument(
+        help="usage (rows per group), calls (one row per ledger entry) or focus (FOCUS 1.2, "
+        "one row per ledger line and token class, of a --period)."
+    ),
 ]
-_Since = Annotated[str | None, typer.Option(help="Period start (inclusive), RFC 3339 with offset.")]
-_Until = Annotated[str | None, typer.Option(help="Period end (exclusive), RFC 3339 with offset.")]
+_Since = Annotated[
+    str | None,
+    typer.Option(help="Period start (inclusive), RFC 3339 with offset, or a date (UTC)."),
+]
+_Until = Annotated[
+    str | None,
+    typer.Option(help="Period end (exclusive), RFC 3339 with offset, or a date (UTC)."),
+]
 _GroupBy = Annotated[
     str | None,
     typer.Option(
@@ -79,7 +92,11 @@ _Tz = Annotated[
     str | None, typer.Option(help="usage: IANA zone where buckets begin (default UTC).")
 ]
 _Format = Annotated[
-    str | None, typer.Option("--format", help="v1 (default) or v2 (the v2 columns after v1's).")
+    str | None,
+    typer.Option(
+        "--format",
+        help="v1 (default), v2 (the v2 columns after v1's) or v3 (v2's, then the leakage).",
+    ),
 ]
 _Customer = Annotated[
     str | None, typer.Option("--customer", help="usage: only this customer's entries (v2).")
@@ -99,6 +116,7 @@ def export(
     output: _Output = None,
     format: _Format = None,
     customer: _Customer = None,
+    period: Period = None,
 ) -> None:
     """Export the ledger booked in [since, until) as CSV: the bytes of GET /v1/exports/KIND.csv.
 
@@ -107,8 +125,12 @@ def export(
     The manifest holds the parameters, closed or provisional, rows, token and cost totals, SHA-256.
     """
     settings = load_settings()
+    if kind == "focus":
+        _focus(settings, period, (since, until, group_by, tz, format, customer), output)
+        return
     if kind not in KINDS:
-        fail(f"unknown export {kind!r}: use usage or calls")
+        fail(f"unknown export {kind!r}: use usage, calls or focus")
+    since, until = cli_bounds(since, until, period)
     if kind == "calls" and (group_by is not None or tz is not None or customer is not None):
         fail("--group-by, --tz and --customer apply to usage exports only")
     try:
@@ -170,3 +192,27 @@ def export(
         f"(manifest {manifest_path.name}, sha256 {sha256})",
         err=True,
     )
+
+
+def _focus(
+    settings: Settings,
+    period: str | None,
+    others: tuple[str | None, ...],
+    output: Path | None,
+) -> None:
+    """``billing export focus --period YYYY-MM``: the bytes of ``GET /v1/exports/focus.csv``."""
+    if any(value is not None for value in others):
+        fail("a focus export takes --period (and --output) only", 2)
+    try:
+        month = parse_period(period)
+    except ValidationFailed as error:
+        fail(f"--period {error.errors[0].message}", 2)
+    migrate_or_fail(settings)
+    try:
+        size, sha256 = _write_export(focus_chunks(open_sessions(settings), month), output)
+    except SQLAlchemyError as error:
+        fail(f"export failed: {str(getattr(error, 'orig', error)).strip().splitlines()[0]}")
+    except OSError as error:
+        fail(f"cannot write {output}: {error.strerror or error}")
+    where = f", written to {output}" if output is not None else ""
+    typer.echo(f"billing: focus {month.label}, {size} bytes{where} (sha256 {sha256})", err=True)

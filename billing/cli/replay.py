@@ -15,7 +15,12 @@ from billing.replay import replay as replay_stream
 
 
 def replay(
-    file: Annotated[Path, typer.Argument(help="A recorded SSE response body (e.g. x.sse).")],
+    file: Annotated[
+        Path,
+        typer.Argument(
+            help="A recorded SSE response body (x.sse), or a non-streaming response body (x.json)."
+        ),
+    ],
     protocol: Annotated[
         str, typer.Option(help="openai.chat_completions, openai.responses or anthropic.messages.")
     ],

@@ -81,9 +81,18 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.", min=1, max=65535)] = 8000,
     workers: Annotated[int, typer.Option(help="uvicorn worker processes.")] = 1,
+    forwarded_allow_ips: Annotated[
+        str | None,
+        typer.Option(
+            help="Trust X-Forwarded-Proto/-For from these proxy addresses (comma-separated, or "
+            "'*'): the client's scheme and address (default: BILLING_FORWARDED_ALLOW_IPS; "
+            "none trusted)."
+        ),
+    ] = None,
 ) -> None:
     """Apply migrations, then serve the HTTP API with uvicorn (reconciling in the background)."""
     settings = load_settings()
+    trusted = forwarded_allow_ips or settings.forwarded_allow_ips
     if host.startswith("[") and host.endswith("]"):  # an IPv6 address as a URL writes it
         host = host[1:-1]
     reason = _cannot_listen(host, port, dual_stack=workers > 1)
@@ -114,7 +123,9 @@ def serve(
         host=host,
         port=port,
         workers=workers,
-        **uvicorn_options(settings.log_level, settings.keep_alive_s, settings.max_header_bytes),
+        **uvicorn_options(
+            settings.log_level, settings.keep_alive_s, settings.max_header_bytes, trusted
+        ),
     )
 
 
@@ -153,14 +164,19 @@ def serving_process() -> None:
 
 
 def uvicorn_options(
-    log_level: str, keep_alive_s: float = 5.0, max_header_bytes: int = 32 * 1024
+    log_level: str,
+    keep_alive_s: float = 5.0,
+    max_header_bytes: int = 32 * 1024,
+    forwarded_allow_ips: str | None = None,
 ) -> dict[str, Any]:
     """The uvicorn settings of ``billing serve`` (also used by bench/ingest.py's HTTP ceiling).
 
     uvloop and httptools when installed (``uvicorn[standard]`` brings both), with the connection
     limits of ``billing.api.limits.BoundedHttpToolsProtocol`` (header size and deadline; h11
     without httptools, with its own limit of the headers' size), idle connections closed after
-    ``keep_alive_s``; no access log, no proxy headers, no ``Server`` header.
+    ``keep_alive_s``; no access log, no ``Server`` header; proxy headers (uvicorn's own
+    ``proxy_headers``: the scheme and client of ``X-Forwarded-Proto``/``-For``) only from the
+    addresses of ``forwarded_allow_ips``, and none without it.
     """
     try:
         import uvloop  # noqa: F401
@@ -185,7 +201,8 @@ def uvicorn_options(
         "log_level": log_level,
         "log_config": log_config(log_level),
         "access_log": False,
-        "proxy_headers": False,
+        "proxy_headers": forwarded_allow_ips is not None,
+        "forwarded_allow_ips": forwarded_allow_ips,
         "server_header": False,
         "loop": loop,
         "http": http,

@@ -65,19 +65,31 @@ def tokens_create(
     )
 
 
+#: ``billing tokens list``'s columns.
+TOKEN_LIST_COLUMNS = ("id", "role", "name", "created", "status", "expires", "last_used")
+
+
 @tokens_app.command("list")
 def tokens_list() -> None:
-    """List tokens (id, role, name, created, revoked or active, expires, last used); secrets are
-    never shown."""
+    """List tokens: a header line, then one tab-separated line per token (id, role, name,
+    created, status: active, revoked or expired, expires, last used); secrets are never shown."""
     settings = load_settings()
     migrate_or_fail(settings)
+    now = datetime.now(UTC)
     with read_transaction(open_sessions(settings)) as session:
-        for info in list_tokens(session):
-            revoked = rfc3339(info.revoked_at) or "active"
-            typer.echo(
-                f"{info.id}\t{info.role}\t{info.name or '-'}\t{rfc3339(info.created_at)}\t{revoked}"
-                f"\t{rfc3339(info.expires_at) or 'never'}\t{rfc3339(info.last_used_at) or '-'}"
-            )
+        tokens = list_tokens(session)
+    typer.echo("\t".join(TOKEN_LIST_COLUMNS))
+    for info in tokens:
+        if info.revoked_at is not None:
+            status = f"revoked {rfc3339(info.revoked_at)}"
+        elif info.expires_at is not None and info.expires_at <= now:
+            status = "expired"
+        else:
+            status = "active"
+        typer.echo(
+            f"{info.id}\t{info.role}\t{info.name or '-'}\t{rfc3339(info.created_at)}\t{status}"
+            f"\t{rfc3339(info.expires_at) or 'never'}\t{rfc3339(info.last_used_at) or '-'}"
+        )
 
 
 @tokens_app.command("revoke")

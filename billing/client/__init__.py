@@ -39,6 +39,8 @@ What the client guarantees (CONTRACT "Events" and "Ingest"):
   process is replayed at start. The spool is on by default, in the per-user cache directory
   (``$XDG_CACHE_HOME/billing/spool/``, one file per process and service: see
   :func:`billing.client.spool.claim_default_spool`); ``spool_path=PATH`` puts it elsewhere.
+  Its size is bounded (``max_spool_bytes``, 256 MiB by default): past it, events are dropped
+  and reported.
   With ``spool_path=None`` (off), overflow events are dropped and reported, and events that
   cannot be delivered stay in memory and are tried again later (dropped at ``close()``).
 
@@ -80,11 +82,12 @@ from billing.client.errors import (
     DeliveryError,
     ServiceError,
 )
-from billing.client.spool import DEFAULT_SPOOL, default_spool_dir
+from billing.client.spool import DEFAULT_MAX_SPOOL_BYTES, DEFAULT_SPOOL, default_spool_dir
 from billing.client.sync import BillingClient
 from billing.client.wire import MAX_BATCH_EVENTS, MAX_BODY_BYTES, new_event_id, utc_now
 
 __all__ = [
+    "DEFAULT_MAX_SPOOL_BYTES",
     "DEFAULT_SPOOL",
     "MAX_BATCH_EVENTS",
     "MAX_BODY_BYTES",

@@ -98,6 +98,12 @@ class AsyncBillingClient(ClientBase[httpx.AsyncBaseTransport]):
     ) -> None:
         await self.close()
 
+    def start(self) -> None:
+        """Start delivering now, before the first ``send`` (a spool left by an earlier process
+        is replayed at once): a gateway's startup calls it
+        (:meth:`billing.gateway.Meters.lifespan` does). Call it from the event loop."""
+        self._start()
+
     def _start(self) -> None:
         if self._task is not None:
             return

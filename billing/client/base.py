@@ -10,7 +10,7 @@ import httpx
 from billing.client.authorizations import Request
 from billing.client.engine import Engine
 from billing.client.errors import ClientStats, OnError
-from billing.client.spool import DEFAULT_SPOOL, DefaultSpool
+from billing.client.spool import DEFAULT_MAX_SPOOL_BYTES, DEFAULT_SPOOL, DefaultSpool
 
 _TransportT = TypeVar("_TransportT", httpx.BaseTransport, httpx.AsyncBaseTransport)
 R = TypeVar("R")
@@ -43,6 +43,7 @@ class ClientBase(Generic[_TransportT]):
         flush_interval_s: float = 1.0,
         max_buffer: int = 100_000,
         spool_path: str | os.PathLike[str] | DefaultSpool | None = DEFAULT_SPOOL,
+        max_spool_bytes: int = DEFAULT_MAX_SPOOL_BYTES,
         max_retries: int = 5,
         timeout_s: float = 10.0,
         backoff_base_s: float = 0.2,
@@ -58,6 +59,7 @@ class ClientBase(Generic[_TransportT]):
             flush_interval_s=flush_interval_s,
             max_buffer=max_buffer,
             spool_path=spool_path,
+            max_spool_bytes=max_spool_bytes,
             max_retries=max_retries,
             timeout_s=timeout_s,
             backoff_base_s=backoff_base_s,

@@ -15,7 +15,14 @@ from typing import Any, Literal
 
 from billing import __version__
 from billing.client.errors import DeliveryError, OnError
-from billing.client.spool import DEFAULT_SPOOL, DefaultSpool, Item, Spool, claim_default_spool
+from billing.client.spool import (
+    DEFAULT_MAX_SPOOL_BYTES,
+    DEFAULT_SPOOL,
+    DefaultSpool,
+    Item,
+    Spool,
+    claim_default_spool,
+)
 from billing.client.wire import HEAD, MAX_BATCH_EVENTS, TAIL, Verdict, classify
 
 log = logging.getLogger("billing.client")
@@ -69,6 +76,7 @@ class Delivery:
         backoff_max_s: float,
         max_retry_after_s: float,
         on_error: OnError | None,
+        max_spool_bytes: int = DEFAULT_MAX_SPOOL_BYTES,
     ) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"url must start with http:// or https://, not {url!r}")
@@ -78,6 +86,8 @@ class Delivery:
             raise ValueError("flush_interval_s must be > 0")
         if max_buffer < 1:
             raise ValueError("max_buffer must be >= 1")
+        if max_spool_bytes < 1:
+            raise ValueError("max_spool_bytes must be >= 1")
         if max_retries < 0:
             raise ValueError("max_retries must be >= 0")
         if timeout_s <= 0:
@@ -103,9 +113,9 @@ class Delivery:
         self.on_error = on_error
         self.spool: Spool | None = None
         if spool_path is DEFAULT_SPOOL:
-            self.spool = Spool(*claim_default_spool(self.endpoint))
+            self.spool = Spool(*claim_default_spool(self.endpoint), max_bytes=max_spool_bytes)
         elif isinstance(spool_path, str | os.PathLike):
-            self.spool = Spool(Path(spool_path))
+            self.spool = Spool(Path(spool_path), max_bytes=max_spool_bytes)
 
         self.lock = threading.Lock()
         self.notify: Callable[[], None] = lambda: None

@@ -76,19 +76,21 @@ class Engine(Delivery):
                     self.wake = True
                     self.notify()
                 return event_id
-            if self.spool is not None:  # the buffer is full: to disk (under the lock, so a
-                self.spool.append([item])  # flush never misses an event in between)
+            # the buffer is full: to disk (under the lock, so a flush never misses an event in
+            # between), as far as the spool's bound allows
+            if self.spool is not None and self.spool.append([item]):
                 self._spooled += 1
                 self.wake = True
                 self.notify()
                 return event_id
             self._dropped += 1
             self.notify()
+        where = "no spool_path is configured" if self.spool is None else "the spool is full"
         self._report(
             DeliveryError(
                 "dropped",
-                f"the in-memory buffer is full ({self.max_buffer} events) and no spool_path "
-                "is configured: event dropped",
+                f"the in-memory buffer is full ({self.max_buffer} events) and {where}: "
+                "event dropped",
                 event_ids=[event_id],
             )
         )
@@ -287,13 +289,24 @@ class Engine(Delivery):
             self._buffer.clear()
             moving = list(self._inflight)
         count = self.spool.append(moving)
+        lost = moving[count:]
         with self.lock:
             self._inflight = []
             self._spooled += count
+            self._dropped += len(lost)
             self.notify()
         if count:
             log.warning(
                 "billing client: %d event(s) written to the spool %s", count, self.spool.path
+            )
+        if lost:
+            self._report(
+                DeliveryError(
+                    "dropped",
+                    f"{len(lost)} event(s) dropped: the spool {self.spool.path} is full "
+                    f"({self.spool.max_bytes} bytes, max_spool_bytes)",
+                    event_ids=[item.event_id for item in lost],
+                )
             )
 
     def _evacuate(self, why: str) -> None:

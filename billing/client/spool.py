@@ -17,6 +17,9 @@ from filelock import FileLock, Timeout
 
 from billing.client.wire import HEAD, TAIL
 
+#: The default bound of a spool file (with the one being replayed): 256 MiB.
+DEFAULT_MAX_SPOOL_BYTES = 256 * 2**20
+
 
 @dataclass(frozen=True, slots=True)
 class Item:
@@ -41,11 +44,15 @@ class Spool:
     half-written by a crash is skipped and reported.
 
     One process at a time may use a spool path (``lock``, when given, is held for it and
-    released by :meth:`release`). Thread-safe.
+    released by :meth:`release`). Its size is bounded: past ``max_bytes`` (the new file and the
+    one being replayed together) :meth:`append` writes no more. Thread-safe.
     """
 
-    def __init__(self, path: Path, lock: FileLock | None = None) -> None:
+    def __init__(
+        self, path: Path, lock: FileLock | None = None, max_bytes: int = DEFAULT_MAX_SPOOL_BYTES
+    ) -> None:
         self.path = path
+        self.max_bytes = max_bytes
         self._claim = lock
         self.replay_path = path.with_name(path.name + ".replay")
         self._lock = threading.Lock()
@@ -74,10 +81,22 @@ class Spool:
             self._claim = None
 
     def append(self, items: Iterable[Item]) -> int:
-        """Append events durably (written and fsync'ed); returns how many."""
+        """Append events durably (written and fsync'ed), in order, as far as they fit under
+        ``max_bytes``; returns how many (the caller reports the others as lost)."""
         lines = [item.data + b"\n" for item in items]
         if not lines:
             return 0
+        with self._lock:
+            room = self.max_bytes - _size(self.path) - _size(self.replay_path)
+            fitting = 0
+            for line in lines:
+                room -= len(line)
+                if room < 0:
+                    break
+                fitting += 1
+            lines = lines[:fitting]
+            if not lines:
+                return 0
         with self._lock, open(self.path, "ab") as file:
             file.write(b"".join(lines))
             file.flush()

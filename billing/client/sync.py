@@ -32,6 +32,9 @@ class BillingClient(ClientBase[httpx.BaseTransport]):
             :func:`~billing.client.spool.claim_default_spool`); ``None`` for none (events the
             service cannot take are then kept in memory, or dropped past ``max_buffer`` or at
             ``close()``, each loss logged at WARNING).
+        max_spool_bytes: the spool's bound (default
+            :data:`~billing.client.spool.DEFAULT_MAX_SPOOL_BYTES`, 256 MiB); past it, events
+            that would go to the spool are dropped and reported.
         max_retries: retries of a post after a network error, ``408``, ``429`` or ``5xx``
             before the service counts as unreachable (its events then go to the spool, or stay
             in memory, and are tried again after a pause of 1-30 s).

@@ -20,19 +20,29 @@ COOKIE = "billing_console"
 COOKIE_PATH = "/console"
 #: The roles each page needs besides ``admin``: those of the API endpoint it shows.
 PAGE_ROLES: dict[str, frozenset[str]] = {
+    "overview": frozenset({"read", "export"}),  # GET /v1/usage (and the budgets' states)
     "calls": frozenset({"read"}),  # GET /v1/calls, /v1/calls/{id}
     "usage": frozenset({"read", "export"}),  # GET /v1/usage
     "budgets": frozenset({"read"}),  # GET /v1/budgets/{id}
+    "credits": frozenset({"read"}),  # GET /v1/customers, /v1/credits/balance
     "drift": frozenset({"read", "export"}),  # GET /v1/drift
     "exports": frozenset({"export"}),  # GET /v1/exports/*
+    "customers": frozenset({"read"}),  # GET /v1/keys, /v1/usage, budgets
+    "keys": frozenset({"read"}),  # GET /v1/keys, /v1/usage
+    "alerts": frozenset({"read"}),  # GET /v1/alerts
 }
 #: The pages in the order of the navigation, with their titles.
 PAGES: tuple[tuple[str, str], ...] = (
+    ("overview", "Overview"),
     ("calls", "Calls"),
     ("usage", "Usage"),
     ("budgets", "Budgets"),
+    ("credits", "Credits"),
     ("drift", "Drift"),
     ("exports", "Exports"),
+    ("customers", "Customers"),
+    ("keys", "Keys"),
+    ("alerts", "Alerts"),
 )
 
 
@@ -79,8 +89,15 @@ def set_session(request: Request, response: Response, token: str) -> None:
         path=COOKIE_PATH,
         httponly=True,
         samesite="strict",
-        secure=request.url.scheme == "https",
+        secure=_secure(request),
     )
+
+
+def _secure(request: Request) -> bool:
+    """Whether the cookie is ``Secure``: always with ``BILLING_COOKIE_SECURE=true``, else when
+    the client's scheme is https (behind a trusted proxy: its ``X-Forwarded-Proto``, which
+    uvicorn applies for ``billing serve --forwarded-allow-ips``)."""
+    return bool(request.app.state.billing.settings.cookie_secure) or request.url.scheme == "https"
 
 
 def clear_session(request: Request, response: Response) -> None:
@@ -90,7 +107,7 @@ def clear_session(request: Request, response: Response) -> None:
         path=COOKIE_PATH,
         httponly=True,
         samesite="strict",
-        secure=request.url.scheme == "https",
+        secure=_secure(request),
     )
 
 

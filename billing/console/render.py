@@ -10,6 +10,8 @@ from urllib.parse import quote, urlencode
 from fastapi.responses import HTMLResponse
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
+from billing.console.people import usd
+
 HERE = Path(__file__).resolve().parent
 STATIC_DIR = HERE / "static"
 
@@ -41,6 +43,7 @@ ENV.filters["segment"] = lambda value: quote(str(value), safe="")
 # A cost cell: "unpriced" where no price applied (None), else the value as it is.
 ENV.filters["cost"] = lambda value: "unpriced" if value is None else value
 ENV.globals["query"] = _query
+ENV.globals["usd"] = usd
 # What a page without a form or errors sees (a page's context overrides them).
 ENV.globals.update(errors=[], invalid=False, form={})
 
@@ -56,6 +59,6 @@ def page(template: str, context: dict[str, Any]) -> str:
     return ENV.get_template(template).render(**context)
 
 
-def respond(html: str, status: int = 200) -> HTMLResponse:
-    """An already rendered page as a response with the console's headers."""
-    return HTMLResponse(html, status_code=status, headers=HEADERS)
+def respond(html: str, status: int = 200, extra: dict[str, str] | None = None) -> HTMLResponse:
+    """An already rendered page as a response with the console's headers (and ``extra``)."""
+    return HTMLResponse(html, status_code=status, headers={**HEADERS, **(extra or {})})

@@ -19,10 +19,11 @@ from fastapi.responses import RedirectResponse, Response
 from sqlalchemy.orm import Session
 
 from billing.api.exports import export_response
-from billing.api.state import AppState, get_state, read
-from billing.console import access, views
+from billing.api.state import AppState, as_of_headers, get_state, routed
+from billing.console import access, overview, pages, views
 from billing.console.access import Viewer
 from billing.console.render import page, render, respond
+from billing.credits.rows import Owner
 from billing.drift.schemas import parse_query as parse_drift_query
 from billing.drift.service import drift_rows
 from billing.errors import NotFound, ValidationFailed
@@ -80,8 +81,8 @@ async def _show(
         except NotFound as missing:
             return page("not_found.html", {**base, "message": str(missing)}), 404
 
-    html, status = await read(state, work)
-    return respond(html, status)
+    (html, status), as_of = await routed(state, work)
+    return respond(html, status, as_of_headers(as_of))
 
 
 def _choices() -> dict[str, Any]:
@@ -148,6 +149,57 @@ async def sign_out(request: Request) -> Response:
     return response
 
 
+@router.get("/overview")
+async def overview_page(request: Request) -> Response:
+    """The landing page (v3): the period against the one before, spend by model, top keys,
+    customers and models, undelivered output, disconnects, errors, unpriced calls, budgets
+    near their limit, failing webhooks (``billing.console.overview``)."""
+    viewer = await _gate(request, "overview")
+    if isinstance(viewer, Response):
+        return viewer
+    now = datetime.now(UTC)
+    items = overview.overview_defaults(_items(request), now)
+    return await _show(
+        request,
+        viewer,
+        "overview",
+        "overview.html",
+        lambda s: overview.overview_view(s, items, now),
+        dict(items),
+    )
+
+
+async def _period_page(request: Request, name: str, build: pages.Build) -> Response:
+    """A v3 page of a period (``since`` / ``until``, the last 30 UTC days by default)."""
+    viewer = await _gate(request, name)
+    if isinstance(viewer, Response):
+        return viewer
+    now = datetime.now(UTC)
+    given = _items(request)
+    items = [*overview.overview_defaults(given, now), *[(k, v) for k, v in given if k == "cursor"]]
+    return await _show(
+        request, viewer, name, f"{name}.html", lambda s: build(s, items, now), dict(items)
+    )
+
+
+@router.get("/keys")
+async def keys(request: Request) -> Response:
+    """Keys with their customer, plan and usage of the period (v3)."""
+    return await _period_page(request, "keys", pages.keys_view)
+
+
+@router.get("/customers")
+async def customers(request: Request) -> Response:
+    """Customers: plans, keys, budgets and charges of the period (v3)."""
+    return await _period_page(request, "customers", pages.customers_view)
+
+
+@router.get("/alerts")
+async def alerts(request: Request) -> Response:
+    """Budget alerts and their webhook deliveries (v3)."""
+    return await _period_page(request, "alerts", pages.alerts_view)
+
+
 @router.get("/calls")
 async def calls(request: Request) -> Response:
     """The call log (``GET /v1/calls``'s parameters), newest first, page by page."""
@@ -194,6 +246,27 @@ async def budgets(request: Request) -> Response:
     now = datetime.now(UTC)
     return await _show(
         request, viewer, "budgets", "budgets.html", lambda s: views.budgets_view(s, now), {}
+    )
+
+
+@router.get("/credits")
+async def credits(request: Request) -> Response:
+    """Prepaid credits: the customers and their balances, or (``?customer_id=`` /
+    ``?api_key_id=``) one owner's balance, grants and latest draws."""
+    viewer = await _gate(request, "credits")
+    if isinstance(viewer, Response):
+        return viewer
+    form = dict(_items(request))
+    customer, key = form.get("customer_id"), form.get("api_key_id")
+    owner = Owner.of(customer, key) if customer or key else None
+    now = datetime.now(UTC)
+    return await _show(
+        request,
+        viewer,
+        "credits",
+        "credits.html",
+        lambda s: views.credits_view(s, owner, now),
+        form,
     )
 
 

@@ -27,6 +27,8 @@ from billing.calllog.usage import TOTAL_FIELDS, parse_usage_query, usage_rows
 from billing.calllog.views import call_json
 from billing.console.chart import bar_chart, output_bar
 from billing.console.words import anomaly_words, event_title
+from billing.credits.rows import Owner
+from billing.credits.service import balance, entries_json, list_customers
 from billing.dimensions import TOKEN_FIELDS
 from billing.drift.schemas import FIELDS as DRIFT_FIELDS
 from billing.errors import FieldError, ValidationFailed
@@ -215,6 +217,22 @@ def budgets_view(session: Session, now: datetime) -> dict[str, Any]:
     for row in rows:
         row["progress"] = format_usd(min(Decimal(row["fraction_used"]), Decimal(1)))
     return {"budgets": rows, "holds": holds_in_flight(session, now)}
+
+
+#: The latest credit entries the Credits page shows of an owner.
+CREDIT_ENTRIES = 50
+
+
+def credits_view(session: Session, owner: Owner | None, now: datetime) -> dict[str, Any]:
+    """The Credits page: the customers (``GET /v1/customers``' first page) with their balance,
+    or one owner's balance (``GET /v1/credits/balance``), grants and latest entries."""
+    if owner is None:
+        customers, _ = list_customers(session, None, 100, now)
+        return {"customers": customers, "owner": None}
+    return {
+        "owner": balance(session, owner, now),
+        "entries": entries_json(session, owner, CREDIT_ENTRIES),
+    }
 
 
 STATUS_CHOICES = STATUSES

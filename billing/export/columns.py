@@ -75,8 +75,8 @@ CALLS_COLUMNS: Final[tuple[str, ...]] = (
 
 #: The export formats: ``v1`` (the default; its columns never change) and ``v2`` (CONTRACT
 #: "Keys, customers and plans (v2)", "Usage dimensions (v2)").
-Format = Literal["v1", "v2"]
-FORMATS: Final[tuple[Format, ...]] = ("v1", "v2")
+Format = Literal["v1", "v2", "v3"]
+FORMATS: Final[tuple[Format, ...]] = ("v1", "v2", "v3")
 
 #: How a v2 column's cell is made from its ledger value: ``count`` an integer (summed in
 #: usage.csv), ``units`` the units JSON (name → count; merged by name in usage.csv), ``price``
@@ -129,11 +129,39 @@ V2_USAGE_ADDED: Final[tuple[V2Column, ...]] = (
 V2_USAGE_GROUPS: Final[tuple[str, ...]] = ("customer_id", "plan_id")
 
 
+#: (v3) The columns ``?format=v3`` adds after v2's, whose order a release has fixed (CONTRACT
+#: "Keys, customers and plans (v2)"): the failure policy an entry was charged under (so that its
+#: charge can still be recomputed from its own columns: ``void`` charges 0, ``bill_delivered``
+#: charges the output billed less the undelivered), the cost it left uncharged and the
+#: provider's own cost (CONTRACT "Charge policy for failed calls (v3)", "Non-streaming calls,
+#: hosted-tool fees, provider-reported cost (v3)").
+V3_USAGE_ADDED: Final[tuple[V2Column, ...]] = (
+    V2Column("leakage_usd", "leakage_pusd", "money"),
+    V2Column("provider_cost_usd", "provider_cost_pusd", "money"),
+)
+V3_CALLS_ADDED: Final[tuple[V2Column, ...]] = (
+    V2Column("failure_charge", "failure_charge", "text"),
+    *V3_USAGE_ADDED,
+)
+
+
+def calls_added(format: Format) -> tuple[V2Column, ...]:
+    """The columns ``format`` adds to ``calls.csv`` after v1's."""
+    if format == "v1":
+        return ()
+    return (*V2_CALLS_ADDED, *(V3_CALLS_ADDED if format == "v3" else ()))
+
+
+def usage_added(format: Format) -> tuple[V2Column, ...]:
+    """The columns ``format`` adds to ``usage.csv`` after the totals."""
+    if format == "v1":
+        return ()
+    return (*V2_USAGE_ADDED, *(V3_USAGE_ADDED if format == "v3" else ()))
+
+
 def calls_columns(format: Format = "v1") -> tuple[str, ...]:
     """The header of ``calls.csv`` in ``format``."""
-    if format == "v1":
-        return CALLS_COLUMNS
-    return (*CALLS_COLUMNS, *(c.name for c in V2_CALLS_ADDED))
+    return (*CALLS_COLUMNS, *(c.name for c in calls_added(format)))
 
 
 def usage_columns(group_by: tuple[str, ...], format: Format = "v1") -> tuple[str, ...]:
@@ -145,7 +173,7 @@ def usage_columns(group_by: tuple[str, ...], format: Format = "v1") -> tuple[str
         *group_by,
         *v2_groups(group_by),
         *USAGE_TOTAL_COLUMNS,
-        *(c.name for c in V2_USAGE_ADDED),
+        *(c.name for c in usage_added(format)),
     )
 
 

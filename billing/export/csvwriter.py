@@ -2,9 +2,11 @@
 
 - Every row ends with ``\\r\\n``; a cell is quoted only when it holds a comma, a double quote, CR
   or LF (``csv.QUOTE_MINIMAL``), and a double quote inside is doubled.
-- Text cells that a spreadsheet would run as a formula (starting with ``=``, ``+``, ``-``, ``@``,
-  tab or CR) get a leading ``'`` (:func:`neutralise`). Numeric cells (token counts, prices, costs,
-  negative adjustments too) are written as they are and never altered.
+- Text cells that a spreadsheet would run as a formula (whose first character after any spaces
+  and ``;`` is ``=``, ``+``, ``-``, ``@``, a full-width ``＝ ＋ － ＠``, tab, CR or LF) get a
+  leading ``'`` (:func:`neutralise`, the one definition every CSV writer uses). Numeric cells
+  (token counts, prices, costs, negative adjustments too) are written as they are and never
+  altered.
 - Money is exact: prices and costs are stored as integers (micro-USD per million tokens,
   picodollars) and written as plain decimals with trailing zeros removed, exactly as
   :func:`billing.money.pusd_to_str` writes them, with integer and string operations only.
@@ -23,16 +25,21 @@ from billing.dimensions import V1_TOKEN_FIELDS
 from billing.export.columns import V2Column
 from billing.rates import V1_RATES
 
-#: First characters that make a spreadsheet treat a cell as a formula (OWASP "CSV injection").
-FORMULA_STARTS: Final[frozenset[str]] = frozenset("=+-@\t\r")
+#: First characters that make a spreadsheet treat a cell as a formula (OWASP "CSV injection"),
+#: the full-width forms too (a spreadsheet may fold them).
+FORMULA_STARTS: Final[frozenset[str]] = frozenset("=+-@\t\r\n\uff1d\uff0b\uff0d\uff20")
+#: What a spreadsheet skips before it looks for a formula: spaces (the ideographic one too) and
+#: ``;`` (a separator some spreadsheets accept in a cell).
+_SKIPPED = " ;\u3000"
 
 
 def neutralise(value: str | None) -> str | None:
-    """A text cell made inert for spreadsheets: ``'`` before a leading ``= + - @`` tab or CR.
+    """A text cell made inert for spreadsheets: ``'`` before it when its first character after
+    any spaces and ``;`` is one of ``FORMULA_STARTS``.
 
     None (an empty cell) and every other text stay as they are.
     """
-    if value and value[0] in FORMULA_STARTS:
+    if value and value.lstrip(_SKIPPED)[:1] in FORMULA_STARTS:
         return "'" + value
     return value
 

@@ -140,9 +140,9 @@ def parse_params(
     chosen: Format = "v1"
     if format is not None:
         if format in FORMATS:
-            chosen = "v2" if format == "v2" else "v1"
+            chosen = "v3" if format == "v3" else "v2" if format == "v2" else "v1"
         else:
-            errors.append(FieldError(None, "query.format", "must be v1 (the default) or v2"))
+            errors.append(FieldError(None, "query.format", "must be v1 (the default), v2 or v3"))
     if errors:
         raise ValidationFailed(errors)
     return ExportParams(kind, bounds["since"], bounds["until"], keys, zone, chosen, customer_id)

@@ -59,6 +59,13 @@ class ExportRepository(Protocol):
         HH:MM:SS.ffffff``, the tokens of the v1 columns (``V1_TOKEN_FIELDS``) in order; then the
         ``ledger_entries`` columns ``extra`` (a v2 export's, as stored)."""
 
+    def focus_chunks(
+        self, session: Session, since: datetime, until: datetime, size: int
+    ) -> Iterator[list[Any]]:
+        """(v3) The FOCUS export's ledger lines (``billing.export.sql.common.focus_query``), at
+        most ``size`` a chunk (a server-side cursor on PostgreSQL)."""
+        ...
+
 
 _REPOSITORIES: ByDialect[ExportRepository] = ByDialect(
     sqlite=SqliteExport(), postgresql=PostgresExport()

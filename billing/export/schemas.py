@@ -18,8 +18,10 @@ class CallsCsvParams(BaseModel):
 
     since: AwareDatetime = Field(description="start (inclusive), RFC 3339 with an offset")
     until: AwareDatetime = Field(description="end (exclusive), RFC 3339 with an offset")
-    format: Literal["v1", "v2"] | None = Field(
-        None, description="v1 (default: the v1 columns) or v2 (the v2 columns after them)"
+    format: Literal["v1", "v2", "v3"] | None = Field(
+        None,
+        description="v1 (default: the v1 columns), v2 (the v2 columns after them) or v3 (v2's, "
+        "then the failure policy, leakage_usd and provider_cost_usd)",
     )
 
 
@@ -36,3 +38,9 @@ class UsageCsvParams(CallsCsvParams):
     customer_id: str | None = Field(
         None, max_length=128, description="only the entries charged to this customer (v2)"
     )
+
+
+class FocusCsvParams(BaseModel):
+    """(v3) The query of ``GET /v1/exports/focus.csv``: the month of booking, in UTC."""
+
+    period: str = Field(pattern=r"^\d{4}-(0[1-9]|1[0-2])$", description="a month, YYYY-MM")

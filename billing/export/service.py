@@ -40,10 +40,10 @@ from billing.calllog.buckets import Buckets, hour_sort_key
 from billing.export.columns import (
     TEXT_KEYS,
     TOKEN_COLUMNS,
-    V2_CALLS_ADDED,
-    V2_USAGE_ADDED,
     V2_USAGE_GROUPS,
+    calls_added,
     calls_columns,
+    usage_added,
     usage_columns,
     v2_groups,
 )
@@ -120,8 +120,8 @@ def _add_extended(
     ``V2_USAGE_ADDED``) to its group: by ``group_by`` (``customer_id`` among them), then in v2
     by the customer and plan not in it (``v2_groups``); only the customer's rows with
     ``params.customer_id``. Returns how many rows were added."""
-    v2 = params.format == "v2"
-    kinds = [c.kind for c in V2_USAGE_ADDED] if v2 else []
+    v2 = params.format != "v1"
+    kinds = [c.kind for c in usage_added(params.format)]
     extra_groups = [V2_USAGE_GROUPS.index(n) for n in v2_groups(params.group_by)] if v2 else []
     only = params.customer_id
     taken = 0
@@ -241,13 +241,14 @@ def _calls_chunks(
     writer = ChunkWriter()
     # The header goes out with the first rows, so a failing query fails before any byte is sent.
     pending = writer.header(calls_columns(params.format))
-    v2 = params.format == "v2"
-    extra = [c.source for c in V2_CALLS_ADDED] if v2 else []
+    v2 = params.format != "v1"
+    added = calls_added(params.format)
+    extra = [c.source for c in added]
     with read_transaction(sessions) as session:
         if stats is not None:
             _calls_totals(session, params, stats)
         render = CallsRenderer()
-        cells = V2Cells(V2_CALLS_ADDED)
+        cells = V2Cells(added)
         chunks = repository(session).calls_chunks
         for part in chunks(session, params.since, params.until, CHUNK_ROWS, extra):
             if progress is not None:
@@ -311,11 +312,12 @@ def _usage_chunks(
     buckets = Buckets(params.zone, tuple(k for k in params.group_by if k not in TEXT_KEYS))
     labels_of = buckets.labels
     pick = _group_getter(params)
-    v2 = params.format == "v2"
+    v2 = params.format != "v1"
+    added_columns = usage_added(params.format)
     # v2, a customer group or a customer filter read the customer and plan of every entry (and
     # v2 its columns) and go through ``_add_extended``; v1's other exports are v1's hot loop.
     extended = v2 or "customer_id" in params.group_by or params.customer_id is not None
-    extra = [*V2_USAGE_GROUPS, *(c.source for c in V2_USAGE_ADDED if v2)] if extended else []
+    extra = [*V2_USAGE_GROUPS, *(c.source for c in added_columns)] if extended else []
     # Per group: [settlements, the token totals, cost of priced entries, priced entries].
     groups: dict[tuple[Any, ...], list[int]] = {}
     # v2: per group, the v2 columns' totals (a count summed, units merged by name).
@@ -332,7 +334,7 @@ def _usage_chunks(
             if progress is not None:
                 progress(len(part))
     yield header
-    cells = V2Cells(V2_USAGE_ADDED)
+    cells = V2Cells(added_columns)
     n = neutralise
     rows: list[tuple[Any, ...]] = []
     for group in sorted(groups, key=_sort_key(params, v2)):

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from billing.fields import printable_text
 from billing.gateway.policy import DRAIN_SKIPPED
 from billing.taps import Tap, open_tap
 
@@ -87,6 +88,16 @@ class CallAccount:
             started["metadata"] = self.metadata
         self._event("stream.started", started)
 
+    def whole(self, body: bytes) -> None:
+        """A non-streaming response: one attempt whose whole body is ``body`` (the protocol's
+        response object), read by the tap (:meth:`billing.taps.Tap.read_json`) and settled at
+        once, delivered in full (CONTRACT "Non-streaming calls, hosted-tool fees,
+        provider-reported cost": delivered = the output count)."""
+        self.start_attempt()
+        self.tap.read_json(body)
+        self.bytes_relayed += len(body)
+        self.settle()
+
     def fed(self) -> int:
         """After a chunk was fed to the tap: sends progress when due; returns generated tokens.
 
@@ -157,5 +168,5 @@ class CallAccount:
                 "output_tokens_generated": generated,
             }
             if message:
-                failed["message"] = message[:1000]
+                failed["message"] = printable_text(message[:1000])
             self._event("stream.failed", failed)

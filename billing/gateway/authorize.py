@@ -34,7 +34,6 @@ __all__ = [
     "estimate_of",
     "open_upstream",
     "opener_of",
-    "preparing",
     "refusal",
     "release_quietly",
 ]
@@ -225,47 +224,33 @@ def opener_of(upstream: AsyncSource | Opener) -> Opener | None:
 
 
 async def open_upstream(
-    opener: Opener, protocol: str, release: Callable[[], Awaitable[None]]
+    opener: Opener,
+    protocol: str,
+    release: Callable[[], Awaitable[None]],
+    failed: Callable[[BaseException], None],
+    whole: Callable[[httpx.Response], Response],
 ) -> AsyncSource | Response:
-    """The upstream ``opener`` opens, or, when it fails before a byte (it raises, or answers
-    other than 200), the response to give the client after ``release``: the provider's error as
-    it sent it, or a 502 in the protocol's shape when there was no answer."""
+    """The upstream ``opener`` opens, or the response to give the client instead: a whole (not
+    streamed) response, as ``whole`` meters it; when the upstream fails before a byte (it
+    raises, or answers other than 200), after ``release``, the provider's error as it sent it
+    (``whole``) or, when there was no answer, a 502 in the protocol's shape (``failed`` records
+    the attempt)."""
     try:
         source = await opener()
-    except Exception as error:
-        await release()
-        log.warning("the upstream could not be opened (%r): the hold is released", error)
-        failed = Admission(False, status=502, reason="upstream_unavailable", message=str(error))
-        return refusal(protocol, failed)
-    if isinstance(source, httpx.Response) and source.status_code != 200:
-        await release()
+        if not isinstance(source, httpx.Response):
+            return source
+        if source.status_code == 200 and not source.is_closed:
+            return source  # a stream, read by the meter
+        if source.status_code != 200:
+            await release()
         try:
             await source.aread()
         finally:
             await source.aclose()
-        kind = source.headers.get("content-type", "application/json")
-        return Response(source.content, source.status_code, media_type=kind)
-    return source
-
-
-def preparing(
-    authorize: Callable[[], Awaitable[Response | None]],
-    opener: Opener,
-    protocol: str,
-    release: Callable[[], Awaitable[None]],
-    opened: list[AsyncSource],
-) -> Callable[[], Awaitable[Response | None]]:
-    """What a metered response runs before its head when given an opener: ``authorize``, then
-    the upstream opened (into ``opened``); the refusal or the upstream's error instead."""
-
-    async def prepare() -> Response | None:
-        refused = await authorize()
-        if refused is not None:
-            return refused
-        source = await open_upstream(opener, protocol, release)
-        if isinstance(source, Response):
-            return source
-        opened.append(source)
-        return None
-
-    return prepare
+    except Exception as error:
+        await release()
+        failed(error)
+        log.warning("the upstream could not be opened (%r): the hold is released", error)
+        gone = Admission(False, status=502, reason="upstream_unavailable", message=str(error))
+        return refusal(protocol, gone)
+    return whole(source)

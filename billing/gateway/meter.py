@@ -1,163 +1,44 @@
-"""The metered stream: relay an upstream's bytes to the client and account for them.
+"""The metered stream of one call: relay an upstream's bytes to the client and account for them.
 
-:class:`Meters` holds what every call of a gateway shares (the billing client, the drain policy,
-the count of running drains); :meth:`Meters.call` gives the :class:`Meter` of one call, whose
+:meth:`billing.gateway.meters.Meters.call` gives the :class:`Meter` of one call, whose
 :meth:`Meter.response` (an ASGI response, asyncio), :meth:`Meter.relay` (an async generator,
-asyncio) or :meth:`Meter.relay_sync` wraps the upstream byte stream.
+asyncio) or :meth:`Meter.relay_sync` wraps the upstream byte stream, and whose
+:meth:`Meter.json` / :meth:`Meter.settle_json` meter a non-streaming response.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
-from decimal import Decimal
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
+import httpx
 from starlette.responses import Response
 from starlette.types import Message, Receive
 
 from billing.gateway.account import CallAccount
 from billing.gateway.authorize import (
-    DEFAULT_MAX_OUTPUT_TOKENS,
     Admission,
-    Authorizer,
     Opener,
-    Reserver,
+    open_upstream,
     opener_of,
-    preparing,
     refusal,
 )
 from billing.gateway.drain import Drain, drain_in_thread
-from billing.gateway.policy import DrainPolicy
+from billing.gateway.headers import CALL_ID_HEADER, relayed_headers
+from billing.gateway.hidden import UsageChunkFilter
 from billing.gateway.pump import END, STALLED, Pump, Send
 from billing.gateway.response import MeteredResponse, disconnected
-from billing.gateway.slots import DrainSlots
 from billing.gateway.upstream import AsyncSource, SyncSource, close_quietly, sync_chunks
 
-__all__ = ["Meter", "Meters"]
+if TYPE_CHECKING:
+    from billing.gateway.meters import Meters
+
+__all__ = ["Meter"]
 
 #: The client left: a closed generator, a cancelled task, or a broken pipe.
 _CLIENT_GONE = (GeneratorExit, asyncio.CancelledError, OSError)
-
-
-class EventSink(Protocol):
-    """What the meter needs of a billing client: ``send`` (both clients of
-    :mod:`billing.client` have it; it queues and never blocks on the network)."""
-
-    def send(self, event: Mapping[str, Any]) -> str: ...
-
-
-class Meters:
-    """The metered streams of one gateway process.
-
-    Args:
-        client: a :class:`billing.client.AsyncBillingClient` (for :meth:`Meter.relay`) or
-            :class:`billing.client.BillingClient` (for :meth:`Meter.relay_sync`).
-        drain: what to do when a client leaves (default: drain, within
-            :class:`DrainPolicy`'s bounds); recorded on every call in
-            ``stream.started.metadata`` (:meth:`DrainPolicy.metadata`).
-        progress_every: output tokens between two ``stream.tokens`` progress events (>= 1).
-        stall_timeout_s: seconds without an upstream byte after which an attempt is
-            ``stalled`` (``stream.failed``); ``None``: no stall detection of the meter's own
-            (an ``httpx`` read timeout counts as a stall too).
-        max_attempts: attempts per call, retries of a stalled upstream included (>= 1).
-        authorize: reserve each call's estimate before its upstream is opened (with an
-            ``AsyncBillingClient``; :meth:`Meter.authorize`, :meth:`Meter.response`).
-        fail_open: when the service cannot decide (503, no answer, a refused request such
-            as a 409): call the upstream (``True``) or answer 503; logged at WARNING.
-        hold_usd, max_output_tokens, hold_ttl_s: a fixed estimate per call, else the output
-            limit of ``call(body=...)`` (``max_output_tokens`` without one); the hold's TTL.
-
-    Raises:
-        ValueError: an argument out of range.
-        TypeError: ``authorize`` with a client that cannot authorize asynchronously.
-    """
-
-    def __init__(
-        self,
-        client: EventSink,
-        *,
-        drain: DrainPolicy | None = None,
-        progress_every: int = 64,
-        stall_timeout_s: float | None = None,
-        max_attempts: int = 2,
-        authorize: bool = False,
-        fail_open: bool = True,
-        hold_usd: Decimal | None = None,
-        max_output_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS,
-        hold_ttl_s: int | None = None,
-    ) -> None:
-        if progress_every < 1 or max_attempts < 1:
-            raise ValueError("progress_every and max_attempts must be >= 1")
-        if stall_timeout_s is not None and stall_timeout_s <= 0:
-            raise ValueError("stall_timeout_s must be positive")
-        self.client = client
-        self.policy = drain or DrainPolicy()
-        self.progress_every = progress_every
-        self.stall_timeout_s = stall_timeout_s
-        self.max_attempts = max_attempts
-        self.slots = DrainSlots(self.policy.max_concurrent)
-        self.authorizer: Authorizer | None = None
-        if authorize:
-            if not inspect.iscoroutinefunction(getattr(client, "authorize", None)):
-                raise TypeError("authorize=True needs an AsyncBillingClient")
-            reserver: Reserver = client  # type: ignore[assignment]
-            self.authorizer = Authorizer(
-                reserver, fail_open, hold_usd, max_output_tokens, hold_ttl_s
-            )
-
-    def call(
-        self,
-        *,
-        request_id: str,
-        api_key_id: str,
-        model: str,
-        protocol: str,
-        input_tokens: int | None = None,
-        metadata: Mapping[str, str] | None = None,
-        body: Mapping[str, Any] | None = None,
-    ) -> Meter:
-        """The meter of one call (CONTRACT "Events": ``stream.started``'s fields).
-
-        ``input_tokens`` is the gateway's own count of the input (used when the upstream
-        reports none, and in the authorization's estimate); ``metadata`` is added to the drain
-        policy's entries; ``body`` is the request sent upstream, whose output limit
-        (``max_tokens``, ``max_completion_tokens``, ``max_output_tokens``) bounds the hold.
-
-        Raises:
-            ValueError: ``protocol`` is not one of :data:`billing.taps.PROTOCOLS`.
-        """
-        return Meter(
-            self,
-            CallAccount(
-                self.client.send,
-                request_id=request_id,
-                api_key_id=api_key_id,
-                model=model,
-                protocol=protocol,
-                input_tokens=input_tokens,
-                metadata={**self.policy.metadata(), **(metadata or {})},
-                progress_every=self.progress_every,
-            ),
-            body,
-        )
-
-    @property
-    def drains_running(self) -> int:
-        """Drains running now (asyncio and threads)."""
-        return self.slots.running
-
-    async def wait_drains(self, timeout: float | None = None) -> bool:
-        """Wait (``timeout`` seconds at most) until no drain runs, e.g. before closing the
-        billing client at shutdown; ``True`` when none runs."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.slots.running:
-            if deadline is not None and time.monotonic() >= deadline:
-                return False
-            await asyncio.sleep(0.05)
-        return True
 
 
 class Meter:
@@ -196,15 +77,65 @@ class Meter:
             self.admission = Admission(True)
             await authorizer.release(self.account.request_id)
 
-    def _pump(self, source: AsyncSource, send: Send | None = None) -> Pump:
+    def _pump(
+        self, source: AsyncSource, send: Send | None = None, hide: UsageChunkFilter | None = None
+    ) -> Pump:
         meters = self._meters
-        return Pump(
+        pump = Pump(
             self.account,
             source,
             stall_timeout_s=meters.stall_timeout_s,
             slots=meters.slots,
             policy=meters.policy,
             send=send,
+            hide=hide,
+        )
+        meters.pumps.add(pump)
+        pump.task.add_done_callback(lambda _: meters.pumps.discard(pump))
+        return pump
+
+    def _headers(self, upstream: object, headers: Mapping[str, str] | None) -> dict[str, str]:
+        """The client's response headers: ``headers`` when given, else what passes on of the
+        upstream's (:func:`billing.gateway.headers.relayed_headers`), and the call's id."""
+        if headers is not None:
+            return {**headers, CALL_ID_HEADER: self.request_id}
+        upstream_headers = upstream.headers if isinstance(upstream, httpx.Response) else None
+        return relayed_headers(upstream_headers, self.request_id)
+
+    def settle_json(self, body: bytes) -> None:
+        """Meter a NON-streaming response whose whole body is ``body`` (sans-IO: any gateway,
+        sync or asyncio): ``stream.started``, the counts (delivered = the output) and the
+        closing events the protocol's tap reads in the body (:meth:`billing.taps.Tap.read_json`;
+        an error body gives ``stream.failed``)."""
+        self.account.whole(body)
+
+    def failed(self, error: BaseException) -> None:
+        """The upstream could not be opened, or failed before its response was read (a
+        connection error, a timeout): the attempt's events all the same (``stream.started``,
+        a usage of nothing generated, ``stream.failed`` ``upstream_disconnect``), so that no
+        call made upstream goes without its record."""
+        account = self.account
+        account.start_attempt()
+        account.settle(error_type="upstream_disconnect", message=str(error) or repr(error))
+
+    def json(
+        self,
+        upstream: httpx.Response | bytes,
+        *,
+        status_code: int | None = None,
+        headers: Mapping[str, str] | None = None,
+        media_type: str = "application/json",
+    ) -> Response:
+        """Meter a non-streaming response (:meth:`settle_json`) and return it to the client
+        as it came: ``upstream`` is an ``httpx.Response`` whose body was read (its status and
+        the headers that pass on, :mod:`billing.gateway.headers`) or the body's bytes (status
+        200); the call's id goes as ``X-Request-Id``."""
+        body = upstream if isinstance(upstream, bytes) else upstream.content
+        self.settle_json(body)
+        if status_code is None:
+            status_code = upstream.status_code if isinstance(upstream, httpx.Response) else 200
+        return Response(
+            body, status_code, headers=self._headers(upstream, headers), media_type=media_type
         )
 
     async def _next_attempt(
@@ -212,6 +143,7 @@ class Meter:
         outcome: str,
         retry: Callable[[], Awaitable[AsyncSource]] | None,
         send: Send | None,
+        hide: UsageChunkFilter | None = None,
     ) -> Pump | None:
         """After an attempt that did not end normally: the next attempt's pump when the
         upstream stalled before the client had a byte and ``retry`` may run again, else
@@ -230,7 +162,7 @@ class Meter:
         except Exception as error:  # the upstream cannot be opened again
             account.settle(error_type="upstream_disconnect", message=repr(error))
             return None
-        return self._pump(source, send)
+        return self._pump(source, send, hide)
 
     def response(
         self,
@@ -240,6 +172,7 @@ class Meter:
         status_code: int = 200,
         headers: Mapping[str, str] | None = None,
         media_type: str = "text/event-stream",
+        hide_usage: bool = False,
     ) -> MeteredResponse:
         """The metered stream as the endpoint's response (asyncio; FastAPI / Starlette)::
 
@@ -251,30 +184,54 @@ class Meter:
         left when the server says ``http.disconnect``, a write fails, or the response task is
         cancelled; the upstream is then drained as with :meth:`relay`.
 
-        ``upstream`` may be an opener instead (``lambda: http.send(request, stream=True)``),
+        The response carries the call's id as ``X-Request-Id`` and, unless ``headers`` are
+        given, the upstream's headers that pass on (rate limits, its request id:
+        :mod:`billing.gateway.headers`). ``hide_usage``: the gateway asked the upstream for the
+        usage chunk (``stream_options.include_usage``) that the client did not ask for; it is
+        metered but not sent (:mod:`billing.gateway.hidden`).
+
+        ``upstream`` may be an opener instead (``lambda: http.send(request, stream=streamed)``),
         which the response calls once :meth:`authorize` allowed the call: a refusal is the
-        answer then, without a request upstream; an upstream that fails before a byte (it
-        raises, or answers other than 200) releases the hold and its error is the answer (as
-        the provider sent it; a 502 in the protocol's shape when there was no answer).
+        answer then, without a request upstream. A whole (not streamed) response is answered
+        by :meth:`json`; an upstream that fails before a byte releases the hold and is metered
+        all the same: its error is the answer as the provider sent it (:meth:`json`), or a 502
+        in the protocol's shape when there was no answer (:meth:`failed`).
 
         Raises:
             TypeError: ``Meters(authorize=True)`` and an upstream already open, not authorized.
         """
+        hide = UsageChunkFilter() if hide_usage else None
         opened: list[AsyncSource] = []
-        opener, prepare = opener_of(upstream), None
-        if opener is not None:
-            prepare = preparing(self.authorize, opener, self.account.protocol, self.release, opened)
-        elif self._meters.authorizer is not None and self.admission is None:
-            raise TypeError("with authorize=True, give the upstream's opener")
-        else:
+        opener = opener_of(upstream)
+        if opener is None:
+            if self._meters.authorizer is not None and self.admission is None:
+                raise TypeError("with authorize=True, give the upstream's opener")
             opened.append(upstream)  # type: ignore[arg-type]
 
-        async def serve(send: Send, receive: Receive, head: Message) -> None:
-            await self._serve(opened[0], retry, send, receive, head)
+        async def prepare() -> Response | None:
+            assert opener is not None
+            refused = await self.authorize()
+            source = refused or await open_upstream(
+                opener, self.account.protocol, self.release, self.failed, self.json
+            )
+            if isinstance(source, Response):
+                source.headers.setdefault(CALL_ID_HEADER, self.request_id)
+                return source
+            opened.append(source)
+            response.init_headers(self._headers(source, headers))
+            return None
 
-        return MeteredResponse(
-            serve, status_code=status_code, headers=headers, media_type=media_type, prepare=prepare
+        async def serve(send: Send, receive: Receive, head: Message) -> None:
+            await self._serve(opened[0], retry, send, receive, head, hide)
+
+        response = MeteredResponse(
+            serve,
+            status_code=status_code,
+            headers=self._headers(opened[0] if opened else None, headers),
+            media_type=media_type,
+            prepare=None if opener is None else prepare,
         )
+        return response
 
     async def _serve(
         self,
@@ -283,6 +240,7 @@ class Meter:
         send: Send,
         receive: Receive,
         head: Message,
+        hide: UsageChunkFilter | None,
     ) -> None:
         """:meth:`response` once served: the head, then the attempts, until the upstream's
         end, a failure or the client's disconnect."""
@@ -293,7 +251,7 @@ class Meter:
         except BaseException:  # no client to write to (gone, or the task cancelled): drain
             self._pump(upstream, send).leave()
             raise
-        pump = self._pump(upstream, send)  # (after the head: the pump writes the body)
+        pump = self._pump(upstream, send, hide)  # (after the head: the pump writes the body)
         left = asyncio.ensure_future(disconnected(receive))
         try:
             while True:
@@ -306,13 +264,14 @@ class Meter:
                 if outcome == END:
                     account.settle()
                 else:
-                    next_pump = await self._next_attempt(outcome, retry, send)
+                    next_pump = await self._next_attempt(outcome, retry, send, hide)
                     if next_pump is not None:
                         pump = next_pump
                         continue
                 # the end of the client's stream, as a StreamingResponse ends when its relay
                 # returns (after a failure too: the attempt is settled and reported)
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                rest = b"" if hide is None else hide.finish()
+                await send({"type": "http.response.body", "body": rest, "more_body": False})
                 return
         except _CLIENT_GONE:
             if not account.settled:  # (the last write may fail after a complete stream)
@@ -326,6 +285,7 @@ class Meter:
         upstream: AsyncSource,
         *,
         retry: Callable[[], Awaitable[AsyncSource]] | None = None,
+        hide_usage: bool = False,
     ) -> AsyncIterator[bytes]:
         """Relay ``upstream``'s raw bytes to the client, metering them (asyncio)::
 
@@ -347,8 +307,10 @@ class Meter:
         wrote it). With ``retry`` (a coroutine function opening the upstream again), a stalled
         upstream (see :class:`Meters`) that has not yet sent the client a byte is retried as
         a new attempt, up to ``max_attempts``; a later stall ends the client's stream.
+        ``hide_usage``: as :meth:`response`'s.
         """
         account = self.account
+        hide = UsageChunkFilter() if hide_usage else None
         account.start_attempt()
         pump = self._pump(upstream)
         try:
@@ -358,7 +320,9 @@ class Meter:
                     chunk, generated = ready.popleft()
                     if pump.room is not None:  # (the call only when the pump waits: a call a chunk)
                         pump.taken()
-                    yield chunk
+                    out = chunk if hide is None else hide(chunk)
+                    if out:
+                        yield out
                     account.delivered = generated
                     account.bytes_relayed += len(chunk)
                     continue
@@ -368,6 +332,9 @@ class Meter:
                     continue
                 if outcome == END:
                     account.settle()
+                    rest = b"" if hide is None else hide.finish()
+                    if rest:
+                        yield rest
                     return
                 next_pump = await self._next_attempt(outcome, retry, None)
                 if next_pump is None:

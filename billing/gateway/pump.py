@@ -30,6 +30,7 @@ import httpx
 
 from billing.gateway.account import CallAccount
 from billing.gateway.drain import Drain
+from billing.gateway.hidden import UsageChunkFilter
 from billing.gateway.policy import DrainPolicy
 from billing.gateway.slots import DrainSlots
 from billing.gateway.upstream import AsyncSource, aclose_quietly, async_chunks
@@ -61,9 +62,11 @@ class Pump:
         slots: DrainSlots,
         policy: DrainPolicy,
         send: Send | None = None,
+        hide: UsageChunkFilter | None = None,
     ) -> None:
         self.account = account
         self._send = send
+        self.hide = hide  # what of the bytes the client does not get (with ``send``)
         self._policy = policy
         self.ready: deque[tuple[bytes, int]] = deque()
         self.outcome: str | None = None  # END, STALLED or BROKEN, once the upstream ended
@@ -79,6 +82,7 @@ class Pump:
         self.room: asyncio.Future[None] | None = None
         self._timeout: asyncio.Timeout | None = None
         self._started = False
+        self._abandoned = False
         self.task = self._loop.create_task(self._run(), name=f"billing-pump-{account.request_id}")
 
     def arrival(self) -> asyncio.Future[None]:
@@ -129,6 +133,27 @@ class Pump:
             account.settle(skipped=True)
             self._loop.create_task(aclose_quietly(self._source, None))
 
+    def abandon(self) -> None:
+        """The gateway shuts down (:meth:`billing.gateway.meters.Meters.shutdown`): the upstream
+        is given up now, the attempt settled on the tap's count, flagged ``drain_skipped``
+        (and ``stream.failed`` ``upstream_disconnect`` while a client still read it)."""
+        if self.ended:
+            return
+        self._abandoned = True
+        self.task.cancel()
+        if not self._started:  # a task cancelled before its first step never runs its body
+            self.ended = True
+            self._settle_abandoned()
+            self._loop.create_task(aclose_quietly(self._source, None))
+
+    def _settle_abandoned(self) -> None:
+        if self.detached:
+            self.account.settle(skipped=True)
+        else:
+            self.account.settle(
+                skipped=True, error_type="upstream_disconnect", message="the gateway shut down"
+            )
+
     def _reschedule(self) -> None:
         if self._timeout is None:
             return
@@ -168,10 +193,12 @@ class Pump:
                     if send is not None:
                         if stall is not None:  # a slow client is no stalled upstream
                             self._timeout.reschedule(None)
+                        out = chunk if self.hide is None else self.hide(chunk)
                         try:
-                            await send(
-                                {"type": "http.response.body", "body": chunk, "more_body": True}
-                            )
+                            if out:
+                                await send(
+                                    {"type": "http.response.body", "body": out, "more_body": True}
+                                )
                         except OSError:
                             self.leave()
                             continue
@@ -205,7 +232,9 @@ class Pump:
             # a skip (leave), else the gateway shutting down: the upstream is given up
             self._skip = True
             outcome = END if self.detached else BROKEN
-            if not self.detached:
+            if self._abandoned:
+                self._settle_abandoned()
+            elif not self.detached:
                 account.settle(error_type="upstream_disconnect", message="the relay was cancelled")
         except Exception as error:  # the upstream broke (network, protocol)
             outcome = BROKEN

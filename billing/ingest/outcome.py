@@ -15,14 +15,13 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from billing.errors import CommitOutcomeUnknown
+from billing.ingest.repository import repository
 from billing.ingest.service import CommitUnanswered, IngestResult
 from billing.storage.db import is_unavailable
-from billing.storage.models import Event
 
 #: How long the writer keeps asking before answering that the outcome is unknown (seconds).
 CHECK_FOR_S = 5.0
@@ -40,10 +39,9 @@ def stored_share(sessions: sessionmaker[Session], digests: Mapping[str, str]) ->
     with sessions() as session:
         for start in range(0, len(ids), _CHUNK):
             chunk = ids[start : start + _CHUNK]
-            rows = session.execute(
-                select(Event.event_id, Event.content_hash).where(Event.event_id.in_(chunk))
-            )
-            found += sum(1 for event_id, digest in rows if digests[event_id] == digest)
+            conn = session.connection()
+            rows = repository(conn).stored_hashes(conn, chunk)
+            found += sum(1 for event_id, digest in rows.items() if digests[event_id] == digest)
         session.rollback()
     return found / len(ids) if ids else 1.0
 

@@ -61,6 +61,12 @@ class IngestRepository(Protocol):
         """
         ...
 
+    def make_partition(self, conn: Connection, year: int, month: int) -> bool:
+        """Give ``events`` a partition for that month of ``occurred_at`` (UTC) if it has none,
+        taking its rows out of the default partition; True when one was made. PostgreSQL only
+        (SQLite's ``events`` is one table: False)."""
+        ...
+
 
 _REPOSITORIES: ByDialect[IngestRepository] = ByDialect(
     sqlite=SqliteIngest(), postgresql=PostgresIngest()

@@ -10,7 +10,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    StringConstraints,
     TypeAdapter,
     create_model,
     model_validator,
@@ -22,15 +21,16 @@ from billing.anomalies import ReportedAnomaly
 from billing.dimensions import BUCKETS
 from billing.fields import (
     Counts,
+    FreeText,
     Id128,
     InferenceGeo,
     Label,
     MetadataKey,
     MetadataValue,
     ModelName,
+    OccurredAt,
     PublicId,
     ServiceTier,
-    Timestamp,
     TokenCount,
     UsdAmount,
 )
@@ -55,7 +55,7 @@ class _Event(BaseModel):
 
     event_id: Id128
     request_id: Id128
-    occurred_at: Timestamp
+    occurred_at: OccurredAt
     attempt: Annotated[int, Field(ge=1, le=MAX_ATTEMPT, strict=True)] = 1
 
 
@@ -224,7 +224,7 @@ class StreamFailed(_Event):
 
     type: Literal["stream.failed"]
     error_type: Label
-    message: Annotated[str, StringConstraints(max_length=4096)] | None = None
+    message: FreeText | None = None
     output_tokens_generated: TokenCount | None = None
 
 

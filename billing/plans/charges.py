@@ -17,6 +17,7 @@ by this rule.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from decimal import ROUND_HALF_EVEN, Decimal
 from fractions import Fraction
 
@@ -82,3 +83,74 @@ def _line_charge(
     if markup_pct is None:
         return cost_pusd
     return apply_markup(cost_pusd, markup_pct)
+
+
+# --- (v3) the charge policy for failed calls (CONTRACT "Charge policy for failed calls (v3)") ---
+
+#: The policies other than ``bill``: a line charged under one carries its name
+#: (``ledger_entries.failure_charge``); ``bill`` is None there.
+BILL_DELIVERED = "bill_delivered"
+VOID = "void"
+#: Least charged first: when a call falls in several categories, the policy that charges least
+#: applies (a disconnect of an estimated call under ``estimated: void`` is void).
+_LEAST_FIRST = (VOID, BILL_DELIVERED)
+#: The error type of a stream that stalled (``stream.failed.error_type``); any other failure
+#: is an upstream error.
+STALLED = "stalled"
+
+
+def failure_categories(status: str, error_type: str | None, usage_source: str) -> list[str]:
+    """The categories of ``billing.plans.schemas.FailureCharges`` a call falls in: by its status
+    (``failed``: ``stalled`` when its last attempt's error type is ``stalled``, else
+    ``upstream_error``; ``client_disconnected``) and ``estimated`` when its usage is."""
+    categories = []
+    if status == "failed":
+        categories.append(STALLED if error_type == STALLED else "upstream_error")
+    elif status == "client_disconnected":
+        categories.append("client_disconnected")
+    if usage_source == "estimate":
+        categories.append("estimated")
+    return categories
+
+
+def failure_charge(policy: Mapping[str, str], categories: list[str]) -> str | None:
+    """The policy of ``policy`` (category → ``bill`` | ``bill_delivered`` | ``void``, the
+    categories at ``bill`` may be left out) that applies to a call in ``categories``: the one
+    that charges least; None for ``bill``."""
+    chosen = {policy.get(category) for category in categories}
+    return next((name for name in _LEAST_FIRST if name in chosen), None)
+
+
+def _delivered_part(tokens: Tokens) -> Tokens:
+    """``tokens`` with the output charged only as far as delivered (billed − undelivered)."""
+    return replace(
+        tokens,
+        output_tokens_billed=tokens.output_tokens_billed - tokens.output_tokens_undelivered,
+        output_tokens_undelivered=0,
+    )
+
+
+def policy_charge(
+    tokens: Tokens,
+    units: Mapping[str, int] | None,
+    cost_pusd: int | None,
+    price: PriceRow | None,
+    plan_price: PriceRow | None,
+    markup_pct: str | None,
+    failure: str | None,
+) -> tuple[int | None, int | None]:
+    """The charge of a line under the failure policy ``failure`` (None: ``bill``) and its
+    leakage (the cost the policy left uncharged), both in picodollars: ``bill`` charges it as
+    ``line_charge`` does, leakage 0; ``void`` charges 0 and leaks the cost; ``bill_delivered``
+    charges the line with its output as far as delivered, and leaks the cost of the rest
+    (the undelivered output at the line's price). The leakage is None where the cost is."""
+    if failure == VOID:
+        return 0, cost_pusd
+    if failure == BILL_DELIVERED:
+        kept = _delivered_part(tokens)
+        kept_cost = None if price is None else priced_pusd(kept, units, price)
+        charge = line_charge(kept, units, kept_cost, plan_price, markup_pct)
+        leakage = None if cost_pusd is None or kept_cost is None else cost_pusd - kept_cost
+        return charge, leakage
+    charge = line_charge(tokens, units, cost_pusd, plan_price, markup_pct)
+    return charge, None if cost_pusd is None else 0

@@ -28,7 +28,14 @@ def plan_price_row(price: PlanPrice, effective_from: datetime) -> PriceRow:
         service_tier=price.service_tier or None,
         above_input_tokens=price.above_input_tokens,
         unit_prices={str(k): int(v) for k, v in json.loads(text).items()} if text else None,
+        inference_geo=price.inference_geo or None,
     )
+
+
+def failure_charges_of(text: str | None) -> tuple[tuple[str, str], ...]:
+    """A plan version's stored ``failure_charges`` (JSON text of the categories not at
+    ``bill``, or null) as sorted (category, policy) pairs."""
+    return tuple(sorted(json.loads(text).items())) if text else ()
 
 
 def assignment_at(history: Sequence[KeyAssignment], when: datetime) -> KeyAssignment | None:
@@ -45,21 +52,29 @@ def assignment_at(history: Sequence[KeyAssignment], when: datetime) -> KeyAssign
 @dataclass(frozen=True, slots=True)
 class Terms:
     """A call's customer and plan (either may be None), and, when the plan has a version in
-    force, its markup text (``markup_pct``) and its own prices (``book``)."""
+    force, its markup text (``markup_pct``), its own prices (``book``) and (v3) its charge
+    policy for failed calls (``failure_charges``: (category, policy) pairs of the categories
+    not at ``bill``)."""
 
     customer_id: str | None
     plan_id: str | None
     markup_pct: str | None = None
     book: PriceBook | None = None
+    failure_charges: tuple[tuple[str, str], ...] = ()
 
     def plan_price(
-        self, model: str | None, when: datetime | None, tier: str | None, context: int
+        self,
+        model: str | None,
+        when: datetime | None,
+        tier: str | None,
+        context: int,
+        geo: str | None = None,
     ) -> PriceRow | None:
-        """The plan's own price for ``model`` at ``tier`` (else without a tier), as prices are
-        looked up (``PriceBook.at``); None without one."""
+        """The plan's own price for ``model`` at ``tier`` and ``geo`` (else fewer), as prices
+        are looked up (``PriceBook.at``); None without one."""
         if self.book is None:
             return None
-        return self.book.at(model, when, tier, context)
+        return self.book.at(model, when, tier, context, geo)
 
 
 #: A key without an assignment in force: no customer, no plan (charged at cost).
@@ -67,7 +82,8 @@ NO_TERMS = Terms(None, None)
 
 
 class _Plan:
-    """A plan's versions: ``(effective_from, markup text, PriceBook)`` by ``effective_from``."""
+    """A plan's versions: ``(effective_from, markup text, PriceBook, failure charges)`` by
+    ``effective_from``."""
 
     def __init__(self, versions: Sequence[tuple[PlanVersion, list[PlanPrice]]]) -> None:
         self.versions = [
@@ -75,15 +91,16 @@ class _Plan:
                 v.effective_from,
                 v.markup_pct,
                 PriceBook([plan_price_row(p, v.effective_from) for p in prices]),
+                failure_charges_of(v.failure_charges),
             )
             for v, prices in versions
         ]
 
-    def at(self, when: datetime) -> tuple[str, PriceBook] | None:
+    def at(self, when: datetime) -> tuple[str, PriceBook, tuple[tuple[str, str], ...]] | None:
         found = None
-        for effective_from, markup, book in self.versions:
+        for effective_from, markup, book, failures in self.versions:
             if effective_from <= when:
-                found = (markup, book)
+                found = (markup, book, failures)
             else:
                 break
         return found
@@ -129,7 +146,7 @@ class Rating:
         version = plan.at(when) if plan is not None else None
         if version is None:
             return Terms(found.customer_id, found.plan_id)
-        return Terms(found.customer_id, found.plan_id, version[0], version[1])
+        return Terms(found.customer_id, found.plan_id, *version)
 
 
 def plan_prices_by_id(session: Session, ids: set[int]) -> dict[int, PriceRow]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal
-from typing import Annotated, Any, cast
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import (
     AwareDatetime,
@@ -19,7 +19,7 @@ from pydantic import (
 from pydantic.json_schema import WithJsonSchema
 
 from billing.errors import FieldError, ValidationFailed
-from billing.fields import PublicId, Timestamp, not_a_secret
+from billing.fields import Name, PublicId, Timestamp, not_a_secret, printable
 from billing.money import format_usd
 from billing.pricing.schemas import _POSTED, PriceOut, _with_defaults
 
@@ -87,6 +87,24 @@ class PlanPriceIn(_PlanPriceFields):  # type: ignore[misc]
     _defaults = model_validator(mode="after")(_with_defaults)
 
 
+#: (v3) What a plan charges for a failed call of one category (CONTRACT "Charge policy for
+#: failed calls (v3)"): ``bill`` (as any call), ``bill_delivered`` (output charged only as far
+#: as delivered) or ``void`` (nothing).
+FailureCharge = Literal["bill", "bill_delivered", "void"]
+
+
+class FailureCharges(BaseModel):
+    """(v3) A plan's charge policy per category of failed call; a category left out is
+    ``bill``. ``estimated``: a call whose usage is only estimated."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    client_disconnected: FailureCharge = "bill"
+    upstream_error: FailureCharge = "bill"
+    stalled: FailureCharge = "bill"
+    estimated: FailureCharge = "bill"
+
+
 class PlanIn(BaseModel):
     """``POST /v1/plans``, ``billing plans load``: one version of a plan. Identified by
     (``plan_id``, ``effective_from``): the same body again is a no-op, another a 409."""
@@ -99,17 +117,22 @@ class PlanIn(BaseModel):
         default="0", description="percent over cost for a model without a plan price"
     )
     prices: list[PlanPriceIn] = Field(default_factory=list, max_length=1000)
+    failure_charges: FailureCharges = Field(
+        default_factory=FailureCharges,
+        description="(v3) the charge policy for failed calls (every category: bill by default)",
+    )
 
     @model_validator(mode="after")
     def _distinct(self) -> PlanIn:
-        seen: set[tuple[str, str]] = set()
+        seen: set[tuple[str, str, str]] = set()
         for i, price in enumerate(self.prices):
-            identity = (price.model, price.service_tier or "")
+            identity = (price.model, price.service_tier or "", price.inference_geo or "")
             if identity in seen:
                 raise ValueError(
                     f"prices[{i}]: a second price for model {price.model!r}"
                     + (f" at tier {price.service_tier!r}" if price.service_tier else "")
-                    + "; a plan has one price per model and tier"
+                    + (f" in geo {price.inference_geo!r}" if price.inference_geo else "")
+                    + "; a plan has one price per model, tier and geo"
                 )
             seen.add(identity)
         return self
@@ -128,6 +151,7 @@ class PlanOut(BaseModel):
     effective_from: AwareDatetime
     markup_pct: str
     prices: list[PlanPriceOut]
+    failure_charges: FailureCharges
 
 
 class PlanList(BaseModel):
@@ -147,7 +171,7 @@ class KeyIn(BaseModel):
     customer_id: PublicId | None = None
     plan_id: PublicId | None = None
     effective_from: Timestamp | None = Field(default=None, description="default: now")
-    name: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    name: Name | None = None
 
 
 class KeyOut(BaseModel):
@@ -195,17 +219,19 @@ class KeysParams(BaseModel):
     cursor: str | None = Field(None, description="``next_cursor`` of the previous page")
 
 
+def check_public_id(value: str, path: str) -> str:
+    """An id (a key's, a customer's, a grant's) as a path or argument gives it, checked as an
+    event's is (printable, 1–128 characters, never a secret); ``ValidationFailed`` (422) at
+    ``path``."""
+    try:
+        if not 1 <= len(value) <= 128:
+            raise ValueError("must be printable text of 1 to 128 characters")
+        return not_a_secret(printable(value))
+    except ValueError as error:
+        raise ValidationFailed([FieldError(None, path, str(error))]) from None
+
+
 def check_key_id(api_key_id: str) -> str:
-    """An ``api_key_id`` as a path or argument gives it, checked as an event's is (printable,
-    1–128 characters, never a secret); ``ValidationFailed`` (422) at ``path.api_key_id``."""
-    problem = None
-    if not 1 <= len(api_key_id) <= 128 or not api_key_id.isprintable() or api_key_id.isspace():
-        problem = "must be printable text of 1 to 128 characters"
-    else:
-        try:
-            not_a_secret(api_key_id)
-        except ValueError as error:
-            problem = str(error)
-    if problem:
-        raise ValidationFailed([FieldError(None, "path.api_key_id", problem)])
-    return api_key_id
+    """An ``api_key_id`` as a path or argument gives it (``check_public_id`` at
+    ``path.api_key_id``)."""
+    return check_public_id(api_key_id, "path.api_key_id")

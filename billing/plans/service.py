@@ -12,9 +12,9 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from billing.errors import FieldError, NotFound, PlanConflict, ValidationFailed
-from billing.plans.rating import assignment_at, plan_price_row
+from billing.plans.rating import assignment_at, failure_charges_of, plan_price_row
 from billing.plans.repository import repository
-from billing.plans.schemas import KeyIn, PlanIn, check_key_id
+from billing.plans.schemas import FailureCharges, KeyIn, PlanIn, check_key_id
 from billing.pricing.prices import PriceRow, PriceVersion, unit_prices_text
 from billing.rates import RATE_COLUMNS, RATE_FIELDS
 from billing.storage.models import KeyAssignment, PlanPrice, PlanVersion
@@ -101,20 +101,22 @@ def get_key(session: Session, api_key_id: str, now: datetime) -> dict[str, Any]:
     return key_json(api_key_id, history, now)
 
 
-def encode_key_cursor(api_key_id: str) -> str:
-    """The page cursor after ``api_key_id`` (URL-safe base64 of ``["k", id]``)."""
-    raw = json.dumps(["k", api_key_id]).encode()
+def encode_id_cursor(tag: str, value: str) -> str:
+    """The page cursor after the id ``value`` of a list tagged ``tag`` (URL-safe base64 of
+    ``[tag, id]``): ``"k"`` keys, ``"c"`` customers (``billing.credits``)."""
+    raw = json.dumps([tag, value]).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
-def decode_key_cursor(text: str) -> str:
-    """The key a cursor of ``encode_key_cursor`` names; ``ValueError`` in words otherwise."""
+def decode_id_cursor(tag: str, text: str) -> str:
+    """The id a cursor of ``encode_id_cursor(tag, …)`` names; ``ValueError`` in words
+    otherwise."""
     try:
         value = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
         if (
             isinstance(value, list)
             and len(value) == 2
-            and value[0] == "k"
+            and value[0] == tag
             and isinstance(value[1], str)
             and 1 <= len(value[1]) <= 128
         ):
@@ -125,6 +127,16 @@ def decode_key_cursor(text: str) -> str:
         "is not a cursor from this endpoint; pass the next_cursor of the previous page "
         "unchanged, or leave cursor out for the first page"
     )
+
+
+def encode_key_cursor(api_key_id: str) -> str:
+    """The page cursor after ``api_key_id`` (URL-safe base64 of ``["k", id]``)."""
+    return encode_id_cursor("k", api_key_id)
+
+
+def decode_key_cursor(text: str) -> str:
+    """The key a cursor of ``encode_key_cursor`` names; ``ValueError`` in words otherwise."""
+    return decode_id_cursor("k", text)
 
 
 def list_keys(
@@ -159,6 +171,7 @@ def _posted_rows(plan: PlanIn) -> list[PriceRow]:
                 *rates,
                 service_tier=price.service_tier,
                 unit_prices=units,
+                inference_geo=price.inference_geo,
             )
         )
         if price.long_context is not None:
@@ -172,25 +185,39 @@ def _posted_rows(plan: PlanIn) -> list[PriceRow]:
                     service_tier=price.service_tier,
                     above_input_tokens=long.above_input_tokens,
                     unit_prices=units,
+                    inference_geo=price.inference_geo,
                 )
             )
     return rows
 
 
-def _shape(markup: str, rows: list[PriceRow]) -> tuple[Any, ...]:
-    return (markup, sorted((r._key()[1:] for r in rows), key=repr))
+def _shape(markup: str, rows: list[PriceRow], failures: str | None) -> tuple[Any, ...]:
+    return (markup, sorted((r._key()[1:] for r in rows), key=repr), failures)
+
+
+def _failures_text(plan: PlanIn) -> str | None:
+    """The plan's ``failure_charges`` as stored: compact sorted JSON of the categories not at
+    ``bill``; None when every one is."""
+    policy = {k: v for k, v in plan.failure_charges.model_dump().items() if v != "bill"}
+    return json.dumps(dict(sorted(policy.items())), separators=(",", ":")) if policy else None
 
 
 def plan_json(version: PlanVersion, prices: list[PlanPrice]) -> dict[str, Any]:
     """The API form of a plan version (``PlanOut``)."""
     rows = [plan_price_row(p, version.effective_from) for p in prices]
     base = [r for r in rows if not r.above_input_tokens]
-    long = {(r.model, r.service_tier): r for r in rows if r.above_input_tokens}
+    long = {(r.model, r.service_tier, r.inference_geo): r for r in rows if r.above_input_tokens}
     return {
         "plan_id": version.plan_id,
         "effective_from": rfc3339(version.effective_from),
         "markup_pct": version.markup_pct,
-        "prices": [PriceVersion(r, long.get((r.model, r.service_tier))).as_json() for r in base],
+        "prices": [
+            PriceVersion(r, long.get((r.model, r.service_tier, r.inference_geo))).as_json()
+            for r in base
+        ],
+        "failure_charges": FailureCharges(
+            **dict(failure_charges_of(version.failure_charges))
+        ).model_dump(),
     }
 
 
@@ -202,11 +229,14 @@ def add_plan(session: Session, plan: PlanIn, now: datetime) -> tuple[dict[str, A
     commits."""
     repo = repository(session)
     posted = _posted_rows(plan)
+    failures = _failures_text(plan)
     for version, prices in repo.plan_versions(session, [plan.plan_id]):
         if version.effective_from != plan.effective_from:
             continue
         stored = [plan_price_row(p, version.effective_from) for p in prices]
-        if _shape(version.markup_pct, stored) != _shape(plan.markup_pct, posted):
+        if _shape(version.markup_pct, stored, version.failure_charges) != _shape(
+            plan.markup_pct, posted, failures
+        ):
             raise PlanConflict(
                 f"a different version of plan {plan.plan_id!r} effective from "
                 f"{rfc3339(plan.effective_from)} exists; plans are versioned: post a new "
@@ -218,11 +248,13 @@ def add_plan(session: Session, plan: PlanIn, now: datetime) -> tuple[dict[str, A
         effective_from=plan.effective_from,
         markup_pct=plan.markup_pct,
         created_at=now,
+        failure_charges=failures,
     )
     prices = [
         PlanPrice(
             model=row.model,
             service_tier=row.service_tier or "",
+            inference_geo=row.inference_geo or "",
             above_input_tokens=row.above_input_tokens,
             unit_prices=unit_prices_text(row.unit_prices),
             **dict(zip(RATE_COLUMNS, row.rates, strict=True)),

@@ -42,13 +42,15 @@ class PriceRow:
     v2: ``service_tier`` (None: any tier without a price of its own), ``above_input_tokens``
     (0: the price; more: the long-context prices of the same price, for an attempt whose input,
     cache read and cache creation tokens exceed it) and ``unit_prices`` (unit name → micro-USD per
-    unit). A value: never changed once built. ``PriceRow(id, model, effective_from, *rates)``.
+    unit). v3: ``inference_geo`` (None: any geo without a price of its own). A value: never
+    changed once built. ``PriceRow(id, model, effective_from, *rates)``.
     """
 
     __slots__ = (
         "above_input_tokens",
         "effective_from",
         "id",
+        "inference_geo",
         "model",
         "rates",
         "service_tier",
@@ -65,6 +67,7 @@ class PriceRow:
         service_tier: str | None = None,
         above_input_tokens: int = 0,
         unit_prices: Mapping[str, int] | None = None,
+        inference_geo: str | None = None,
     ) -> None:
         if len(rates) != len(RATE_NAMES):
             raise TypeError(f"a price has {len(RATE_NAMES)} rates ({', '.join(RATE_NAMES)})")
@@ -73,6 +76,7 @@ class PriceRow:
         self.effective_from = effective_from
         self.rates: tuple[int, ...] = rates
         self.service_tier = service_tier
+        self.inference_geo = inference_geo
         self.above_input_tokens = above_input_tokens
         self.unit_prices: dict[str, int] = dict(sorted((unit_prices or {}).items()))
         for name, rate in zip(RATE_NAMES, rates, strict=True):
@@ -92,6 +96,7 @@ class PriceRow:
             self.service_tier,
             self.above_input_tokens,
             tuple(self.unit_prices.items()),
+            self.inference_geo,
         )
 
     def __eq__(self, other: object) -> bool:
@@ -105,7 +110,7 @@ class PriceRow:
         return (
             f"PriceRow(id={self.id}, model={self.model!r}, {self.effective_from}, {rates}, "
             f"tier={self.service_tier!r}, above={self.above_input_tokens}, "
-            f"units={self.unit_prices!r})"
+            f"units={self.unit_prices!r}, geo={self.inference_geo!r})"
         )
 
     def cost_pusd(self, tokens: Tokens) -> int:
@@ -144,6 +149,7 @@ class PriceRow:
             "model": self.model,
             "effective_from": rfc3339(self.effective_from),
             "service_tier": self.service_tier,
+            "inference_geo": self.inference_geo,
             **self.rates_json(),
             "unit_prices": (
                 {n: uusd_per_mtok_to_str(r) for n, r in self.unit_prices.items()}
@@ -184,6 +190,7 @@ def price_row(price: Price) -> PriceRow:
         service_tier=price.service_tier or None,
         above_input_tokens=price.above_input_tokens,
         unit_prices=_unit_prices(price.unit_prices),
+        inference_geo=price.inference_geo or None,
     )
 
 
@@ -203,7 +210,7 @@ def versions_of(rows: Sequence[PriceRow]) -> list[PriceVersion]:
     base: dict[tuple[Any, ...], PriceRow] = {}
     long: dict[tuple[Any, ...], PriceRow] = {}
     for row in rows:
-        identity = (row.model, row.service_tier or "", row.effective_from)
+        identity = (row.model, row.service_tier or "", row.inference_geo or "", row.effective_from)
         (long if row.above_input_tokens else base)[identity] = row
     return [PriceVersion(row, long.get(identity)) for identity, row in base.items()]
 
@@ -218,6 +225,7 @@ def posted_rows(price: PriceIn) -> tuple[PriceRow, PriceRow | None]:
         *_posted_rates(price),
         service_tier=price.service_tier,
         unit_prices=units,
+        inference_geo=price.inference_geo,
     )
     long = None
     if price.long_context is not None:
@@ -229,6 +237,7 @@ def posted_rows(price: PriceIn) -> tuple[PriceRow, PriceRow | None]:
             service_tier=price.service_tier,
             above_input_tokens=price.long_context.above_input_tokens,
             unit_prices=units,
+            inference_geo=price.inference_geo,
         )
     return base, long
 
@@ -244,12 +253,12 @@ class PriceBook:
     """Prices loaded for a set of models, answering "the price in force at time t" in memory."""
 
     def __init__(self, rows: Sequence[PriceRow]) -> None:
-        # By (model, tier or ''): the prices by effective_from, each with its long-context rows
-        # (highest threshold first).
-        self._by_key: dict[tuple[str, str], list[tuple[PriceRow, list[PriceRow]]]] = {}
-        longs: dict[tuple[str, str, datetime], list[PriceRow]] = {}
+        # By (model, tier or '', geo or ''): the prices by effective_from, each with its
+        # long-context rows (highest threshold first).
+        self._by_key: dict[tuple[str, str, str], list[tuple[PriceRow, list[PriceRow]]]] = {}
+        longs: dict[tuple[str, str, str, datetime], list[PriceRow]] = {}
         for row in sorted(rows, key=lambda r: (r.effective_from, -r.above_input_tokens)):
-            key = (row.model, row.service_tier or "")
+            key = (row.model, row.service_tier or "", row.inference_geo or "")
             if row.above_input_tokens:
                 longs.setdefault((*key, row.effective_from), []).append(row)
             else:
@@ -264,18 +273,25 @@ class PriceBook:
         when: datetime | None,
         service_tier: str | None = None,
         context_tokens: int = 0,
+        inference_geo: str | None = None,
     ) -> PriceRow | None:
         """The price of ``model`` in force at ``when`` (latest ``effective_from`` ≤ when) for
-        usage served at ``service_tier``: the tier's own price, else the price without a tier
-        (CONTRACT "Usage dimensions (v2)"); its long-context prices when ``context_tokens``
-        (input + cache read + cache creation of the attempt) exceed their threshold."""
+        usage served at ``service_tier`` and (v3) ``inference_geo``: the price of both, else of
+        fewer (the tier's without a geo, then the geo's without a tier, then the price of
+        neither), CONTRACT "Usage dimensions (v2)" and "Non-streaming calls, hosted-tool fees,
+        provider-reported cost (v3)"; its long-context prices when ``context_tokens`` (input +
+        cache read + cache creation of the attempt) exceed their threshold."""
         if model is None or when is None:
             return None
         found = None
-        if service_tier:
-            found = self._in_force(self._by_key.get((model, service_tier), ()), when)
-        if found is None:
-            found = self._in_force(self._by_key.get((model, ""), ()), when)
+        tier = service_tier or ""
+        geo = inference_geo or ""
+        for key in dict.fromkeys(((tier, geo), (tier, ""), ("", geo), ("", ""))):
+            versions = self._by_key.get((model, *key))
+            if versions is not None:
+                found = self._in_force(versions, when)
+                if found is not None:
+                    break
         if found is None:
             return None
         row, long = found

@@ -23,9 +23,15 @@ class PricingRepository(Protocol):
     """The prices' statements on one database."""
 
     def identity_rows(
-        self, session: Session, model: str, service_tier: str | None, effective_from: datetime
+        self,
+        session: Session,
+        model: str,
+        service_tier: str | None,
+        effective_from: datetime,
+        inference_geo: str | None = None,
     ) -> list[PriceRow]:
-        """The stored rows of one price identity (model, served tier, effective_from)."""
+        """The stored rows of one price identity (model, served tier, inference geo,
+        effective_from)."""
         ...
 
     def insert_rows(

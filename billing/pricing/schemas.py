@@ -19,6 +19,7 @@ from pydantic.json_schema import WithJsonSchema
 from billing.fields import (
     MAX_TOKENS,
     MAX_UNITS,
+    InferenceGeo,
     ModelName,
     ServiceTier,
     Timestamp,
@@ -111,6 +112,13 @@ _POSTED: dict[str, Any] = {
         ServiceTier | None,
         Field(default=None, description="the served tier it applies to (none: every other tier)"),
     ),
+    "inference_geo": (
+        InferenceGeo | None,
+        Field(
+            default=None,
+            description="(v3) the inference geo it applies to (none: every other geo)",
+        ),
+    ),
     **_RATES_POSTED,
     "unit_prices": (
         UnitPrices | None,
@@ -155,6 +163,7 @@ _ANSWERED: dict[str, Any] = {
     "model": (str, ...),
     "effective_from": (AwareDatetime, ...),
     "service_tier": (str | None, None),
+    "inference_geo": (str | None, None),
     **_answered_rates(),
     "unit_prices": (dict[str, Rate] | None, None),
     "long_context": (_LongContextOut | None, None),

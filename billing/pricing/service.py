@@ -30,12 +30,15 @@ def add_price(session: Session, price: PriceIn, now: datetime) -> tuple[PriceVer
     prices (``above_input_tokens`` > 0). The caller commits.
     """
     repo = repository(session)
-    found = repo.identity_rows(session, price.model, price.service_tier, price.effective_from)
+    found = repo.identity_rows(
+        session, price.model, price.service_tier, price.effective_from, price.inference_geo
+    )
     posted = posted_rows(price)
     if found:
         (existing,) = versions_of(found)
         if shape(existing) != shape(PriceVersion(*posted)):
             tier = f" at tier {price.service_tier!r}" if price.service_tier else ""
+            tier += f" in geo {price.inference_geo!r}" if price.inference_geo else ""
             raise PriceConflict(
                 f"a different price for {price.model!r}{tier} effective from "
                 f"{price.effective_from.isoformat()} exists; prices are versioned: post a new "

@@ -38,6 +38,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from billing.errors import FieldError, ValidationFailed
 from billing.fields import Timestamp
 
+#: A provider page is at most a few hundred buckets of results; 8 MiB is far past one (the
+#: largest body of ``POST /v1/provider-reports`` and file of ``billing providers import``).
+MAX_REPORT_BYTES = 8 << 20
+
 ProviderName = Literal["openai", "anthropic"]
 ReportKind = Literal["usage", "cost"]
 PROVIDERS: tuple[str, ...] = ("openai", "anthropic")

@@ -11,11 +11,11 @@ from typing import Any
 from billing.anomalies import UNPRICED
 from billing.dimensions import TOKEN_FIELDS, Tokens, set_tokens
 from billing.money import MAX_PUSD
-from billing.plans.charges import line_charge
+from billing.plans.charges import failure_categories, failure_charge
 from billing.plans.rating import NO_TERMS, Rating, Terms
 from billing.pricing.prices import PriceBook, PriceRow, unit_prices_text
 from billing.rates import RATES
-from billing.reconcile.ledger import Line, LineKey, NewEntry, line_cost
+from billing.reconcile.ledger import Line, LineKey, NewEntry, line_charge_and_leakage, line_cost
 from billing.reconcile.rule import CallFigures
 
 #: The rates of an unpriced entry.
@@ -35,10 +35,21 @@ def target_lines(figures: CallFigures, book: PriceBook, rating: Rating | None = 
     force at its start (``Rating.terms``): at the plan's own price for the attempt's model and
     served tier (long-context prices as for costs) when it prices every unit the line counts,
     else at the plan's markup; without a plan at cost (CONTRACT "Keys, customers and plans
-    (v2)").
+    (v2)"). v3: prices are looked up by the attempt's inference geo too; every line of a call
+    that failed is charged under the plan's policy for it (``failure_charge``), and the
+    provider's own cost of an attempt is kept on its line (CONTRACT "Non-streaming calls,
+    hosted-tool fees, provider-reported cost (v3)", "Charge policy for failed calls (v3)").
     """
     started = figures.started_at
     terms: Terms = rating.terms(figures.api_key_id, started) if rating else NO_TERMS
+    failure = (
+        failure_charge(
+            dict(terms.failure_charges),
+            failure_categories(figures.status, figures.error_type, figures.usage_source),
+        )
+        if terms.failure_charges
+        else None
+    )
     by_key: dict[tuple[str | None, int | None, int | None], Line] = {}
 
     def add(
@@ -47,6 +58,7 @@ def target_lines(figures: CallFigures, book: PriceBook, rating: Rating | None = 
         tokens: Tokens,
         units: dict[str, int],
         plan_price: PriceRow | None,
+        provider_cost: int | None = None,
     ) -> None:
         if price is not None and units and price.units_cost_pusd(units) is None:
             price = None
@@ -63,10 +75,13 @@ def target_lines(figures: CallFigures, book: PriceBook, rating: Rating | None = 
                 terms.plan_id,
                 key[2],
                 terms.markup_pct if plan_price is None else None,
+                failure,
             )
-            by_key[key] = Line(line_key, tokens, price, dict(units), plan_price)
+            by_key[key] = Line(line_key, tokens, price, dict(units), plan_price, provider_cost)
             return
         line.tokens = line.tokens + tokens
+        if provider_cost is not None:
+            line.provider_cost_pusd = (line.provider_cost_pusd or 0) + provider_cost
         for name, count in units.items():
             line.units[name] = line.units.get(name, 0) + count
         if line.price is not None and line.units and line.price.units_cost_pusd(line.units) is None:
@@ -74,10 +89,18 @@ def target_lines(figures: CallFigures, book: PriceBook, rating: Rating | None = 
 
     for attempt in figures.attempts:
         tier = attempt.service_tier
+        geo = attempt.inference_geo
         context = attempt.context_tokens()
-        price = book.at(attempt.model, started, tier, context)
-        plan_price = terms.plan_price(attempt.model, started, tier, context)
-        add(attempt.model, price, attempt.tokens, attempt.units, plan_price)
+        price = book.at(attempt.model, started, tier, context, geo)
+        plan_price = terms.plan_price(attempt.model, started, tier, context, geo)
+        add(
+            attempt.model,
+            price,
+            attempt.tokens,
+            attempt.units,
+            plan_price,
+            attempt.provider_cost_pusd,
+        )
         for model, tokens in attempt.other_models.items():
             context = (
                 tokens.input_tokens + tokens.cache_read_input_tokens
@@ -85,10 +108,10 @@ def target_lines(figures: CallFigures, book: PriceBook, rating: Rating | None = 
             )  # fmt: skip
             add(
                 model,
-                book.at(model, started, tier, context),
+                book.at(model, started, tier, context, geo),
                 tokens,
                 {},
-                terms.plan_price(model, started, tier, context),
+                terms.plan_price(model, started, tier, context, geo),
             )
     return list(by_key.values())
 
@@ -105,17 +128,24 @@ def call_cost(lines: Sequence[Line]) -> int | None:
     return total if total <= MAX_PUSD else None
 
 
-def call_charge(lines: Sequence[Line]) -> int | None:
-    """The call's charge in picodollars (``billing.plans.charges.line_charge`` per line), or
-    None when any line has no charge (no cost and no plan price)."""
-    total = 0
+def call_charge(lines: Sequence[Line]) -> tuple[int | None, int | None]:
+    """The call's charge and (v3) leakage in picodollars (``line_charge_and_leakage`` per
+    line): the charge None when any line has no charge (no cost and no plan price), the leakage
+    None when any line's cost is not known."""
+    charge_total: int | None = 0
+    leakage_total: int | None = 0
     for line in lines:
         cost = line_cost(line.tokens, line.price, line.units)
-        charge = line_charge(line.tokens, line.units, cost, line.plan_price, line.key.markup_pct)
-        if charge is None:
-            return None
-        total += charge
-    return total if total <= MAX_PUSD else None
+        charge, leakage = line_charge_and_leakage(
+            line.key, line.tokens, line.units, cost, line.price, line.plan_price
+        )
+        charge_total = None if charge is None or charge_total is None else charge_total + charge
+        leakage_total = (
+            None if leakage is None or leakage_total is None else leakage_total + leakage
+        )
+    if charge_total is not None and charge_total > MAX_PUSD:
+        charge_total = None
+    return charge_total, leakage_total
 
 
 def anomalies_of(fig: CallFigures, cost: int | None) -> list[str]:
@@ -136,13 +166,16 @@ class Entry:
         "charge_pusd",
         "cost_pusd",
         "customer_id",
+        "failure_charge",
         "kind",
+        "leakage_pusd",
         "markup_pct",
         "model",
         "plan_id",
         "plan_price",
         "price",
         "protocol",
+        "provider_cost_pusd",
         "reason",
         "request_id",
         "seq",
@@ -174,6 +207,9 @@ class Entry:
         self.plan_price = new.plan_price
         self.markup_pct = new.key.markup_pct
         self.charge_pusd = new.charge_pusd
+        self.failure_charge = new.key.failure_charge
+        self.leakage_pusd = new.leakage_pusd
+        self.provider_cost_pusd = new.provider_cost_pusd
         set_tokens(self, new.tokens)
 
     def __getattr__(self, name: str) -> int:
@@ -216,6 +252,9 @@ class Entry:
             ),
             self.markup_pct,
             self.charge_pusd,
+            self.provider_cost_pusd,
+            self.failure_charge,
+            self.leakage_pusd,
         )
 
 

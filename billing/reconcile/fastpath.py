@@ -36,12 +36,14 @@ not due yet (it is reconciled open), a usage carrying a v2 field (one-hour cache
 service tier, units, other models, reported anomalies: ``DECLINED_USAGE_FIELDS``) or an
 estimate without input, a call whose price in force has long-context prices that its input
 exceeds, (v2) a call whose key has an assignment in ``key_assignments`` (a customer or a plan:
-the rule charges it; the statements charge every other call its cost), (v2) a call whose row
+the rule charges it; the statements charge every other call its cost), (v3) a call whose key
+has prepaid credit grants of its own (``credit_grants``: its charge draws them after the
+rule's entries, ``billing.credits.draws``), (v2) a call whose row
 has a served tier, units, other models, a customer or a plan already (the rule reconciled it open
 so; the statements do not write those columns), a usage or disconnect
 body that is not what ingest writes (not JSON, a value of another type, a count out of range, a
-JSON ``null`` in the usage) — where the rule decides (and refuses what it refuses) — and every
-call with a SQLite library too old for ``UPDATE … FROM``.
+JSON ``null`` in the usage), (v3) an estimate with an input of 0 — where the rule decides (and
+refuses what it refuses) — and every call with a SQLite library too old for ``UPDATE … FROM``.
 
 ``HANDLED`` declares the event types and fields the statements read; ``is_common`` states the
 shape in Python. ``tests/reconcile/test_fastpath_property.py`` generates calls from the
@@ -143,6 +145,8 @@ def is_common(events: Iterable[BaseModel]) -> bool:
         return False
     (usage,) = (e for e in events if isinstance(e, StreamUsage))
     if usage.input_tokens is None:  # an estimate without input: the rule reads stream.started
+        return False
+    if usage.source == "estimate" and usage.input_tokens == 0:  # v3: "not known" either
         return False
     for name in usage.model_fields_set:
         value = getattr(usage, name)

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from billing.dimensions import TOKEN_FIELDS, Tokens
 from billing.money import MAX_PUSD
-from billing.plans.charges import line_charge, priced_pusd
+from billing.plans.charges import policy_charge, priced_pusd
 from billing.pricing.prices import PriceRow
 from billing.rates import PLAN_RATE_COLUMNS, RATE_COLUMNS
 
@@ -35,8 +35,12 @@ class LineKey(NamedTuple):
     plan_id: str | None = None
     plan_price_id: int | None = None
     markup_pct: str | None = None
+    #: (v3) The plan's charge policy for a failed call the line is charged under
+    #: (``bill_delivered`` or ``void``; None: ``bill``), CONTRACT "Charge policy for failed
+    #: calls (v3)".
+    failure_charge: str | None = None
 
-    def sort_key(self) -> tuple[str, str, int, str, str, int, str]:
+    def sort_key(self) -> tuple[str, str, int, str, str, int, str, str]:
         return (
             self.api_key_id or "",
             self.model or "",
@@ -45,6 +49,7 @@ class LineKey(NamedTuple):
             self.plan_id or "",
             self.plan_price_id or 0,
             self.markup_pct or "",
+            self.failure_charge or "",
         )
 
 
@@ -59,6 +64,9 @@ class Line:
     units: dict[str, int] = field(default_factory=dict)
     #: (v2) The plan's own price the line is charged at (``key.plan_price_id``), else None.
     plan_price: PriceRow | None = None
+    #: (v3) The cost the provider reported itself for the line's attempts, in picodollars
+    #: (None: none reported).
+    provider_cost_pusd: int | None = None
 
 
 @dataclass(slots=True)
@@ -75,6 +83,9 @@ class NewEntry:
     units: dict[str, int] = field(default_factory=dict)
     plan_price: PriceRow | None = None
     charge_pusd: int | None = None
+    #: (v3) The cost the failure policy left uncharged, and the provider's own cost (deltas).
+    leakage_pusd: int | None = None
+    provider_cost_pusd: int | None = None
 
 
 def line_cost(
@@ -87,6 +98,13 @@ def line_cost(
         return None
     cost = priced_pusd(tokens, units, price)
     return cost if cost is not None and -MAX_PUSD <= cost <= MAX_PUSD else None
+
+
+def _provider_cost_delta(now: int | None, was: int | None) -> int | None:
+    """The provider's own cost to book: ``now − was``, None when neither was reported."""
+    if now is None and was is None:
+        return None
+    return (now or 0) - (was or 0)
 
 
 def _units_delta(now: Mapping[str, int], was: Mapping[str, int]) -> dict[str, int]:
@@ -157,6 +175,9 @@ ENTRY_COLUMNS = (
     "plan_unit_prices",
     "markup_pct",
     "charge_pusd",
+    "provider_cost_pusd",
+    "failure_charge",
+    "leakage_pusd",
 )
 
 #: The reason of an entry that reverses a line in full; a line whose latest entry has it is closed.
@@ -178,13 +199,29 @@ def _entry(
     price: PriceRow | None,
     units: dict[str, int],
     plan_price: PriceRow | None,
+    provider_cost: int | None = None,
 ) -> NewEntry:
     """A new entry of ``tokens`` and ``units`` on line ``key``, its cost at ``price`` and its
-    charge by ``billing.plans.charges.line_charge`` (at ``plan_price``, else the key's markup,
-    else the cost)."""
+    charge and leakage by ``billing.plans.charges.policy_charge`` (at ``plan_price``, else the
+    key's markup, else the cost; v3: under the line's failure policy)."""
     cost = line_cost(tokens, price, units)
-    charge = line_charge(tokens, units, cost, plan_price, key.markup_pct)
-    return NewEntry(kind, reason, key, tokens, price, cost, units, plan_price, charge)
+    charge, leakage = line_charge_and_leakage(key, tokens, units, cost, price, plan_price)
+    return NewEntry(
+        kind, reason, key, tokens, price, cost, units, plan_price, charge, leakage, provider_cost
+    )
+
+
+def line_charge_and_leakage(
+    key: LineKey,
+    tokens: Tokens,
+    units: Mapping[str, int] | None,
+    cost: int | None,
+    price: PriceRow | None,
+    plan_price: PriceRow | None,
+) -> tuple[int | None, int | None]:
+    """The charge and leakage in picodollars of ``tokens`` and ``units`` on line ``key``
+    (``billing.plans.charges.policy_charge``)."""
+    return policy_charge(tokens, units, cost, price, plan_price, key.markup_pct, key.failure_charge)
 
 
 def plan_entries(
@@ -196,6 +233,7 @@ def plan_entries(
     closed: AbstractSet[LineKey],
     booked_units: Mapping[LineKey, Mapping[str, int]] | None = None,
     booked_plan_prices: Mapping[LineKey, PriceRow | None] | None = None,
+    booked_provider_costs: Mapping[LineKey, int | None] | None = None,
 ) -> list[NewEntry]:
     """The entries that bring the booked lines to the target lines (empty when they agree).
 
@@ -204,9 +242,10 @@ def plan_entries(
     was booked at and ``closed`` the lines whose latest entry reversed them; every other booked
     line is open, even at zero tokens (a call settled before any usage still has its line).
     ``booked_plan_prices`` the plan price each line was charged at (v2; lines without one left
-    out). ``has_entries`` tells whether the call has any entry yet. An open line that is no longer a
-    target is reversed in full, and a target line that is not open gets an entry, both even at
-    zero tokens, so the ledger always names the call's key, model and price.
+    out), ``booked_provider_costs`` the provider's own cost booked per line (v3; lines without
+    one left out). ``has_entries`` tells whether the call has any entry yet. An open line that
+    is no longer a target is reversed in full, and a target line that is not open gets an
+    entry, both even at zero tokens, so the ledger always names the call's key, model and price.
     Source: CONTRACT "Reconciliation", "Usage dimensions (v2)".
     """
     if not has_entries:
@@ -219,6 +258,7 @@ def plan_entries(
                 line.price,
                 dict(line.units),
                 line.plan_price,
+                line.provider_cost_pusd,
             )
             for line in (
                 target if len(target) == 1 else sorted(target, key=lambda line: line.key.sort_key())
@@ -226,6 +266,7 @@ def plan_entries(
         ]
     units_booked = booked_units or {}
     plan_prices_booked = booked_plan_prices or {}
+    provider_costs_booked = booked_provider_costs or {}
     live = {key: tokens for key, tokens in booked.items() if key not in closed}
     targets = {line.key: line for line in target}
     # A new line whose key and model stay, but at another price, is a re-pricing of the line that
@@ -244,9 +285,13 @@ def plan_entries(
         units = _units_delta(line.units if line else {}, was_units)
         price = line.price if line is not None else booked_prices.get(key)
         plan_price = line.plan_price if line is not None else plan_prices_booked.get(key)
+        provider_cost = _provider_cost_delta(
+            line.provider_cost_pusd if line is not None else None,
+            provider_costs_booked.get(key) if key in live else None,
+        )
         kind = "adjustment"
         if key in live and line is not None:
-            if delta.is_zero() and not units:
+            if delta.is_zero() and not units and not provider_cost:
                 continue
             reason = _late(delta, units)
         elif line is None:
@@ -264,7 +309,7 @@ def plan_entries(
         else:
             kind = "settlement"
             reason = "settled again after the call's api key or model changed"
-        entries.append(_entry(kind, reason, key, delta, price, units, plan_price))
+        entries.append(_entry(kind, reason, key, delta, price, units, plan_price, provider_cost))
     # Reversals first, so the entries read in the order an accountant would book them.
     entries.sort(key=lambda e: 0 if e.reason.startswith(REVERSAL_PREFIX) else 1)
     return entries

@@ -17,6 +17,9 @@ from billing.reconcile.repository import ReconcileRepository, repository
 from billing.reconcile.state import STATE_COLUMNS, Booked, CallState
 from billing.reconcile.stored import AnyEvent, StoredTokens, decode
 
+#: A booked line's row: the request id, the line (``LineKey``), its last seq and last reversal.
+_WIDTH = 1 + len(LineKey._fields) + 2
+
 
 def load_events(
     session: Session, request_ids: Sequence[str], arrivals: dict[str, Any] | None = None
@@ -107,10 +110,12 @@ def load_booked(session: Session, request_ids: Sequence[str]) -> dict[str, Booke
     price_ids: set[int] = set()
     plan_price_ids: set[int] = set()
     for row in repo.read_booked(session, request_ids):
-        request_id, *line, max_seq, last_reversal = row[:10]
-        sums = row[10:]
+        request_id, *line, max_seq, last_reversal = row[:_WIDTH]
+        *sums, provider_cost = row[_WIDTH:]
         entry = booked.setdefault(request_id, Booked())
         key = LineKey(*line)
+        if provider_cost is not None:
+            entry.provider_costs[key] = int(provider_cost)
         if key.plan_price_id is not None:
             plan_price_ids.add(key.plan_price_id)
         entry.tokens[key] = Tokens(*(int(s) for s in sums))

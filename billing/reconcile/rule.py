@@ -25,10 +25,12 @@ from billing.anomalies import (
     DELIVERED_EXCEEDS_BILLED,
     INPUT_UNKNOWN,
     STARTED_MISSING,
+    USAGE_INCONSISTENT,
     USAGE_MISSING,
 )
 from billing.dimensions import BUCKETS, Tokens
 from billing.ingest.schemas import StreamFailed, StreamStarted, StreamUsage
+from billing.money import usd_to_pusd
 from billing.reconcile.stored import AnyEvent, StoredFailed, StoredStarted, StoredUsage
 
 
@@ -56,6 +58,12 @@ class AttemptFigures:
     service_tier: str | None = None
     units: dict[str, int] = field(default_factory=dict)
     other_models: dict[str, Tokens] = field(default_factory=dict)
+    #: (v3) What the provider counts but does not bill per use (name → count), the cost it
+    #: reported itself in picodollars (None: not reported) and the place it says it served the
+    #: attempt, from the winning usage.
+    counters: dict[str, int] = field(default_factory=dict)
+    provider_cost_pusd: int | None = None
+    inference_geo: str | None = None
 
     def context_tokens(self) -> int:
         """Input + cache read + cache creation tokens (the prompt's buckets, ``_CONTEXT``):
@@ -90,10 +98,17 @@ class CallFigures:
     anomalies: tuple[str, ...] = field(default=())
     #: (v2) The last attempt's served tier that reported one, the units summed over the
     #: attempts (name → count), and the tokens billed at other models' rates summed per model
-    #: (model → ``Tokens``; also counted in ``tokens``, which is everything the call bills).
+    #: (model → ``Tokens``; v3: not counted in ``tokens``, which are the figures billed at the
+    #: call's own models, CONTRACT "Non-streaming calls, hosted-tool fees, provider-reported
+    #: cost (v3)").
     service_tier: str | None = None
     units: dict[str, int] = field(default_factory=dict)
     other_models: dict[str, Tokens] = field(default_factory=dict)
+    #: (v3) The counters summed over the attempts, the provider's own cost summed over the
+    #: attempts that reported one (None: none did), the last reported inference geo.
+    counters: dict[str, int] = field(default_factory=dict)
+    provider_cost_pusd: int | None = None
+    inference_geo: str | None = None
 
 
 #: The buckets with a ``stream.usage`` field that the rule takes as the usage counts them (0
@@ -103,6 +118,8 @@ class CallFigures:
 _PASSED = tuple(b for b in BUCKETS if b.usage is not None and not b.derived)
 _PASSED_NAMES = tuple(b.name for b in _PASSED)
 _usage_counts = attrgetter(*(b.usage for b in _PASSED if b.usage is not None))
+#: A passed bucket's ``stream.usage`` field.
+_USAGE_FIELD = {b.name: b.usage for b in _PASSED if b.usage is not None}
 #: The buckets of an ``other_models`` entry (``other_models``), with its field and its default
 #: (``None``: the entry must carry it).
 _OTHER = tuple((b.name, b.usage, None if b.required else 0) for b in BUCKETS if b.other_models)
@@ -124,6 +141,7 @@ def _attempt_figures(number: int, events: list[AnyEvent], call_model: str | None
     last_failure: StreamFailed | StoredFailed | None = None
     disconnected = False
     anomalies: set[str] = set()
+    usages: list[StreamUsage | StoredUsage] = []
 
     delivered = 0
     generated = 0
@@ -136,6 +154,7 @@ def _attempt_figures(number: int, events: list[AnyEvent], call_model: str | None
             if e.output_tokens_generated > generated:
                 generated = e.output_tokens_generated
         elif e.type == "stream.usage":
+            usages.append(e)
             if e.source == "upstream":
                 if upstream is None or _usage_key(e) > _usage_key(upstream):
                     upstream = e
@@ -177,9 +196,17 @@ def _attempt_figures(number: int, events: list[AnyEvent], call_model: str | None
     # known", never 0 over a known input: CONTRACT "Usage dimensions (v2)"), the input comes
     # from stream.started, else 0 with input_unknown.
     counts = {} if usage is None else dict(zip(_PASSED_NAMES, _usage_counts(usage), strict=True))
-    if usage is None or usage.input_tokens is None:
-        if first_started is not None and first_started.input_tokens is not None:
-            counts["input_tokens"] = first_started.input_tokens
+    if usage is not None and len(usages) > 1 and _keep_largest(counts, usage, usages):
+        anomalies.add(USAGE_INCONSISTENT)
+    started_input = first_started.input_tokens if first_started is not None else None
+    if (
+        usage is None
+        or usage.input_tokens is None
+        # v3: an estimate's explicit 0 is "not known" when stream.started has a count
+        or (usage is estimate and not counts["input_tokens"] and started_input is not None)
+    ):
+        if started_input is not None:
+            counts["input_tokens"] = started_input
         else:
             counts["input_tokens"] = 0
             anomalies.add(INPUT_UNKNOWN)
@@ -213,7 +240,39 @@ def _attempt_figures(number: int, events: list[AnyEvent], call_model: str | None
             figures.units = {name: count for name, count in usage.units.items() if count}
         if usage.other_models:
             figures.other_models = _other_models(usage.other_models)
+        if usage.counters:
+            figures.counters = {name: count for name, count in usage.counters.items() if count}
+        if usage.provider_cost_usd is not None:
+            figures.provider_cost_pusd = usd_to_pusd(usage.provider_cost_usd)
+        figures.inference_geo = usage.inference_geo
     return figures
+
+
+def _keep_largest(
+    counts: dict[str, int],
+    usage: StreamUsage | StoredUsage,
+    usages: list[StreamUsage | StoredUsage],
+) -> bool:
+    """v3: a count that the winning ``usage`` lowers to 0 where an earlier usage of the same
+    source had it above 0 keeps the largest value reported (CONTRACT "Non-streaming calls,
+    hosted-tool fees, provider-reported cost (v3)"); True when one was kept. An estimate's
+    input left out is not a 0."""
+    kept = False
+    for name, value in counts.items():
+        if value:
+            continue
+        largest = max(
+            (
+                getattr(other, _USAGE_FIELD[name]) or 0
+                for other in usages
+                if other.source == usage.source
+            ),
+            default=0,
+        )
+        if largest and (name != "input_tokens" or usage.input_tokens is not None):
+            counts[name] = largest
+            kept = True
+    return kept
 
 
 def _other_models(entries: Iterable[Any]) -> dict[str, Tokens]:
@@ -277,16 +336,24 @@ def reconcile_call(request_id: str, events: Iterable[AnyEvent]) -> CallFigures:
         for figures in attempts:
             total = total + figures.tokens
     units: dict[str, int] = {}
+    counters: dict[str, int] = {}
     other_models: dict[str, Tokens] = {}
     service_tier = None
+    inference_geo = None
+    provider_cost: int | None = None
     for figures in attempts:
         for name, count in figures.units.items():
             units[name] = units.get(name, 0) + count
+        for name, count in figures.counters.items():
+            counters[name] = counters.get(name, 0) + count
         for model, tokens in figures.other_models.items():
-            total = total + tokens
             other_models[model] = other_models[model] + tokens if model in other_models else tokens
         if figures.service_tier is not None:
             service_tier = figures.service_tier
+        if figures.inference_geo is not None:
+            inference_geo = figures.inference_geo
+        if figures.provider_cost_pusd is not None:
+            provider_cost = (provider_cost or 0) + figures.provider_cost_pusd
     anomalies = {code for a in attempts for code in a.anomalies}
     all_upstream = all(a.usage_source == "upstream" for a in attempts)
     if not all_upstream:
@@ -320,6 +387,9 @@ def reconcile_call(request_id: str, events: Iterable[AnyEvent]) -> CallFigures:
         service_tier=service_tier,
         units=dict(sorted(units.items())),
         other_models=dict(sorted(other_models.items())),
+        counters=dict(sorted(counters.items())),
+        provider_cost_pusd=provider_cost,
+        inference_geo=inference_geo,
     )
 
 
@@ -344,6 +414,7 @@ def check_figures(fig: CallFigures) -> None:
         except TypeError:
             ok = False
         ok = ok and _text_ok(attempt.model) and _text_ok(attempt.error_type)
-        ok = ok and _text_ok(attempt.stop_reason)
+        ok = ok and _text_ok(attempt.stop_reason) and _text_ok(attempt.inference_geo)
+        ok = ok and all(type(c) is int and c >= 0 for c in attempt.counters.values())
     if not ok:
         raise ValueError(f"the stored events of call {fig.request_id!r} are not valid events")

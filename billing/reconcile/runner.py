@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from billing.credits import draws as credit_draws
 from billing.metrics import Metrics
 from billing.reconcile.repository import repository
 from billing.reconcile.service import (
@@ -142,6 +143,12 @@ def run_pass(
     locked in one order (no deadlock). Returns the totals of the pass; raises the database's
     error when it is unavailable.
     """
+    with read_transaction(sessions) as session:
+        credits = credit_draws.credits_exist(session)
+    if credits:  # (a gateway without credits opens no transaction for them)
+        with write_transaction(sessions) as session:
+            # Grants expired since the last pass book their remainders (at their expires_at).
+            credit_draws.on_pass(session, now or datetime.now(UTC))
     threads = settings.reconcile_threads
     bind = sessions.kw.get("bind")
     if threads <= 1 or bind is None or not repository(bind).steps_at_once:

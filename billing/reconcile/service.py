@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from billing.budgets import counters as budget_counters
+from billing.credits import draws as credit_draws
 from billing.dimensions import set_tokens
 from billing.plans.rating import Rating
 from billing.pricing.service import price_book
@@ -177,7 +178,7 @@ def reconcile_calls(
         lines = target_lines(fig, book, rating)
         cost = call_cost(lines)
         terms = rating.terms(fig.api_key_id, fig.started_at)
-        charged = (terms.customer_id, terms.plan_id, call_charge(lines))
+        charged = (terms.customer_id, terms.plan_id, *call_charge(lines))
         # The row's last_received_at is not updated by the later events of a pending call.
         arrival = arrivals.get(request_id)
         if arrival is None or arrival < call.stored[0]:
@@ -196,6 +197,7 @@ def reconcile_calls(
                 record.closed,
                 record.units,
                 record.plan_prices,
+                record.provider_costs,
             )
             seq = record.max_seq
             for new in planned:
@@ -214,6 +216,7 @@ def reconcile_calls(
     repo.write_calls(session, updates, now)
     repo.write_attempts(session, updates)
     repo.write_entries(session, entries)
+    credit_draws.after_step(session, entries, now)
     rollups.after_step(session, rolled_up, after, entries, deltas)
     held = [new.request_id for _, new, _ in updates if drift_rollup.holds(new)]
     drift_rollup.after_writes(session, drift_before, held, common_drift)
@@ -236,7 +239,7 @@ def preview_call(session: Session, call: Call) -> None:
     _apply(call, fig, call_cost(lines), call.settled, call.settled_at or datetime.now(UTC))
     terms = rating.terms(fig.api_key_id, fig.started_at)
     call.customer_id, call.plan_id = terms.customer_id, terms.plan_id
-    call.charge_pusd = call_charge(lines)
+    call.charge_pusd, call.leakage_pusd = call_charge(lines)
 
 
 def _models(fig: CallFigures) -> list[str]:
@@ -264,6 +267,9 @@ def _apply(call: Call, fig: CallFigures, cost: int | None, settle: bool, now: da
     call.service_tier = fig.service_tier
     call.units = fig.units or None
     call.other_models = json.loads(other_models_json(fig)) if fig.other_models else None
+    call.counters = fig.counters or None
+    call.provider_cost_pusd = fig.provider_cost_pusd
+    call.inference_geo = fig.inference_geo
     call.pending = False
 
 

@@ -28,6 +28,7 @@ STATE_COLUMNS = (
     "customer_id",
     "plan_id",
     "charge_pusd",
+    "leakage_pusd",
     *TOKEN_FIELDS,
 )
 
@@ -55,6 +56,7 @@ class CallState:
     customer_id: str | None
     plan_id: str | None
     charge_pusd: int | None
+    leakage_pusd: int | None
     settling: bool
     stored: tuple[Any, ...]
     #: The last arrival among the call's events (as the driver returns times; see load_events).
@@ -71,10 +73,10 @@ def new_state(
     cost: int | None,
     settle: bool,
     anomalies: list[str],
-    charged: tuple[str | None, str | None, int | None] = (None, None, None),
+    charged: tuple[str | None, str | None, int | None, int | None] = (None, None, None, 0),
 ) -> CallState:
     """The call's state after the step: ``fig`` and its cost, settled if ``settle``;
-    ``charged``: its customer, plan and charge (v2)."""
+    ``charged``: its customer, plan and charge (v2) and leakage (v3)."""
     new = CallState()
     new.request_id = old.request_id
     new.settled = old.settled or settle
@@ -85,7 +87,7 @@ def new_state(
     new.model = fig.model
     new.anomalies = anomalies
     new.cost_pusd = cost
-    new.customer_id, new.plan_id, new.charge_pusd = charged
+    new.customer_id, new.plan_id, new.charge_pusd, new.leakage_pusd = charged
     new.attempts = len(fig.attempts)
     set_tokens(new, fig.tokens)
     return new
@@ -103,6 +105,8 @@ class Booked:
     units: dict[LineKey, dict[str, int]] = field(default_factory=dict)
     #: (v2) The plan price each line was charged at, for the lines that have one.
     plan_prices: dict[LineKey, PriceRow | None] = field(default_factory=dict)
+    #: (v3) The provider's own cost booked per line, for the lines that have one.
+    provider_costs: dict[LineKey, int | None] = field(default_factory=dict)
 
 
 NOTHING_BOOKED = Booked()

@@ -28,7 +28,8 @@ class RollupsRepository(Protocol):
     """The rollups' statements on one database. Every method runs in the session's transaction.
 
     ``add`` takes rows ``(basis, api_key_id, level, bucket_start, model, customer_id,
-    *COUNT_FIELDS, cost_whole_usd, cost_frac_pusd, charge_whole_usd, charge_frac_pusd)`` for
+    *COUNT_FIELDS, cost_whole_usd, cost_frac_pusd, charge_whole_usd, charge_frac_pusd,
+    leakage_whole_usd, leakage_frac_pusd)`` for
     ``usage_rollups`` (``keyed``) and the same without ``api_key_id`` and ``customer_id`` for
     ``usage_rollups_all_keys``: ``bucket_start`` an aware UTC datetime, a null
     key or model as ``''``, the rows in key order (one lock order for every reconciler) and none

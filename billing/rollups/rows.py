@@ -28,6 +28,8 @@ ROLLUP_SUMMED = (
     "cost_frac_pusd",
     "charge_whole_usd",
     "charge_frac_pusd",
+    "leakage_whole_usd",
+    "leakage_frac_pusd",
 )
 
 #: ``drift_rollups.level``: UTC hours, UTC days.

@@ -41,32 +41,41 @@ _tokens = operator.attrgetter(*TOKEN_FIELDS)
 
 
 class Totals:
-    """Summed counts (``COUNT_FIELDS``), the exact cost and (v2) charge in picodollars
-    (unbounded ints)."""
+    """Summed counts (``COUNT_FIELDS``), the exact cost, (v2) charge and (v3) leakage in
+    picodollars (unbounded ints)."""
 
-    __slots__ = ("charge_pusd", "cost_pusd", "values")
+    __slots__ = ("charge_pusd", "cost_pusd", "leakage_pusd", "values")
 
     def __init__(
-        self, values: Sequence[int] | None = None, cost_pusd: int = 0, charge_pusd: int = 0
+        self,
+        values: Sequence[int] | None = None,
+        cost_pusd: int = 0,
+        charge_pusd: int = 0,
+        leakage_pusd: int = 0,
     ) -> None:
         self.values = list(values) if values is not None else [0] * len(COUNT_FIELDS)
         self.cost_pusd = cost_pusd
         self.charge_pusd = charge_pusd
+        self.leakage_pusd = leakage_pusd
 
     def add(self, other: Totals, sign: int = 1) -> None:
         self.values = [a + sign * b for a, b in zip(self.values, other.values, strict=True)]
         self.cost_pusd += sign * other.cost_pusd
         self.charge_pusd += sign * other.charge_pusd
+        self.leakage_pusd += sign * other.leakage_pusd
+
+    def amounts(self) -> tuple[int, int, int]:
+        """The cost, the charge and the leakage."""
+        return (self.cost_pusd, self.charge_pusd, self.leakage_pusd)
 
     def is_zero(self) -> bool:
-        return self.cost_pusd == 0 and self.charge_pusd == 0 and not any(self.values)
+        return not any(self.amounts()) and not any(self.values)
 
     def __eq__(self, other: object) -> bool:
         return (
             isinstance(other, Totals)
             and self.values == other.values
-            and self.cost_pusd == other.cost_pusd
-            and self.charge_pusd == other.charge_pusd
+            and self.amounts() == other.amounts()
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -86,7 +95,9 @@ class Placed:
 
 def _totals(row: Any, calls: int, cost: int | None, charge: int | None) -> Totals:
     flags = [1 if cost is None else 0, 1 if charge is None else 0]
-    return Totals([1, calls, *_tokens(row), *flags], cost or 0, charge or 0)
+    # (v3) A row stored before the leakage (or a new entry without one) left nothing uncharged.
+    leakage = getattr(row, "leakage_pusd", None) or 0
+    return Totals([1, calls, *_tokens(row), *flags], cost or 0, charge or 0, leakage)
 
 
 class CallLike(Protocol):
@@ -168,7 +179,7 @@ class Deltas:
             placed.customer_id or "",
         )
         totals = placed.totals
-        values = [*totals.values, totals.cost_pusd, totals.charge_pusd]
+        values = [*totals.values, *totals.amounts()]
         summed = self.quarters.get(row)
         if summed is None:
             self.quarters[row] = values if sign == 1 else [-v for v in values]
@@ -203,17 +214,16 @@ class Deltas:
 
 
 def _rows(rows: Mapping[tuple[Any, ...], list[int]]) -> list[tuple[Any, ...]]:
-    """``rows`` (key → ``COUNT_FIELDS`` then the cost and the charge in picodollars) as the
-    store adds them: in key order, one lock order for every reconciler (no deadlocks), the cost
-    and charge split, rows that change nothing left out (e.g. a call that moved between keys of
-    one bucket)."""
+    """``rows`` (key → ``COUNT_FIELDS`` then the cost, the charge and the leakage in
+    picodollars) as the store adds them: in key order, one lock order for every reconciler (no
+    deadlocks), the amounts split, rows that change nothing left out (e.g. a call that moved
+    between keys of one bucket)."""
     result = []
     for row in sorted(rows):
         values = rows[row]
         if any(values):
-            result.append(
-                (*row, *values[:-2], *divmod(values[-2], PICO), *divmod(values[-1], PICO))
-            )
+            split = (part for amount in values[-3:] for part in divmod(amount, PICO))
+            result.append((*row, *values[:-3], *split))
     return result
 
 

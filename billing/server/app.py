@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import FastAPI
@@ -15,10 +16,12 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from billing import destinations
 from billing.api import (
     authorizations,
     budgets,
     calls,
+    credits,
     drift,
     errors,
     events,
@@ -42,8 +45,11 @@ from billing.budgets.webhooks import DeliveryWorker
 from billing.console import FORM_PATHS
 from billing.console import install as install_console
 from billing.errors import FieldError, ValidationFailed
+from billing.ingest.partitions import MAINTENANCE_EVERY_S, make_partitions_ahead
 from billing.ingest.validation import MAX_BODY_BYTES
 from billing.metrics import Metrics
+from billing.observe.collector import LedgerCollector
+from billing.providers.schemas import MAX_REPORT_BYTES
 from billing.reconcile.runner import Backoff, run_pass
 from billing.settings import Settings, get_settings
 from billing.storage.db import make_engine, make_sessionmaker
@@ -142,7 +148,9 @@ class _App(FastAPI):
                 )
                 await errors.render(error)(scope, receive, send)
                 return
-        await super().__call__(scope, receive, send)
+        # a budget's webhook URL is checked against the destination policy of these settings
+        with destinations.allowing_private(self.state.billing.settings.webhook_allow_private):
+            await super().__call__(scope, receive, send)
 
     def openapi(self) -> dict[str, Any]:
         """The schema, with the body models of the routes that read their bodies themselves
@@ -182,13 +190,27 @@ def create_app(settings: Settings | None = None, *, background: bool = False) ->
         except SQLAlchemyError:
             return None
 
-    state = AppState(settings, engine, sessions, Metrics(count_open))
+    # BILLING_READ_DATABASE_URL: a replica for the readers (billing.api.state.routed).
+    replica = (
+        None
+        if settings.read_database_url is None
+        else make_engine(settings, url=settings.read_database_url)
+    )
+    state = AppState(
+        settings,
+        engine,
+        sessions,
+        Metrics(count_open),
+        replica_sessions=None if replica is None else make_sessionmaker(replica),
+    )
+    state.metrics.registry.register(LedgerCollector(sessions, settings))
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         tasks = [asyncio.create_task(_last_used_loop(app.state.tokens))]
         if background:
             tasks.append(asyncio.create_task(_reconcile_loop(state)))
+            tasks.append(asyncio.create_task(_partitions_loop(state)))
             tasks.append(asyncio.create_task(DeliveryWorker(sessions, settings).run()))
         try:
             yield
@@ -202,6 +224,8 @@ def create_app(settings: Settings | None = None, *, background: bool = False) ->
             if state.ingest_writer is not None:
                 state.ingest_writer.close()
             engine.dispose()
+            if replica is not None:
+                replica.dispose()
 
     app = _App(
         title="billing",
@@ -218,7 +242,7 @@ def create_app(settings: Settings | None = None, *, background: bool = False) ->
         app._dispatch,
         settings,
         lambda: app.state.tokens,
-        body_limits={events.PATH: MAX_BODY_BYTES, providers.PATH: providers.MAX_REPORT_BYTES},
+        body_limits={events.PATH: MAX_BODY_BYTES, providers.PATH: MAX_REPORT_BYTES},
         gzip_paths=frozenset({events.PATH}),
         form_paths=FORM_PATHS,
     )
@@ -248,6 +272,7 @@ _ROUTERS: list[Any] = [
     schema,
     budgets,
     authorizations,
+    credits,
 ]
 
 
@@ -272,6 +297,20 @@ async def _reconcile_loop(state: AppState) -> None:
                 log.exception("background reconciliation pass failed; retrying next interval")
         else:
             backoff.succeeded()
+
+
+async def _partitions_loop(state: AppState) -> None:
+    """``events``' months made ahead at start and every ``MAINTENANCE_EVERY_S``
+    (``billing.ingest.partitions``); a failure is logged and tried again at the next look."""
+    while True:
+        try:
+            made = await asyncio.to_thread(make_partitions_ahead, state.sessions, datetime.now(UTC))
+        except SQLAlchemyError as error:
+            log.warning("could not make the events' partitions ahead (%s); retrying", error)
+        else:
+            if made:
+                log.info("events partitions made: %s", ", ".join(f"{y}-{m:02d}" for y, m in made))
+        await asyncio.sleep(MAINTENANCE_EVERY_S)
 
 
 async def _last_used_loop(tokens: TokenCache) -> None:

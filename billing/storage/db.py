@@ -22,9 +22,13 @@ from billing.settings import Settings
 
 
 def make_engine(
-    settings: Settings, *, pre_ping: bool = True, pool_size: int | None = None
+    settings: Settings,
+    *,
+    pre_ping: bool = True,
+    pool_size: int | None = None,
+    url: str | None = None,
 ) -> Engine:
-    """Create the engine for ``settings.database_url``.
+    """Create the engine for ``url`` (by default ``settings.database_url``).
 
     SQLite: WAL journal, ``synchronous=FULL`` (an acknowledged event is on disk), a busy timeout of
     ``sqlite_busy_timeout_ms``, foreign keys on, and write transactions that begin with
@@ -34,7 +38,7 @@ def make_engine(
     round trip per checkout for a user that retries a transaction whose connection turns out
     to be dead (``billing.ingest.service.write_group``).
     """
-    url = settings.database_url
+    url = url or settings.database_url
     if url.startswith("sqlite"):
         engine = create_engine(
             url,

@@ -16,6 +16,9 @@ Typical use by a gateway::
     for payload in tap.final_events():   # stream.usage (+ stream.failed)
         send(envelope | payload)
 
+A non-streaming response is one call of ``tap.read_json(body)`` (the whole response object, or
+the provider's error body), then ``final_events()`` as above.
+
 All counts are tokens, in the contract's semantics (:class:`Usage`); the v2 dimensions (CONTRACT
 "Usage dimensions (v2)": one-hour cache writes, the served tier, units, other models' tokens,
 ``usage_inconsistent``) are read by each tap and built by :mod:`billing.taps.usage`.

@@ -17,9 +17,11 @@ Rules, from Anthropic's API docs ("Streaming Messages", "Prompt caching", "Exten
   token; ``signature_delta`` and ``citations_delta`` do not;
 * ``usage.cache_creation.ephemeral_1h_input_tokens`` is the one-hour part of the cache writes
   (``cache_creation_input_tokens``, or the sum of the per-TTL breakdown when only that is
-  sent); ``usage.service_tier`` is the tier that served the message; every counter of
-  ``usage.server_tool_use`` (``web_search_requests``, ``web_fetch_requests``, …) is a unit of
-  that name;
+  sent); ``usage.service_tier`` is the tier that served the message, ``usage.inference_geo``
+  where it ran (``us``, ``global``); every counter of
+  ``usage.server_tool_use`` (``web_search_requests``, …) is a unit of that name, but for those
+  Anthropic bills no fee per use (``web_fetch_requests``: only its tokens are billed), which go
+  to ``counters``;
 * ``message_delta.usage.iterations`` (server-side compaction, the advisor tool): the
   top-level counts cover only part of the work (after a compaction, only the final
   iteration), so when a non-empty ``iterations`` list is sent, the attempt's usage is the sum,
@@ -29,6 +31,11 @@ Rules, from Anthropic's API docs ("Streaming Messages", "Prompt caching", "Exten
   to ``other_models`` under that model; the reasoning count stays the top-level one;
 * errors: an ``error`` event, ``{"type": "error", "error": {"type", "message"}}``, e.g.
   ``overloaded_error`` or ``api_error``.
+
+A non-streaming response (:meth:`Tap.read_json`) is the ``message`` object itself: its
+``usage`` is final (read as ``message_start``'s input and ``message_delta``'s output together),
+its ``content`` blocks are counted as their deltas would be, one per non-empty text, thinking or
+tool input.
 
 Without a ``message_delta`` usage the stream has no final usage: the tap then reports the
 input from ``message_start`` and the counted deltas as its generated output.
@@ -47,6 +54,7 @@ from billing.taps.fields import (
     opt_tier,
     opt_tokens,
     opt_units,
+    split_counters,
 )
 from billing.taps.usage import USAGE_INCONSISTENT, InputUsage, OtherModelUsage, Usage, build_input
 
@@ -59,6 +67,11 @@ _DELTA_TEXT_FIELD = {
 }
 _UNCOUNTED_DELTAS = frozenset({"signature_delta", "citations_delta"})
 _INPUT_KEYS = ("input", "cache_read", "cache_creation", "cache_creation_1h")
+#: Counters of ``usage.server_tool_use`` that Anthropic bills no fee per use for (they go to
+#: ``stream.usage.counters``, never to ``units``).
+_NOT_BILLED_PER_USE = frozenset({"web_fetch_requests"})
+#: The field of a content block whose non-empty value is generated output.
+_BLOCK_CONTENT = {"text": "text", "thinking": "thinking", "tool_use": "input"}
 #: Iteration types billed at the message's own model when the message reports no model.
 _OWN_MODEL_ITERATIONS = frozenset({"compaction", "message"})
 
@@ -118,6 +131,7 @@ class AnthropicMessagesTap(Tap):
     def __init__(self) -> None:
         super().__init__()
         self._reported_units: dict[str, int] = {}
+        self._counters: dict[str, int] = {}
         # the latest usage.iterations, split: sums billed at the message's model, and the
         # iterations of other models; None until a message_delta sends a non-empty list
         self._iterations: tuple[dict[str, int], list[OtherModelUsage], bool] | None = None
@@ -137,6 +151,24 @@ class AnthropicMessagesTap(Tap):
             if any(isinstance(block.get(k), str) and block[k] for k in ("text", "thinking")):
                 self._count_deltas(1)
 
+    def _on_body(self, data: dict[str, Any]) -> None:
+        if data.get("type") == "error" or data.get("error"):
+            self._set_error(error_from_event(data))
+            return
+        content = data.get("content")
+        for block in content if isinstance(content, list) else ():
+            kind = block.get("type") if isinstance(block, dict) else None
+            field = _BLOCK_CONTENT.get(kind) if isinstance(kind, str) else None
+            if field is not None and isinstance(block.get(field), str | dict) and block[field]:
+                self._count_deltas(1)
+        self._on_message_start(data)
+        usage = data.get("usage")
+        self._on_message_delta(
+            {"delta": {"stop_reason": data.get("stop_reason")}, "usage": usage}
+            if usage is not None
+            else {}
+        )
+
     def _on_message_start(self, message: dict[str, Any]) -> None:
         self._set_model(opt_str(message, "model"))
         self._set_stop_reason(opt_str(message, "stop_reason"))
@@ -146,7 +178,10 @@ class AnthropicMessagesTap(Tap):
         usage = as_dict(usage, "message_start.message.usage")
         fields = _read_usage(usage)
         self._set_service_tier(opt_tier(usage))
-        self._reported_units.update(opt_units(usage, "server_tool_use"))
+        self._set_inference_geo(opt_tier(usage, "inference_geo"))
+        units, counters = split_counters(opt_units(usage, "server_tool_use"), _NOT_BILLED_PER_USE)
+        self._reported_units.update(units)
+        self._counters.update(counters)
         # output_tokens here is a placeholder inside the running count: not recorded; neither
         # are iterations: the final ones come with message_delta
         for key in _INPUT_KEYS:
@@ -165,8 +200,11 @@ class AnthropicMessagesTap(Tap):
         usage = as_dict(usage, "message_delta.usage")
         fields = _read_usage(usage)
         self._set_service_tier(opt_tier(usage))
-        if "server_tool_use" in usage:
-            self._reported_units = opt_units(usage, "server_tool_use")  # a snapshot: replaces
+        self._set_inference_geo(opt_tier(usage, "inference_geo"))
+        if "server_tool_use" in usage:  # a snapshot: replaces
+            self._reported_units, self._counters = split_counters(
+                opt_units(usage, "server_tool_use"), _NOT_BILLED_PER_USE
+            )
         iterations = usage.get("iterations")
         if iterations:
             try:
@@ -242,6 +280,7 @@ class AnthropicMessagesTap(Tap):
             reasoning=raw.get("reasoning"),
             input_includes_cache=False,
             units=self._reported_units,
+            counters=self._counters,
             other_models=tuple(others),
             anomalies=anomalies,
         )

@@ -112,6 +112,36 @@ class Tap(TapState, ABC):
             self._handle(name, data)
         self._closed = True
 
+    def read_json(self, body: bytes | bytearray | memoryview) -> None:
+        """Read the whole body of a NON-streaming response (the protocol's response object:
+        a ``chat.completion``, a Responses ``response``, an Anthropic ``message``, or the
+        provider's error object) and close the tap: its usage, units, counters, cost and stop
+        reason are read as from a stream's last events, its generated content counted as the
+        stream's deltas would be (the estimate when it carries no usage).
+
+        Never raises on the body's content (an unreadable body is one malformed event); after
+        :meth:`feed` or :meth:`close` it is ignored.
+        """
+        if self._closed or self._events:
+            return
+        raw = bytes(body)
+        self._closed = True
+        self._raw_event = raw
+        try:
+            payload = orjson.loads(raw)
+            self._events = 1
+            if not isinstance(payload, dict):
+                raise MalformedEventError("the response body is not a JSON object")
+            self._on_body(payload)
+        except Exception:  # never raise on the body's content: count it
+            self._events = 1
+            self._malformed += 1
+
+    @abstractmethod
+    def _on_body(self, data: dict[str, Any]) -> None:
+        """Apply a whole non-streaming response body (a JSON object); see :meth:`read_json`.
+        Raise :class:`MalformedEventError` (or any exception) when it cannot be read."""
+
     def _handle(self, sse_event: str | None, raw: bytes) -> None:
         """One event's data (UTF-8 bytes): ``[DONE]``, nothing, or a JSON event."""
         if self._done:
@@ -130,6 +160,7 @@ class Tap(TapState, ABC):
                 return
         self._events += 1
         self._event_bad = False
+        self._raw_event = raw
         try:
             if text is not None:
                 try:

@@ -32,9 +32,12 @@ def stream_usage_payload(
          "reasoning_tokens": int, "cache_creation_1h_input_tokens": int (when > 0),
          "source": "upstream" | "estimate",
          "service_tier": str (when the upstream said which tier served it),
-         "units": {name: int > 0} (when any), "other_models": [{"model", "input_tokens",
-         "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"}] (when
-         any), "anomalies": ["usage_inconsistent"] (when the upstream's figures contradicted
+         "inference_geo": str (when the upstream said where it ran the call),
+         "units": {name: int > 0} (when any), "counters": {name: int > 0} (when any),
+         "provider_cost_usd": decimal str (when the provider reported it),
+         "other_models": [{"model", "input_tokens", "output_tokens",
+         "cache_read_input_tokens", "cache_creation_input_tokens"}] (when any),
+         "anomalies": ["usage_inconsistent"] (when the upstream's figures contradicted
          themselves), "model": str (when reported), "stop_reason": str (when known)}
 
     ``source`` is ``upstream`` when the provider reported a usage and no content was generated
@@ -77,9 +80,16 @@ def stream_usage_payload(
     ordered["source"] = source
     if tap.service_tier:
         ordered["service_tier"] = tap.service_tier
+    if tap.inference_geo:
+        ordered["inference_geo"] = tap.inference_geo
     units = tap.units
     if units:
         ordered["units"] = units
+    counters = tap.counters
+    if counters:
+        ordered["counters"] = counters
+    if tap.provider_cost_usd is not None:
+        ordered["provider_cost_usd"] = tap.provider_cost_usd
     if other_models:
         ordered["other_models"] = other_models
     if anomalies:

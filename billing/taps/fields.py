@@ -3,9 +3,13 @@ on a shape they cannot read, and the normal form of an in-stream error."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
+from decimal import Decimal
 from typing import Any
 
+from billing.fields import printable_text
+from billing.money import parse_usd
 from billing.taps.usage import is_unit_name
 
 __all__ = [
@@ -17,6 +21,8 @@ __all__ = [
     "opt_tier",
     "opt_tokens",
     "opt_units",
+    "split_counters",
+    "usd_at",
 ]
 
 
@@ -79,6 +85,40 @@ def opt_units(
     return units
 
 
+def split_counters(
+    counters: Mapping[str, int], not_billed: Iterable[str]
+) -> tuple[dict[str, int], dict[str, int]]:
+    """``counters`` (see :func:`opt_units`) as ``(units, counters)``: the counters named in
+    ``not_billed`` (a provider counts them but bills no fee per use, CONTRACT "Non-streaming
+    calls, hosted-tool fees, provider-reported cost") go to ``stream.usage.counters``, every
+    other one is a unit."""
+    names = frozenset(not_billed)
+    units = {name: n for name, n in counters.items() if name not in names}
+    return units, {name: n for name, n in counters.items() if name in names}
+
+
+def usd_at(raw: bytes, path: Iterable[str]) -> str | None:
+    """The amount in USD at ``path`` of the JSON text ``raw`` (OpenRouter's ``usage.cost``),
+    read exactly from its digits (as a :class:`~decimal.Decimal`, never through a float), as
+    the canonical decimal string of ``stream.usage.provider_cost_usd``
+    (:func:`billing.money.parse_usd`); ``None`` when it is absent, not a number, negative, or
+    not exact to the picodollar (the usage is posted without it rather than refused)."""
+    try:
+        node: object = json.loads(raw, parse_float=Decimal, parse_int=Decimal)
+    except ValueError:
+        return None
+    for key in path:
+        if not isinstance(node, dict):
+            return None
+        node = node.get(key)
+    if not isinstance(node, Decimal) or not node.is_finite():
+        return None
+    try:
+        return parse_usd(format(node, "f"))
+    except ValueError:
+        return None
+
+
 def opt_tier(obj: Mapping[str, Any], key: str = "service_tier") -> str | None:
     """A served service tier (``default``, ``priority``, ``flex``, ``standard``, …; 1–32
     characters), or ``None``.
@@ -125,8 +165,7 @@ def normalize_error(raw: object, default_type: str = "api_error") -> dict[str, A
         else:
             err["type"] = default_type
     message = err.get("message")
-    if not isinstance(message, str):
-        err["message"] = "" if message is None else str(message)
+    err["message"] = printable_text("" if message is None else str(message))
     return err
 
 

@@ -10,9 +10,11 @@ include_usage``) and the OpenAI-compatible providers seen in the wild:
   counts as one estimated output token, across all choices (``n`` > 1);
 * ``choices[].finish_reason`` is the stop reason; it does NOT end the stream: the usage
   usually follows in a chunk with ``"choices": []`` (or no ``choices``, or still a choice);
-* ``usage`` (also Groq's legacy ``x_groq.usage``): ``prompt_tokens`` INCLUDES
-  ``prompt_tokens_details.cached_tokens`` (and cache writes where a provider reports them as
-  ``prompt_tokens_details.cache_write_tokens`` / ``cache_creation_input_tokens``), so
+* ``usage`` (also Groq's legacy ``x_groq.usage``): ``prompt_tokens`` INCLUDES the cached
+  tokens, wherever the provider reports them (``prompt_tokens_details.cached_tokens``, else a
+  top-level ``usage.cached_tokens``, else DeepSeek's ``prompt_cache_hit_tokens``), and the
+  cache writes where a provider reports them (``prompt_tokens_details.cache_write_tokens`` /
+  ``cache_creation_input_tokens``), so
   ``input_tokens = prompt_tokens - cached - cache writes``; ``completion_tokens`` includes
   ``completion_tokens_details.reasoning_tokens``. Some providers send a cumulative usage on
   every chunk: each one is a snapshot that replaces the previous (fields it omits are kept);
@@ -21,7 +23,11 @@ include_usage``) and the OpenAI-compatible providers seen in the wild:
   one, and is left out);
 * OpenRouter's ``usage.server_tool_use_details.web_search_requests`` is the unit
   ``web_search_requests`` (its ``tool_calls_*`` counters count the same searches again and
-  are not billed by themselves);
+  are not billed by themselves); its ``usage.cost`` (USD) is the provider's cost of the
+  attempt, ``provider_cost_usd``, read exactly from the JSON text;
+* a non-streaming response (:meth:`Tap.read_json`) is one ``chat.completion`` object: its
+  ``choices[].message`` holds what the deltas would (counted the same way), its ``usage`` and
+  ``service_tier`` are read as above;
 * in-stream errors: a chunk with an ``error`` member, or an ``event: error`` block.
 
 Cached tokens above ``prompt_tokens`` or a negative count are corrected and flagged
@@ -157,10 +163,34 @@ class ChatCompletionsTap(Tap):
             x_groq = data.get("x_groq")
             if isinstance(x_groq, dict):
                 usage = x_groq.get("usage")
+            if usage is not None:
+                self._on_usage(as_dict(usage, "x_groq.usage"), None)
+                return
         if usage is not None:
-            self._on_usage(as_dict(usage, "usage"))
+            self._on_usage(as_dict(usage, "usage"), ("usage", "cost"))
 
-    def _on_usage(self, usage: dict[str, Any]) -> None:
+    def _on_body(self, data: dict[str, Any]) -> None:
+        self._set_model(opt_str(data, "model"))
+        self._set_service_tier(opt_tier(data))
+        error = data.get("error")
+        if error is not None and _nonempty(error):
+            self._set_error(error_from_event(data))
+        choices = data.get("choices")
+        for choice in choices if isinstance(choices, list) else ():
+            choice = as_dict(choice, "choice")
+            message = choice.get("message")
+            if message is not None:
+                self._count_deltas(_delta_pieces(as_dict(message, "message")))
+            finish = choice.get("finish_reason")
+            if finish and isinstance(finish, str):
+                self._set_stop_reason(finish)
+        usage = data.get("usage")
+        if usage is not None:
+            self._on_usage(as_dict(usage, "usage"), ("usage", "cost"))
+
+    def _on_usage(self, usage: dict[str, Any], cost_at: tuple[str, ...] | None) -> None:
+        """Read one usage object; ``cost_at``: where its ``cost`` is in the event's JSON text
+        (``None``: a usage that carries no cost of the provider's)."""
         found: dict[str, int | None] = {
             "prompt": opt_tokens(usage, "prompt_tokens"),
             "completion": opt_tokens(usage, "completion_tokens"),
@@ -175,6 +205,8 @@ class ChatCompletionsTap(Tap):
             write = opt_tokens(details, "cache_write_tokens")
             if write is not None:
                 found["cache_write"] = write
+        if found["cached"] is None:
+            found["cached"] = opt_tokens(usage, "cached_tokens")
         if found["cached"] is None:
             found["cached"] = opt_tokens(usage, "prompt_cache_hit_tokens")  # DeepSeek
         details = usage.get("completion_tokens_details")
@@ -198,4 +230,5 @@ class ChatCompletionsTap(Tap):
             raw.get("completion"),
             raw.get("reasoning"),
             units=self._reported_units,
+            cost_path=cost_at if cost_at is not None and usage.get("cost") is not None else None,
         )

@@ -17,9 +17,16 @@ Rules, from the OpenAI API reference ("Streaming events" of the Responses API):
   token; ``response.audio.delta`` is left out, its ``transcript`` twin is counted;
 * ``response.service_tier`` is the tier that served the response: ``response.created`` echoes
   the requested value (``auto``, left out), the terminal response says which tier served it;
-* every ``web_search_call`` output item (``response.output_item.added`` / ``.done`` and the
-  terminal response's ``output``, counted once per item id) is one unit
-  ``web_search_requests``: OpenAI bills web search per tool call;
+* hosted tools are billed per call, one unit per output item (``response.output_item.added``
+  / ``.done`` and the terminal response's ``output``, counted once per item id): a
+  ``web_search_call`` is one ``web_search_requests`` when its ``action`` is a ``search``
+  (``open_page`` and ``find_in_page`` are free); an item whose action is not known (the
+  ``.added`` event, which carries none, or an item of the tool before actions existed) counts
+  as the search it then was, until a later report of the item names its action; a
+  ``file_search_call`` is one ``file_search_calls``;
+* a non-streaming response (:meth:`Tap.read_json`) is the ``response`` object itself, read as
+  the terminal event's; OpenRouter's ``usage.cost`` (USD) is ``provider_cost_usd``, read
+  exactly from the JSON text;
 * errors: an ``error`` event (``{"type": "error", "code", "message", "param"}``, or with a
   nested ``error`` object), and a ``failed`` response's ``response.error``.
 """
@@ -49,7 +56,33 @@ _TERMINAL_KINDS = {
 }
 _UNCOUNTED_DELTAS = frozenset({"response.audio.delta"})
 #: Output item types billed per item, and the unit each one counts as.
-_ITEM_UNITS = {"web_search_call": "web_search_requests"}
+_ITEM_UNITS = {"web_search_call": "web_search_requests", "file_search_call": "file_search_calls"}
+#: The actions of an item that are billed (an item of another type has none: always billed).
+_BILLED_ACTIONS: dict[str, frozenset[str | None]] = {
+    "web_search_call": frozenset({"search", None}),
+}
+#: The output parts whose non-empty text is generated output (counted for an estimate).
+_TEXT_PARTS = {"output_text": "text", "refusal": "refusal", "summary_text": "text"}
+
+
+def _output_pieces(output: list[Any]) -> int:
+    """The generated pieces of a whole response's ``output`` (one per non-empty text part,
+    reasoning summary or function-call arguments), as a stream's deltas would count them."""
+    pieces = 0
+    for item in output:
+        if not isinstance(item, dict):
+            continue
+        arguments = item.get("arguments")
+        if isinstance(arguments, str) and arguments:
+            pieces += 1
+        for key in ("content", "summary"):
+            parts = item.get(key)
+            for part in parts if isinstance(parts, list) else ():
+                kind = part.get("type") if isinstance(part, dict) else None
+                field = _TEXT_PARTS.get(kind) if isinstance(kind, str) else None
+                if field is not None and isinstance(part.get(field), str) and part[field]:
+                    pieces += 1
+    return pieces
 
 
 class ResponsesTap(Tap):
@@ -59,7 +92,8 @@ class ResponsesTap(Tap):
 
     def __init__(self) -> None:
         super().__init__()
-        self._items: dict[str, set[object]] = {}  # unit -> the output items counted for it
+        # unit -> the output items of it seen (by id) -> the latest action reported for each
+        self._items: dict[str, dict[object, str | None]] = {}
 
     def _on_event(self, kind: str, sse_event: str | None, data: dict[str, Any]) -> None:
         response = data.get("response")
@@ -74,7 +108,7 @@ class ResponsesTap(Tap):
         if kind.startswith("response.output_item.") and item is not None:
             self._on_item(as_dict(item, "item"), data.get("output_index"))
         if response is not None:
-            self._on_response(kind, as_dict(response, "response"))
+            self._on_response(kind, as_dict(response, "response"), ("response",))
         elif kind in _TERMINAL_KINDS:
             self._set_stop_reason(_TERMINAL_KINDS[kind])
             self._mark_malformed()  # a terminal event without its response object
@@ -87,7 +121,17 @@ class ResponsesTap(Tap):
         ):
             self._count_deltas(1)
 
-    def _on_response(self, kind: str, response: dict[str, Any]) -> None:
+    def _on_body(self, data: dict[str, Any]) -> None:
+        if "output" not in data and "status" not in data and data.get("error"):
+            self._set_error(error_from_event(data))  # an error body, not a response
+            return
+        output = data.get("output")
+        if isinstance(output, list):
+            self._count_deltas(_output_pieces(output))
+        self._on_response("", data, ())
+
+    def _on_response(self, kind: str, response: dict[str, Any], at: tuple[str, ...]) -> None:
+        """Read a ``response`` object (at ``at`` in the event's JSON text)."""
         self._set_model(opt_str(response, "model"))
         self._set_service_tier(opt_tier(response))
         status = opt_str(response, "status") or _TERMINAL_KINDS.get(kind)
@@ -100,7 +144,7 @@ class ResponsesTap(Tap):
                     self._on_item(item, index)
         usage = response.get("usage")
         if usage is not None:
-            self._on_usage(as_dict(usage, "response.usage"))
+            self._on_usage(as_dict(usage, "response.usage"), (*at, "usage", "cost"))
         if status == "failed":
             error = response.get("error")
             self._set_error(error if error else {"message": "response failed"})
@@ -114,11 +158,16 @@ class ResponsesTap(Tap):
         key: object = item_id if isinstance(item_id, str) and item_id else ("at", output_index)
         if key == ("at", None):
             raise MalformedEventError("an output item without id or output_index")
-        seen = self._items.setdefault(unit, set())
-        seen.add(key)
-        self._set_stream_unit(unit, len(seen))
+        action = item.get("action")
+        named = action.get("type") if isinstance(action, dict) else None
+        seen = self._items.setdefault(unit, {})
+        if isinstance(named, str) or key not in seen:
+            seen[key] = named if isinstance(named, str) else None
+        billed = _BILLED_ACTIONS.get(str(kind))
+        count = sum(1 for done in seen.values() if billed is None or done in billed)
+        self._set_stream_unit(unit, count)
 
-    def _on_usage(self, usage: dict[str, Any]) -> None:
+    def _on_usage(self, usage: dict[str, Any], cost_at: tuple[str, ...]) -> None:
         input_total = opt_tokens(usage, "input_tokens")
         output = opt_tokens(usage, "output_tokens")
         cached = cache_write = reasoning = None
@@ -132,4 +181,11 @@ class ResponsesTap(Tap):
         details = usage.get("output_tokens_details")
         if details is not None:
             reasoning = opt_tokens(as_dict(details, "output_tokens_details"), "reasoning_tokens")
-        self._set_openai_usage(input_total, cached, cache_write, output, reasoning)
+        self._set_openai_usage(
+            input_total,
+            cached,
+            cache_write,
+            output,
+            reasoning,
+            cost_path=cost_at if usage.get("cost") is not None else None,
+        )

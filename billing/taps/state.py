@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Generic, TypeVar
 
-from billing.taps.fields import normalize_error
+from billing.taps.fields import normalize_error, usd_at
 from billing.taps.usage import InputUsage, OtherModelUsage, Usage, build_input, build_usage
 
 __all__ = ["Reads", "TapState"]
@@ -47,12 +47,17 @@ class TapState:
         self._model: str | None = None
         self._error: dict[str, Any] | None = None
         self._service_tier: str | None = None
+        self._inference_geo: str | None = None
         # units counted from the stream's own items (not from a usage report), e.g. the
         # Responses API's web_search_call output items
         self._stream_units: dict[str, int] = {}
         # the provider's usage counts seen so far, by the protocol's own names (a later report
         # of a count replaces it)
         self._raw: dict[str, int] = {}
+        # the cost the provider reported for the attempt (OpenRouter ``usage.cost``), exact
+        self._provider_cost: str | None = None
+        # the JSON text of the event (or body) being read: an amount is read from its digits
+        self._raw_event: bytes = b""
 
     # -- state updates for subclasses ------------------------------------------------------
 
@@ -70,6 +75,7 @@ class TapState:
         output: int | None,
         reasoning: int | None,
         units: dict[str, int] | None = None,
+        cost_path: tuple[str, ...] | None = None,
     ) -> None:
         """Record an OpenAI-style usage, whose input total includes cache reads and writes.
 
@@ -77,8 +83,12 @@ class TapState:
         total − cached − cache_write``, with contradictions corrected and flagged by
         :func:`billing.taps.usage.build_usage` (cached above the total: cache read = the total,
         input 0). A usage without input only updates the output count; one without output only
-        records the input. ``units``: units the usage reports (name → count).
+        records the input. ``units``: units the usage reports (name → count). ``cost_path``:
+        where the provider's cost of the attempt is in the event's JSON text, when it is there
+        (:meth:`_set_provider_cost`).
         """
+        if cost_path is not None:
+            self._set_provider_cost(cost_path)
         if input_total is None:
             if output is not None:
                 self._set_exact_output(max(0, output))
@@ -118,6 +128,7 @@ class TapState:
         units: dict[str, int] | None = None,
         other_models: tuple[OtherModelUsage, ...] = (),
         anomalies: tuple[str, ...] = (),
+        counters: dict[str, int] | None = None,
     ) -> Usage:
         """A :class:`Usage` from the provider's raw counts (see
         :func:`billing.taps.usage.build_usage`), with the served tier seen so far and the units
@@ -134,7 +145,16 @@ class TapState:
             units={**self._stream_units, **(units or {})},
             other_models=other_models,
             anomalies=anomalies,
+            counters=counters,
         )
+
+    def _set_provider_cost(self, path: tuple[str, ...]) -> None:
+        """Record the provider's cost of the attempt, read exactly from the current event's
+        JSON text at ``path`` (:func:`billing.taps.fields.usd_at`); a later report replaces
+        it, an unreadable one is left out."""
+        cost = usd_at(self._raw_event, path)
+        if cost is not None:
+            self._provider_cost = cost
 
     def _set_service_tier(self, tier: str | None) -> None:
         """Record the tier the upstream says it served (a later report replaces it)."""
@@ -142,6 +162,11 @@ class TapState:
             self._service_tier = tier
             if self._usage is not None and self._usage.service_tier != tier:
                 self._usage = replace(self._usage, service_tier=tier)
+
+    def _set_inference_geo(self, geo: str | None) -> None:
+        """Record where the upstream says it ran the call (a later report replaces it)."""
+        if geo:
+            self._inference_geo = geo
 
     def _set_stream_unit(self, name: str, count: int) -> None:
         """Record a unit counted from the stream's own items (a running count)."""
@@ -221,6 +246,11 @@ class TapState:
         "The service tier the upstream says it SERVED (never the one asked for), or ``None``.",
     )
 
+    inference_geo = Reads[str | None](
+        "_inference_geo",
+        "Where the upstream says it ran the call (Anthropic ``usage.inference_geo``), or ``None``.",
+    )
+
     @property
     def units(self) -> dict[str, int]:
         """Billable non-token units seen so far (name → count > 0): those the latest usage
@@ -229,6 +259,17 @@ class TapState:
         if self._usage is not None:
             units.update(self._usage.units)
         return units
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """What the provider counts but bills no fee per use (name → count > 0, Anthropic
+        ``server_tool_use.web_fetch_requests``), from the latest usage."""
+        return {} if self._usage is None else dict(self._usage.counters)
+
+    provider_cost_usd = Reads[str | None](
+        "_provider_cost",
+        "The cost in USD the provider reported for the attempt (a decimal string), or ``None``.",
+    )
 
     @property
     def error(self) -> dict[str, Any] | None:

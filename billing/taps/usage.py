@@ -8,7 +8,8 @@
 * ``output_tokens`` is all billed output, INCLUDING reasoning;
 * ``reasoning_tokens`` is the part of ``output_tokens`` spent on reasoning, for information;
 * ``service_tier`` is the tier the upstream says it served, ``units`` the billable non-token
-  units (``{"web_search_requests": 3}``), ``other_models`` the tokens billed at another model's
+  units (``{"web_search_requests": 3}``), ``counters`` what the provider counts but bills no
+  fee per use (``{"web_fetch_requests": 2}``), ``other_models`` the tokens billed at another model's
   rates inside the attempt, ``anomalies`` what was wrong with the upstream's figures.
 
 The token field names are the ``stream.usage`` fields (``billing.dimensions.USAGE_FIELDS`` is a
@@ -87,7 +88,8 @@ class Usage:
     ``input_tokens`` excludes cache reads and writes; ``output_tokens`` includes reasoning;
     ``reasoning_tokens`` is a subset of ``output_tokens`` and ``cache_creation_1h_input_tokens``
     of ``cache_creation_input_tokens``. ``units`` maps a unit name to a count > 0 (not to be
-    changed: the value is shared); ``other_models`` is at most one entry per model; ``anomalies``
+    changed: the value is shared), ``counters`` likewise (counted, not billed per use);
+    ``other_models`` is at most one entry per model; ``anomalies``
     holds :data:`USAGE_INCONSISTENT` when the provider's figures had to be corrected.
     """
 
@@ -101,6 +103,7 @@ class Usage:
     units: Mapping[str, int] = field(default_factory=dict, hash=False)
     other_models: tuple[OtherModelUsage, ...] = ()
     anomalies: tuple[str, ...] = ()
+    counters: Mapping[str, int] = field(default_factory=dict, hash=False)
 
     def as_dict(self) -> dict[str, int]:
         """The token counts as a dict keyed by the ``stream.usage`` fields (:data:`TOKEN_FIELDS`
@@ -237,11 +240,12 @@ def build_usage(
     units: Mapping[str, int] | None = None,
     other_models: Iterable[OtherModelUsage] = (),
     anomalies: Iterable[str] = (),
+    counters: Mapping[str, int] | None = None,
 ) -> Usage:
     """A :class:`Usage` from a provider's raw counts (``None``: not reported, 0); see
-    :func:`build_input` for the input side. ``units``: raw unit counts (a negative one is 0,
-    flagged; 0 counts are left out); ``other_models``: entries whose counts may be negative
-    (0, flagged), merged per model in order of first appearance, at most
+    :func:`build_input` for the input side. ``units`` and ``counters``: raw counts by name (a
+    negative one is 0, flagged; 0 counts are left out); ``other_models``: entries whose counts
+    may be negative (0, flagged), merged per model in order of first appearance, at most
     :data:`MAX_OTHER_MODELS` models."""
     check = _Check(anomalies)
     counts = _input_side(
@@ -249,11 +253,6 @@ def build_usage(
     )
     output = check.count(output_tokens)
     reasoning_tokens = check.at_most(check.count(reasoning), output)
-    clean_units: dict[str, int] = {}
-    for name, value in (units or {}).items():
-        count = check.count(value)
-        if count and len(clean_units) < MAX_UNITS:
-            clean_units[name] = count
     return Usage(
         input_tokens=counts[0],
         output_tokens=output,
@@ -262,10 +261,22 @@ def build_usage(
         reasoning_tokens=reasoning_tokens,
         cache_creation_1h_input_tokens=counts[3],
         service_tier=service_tier,
-        units=clean_units,
+        units=_clean_counts(check, units),
         other_models=_merge_models(check, other_models),
+        counters=_clean_counts(check, counters),
         anomalies=tuple(check.anomalies),
     )
+
+
+def _clean_counts(check: _Check, raw: Mapping[str, int] | None) -> dict[str, int]:
+    """Counts by name (units, counters): a negative one 0 (flagged), zeros left out, at most
+    :data:`MAX_UNITS` names."""
+    clean: dict[str, int] = {}
+    for name, value in (raw or {}).items():
+        count = check.count(value)
+        if count and len(clean) < MAX_UNITS:
+            clean[name] = count
+    return clean
 
 
 def _merge_models(check: _Check, entries: Iterable[OtherModelUsage]) -> tuple[OtherModelUsage, ...]:

@@ -59,6 +59,7 @@ EXAMPLES: dict[tuple[str, str], tuple[dict[str, Any], set[str]]] = {
     ("GET", "/v1/usage"): ({"params": PERIOD}, {"read", "export"}),
     ("GET", "/v1/exports/usage.csv"): ({"params": PERIOD}, {"export"}),
     ("GET", "/v1/exports/calls.csv"): ({"params": PERIOD}, {"export"}),
+    ("GET", "/v1/exports/focus.csv"): ({"params": {"period": "2026-10"}}, {"export"}),
     ("POST", "/v1/provider-reports"): (
         {"json": {"provider": "openai", "kind": "usage", "report": EMPTY_PAGE}},
         set(),
@@ -101,6 +102,33 @@ EXAMPLES: dict[tuple[str, str], tuple[dict[str, Any], set[str]]] = {
     ("DELETE", "/v1/authorizations/{request_id:path}"): (
         {"path": "/v1/authorizations/auth-h1"},
         {"ingest"},
+    ),
+    ("PUT", "/v1/customers/{customer_id}"): (
+        {"path": "/v1/customers/auth-c", "json": {"name": "Auth"}},
+        set(),
+    ),
+    ("GET", "/v1/customers"): ({}, {"read"}),
+    ("GET", "/v1/customers/{customer_id}"): ({"path": "/v1/customers/auth-c"}, {"read"}),
+    ("POST", "/v1/credits/grants"): (
+        {
+            "json": {
+                "grant_id": "auth-g",
+                "customer_id": "auth-c",
+                "amount_usd": "1",
+                "kind": "purchased",
+            }
+        },
+        set(),
+    ),
+    ("POST", "/v1/credits/grants/{grant_id}/void"): (
+        {"path": "/v1/credits/grants/auth-g/void", "json": {}},
+        set(),
+    ),
+    ("GET", "/v1/credits/balance"): ({"params": {"customer_id": "auth-c"}}, {"read", "ingest"}),
+    ("GET", "/v1/exports/credits.csv"): ({"params": {"period": "2026-03"}}, {"export"}),
+    ("GET", "/v1/exports/credits.manifest.json"): (
+        {"params": {"period": "2026-03"}},
+        {"export"},
     ),
 }
 OPEN = {"/healthz", "/readyz", "/metrics"}

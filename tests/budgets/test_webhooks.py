@@ -10,13 +10,19 @@ import logging
 import time
 from datetime import UTC, datetime, timedelta
 
-import httpx
 import pytest
 from fastapi.testclient import TestClient
 from standardwebhooks import Webhook
 
 from billing.budgets.webhooks import DeliveryWorker, retry_pause_s, sign
+from billing.settings import Settings
 from tests.budgets.helpers import call, price, receiving, state
+
+
+@pytest.fixture
+def settings(db_url: str) -> Settings:
+    """The receivers listen on 127.0.0.1: private destinations allowed."""
+    return Settings(database_url=db_url, webhook_allow_private=True)
 
 
 def _deliver(client: TestClient) -> int:
@@ -24,7 +30,7 @@ def _deliver(client: TestClient) -> int:
     worker = DeliveryWorker(st.sessions, st.settings)
 
     async def once() -> int:
-        async with httpx.AsyncClient(timeout=10) as http:
+        async with worker.client() as http:
             return await worker.deliver_once(http)
 
     return asyncio.run(once())

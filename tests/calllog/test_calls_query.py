@@ -224,6 +224,12 @@ def test_newest_first_with_the_call_object(log: TestClient) -> None:
         "customer_id": None,
         "plan_id": None,
         "charge_usd": "0.000141",
+        # v3: no failure policy, no provider cost, counters or geo reported.
+        "leakage_usd": "0",
+        "provider_cost_usd": None,
+        "cost_drift_usd": None,
+        "counters": {},
+        "inference_geo": None,
     }
 
 

@@ -119,7 +119,8 @@ def test_the_console_in_a_browser(browser: Any, served: tuple[str, dict[str, str
     page.goto(f"{url}/console/sign-in")
     _shot(page, "01-sign-in")
     _sign_in(page, url, tokens["admin"])
-    assert page.url == f"{url}/console/calls"
+    assert page.url == f"{url}/console/overview"  # (v3) the console opens on the Overview
+    page.goto(f"{url}/console/calls")
     cookies = {c["name"]: c for c in context.cookies()}
     assert cookies["billing_console"]["httpOnly"] is True
     assert cookies["billing_console"]["sameSite"] == "Strict"
@@ -250,9 +251,15 @@ def test_pages_follow_the_role_in_a_browser(
     context = browser.new_context(viewport={"width": 1280, "height": 800})
     page = context.new_page()
     _sign_in(page, url, tokens["export"])
-    assert page.url == f"{url}/console/usage"
+    assert page.url == f"{url}/console/overview"
     nav = page.get_by_role("navigation", name="Pages")
-    assert nav.get_by_role("link").all_text_contents() == ["Usage", "Drift", "Exports", "API docs"]
+    assert nav.get_by_role("link").all_text_contents() == [
+        "Overview",
+        "Usage",
+        "Drift",
+        "Exports",
+        "API docs",
+    ]
     response = page.goto(f"{url}/console/calls/req-seed-1")
     assert response is not None and response.status == 403
     assert page.get_by_role("heading", name="Not allowed").is_visible()

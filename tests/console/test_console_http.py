@@ -28,6 +28,10 @@ from tests.console.conftest import (
 )
 
 PAGES = [
+    "/console/overview",
+    "/console/customers",
+    "/console/keys",
+    "/console/alerts",
     "/console/calls",
     "/console/calls/req-seed-1",
     "/console/usage",
@@ -56,7 +60,7 @@ def test_sign_in_sets_a_strict_http_only_cookie_and_never_shows_the_token(
         "/console/sign-in", data={"token": tokens["read"]}, follow_redirects=False
     )
     assert response.status_code == 303
-    assert response.headers["location"] == "/console/calls"
+    assert response.headers["location"] == "/console/overview"
     cookie = response.headers["set-cookie"]
     assert cookie.startswith(f"billing_console={tokens['read']};")
     assert "HttpOnly" in cookie
@@ -145,6 +149,10 @@ def test_pages_need_the_roles_of_the_api_they_show(
 ) -> None:
     expected = {
         # page: roles that may see it (admin too)
+        "/console/overview": {"read", "export"},
+        "/console/customers": {"read"},
+        "/console/keys": {"read"},
+        "/console/alerts": {"read"},
         "/console/calls": {"read"},
         "/console/calls/req-seed-1": {"read"},
         "/console/usage": {"read", "export"},
@@ -188,7 +196,8 @@ def test_without_any_token_the_console_is_open(client: TestClient) -> None:
     response = client.get("/console/calls", follow_redirects=False)
     assert response.status_code == 200
     assert "Open console: no token exists yet" in response.text
-    assert client.get("/console", follow_redirects=False).headers["location"] == "/console/calls"
+    location = client.get("/console", follow_redirects=False).headers["location"]
+    assert location == "/console/overview"
 
 
 def test_every_page_has_the_csp_and_loads_nothing_from_elsewhere(
@@ -203,7 +212,17 @@ def test_every_page_has_the_csp_and_loads_nothing_from_elsewhere(
         assert response.headers["x-content-type-options"] == "nosniff"
         assert response.headers["content-type"].startswith("text/html")
         assert not re.search(r"(src|href)=\"(https?:)?//", response.text), path
-        assert "<script" not in response.text, path  # the console needs no script
+        # No inline script: only the Overview loads scripts, the package's own (v3: its chart,
+        # uPlot, shipped in billing/console/static), each an empty element with a src.
+        scripts = re.findall(r"<script[^>]*>[^<]*</script>", response.text)
+        assert len(scripts) == response.text.count("<script"), path
+        if path == "/console/overview":
+            assert scripts == [
+                '<script src="/console/static/uplot/uPlot.iife.min.js" defer></script>',
+                '<script src="/console/static/overview.js" defer></script>',
+            ]
+        else:
+            assert scripts == [], path
         assert " style=" not in response.text, path  # nor inline styles (the CSP refuses them)
     # the refused and missing pages carry it too
     seeded.cookies.clear()

@@ -13,7 +13,6 @@ import hashlib
 import io
 import json
 import os
-import pty
 import random
 import subprocess
 import sys
@@ -54,6 +53,7 @@ from billing.reconcile.runner import run_pass
 from billing.settings import Settings, get_settings
 from billing.storage.models import LedgerEntry
 from billing.timefmt import rfc3339
+from tests.cli_runs import run_on_a_terminal
 
 HEADER_CALLS = (
     "entry_id,kind,reason,booked_at,request_id,api_key_id,model,protocol,status,input_tokens,"
@@ -752,8 +752,9 @@ def test_cli_export_equals_http_and_manifest_proves_it(
 def test_cli_export_errors_are_one_line(day1: TestClient, cli_env: CliRunner) -> None:
     for args, words in [
         (["export", "--until", DAY1["until"]], "--since is required"),
-        (["export", "calls", "--since", "2026-03-01", "--until", DAY1["until"]],
-         "--since '2026-03-01' is not an RFC 3339 timestamp"),
+        # (v3: a date alone is its midnight UTC; other shapes are refused)
+        (["export", "calls", "--since", "03/01/2026", "--until", DAY1["until"]],
+         "--since '03/01/2026' is not an RFC 3339 timestamp"),
         (["export", "usage", *("--since", DAY1["since"], "--until", DAY1["until"]),
           "--tz", "Nowhere"], "--tz unknown time zone"),
         (["export", "calls", *("--since", DAY1["since"], "--until", DAY1["until"]),
@@ -776,22 +777,8 @@ def test_cli_shows_progress_only_on_a_terminal(day1: TestClient, db_url: str) ->
     plain = subprocess.run(command, env=env, capture_output=True, check=True)
     assert plain.stdout == DAY1_CALLS
     assert plain.stderr.decode().splitlines() == ["billing: 2 row(s), closed period"]
-    leader, follower = pty.openpty()
-    try:
-        tty = subprocess.run(command, env={**env, "COLUMNS": "100"}, stdout=subprocess.PIPE,
-                             stderr=follower, check=True)  # fmt: skip
-        os.close(follower)
-        seen = b""
-        while True:
-            try:
-                data = os.read(leader, 65536)
-            except OSError:
-                break
-            if not data:
-                break
-            seen += data
-    finally:
-        os.close(leader)
+    tty, seen = run_on_a_terminal(command, {**env, "COLUMNS": "100"})
+    assert tty.returncode == 0
     assert tty.stdout == DAY1_CALLS
     assert b"exporting calls" in seen or b"\x1b[" in seen
     assert b"2 row(s), closed period" in seen

@@ -16,13 +16,20 @@ documented SSE shapes:
   ``content_block_stop``, ``message_delta`` (``usage.output_tokens``: the cumulative count) and
   ``message_stop``.
 
+Without ``"stream": true`` it answers the whole response object of the protocol instead (a
+``chat.completion``, a Responses ``response``, an Anthropic ``message``) with the same usage.
+Every answer carries the provider's headers a gateway passes on: ``x-request-id`` (``req_`` and
+the call's id) and ``x-ratelimit-remaining-requests``.
+
 Like a real provider, generation runs in its own task, independent of the connection: when the
 client disconnects the model goes on until the request's total, and every generated token is
 recorded (what the provider would bill). :attr:`FakeUpstream.records` maps the request's id
 (header ``X-Request-Id``, else the body's ``user`` / ``metadata.user_id``, else a new one) to
 one :class:`Generation` per upstream request (a retried call has several).
 
-Per-request settings, as headers (defaults from the constructor):
+Per-request settings, as headers, or in the body's ``x_fake`` object by the constructor's names
+(``{"x_fake": {"total": 300}}``: what a gateway passes on untouched); defaults from the
+constructor:
 
 * ``X-Fake-Total``: output tokens to generate (int);
 * ``X-Fake-Tokens-Per-Chunk``: tokens per content chunk (int; each token is the text ``" t"``);
@@ -157,33 +164,18 @@ class _Shapes:
         return _sse(delta, "content_block_delta")
 
     def tail(self) -> list[bytes]:
-        n, inp = self.gen.generated, self.gen.input_tokens
+        n = self.gen.generated
         if self.protocol == "openai.chat_completions":
             frames = [self._chat({}, "stop")]
             if self.include_usage:
-                usage = {
-                    "prompt_tokens": inp,
-                    "completion_tokens": n,
-                    "total_tokens": inp + n,
-                    "prompt_tokens_details": {"cached_tokens": 0},
-                    "completion_tokens_details": {"reasoning_tokens": 0},
-                }
-                frames.append(self._chat_frame([], usage))
+                frames.append(self._chat_frame([], self._chat_usage(n)))
             return [*frames, _sse("[DONE]")]
         if self.protocol == "openai.responses":
             text = TOKEN_TEXT * n
             item_id = f"msg_{self.id}"
-            part = {"type": "output_text", "text": text, "annotations": []}
-            item = {"id": item_id, "type": "message", "role": "assistant", "content": [part]}
-            done = self._response("completed")
-            done["output"] = [item]
-            done["usage"] = {
-                "input_tokens": inp,
-                "input_tokens_details": {"cached_tokens": 0},
-                "output_tokens": n,
-                "output_tokens_details": {"reasoning_tokens": 0},
-                "total_tokens": inp + n,
-            }
+            done = self._completed(n)
+            item = done["output"][0]
+            part = item["content"][0]
             return [
                 self._resp(
                     "response.output_text.done",
@@ -212,6 +204,61 @@ class _Shapes:
             _sse(delta, "message_delta"),
             _sse({"type": "message_stop"}, "message_stop"),
         ]
+
+    def whole(self) -> dict[str, Any]:
+        """The non-streaming response object, of ``gen.total`` output tokens."""
+        n, inp = self.gen.total, self.gen.input_tokens
+        text = TOKEN_TEXT * n
+        if self.protocol == "openai.chat_completions":
+            message = {"role": "assistant", "content": text, "refusal": None}
+            return {
+                "id": f"chatcmpl-{self.id}",
+                "object": "chat.completion",
+                "created": self.created,
+                "model": self.model,
+                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                "usage": self._chat_usage(n),
+            }
+        if self.protocol == "openai.responses":
+            return self._completed(n)
+        return {
+            "id": f"msg_{self.id}",
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "text", "text": text}],
+            "model": self.model,
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
+            "usage": {"input_tokens": inp, "output_tokens": n},
+        }
+
+    def _chat_usage(self, n: int) -> dict[str, Any]:
+        """A Chat Completions usage of ``n`` output tokens."""
+        inp = self.gen.input_tokens
+        return {
+            "prompt_tokens": inp,
+            "completion_tokens": n,
+            "total_tokens": inp + n,
+            "prompt_tokens_details": {"cached_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": 0},
+        }
+
+    def _completed(self, n: int) -> dict[str, Any]:
+        """The ``completed`` response object of ``n`` output tokens, with its output and usage."""
+        inp = self.gen.input_tokens
+        part = {"type": "output_text", "text": TOKEN_TEXT * n, "annotations": []}
+        response = self._response("completed")
+        response["output"] = [
+            {"id": f"msg_{self.id}", "type": "message", "role": "assistant", "content": [part]}
+        ]
+        response["usage"] = {
+            "input_tokens": inp,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": n,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": inp + n,
+        }
+        return response
 
     def _chat_frame(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None) -> bytes:
         chunk: dict[str, Any] = {
@@ -401,12 +448,14 @@ class FakeUpstream:
             body = orjson.loads(await request.body())
         except orjson.JSONDecodeError:
             return JSONResponse({"error": {"message": "body is not JSON"}}, status_code=400)
-        if not isinstance(body, dict) or body.get("stream") is not True:
-            return JSONResponse({"error": {"message": "only stream: true is faked"}}, 400)
+        if not isinstance(body, dict):
+            return JSONResponse({"error": {"message": "body is not an object"}}, 400)
         h = request.headers
 
+        in_body = body.get("x_fake") if isinstance(body.get("x_fake"), dict) else {}
+
         def settings(name: str, kind: Callable[[str], Any]) -> Any:
-            return kind(h.get(_HEADERS[name], str(self.defaults[name])))
+            return kind(h.get(_HEADERS[name], str(in_body.get(name, self.defaults[name]))))
 
         rid = h.get("x-request-id") or _body_user(body) or f"up-{uuid.uuid4().hex}"
         stall = h.get("x-fake-stall-after")
@@ -420,6 +469,13 @@ class FakeUpstream:
             return JSONResponse({"error": error}, status_code=self.fail_status)
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         shapes = _Shapes(protocol, str(body.get("model", "fake-model")), gen, include_usage)
+        headers = {"x-request-id": f"req_{rid}", "x-ratelimit-remaining-requests": "99"}
+        if body.get("stream") is not True:
+            with self._lock:
+                gen.generated = gen.total
+            gen.finished = True
+            gen.done.set()
+            return JSONResponse(shapes.whole(), headers=headers)
         queue: asyncio.Queue[object] = asyncio.Queue()
         task = asyncio.get_running_loop().create_task(
             self._generate(
@@ -431,7 +487,9 @@ class FakeUpstream:
                 stall_after=None if stall is None else int(stall),
             )
         )
-        return StreamingResponse(_drain_queue(queue, gen, task), media_type="text/event-stream")
+        return StreamingResponse(
+            _drain_queue(queue, gen, task), media_type="text/event-stream", headers=headers
+        )
 
     async def _generate(
         self,

@@ -82,19 +82,42 @@ def billing_server(db_url: str) -> Iterator[Billing]:
 
 
 @contextmanager
-def example_gateway(upstream: str, billing: Billing, *, drain: bool = True) -> Iterator[str]:
-    """``examples/fastapi_gateway.py`` in its own process; yields its base URL."""
+def example_gateway(
+    upstream: str,
+    billing: Billing,
+    *,
+    drain: bool = True,
+    env: dict[str, str] | None = None,
+    args: tuple[str, ...] = (),
+) -> Iterator[str]:
+    """``examples/fastapi_gateway.py`` in its own process; yields its base URL. ``env`` is
+    added to the process's environment (``XDG_CACHE_HOME``: where its client spools), ``args``
+    to its command line."""
     port = _free_port()
-    args = [sys.executable, str(ROOT / "examples" / "fastapi_gateway.py"), "--port", str(port)]
-    args += ["--upstream", upstream, "--billing", billing.url] + ([] if drain else ["--no-drain"])
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "BILLING_TOKEN": billing.ingest_token}
-    with serving(args, env, port) as url:
+    argv = example_argv(upstream, billing, port, *([] if drain else ["--no-drain"]))
+    environ = {**os.environ, "PYTHONPATH": str(ROOT), "BILLING_TOKEN": billing.ingest_token}
+    with serving(argv + list(args), {**environ, **(env or {})}, port) as url:
         yield url
+
+
+def example_argv(upstream: str, billing: Billing, port: int, *more: str) -> list[str]:
+    """The command line of ``examples/fastapi_gateway.py`` on ``port``."""
+    argv = [sys.executable, str(ROOT / "examples" / "fastapi_gateway.py"), "--port", str(port)]
+    return [*argv, "--upstream", upstream, "--billing", billing.url, *more]
 
 
 @contextmanager
 def serving(args: list[str], env: dict[str, str], port: int) -> Iterator[str]:
     """Run a server process until it answers on ``port``; stop it (SIGTERM) afterwards."""
+    with server_process(args, env, port) as (url, _):
+        yield url
+
+
+@contextmanager
+def server_process(
+    args: list[str], env: dict[str, str], port: int
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """:func:`serving`, yielding the process too (a test may signal it itself)."""
     proc = subprocess.Popen(args, env=env, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -109,7 +132,7 @@ def serving(args: list[str], env: dict[str, str], port: int) -> Iterator[str]:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{args[1]} did not start") from None
                 time.sleep(0.1)
-        yield url
+        yield url, proc
     finally:
         proc.terminate()
         try:

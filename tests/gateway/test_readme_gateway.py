@@ -1,6 +1,7 @@
 """The README's "Integrate a gateway" app, run as written: at most 15 lines of billing code, and
 served by uvicorn in its own process in front of the fake upstream, it bills a call the
-provider's count, also when the client left early; and it enforces a $1 budget (its
+provider's count, also when the client left early or did not stream, and refuses a call it
+could not bill before the upstream sees it; and it enforces a $1 budget (its
 ``authorize=True``): a denied call never reaches the upstream, an allowed call's hold becomes
 the call, an upstream that fails before a byte gives the hold back."""
 
@@ -102,8 +103,19 @@ def test_the_readme_gateway_runs_as_written(db_url: str, tmp_path: Path) -> None
                 )
 
         full, left = asyncio.run(run())
+        chat = url + "/v1/chat/completions"
+        body = {"model": "fake-model", "messages": []}
+        refused = httpx.post(chat, json=body, headers={"X-Request-Id": "readme-no-key"})
+        assert refused.status_code == 400
+        whole = httpx.post(
+            chat, json=body, headers={"X-Api-Key-Id": "key_c", "X-Request-Id": "readme-whole"}
+        )
+        assert whole.status_code == 200 and whole.headers["x-request-id"] == "readme-whole"
+        assert whole.json()["usage"]["completion_tokens"] == 30
+        assert sorted(fake.records) == sorted([full.request_id, left.request_id, "readme-whole"])
         fake.wait_finished([full.request_id, left.request_id])
-        calls = asyncio.run(wait_calls(billing, [full.request_id, left.request_id]))
+        ids = [full.request_id, left.request_id, "readme-whole"]
+        calls = asyncio.run(wait_calls(billing, ids))
     for read in (full, left):
         call = calls[read.request_id]
         assert call["output_tokens_billed"] == 30 and call["input_tokens"] == 7
@@ -112,6 +124,10 @@ def test_the_readme_gateway_runs_as_written(db_url: str, tmp_path: Path) -> None
     assert calls[full.request_id]["output_tokens_delivered"] == 30 == full.read
     assert calls[left.request_id]["api_key_id"] == "key_b"
     assert calls[left.request_id]["status"] == "client_disconnected"
+    assert (calls["readme-whole"]["status"], calls["readme-whole"]["output_tokens_delivered"]) == (
+        "completed",
+        30,
+    )
     assert left.read <= calls[left.request_id]["output_tokens_delivered"] <= left.read + 1
 
 
@@ -162,7 +178,7 @@ def test_the_readme_gateway_enforces_a_budget(db_url: str, tmp_path: Path) -> No
             failed = _chat(url, "rg-fail", "key_fail", 1_000)
             fake.fail_status = None
             held_during = _budget(billing, "key_busy")["held_usd"]
-            calls = asyncio.run(wait_calls(billing, ["rg-ok"]))
+            calls = asyncio.run(wait_calls(billing, ["rg-ok", "rg-fail"]))
             budgets = {key: _budget(billing, key) for key in keys}
             again = httpx.delete(
                 billing.url + "/v1/authorizations/rg-fail",
@@ -186,7 +202,9 @@ def test_the_readme_gateway_enforces_a_budget(db_url: str, tmp_path: Path) -> No
     assert calls["rg-ok"]["cost_usd"] == "0.0003175"
     ok = budgets["key_ok"]
     assert (ok["settled_usd"], ok["held_usd"], ok["spent_usd"]) == ("0.0003175", "0", "0.0003175")
-    # The upstream failed before a byte: its error passed on, the hold released.
+    # The upstream failed before a byte: its error passed on (and metered), the hold released.
+    assert calls["rg-fail"]["status"] == "failed", calls["rg-fail"]
+    assert failed.headers["x-request-id"] == "rg-fail"
     assert failed.status_code == 503 and fake.requests("rg-fail") == 1
     assert failed.json()["error"]["message"] == "the fake upstream fails"
     assert (budgets["key_fail"]["held_usd"], budgets["key_fail"]["spent_usd"]) == ("0", "0")

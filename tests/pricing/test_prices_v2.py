@@ -28,6 +28,7 @@ V2_STORED = {
     "model": "m1",
     "effective_from": "2026-01-01T00:00:00Z",
     "service_tier": None,
+    "inference_geo": None,
     "input_usd_per_mtok": "0.3",
     "output_usd_per_mtok": "1.2",
     "cache_read_usd_per_mtok": "0.03",

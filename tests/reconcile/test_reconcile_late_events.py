@@ -54,7 +54,11 @@ def figures(call: dict[str, Any]) -> dict[str, Any]:
 def assert_ledger_is_the_call(call: dict[str, Any]) -> None:
     assert call["settled"] is True
     booked = ledger_sum(call["ledger_entries"])
-    assert {name: booked[name] for name in TOKEN_FIELDS} == figures(call)
+    # v3: the call's token figures are those billed at its own model; the lines of its other
+    # models (an advisor) count in its cost only.
+    others = {o["model"] for o in call.get("other_models") or ()} - {call["model"]}
+    own = ledger_sum([e for e in call["ledger_entries"] if e["model"] not in others])
+    assert {name: own[name] for name in TOKEN_FIELDS} == figures(call)
     if call["cost_usd"] is None:  # unpriced: some line is booked without a cost
         assert any(e["cost_usd"] is None for e in call["ledger_entries"])
     else:

@@ -149,14 +149,20 @@ def expected_attempt(events: list[dict[str, Any]]) -> dict[str, int]:
     # v2: without a disconnect and any delivered count, the attempt delivered what it billed.
     if not any(e["type"] in ("stream.tokens", "stream.client_disconnected") for e in events):
         delivered = billed
+    starts = sorted(
+        (e for e in events if e["type"] == "stream.started"),
+        key=lambda e: (e["occurred_at"], e["event_id"]),
+    )
+    started_input = starts[0].get("input_tokens") if starts else None
     if chosen is not None and chosen.get("input_tokens") is not None:
         input_tokens = chosen["input_tokens"]
+        if input_tokens == 0:  # v3: lowered to 0 after a count of the same source: the largest
+            same = usages[chosen["source"]]
+            input_tokens = max(u.get("input_tokens") or 0 for u in same)
+        if input_tokens == 0 and chosen["source"] == "estimate" and started_input is not None:
+            input_tokens = started_input  # v3: an estimate's 0 is "not known"
     else:
-        starts = sorted(
-            (e for e in events if e["type"] == "stream.started"),
-            key=lambda e: (e["occurred_at"], e["event_id"]),
-        )
-        input_tokens = (starts[0].get("input_tokens") or 0) if starts else 0
+        input_tokens = started_input or 0
     return {
         "input_tokens": input_tokens,
         "output_tokens_billed": billed,

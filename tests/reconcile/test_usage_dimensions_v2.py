@@ -116,8 +116,9 @@ def test_an_advisor_iteration_is_priced_at_its_own_model_in_a_second_line(
             "cache_creation_input_tokens": 0,
         }
     ]
-    # The call's buckets hold everything it bills; the advisor's output was not the client's.
-    assert (call["input_tokens"], call["output_tokens_billed"]) == (1400, 180)
+    # v3: the call's top-level figures are those billed at its model; the advisor's tokens
+    # appear only under other_models (and in the cost).
+    assert (call["input_tokens"], call["output_tokens_billed"]) == (500, 120)
     assert (call["output_tokens_delivered"], call["output_tokens_undelivered"]) == (120, 0)
 
 
@@ -357,7 +358,7 @@ def test_the_v2_exports_carry_the_dimensions_and_v1_stays_as_it_was(priced: Test
     assert usage_v2.content.split(b"\r\n")[1] == (
         b'm1,,,1,100,0,30,50,50,0,0,,,10,"{""code_execution"":1,""web_search_requests"":3}"'
     )
-    bad = priced.get("/v1/exports/usage.csv", params={**period, "format": "v3"})
+    bad = priced.get("/v1/exports/usage.csv", params={**period, "format": "v4"})
     assert bad.status_code == 422
     assert bad.json()["errors"][0]["path"] == "query.format"
 

@@ -33,6 +33,9 @@ RENAMED = {
     "plans": ("billing/plans/sql/common.py", "key_history"),
     "budgets": ("billing/budgets/sql/alerts.py", "insert_alert"),
     "pricing": ("billing/pricing/sql/common.py", "rows_by_id"),
+    "archive": ("billing/archive/sql/common.py", "open_calls"),
+    "credits": ("billing/credits/sql/common.py", "owners_with_grants"),
+    "observe": ("billing/observe/sql/common.py", "oldest_due"),
 }
 
 

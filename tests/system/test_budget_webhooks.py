@@ -37,6 +37,7 @@ def test_an_alert_crossed_before_a_sigkill_is_delivered_after_the_restart(
 ) -> None:
     monkeypatch.setenv("BILLING_RECONCILE_INTERVAL_S", "0.2")
     monkeypatch.setenv("BILLING_WEBHOOK_POLL_S", "0.2")
+    monkeypatch.setenv("BILLING_WEBHOOK_ALLOW_PRIVATE", "true")  # the receiver is on 127.0.0.1
     port = _free_port()  # nothing listens there yet: the receiver is down
     url = f"http://127.0.0.1:{port}/hook"
     with ServeProcess(db_url, tmp_path) as server:

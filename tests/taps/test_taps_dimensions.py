@@ -532,7 +532,7 @@ def test_unreadable_server_tool_use_keeps_the_usage() -> None:
     )
     tap = read("anthropic.messages", sse)
     assert tap.malformed_events == 0
-    assert tap.usage == Usage(input_tokens=12, output_tokens=30, units={"web_fetch_requests": 1})
+    assert tap.usage == Usage(input_tokens=12, output_tokens=30, counters={"web_fetch_requests": 1})
     sse = message_start({"input_tokens": 12}) + message_delta(
         {"output_tokens": 30, "server_tool_use": [3]}
     )

@@ -8,10 +8,12 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any, ClassVar
 
-from sqlalchemy.orm import Session
+from sqlalchemy import Select, select
+from sqlalchemy.orm import Session, aliased
 
 from billing.dimensions import V1_TOKEN_FIELDS
-from billing.rates import V1_RATES
+from billing.rates import RATES, V1_RATES
+from billing.storage.models import Call, LedgerEntry
 from billing.storage.rawcursor import fetch_chunks
 
 #: The token columns of the v1 exports, and as decimal text (the database writes integers faster
@@ -79,8 +81,59 @@ class SqlExport:
         statement = self.USAGE.replace("{extra}", extra_columns(extra))
         return self.read(self._chunks(session, statement, since, until, size))
 
+    def focus_chunks(
+        self, session: Session, since: datetime, until: datetime, size: int
+    ) -> Iterator[list[Any]]:
+        result = session.execute(focus_query(since, until).execution_options(yield_per=size))
+        for part in result.partitions():
+            yield [tuple(row) for row in part]
+
     def _chunks(
         self, session: Session, statement: str, since: datetime, until: datetime, size: int
     ) -> Iterator[list[Any]]:
         bound = self.period(since, until)
         return fetch_chunks(session.connection(), self.cursor, statement, bound, size)
+
+
+#: (v3) The ledger's token buckets a FOCUS row bills (``billing.export.focus``), in order.
+FOCUS_TOKENS = tuple(r.bucket.name for r in RATES)
+#: Their rate columns (micro-USD per million tokens), in the same order.
+FOCUS_RATES = tuple(r.column for r in RATES)
+
+
+def focus_query(since: datetime, until: datetime) -> Select[Any]:
+    """(v3) The FOCUS export's ledger lines booked in ``[since, until)``, by ``booked_at`` then
+    ``entry_id``: ``entry_id``, ``kind``, ``booked_at``, ``request_id``, ``api_key_id``,
+    ``model``, the call's ``provider``, ``customer_id``, ``price_id``, the ``FOCUS_TOKENS``, the
+    ``FOCUS_RATES``, ``cost_pusd``, ``units``, ``unit_prices`` and ``correction``: whether the
+    call has a line booked before ``since`` (this line then corrects a closed period). The
+    correction's probe reads the ledger's unique ``(request_id, seq)`` index."""
+    e = LedgerEntry
+    earlier = aliased(LedgerEntry)
+    correction = (
+        select(earlier.entry_id)
+        .where(earlier.request_id == e.request_id, earlier.booked_at < since)
+        .exists()
+    )
+    return (
+        select(
+            e.entry_id,
+            e.kind,
+            e.booked_at,
+            e.request_id,
+            e.api_key_id,
+            e.model,
+            Call.provider,
+            e.customer_id,
+            e.price_id,
+            *(getattr(e, name) for name in FOCUS_TOKENS),
+            *(getattr(e, name) for name in FOCUS_RATES),
+            e.cost_pusd,
+            e.units,
+            e.unit_prices,
+            correction.label("correction"),
+        )
+        .outerjoin(Call, Call.request_id == e.request_id)
+        .where(e.booked_at >= since, e.booked_at < until)
+        .order_by(e.booked_at, e.entry_id)
+    )

@@ -43,8 +43,9 @@ _NEW_CALL = (
 #:
 #: Every transaction takes its locks in one order — the stored calls by request_id (the array is
 #: sorted, and ``n``'s sort reads all of ``c`` before its first insert), then the new calls by
-#: request_id, then the events by event_id (the ``ORDER BY`` reads all of ``k`` before the first
-#: event is inserted) — so concurrent groups cannot deadlock. A call committed by another
+#: request_id, then the event ids by event_id (``d``: its ``ORDER BY`` reads all of ``k``, joined
+#: only for that, before the first is inserted), then the events (no unique index there) — so
+#: concurrent groups cannot deadlock. A call committed by another
 #: transaction after this statement's snapshot is waited for by the ``calls`` insert and then
 #: skipped, without being visible here, so it is neither created nor locked, and its events get
 #: a null number: the group is rolled back and written again (``CallRaced``; a new snapshot sees
@@ -61,20 +62,32 @@ INSERT_EVENTS = (
     "ON CONFLICT (request_id) DO NOTHING RETURNING request_id, call_no), "
     "k AS (SELECT request_id, call_no, true AS quiet FROM n UNION ALL "
     "SELECT request_id, stored_no, quiet FROM c WHERE stored_no IS NOT NULL), "
+    # The values once (d and e both read them), then the dedup authority (event_ids, see the
+    # migration 0017: a partitioned events table cannot hold event_id unique), then the events
+    # that went in there.
+    "v AS MATERIALIZED (SELECT j FROM jsonb_array_elements(%s::jsonb) AS j), "
+    "d AS (INSERT INTO event_ids (event_id, content_hash) SELECT j->>0, decode(j->>6, 'hex') "
+    "FROM v LEFT JOIN k ON k.request_id = v.j->>1 "
+    'ORDER BY (j->>0) COLLATE "C" '
+    "ON CONFLICT (event_id) DO NOTHING RETURNING event_id), "
     f"e AS (INSERT INTO events ({EVENT_COLUMNS}) "
     "SELECT j->>0, j->>1, (j->>2)::integer, j->>3, (j->>4)::timestamptz, (j->>5)::timestamptz, "
     "j->>6, j->>7, (j->>8)::bigint, (j->>9)::bigint, (j->>10)::boolean, k.call_no "
-    "FROM jsonb_array_elements(%s::jsonb) AS j LEFT JOIN k ON k.request_id = j->>1 "
+    "FROM v JOIN d ON d.event_id = v.j->>0 LEFT JOIN k ON k.request_id = j->>1 "
     'ORDER BY (j->>0) COLLATE "C" '
-    "ON CONFLICT (event_id) DO NOTHING RETURNING event_id, request_id, call_no) "
+    "RETURNING event_id, request_id, call_no) "
     "SELECT e.event_id, e.request_id, e.call_no, coalesce(k.quiet, false) "
     "FROM e LEFT JOIN k ON k.request_id = e.request_id"
 )
 FILL_CALL_NO = (
     "UPDATE events SET call_no = calls.call_no FROM calls "
-    "WHERE events.event_id = ANY(%s) AND calls.request_id = events.request_id"
+    "WHERE events.event_id = ANY(%s) AND events.call_no IS NULL "
+    "AND calls.request_id = events.request_id"
 )
-STORED_HASHES = "SELECT event_id, content_hash FROM events WHERE event_id = ANY(%s)"
+#: From the dedup authority: an archived event (``billing archive``) is still known there.
+STORED_HASHES = (
+    "SELECT event_id, encode(content_hash, 'hex') FROM event_ids WHERE event_id = ANY(%s)"
+)
 #: Marks pending the calls reconciled since their last event, and fills in the stream.started
 #: fields (api_key_id, model, protocol, started_at, metadata) only while the stored call has no
 #: key yet. A call that is pending with a key is left alone.
@@ -101,6 +114,34 @@ UPSERT_CALLS = (
 )
 
 _TO_JSON = orjson.OPT_UTC_Z
+
+#: The months of ``events`` (migration ``0017_event_partitions``), made ahead by the service
+#: (``billing.ingest.partitions``) one transaction each, under a transaction-level advisory
+#: lock so that replicas starting at once make each month once. The new month is built as a
+#: table of its own, given the rows of its month that the default partition holds (events whose
+#: ``occurred_at`` had no partition), then attached: ``ATTACH PARTITION`` locks ``events`` in
+#: ``SHARE UPDATE EXCLUSIVE`` mode, which lets ingest and the reconciler go on (``CREATE TABLE
+#: … PARTITION OF`` would stop them), and the default partition, locked first, takes no new row
+#: of that month meanwhile.
+PARTITION_LOCK = "SELECT pg_advisory_xact_lock(7130170001)"
+PARTITION_EXISTS = "SELECT to_regclass(%s) IS NOT NULL"
+LOCK_DEFAULT = "LOCK TABLE events_default IN ACCESS EXCLUSIVE MODE"
+#: Templates ({name}: the partition, {start} and {end}: its bounds as timestamptz literals).
+NEW_PARTITION = "CREATE TABLE {name} (LIKE events INCLUDING DEFAULTS)"
+FROM_DEFAULT = (
+    "WITH moved AS (DELETE FROM events_default WHERE occurred_at >= {start} "
+    "AND occurred_at < {end} RETURNING *) INSERT INTO {name} SELECT * FROM moved"
+)
+ATTACH_PARTITION = "ALTER TABLE events ATTACH PARTITION {name} FOR VALUES FROM ({start}) TO ({end})"
+
+
+def partition_name(year: int, month: int) -> str:
+    """``events_YYYY_MM``: the partition of that month (``billing.storage.models.by_database``)."""
+    return f"events_{year:04d}_{month:02d}"
+
+
+def _month_start(year: int, month: int) -> str:
+    return f"'{year:04d}-{month:02d}-01 00:00:00+00'::timestamptz"
 
 
 def _call_values(calls: CallFields) -> str:
@@ -147,6 +188,19 @@ class PostgresIngest:
         quiet = {request_id for _, request_id, _, is_quiet in returned if is_quiet}
         inserted = {event_id for event_id, _, _, _ in returned}
         return Inserted(None if len(inserted) == len(rows) else inserted, quiet)
+
+    def make_partition(self, conn: Connection, year: int, month: int) -> bool:
+        """See ``PARTITION_LOCK``."""
+        name = partition_name(year, month)
+        conn.exec_driver_sql(PARTITION_LOCK)
+        if conn.exec_driver_sql(PARTITION_EXISTS, (name,)).scalar():
+            return False
+        after = (year + month // 12, month % 12 + 1)
+        bounds = {"name": name, "start": _month_start(year, month), "end": _month_start(*after)}
+        conn.exec_driver_sql(LOCK_DEFAULT)
+        for template in (NEW_PARTITION, FROM_DEFAULT, ATTACH_PARTITION):
+            conn.exec_driver_sql(template.format(**bounds))
+        return True
 
     def stored_hashes(self, conn: Connection, event_ids: Sequence[str]) -> dict[str, str]:
         return {

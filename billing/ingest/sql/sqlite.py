@@ -138,6 +138,9 @@ class SqliteIngest:
     writers = 1
     writers_share_engine = True
 
+    def make_partition(self, conn: Connection, year: int, month: int) -> bool:
+        return False  # one table, no partitions
+
     def insert_events(
         self, conn: Connection, rows: Sequence[EventRow], calls: CallFields, *, fill_raced: bool
     ) -> Inserted:

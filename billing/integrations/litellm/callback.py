@@ -7,9 +7,11 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+from fastapi import HTTPException
 from litellm.integrations.custom_logger import CustomLogger
 
 from billing.client import BillingClient
+from billing.fields import printable_text
 from billing.gateway.policy import DrainPolicy
 from billing.gateway.slots import DrainSlots
 from billing.integrations.litellm.calls import Call, Calls, logged_call, streamed_call
@@ -20,6 +22,7 @@ from billing.integrations.litellm.reading import (
     input_count,
     output_tokens,
     stop_reason,
+    whole_usage,
 )
 from billing.integrations.litellm.sender import Sender
 from billing.integrations.litellm.settings import (
@@ -41,7 +44,8 @@ class BillingCallback(CustomLogger):  # type: ignore[misc]
             from ``BILLING_URL`` and ``BILLING_TOKEN`` (its spool on, in the user's cache
             directory, unless ``BILLING_SPOOL=off``), and closed at the process's exit.
         drain: the drain policy after a disconnect; by default :func:`policy_from_env`.
-        default_api_key_id: the ``api_key_id`` of calls made without a virtual key.
+        default_api_key_id: the ``api_key_id`` of calls made without a virtual key; with
+            ``None`` such a call is refused before the upstream (:meth:`async_pre_call_hook`).
         authorize: whether to reserve before each call, and ``fail_open``; by default
             :func:`authorize_from_env`.
     """
@@ -51,17 +55,19 @@ class BillingCallback(CustomLogger):  # type: ignore[misc]
         client: BillingClient | None = None,
         *,
         drain: DrainPolicy | None = None,
-        default_api_key_id: str = "litellm",
+        default_api_key_id: str | None = "litellm",
         authorize: AuthorizeSettings | None = None,
     ) -> None:
         super().__init__()
         policy = drain if drain is not None else policy_from_env()
         self.default_api_key_id = default_api_key_id
+        # (a call that got past async_pre_call_hook without a key: one LiteLLM did not hook)
+        self._default_key = default_api_key_id or "unattributed"
         self._sender = Sender(client, policy)
         self._pumps = Pumps(self._sender, policy)
         self._calls = Calls()
         settings = authorize if authorize is not None else authorize_from_env()
-        self._holds = Holds(lambda: self._sender.client, settings, default_api_key_id)
+        self._holds = Holds(lambda: self._sender.client, settings, self._default_key)
 
     @property
     def client(self) -> BillingClient:
@@ -81,10 +87,21 @@ class BillingCallback(CustomLogger):  # type: ignore[misc]
     # LiteLLM runs a callback's pre-call hook only when its own class defines it (as below).
     async def async_pre_call_hook(
         self, user_api_key_dict: Any, cache: Any, data: dict[str, Any], call_type: Any
-    ) -> None:
-        """Reserve the call's estimate before LiteLLM calls the upstream; a refusal raises the
-        proxy's budget-exceeded error (:mod:`billing.integrations.litellm.holds`)."""
+    ) -> dict[str, Any]:
+        """Before LiteLLM calls the upstream: refuse (400) a request no call can be recorded
+        for (no ``model``, or no key, neither the virtual key's alias nor its hash, when there
+        is no ``default_api_key_id``); then reserve the call's estimate, a refusal raising the
+        proxy's budget-exceeded error (:mod:`billing.integrations.litellm.holds`). Else
+        ``data`` as it is."""
+        if not isinstance(data.get("model"), str) or not data["model"]:
+            raise HTTPException(status_code=400, detail={"error": "model is required"})
+        key = streamed_call(user_api_key_dict, data, "").api_key_id
+        if not key and not self.default_api_key_id:
+            raise HTTPException(
+                status_code=400, detail={"error": "a key is required to bill this call"}
+            )
         await self._holds.reserve(user_api_key_dict, data)
+        return data
 
     async def async_post_call_failure_hook(
         self,
@@ -104,7 +121,7 @@ class BillingCallback(CustomLogger):  # type: ignore[misc]
         """Relay ``response`` (LiteLLM's chunks) to the client, reading it in a task of its
         own; count what is handed over; on a disconnect, drain or cancel
         (:mod:`billing.integrations.litellm.stream`)."""
-        call = streamed_call(user_api_key_dict, request_data, self.default_api_key_id)
+        call = streamed_call(user_api_key_dict, request_data, self._default_key)
         if not call.request_id:  # not a call LiteLLM logs: relay it untouched
             async for chunk in response:
                 yield chunk
@@ -129,7 +146,7 @@ class BillingCallback(CustomLogger):  # type: ignore[misc]
             return None
         call = self._calls.get(request_id)
         if call is None:
-            call = logged_call(request_id, kwargs, self.default_api_key_id)
+            call = logged_call(request_id, kwargs, self._default_key)
             self._calls.remember(call)
             self._sender.started(call, None)
         return call
@@ -141,6 +158,11 @@ class BillingCallback(CustomLogger):  # type: ignore[misc]
         call = self._logged_call(kwargs)
         if call is None or call.disconnected or call.usage_sent:
             return  # a call the client left: the drain reports its usage
+        if not call.streamed:  # a whole response: read as a gateway's meter reads it
+            fields = whole_usage(response_obj, call.protocol)
+            if fields is not None:
+                self._sender.whole(call, fields)
+                return
         usage = getattr(response_obj, "usage", None)
         if usage is None:
             return
@@ -168,7 +190,7 @@ class BillingCallback(CustomLogger):  # type: ignore[misc]
         error = kwargs.get("exception")
         fields: dict[str, Any] = {"error_type": error_type(error)}
         if error is not None:
-            fields["message"] = f"{type(error).__name__}: {error}"[:4096]
+            fields["message"] = printable_text(f"{type(error).__name__}: {error}"[:4096])
         if call.received:
             fields["output_tokens_generated"] = call.received
         self._sender.send(call, "stream.failed", fields)

@@ -12,10 +12,19 @@ from collections.abc import Mapping
 from typing import Any
 
 import litellm
+import orjson
 
 from billing.anomalies import USAGE_INCONSISTENT
+from billing.taps import open_tap
 
-__all__ = ["chunk_tokens", "error_type", "input_count", "stop_reason", "usage_fields"]
+__all__ = [
+    "chunk_tokens",
+    "error_type",
+    "input_count",
+    "stop_reason",
+    "usage_fields",
+    "whole_usage",
+]
 
 
 def _count(value: object) -> int:
@@ -75,6 +84,26 @@ def usage_fields(usage: Any) -> dict[str, Any]:
     if cached > prompt:
         fields["anomalies"] = [USAGE_INCONSISTENT]
     return fields
+
+
+def whole_usage(response: Any, protocol: str) -> dict[str, Any] | None:
+    """The ``stream.usage`` fields of a NON-streamed response (LiteLLM's ``ModelResponse``, a
+    pydantic model, or the provider's object as a dict), read by the protocol's tap from its
+    JSON (:meth:`billing.taps.Tap.read_json`): every dimension the tap reads (cache writes,
+    units, counters, the provider's cost, the served tier), as a gateway's meter posts them.
+    ``None`` when the response is not JSON or the tap finds no usage in it."""
+    try:
+        dump = getattr(response, "model_dump", None)
+        body = orjson.dumps(dump(mode="json") if callable(dump) else response)
+    except (TypeError, ValueError):
+        return None
+    tap = open_tap(protocol)
+    tap.read_json(body)
+    if tap.usage is None:
+        return None
+    payload = tap.usage_payload()
+    payload.pop("model", None)  # the call's model is the one the client asked for
+    return payload
 
 
 def output_tokens(usage: Any) -> int:

@@ -67,6 +67,19 @@ class Sender:
         self.send(call, "stream.usage", fields)
         call.usage_sent = True
 
+    def whole(self, call: Call, fields: dict[str, Any]) -> None:
+        """``stream.tokens`` (delivered = generated = the output) and ``stream.usage`` of a
+        non-streamed call, its fields read whole (:func:`~billing.integrations.litellm.reading.
+        whole_usage`)."""
+        output = fields["output_tokens"]
+        self.send(
+            call,
+            "stream.tokens",
+            {"output_tokens_generated": output, "output_tokens_delivered": output},
+        )
+        self.send(call, "stream.usage", fields)
+        call.usage_sent = True
+
     def estimate(self, call: Call, skipped: bool) -> None:
         """``stream.usage`` (``estimate``) of the output tokens received, flagged
         ``drain_skipped`` when the drain was cut short or not run."""

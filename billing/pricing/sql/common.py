@@ -24,12 +24,18 @@ class SqlPricing:
     """``PricingRepository`` on either database."""
 
     def identity_rows(
-        self, session: Session, model: str, service_tier: str | None, effective_from: datetime
+        self,
+        session: Session,
+        model: str,
+        service_tier: str | None,
+        effective_from: datetime,
+        inference_geo: str | None = None,
     ) -> list[PriceRow]:
         found = session.scalars(
             select(Price).where(
                 Price.model == model,
                 Price.service_tier == _tier(service_tier),
+                Price.inference_geo == _tier(inference_geo),
                 Price.effective_from == effective_from,
             )
         )
@@ -43,6 +49,7 @@ class SqlPricing:
             item = Price(
                 model=row.model,
                 service_tier=_tier(row.service_tier),
+                inference_geo=_tier(row.inference_geo),
                 effective_from=row.effective_from,
                 above_input_tokens=row.above_input_tokens,
                 unit_prices=unit_prices_text(row.unit_prices),
@@ -56,7 +63,11 @@ class SqlPricing:
 
     def all_rows(self, session: Session, model: str | None) -> list[PriceRow]:
         query = select(Price).order_by(
-            Price.model, Price.effective_from, Price.service_tier, Price.above_input_tokens
+            Price.model,
+            Price.effective_from,
+            Price.service_tier,
+            Price.inference_geo,
+            Price.above_input_tokens,
         )
         if model is not None:
             query = query.where(Price.model == model)

@@ -35,6 +35,7 @@ _LINE = (
     LedgerEntry.plan_id,
     LedgerEntry.plan_price_id,
     LedgerEntry.markup_pct,
+    LedgerEntry.failure_charge,
 )
 _SUMS = [func.sum(getattr(LedgerEntry, name)) for name in TOKEN_FIELDS]
 _LAST_REVERSAL = func.max(
@@ -125,6 +126,7 @@ class CoreReconcile:
                 func.max(LedgerEntry.seq),
                 _LAST_REVERSAL,
                 *_SUMS,
+                func.sum(LedgerEntry.provider_cost_pusd),
             )
             .where(LedgerEntry.request_id.in_(request_ids))
             .group_by(LedgerEntry.request_id, *_LINE)
@@ -209,6 +211,10 @@ CALL_SET = (
     "customer_id",
     "plan_id",
     "charge_pusd",
+    "counters",
+    "provider_cost_pusd",
+    "inference_geo",
+    "leakage_pusd",
 )
 #: The identity columns, written as well where they changed (ingest fills them in from the
 #: call's first ``stream.started`` already, so that is rare).
@@ -251,4 +257,8 @@ def call_values(
         new.customer_id,
         new.plan_id,
         new.charge_pusd,
+        json.dumps(fig.counters) if fig.counters else None,
+        fig.provider_cost_pusd,
+        fig.inference_geo,
+        new.leakage_pusd,
     )

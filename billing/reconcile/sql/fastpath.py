@@ -63,7 +63,8 @@ CALL_AGGREGATES = """SELECT min(request_id) AS request_id,
 #: What follows ``FROM prices p`` to pick the price in force at the call's start (the latest
 #: ``effective_from`` at or before it) for a usage that names no served tier: the price without
 #: a tier, not its long-context prices (``NOT_LONG_CONTEXT``).
-PRICE_IN_FORCE = """WHERE p.model = c.model AND p.service_tier = '' AND p.above_input_tokens = 0
+PRICE_IN_FORCE = """WHERE p.model = c.model AND p.service_tier = '' AND p.inference_geo = ''
+            AND p.above_input_tokens = 0
             AND p.effective_from <= g.started_at
         ORDER BY p.effective_from DESC LIMIT 1"""
 
@@ -159,6 +160,11 @@ COUNTER_BOUNDS = f"""g.progress_delivered <= {MAX_TOKENS} AND g.progress_generat
 SETTLES_NOW = f"""(({{u}}.source = 'upstream' AND {{u}}.output_tokens >= {_SEEN_DELIVERED})
             OR ({{u}}.source = 'estimate' AND {_ARRIVAL} <= {{cutoff}}))"""
 
+#: Template (``{u}``): (v3) not an estimate with an input of 0, which is "not known" when the
+#: ``stream.started`` has a count (CONTRACT "Non-streaming calls, hosted-tool fees,
+#: provider-reported cost (v3)"): the rule reads the ``stream.started``.
+ESTIMATE_INPUT_KNOWN = "({u}.source = 'upstream' OR {u}.input_tokens <> 0)"
+
 #: Every rate of the price below ``RATE_LIMIT``.
 RATES_BELOW_LIMIT = "\n        AND ".join(f"p.{name} < {RATE_LIMIT}" for name in RATE_COLUMNS)
 
@@ -166,15 +172,19 @@ RATES_BELOW_LIMIT = "\n        AND ".join(f"p.{name} < {RATE_LIMIT}" for name in
 #: (input + cache read + cache creation) exceeds: such a call is the rule's (v2).
 NOT_LONG_CONTEXT = """NOT EXISTS (SELECT 1 FROM prices q
             WHERE q.model = p.model AND q.service_tier = p.service_tier
+                AND q.inference_geo = p.inference_geo
                 AND q.effective_from = p.effective_from AND q.above_input_tokens > 0
                 AND q.above_input_tokens < {u}.input_tokens + {u}.cache_read_input_tokens
                     + {u}.cache_creation_input_tokens)"""
 
 #: (v2) The call's key has no assignment (``key_assignments``): a key with a customer or a
 #: plan is the rule's (``billing.reconcile.entries.target_lines`` charges it); the statements
-#: charge the others their cost, with no customer and no plan.
+#: charge the others their cost, with no customer and no plan. (v3) Nor prepaid credit of its
+#: own (``credit_grants``): its charges draw grants (``billing.credits.draws``, after the
+#: rule's entries); a key with a customer is the rule's already.
 NO_KEY_ASSIGNMENT = """NOT EXISTS (SELECT 1 FROM key_assignments k
-            WHERE k.api_key_id = c.api_key_id)"""
+            WHERE k.api_key_id = c.api_key_id)
+        AND NOT EXISTS (SELECT 1 FROM credit_grants cg WHERE cg.api_key_id = c.api_key_id)"""
 
 #: (v2) The call's row has none of the v2 figures the statements leave as they are (a served
 #: tier, units, other models, a customer, a plan: ``SET_TOKENS_AND_COST`` does not write them, so
@@ -185,13 +195,15 @@ NO_V2_FIGURES = """c.service_tier IS NULL AND c.units IS NULL AND c.other_models
         AND c.customer_id IS NULL AND c.plan_id IS NULL"""
 
 #: Whether the database holds what ``NOT_LONG_CONTEXT`` and ``NO_KEY_ASSIGNMENT`` look for: a
-#: long-context price, a key assignment. A step asks once, in its transaction, and runs the
-#: statements without the probes that cannot find anything (two index searches a call saved,
-#: for a gateway with neither). A long-context price or an assignment written meanwhile marks
-#: the calls it concerns pending (``mark_model_pending``, ``mark_key_pending``), which waits
-#: for the step's row locks: the rule then settles those calls again.
+#: long-context price, a key assignment or (v3) a credit grant. A step asks once, in its
+#: transaction, and runs the statements without the probes that cannot find anything (index
+#: searches a call saved, for a gateway with none). A long-context price or an assignment
+#: written meanwhile marks the calls it concerns pending (``mark_model_pending``,
+#: ``mark_key_pending``), which waits for the step's row locks: the rule then settles those
+#: calls again. (A grant posted while a step runs does not: the calls that step settles in
+#: SQL draw nothing, as calls settled before the grant.)
 PROBES_NEEDED = """SELECT EXISTS (SELECT 1 FROM prices WHERE above_input_tokens > 0),
-    EXISTS (SELECT 1 FROM key_assignments)"""
+    EXISTS (SELECT 1 FROM key_assignments) OR EXISTS (SELECT 1 FROM credit_grants)"""
 
 
 def settle_conditions(long_context: bool, assignments: bool) -> str:
@@ -200,7 +212,15 @@ def settle_conditions(long_context: bool, assignments: bool) -> str:
     probes of ``PROBES_NEEDED``'s answers (``long_context``, ``assignments``)."""
     probes = (NOT_LONG_CONTEXT,) * long_context + (NO_KEY_ASSIGNMENT,) * assignments
     return "\n        AND ".join(
-        (TOKEN_RANGES, COUNTER_BOUNDS, SETTLES_NOW, RATES_BELOW_LIMIT, *probes, NO_V2_FIGURES)
+        (
+            TOKEN_RANGES,
+            COUNTER_BOUNDS,
+            SETTLES_NOW,
+            ESTIMATE_INPUT_KNOWN,
+            RATES_BELOW_LIMIT,
+            *probes,
+            NO_V2_FIGURES,
+        )
     )
 
 
@@ -223,6 +243,9 @@ ENTRY_VALUES = ", ".join(
         # the key has no assignment (NO_KEY_ASSIGNMENT); its charge is its cost.
         ", ".join(["NULL"] * (3 + len(PLAN_RATE_COLUMNS) + 2)),
         "f.cost_pusd",
+        # provider_cost_pusd, failure_charge (bill), leakage_pusd: a plain usage reports no
+        # provider cost, and a key without a plan has no failure policy (v3).
+        "NULL, NULL, 0",
     )
 )
 
@@ -233,6 +256,7 @@ SET_TOKENS_AND_COST = ", ".join(
         *(f"{name} = f.{name}" for name in TOKEN_FIELDS),
         "cost_pusd = f.cost_pusd",
         "charge_pusd = f.cost_pusd",
+        "leakage_pusd = 0",
     )
 )
 

@@ -71,6 +71,10 @@ _CALL_TYPES = {
     "customer_id": "varchar",
     "plan_id": "varchar",
     "charge_pusd": "int8",
+    "counters": "text",
+    "provider_cost_pusd": "int8",
+    "inference_geo": "varchar",
+    "leakage_pusd": "int8",
     "api_key_id": "varchar",
     "model": "varchar",
     "started_at": "timestamptz",
@@ -82,7 +86,7 @@ _UPDATED = (*core.CALL_SET, *core.CALL_IDENTITY)
 def _set(name: str) -> str:
     if name == "settled_at":
         return "settled_at = COALESCE(calls.settled_at, u.settled_at)"
-    if name in ("metadata", "anomalies", "units", "other_models"):
+    if name in ("metadata", "anomalies", "units", "other_models", "counters"):
         return f"{name} = u.{name}::json"
     return f"{name} = u.{name}"
 

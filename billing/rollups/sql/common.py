@@ -28,7 +28,7 @@ def added_on_conflict(table: str, mod: str) -> str:
     wants it written."""
     counts = ", ".join(f"{c} = {table}.{c} + excluded.{c}" for c in COUNT_FIELDS)
     money = []
-    for name in ("cost", "charge"):
+    for name in ("cost", "charge", "leakage"):
         frac = f"({table}.{name}_frac_pusd + excluded.{name}_frac_pusd)"
         money.append(
             f"{name}_frac_pusd = {frac} {mod} {PICO}, {name}_whole_usd = "
@@ -70,21 +70,22 @@ def rebuild_statements(mod: str, true: str, floor: Callable[[int, str], str]) ->
         keyed + f"SELECT basis, api_key_id, {QUARTER}, {floor(QUARTER, 'at')}, model, customer_id, "
         f"count(*), sum(calls), {TOKEN_SUMS}, sum(CASE WHEN cost_pusd IS NULL THEN 1 ELSE 0 END), "
         "sum(CASE WHEN charge_pusd IS NULL THEN 1 ELSE 0 END), "
-        f"{split('cost_pusd')}, {split('charge_pusd')} "
+        f"{split('cost_pusd')}, {split('charge_pusd')}, {split('leakage_pusd')} "
         f"FROM (SELECT '{CALL_START}' AS basis, started_at AS at, "
         f"CASE WHEN {keyless} THEN '' ELSE coalesce(api_key_id, '') END AS api_key_id, "
         f"CASE WHEN {keyless} THEN '' ELSE coalesce(model, '') END AS model, "
         f"CASE WHEN {keyless} THEN '' ELSE coalesce(customer_id, '') END AS customer_id, "
-        f"1 AS calls, {TOKENS}, cost_pusd, charge_pusd "
+        f"1 AS calls, {TOKENS}, cost_pusd, charge_pusd, leakage_pusd "
         f"FROM calls WHERE settled IS {true} AND started_at IS NOT NULL "
         f"UNION ALL SELECT '{BOOKED}', booked_at, coalesce(api_key_id, ''), coalesce(model, ''), "
         f"coalesce(customer_id, ''), CASE WHEN kind = 'settlement' THEN 1 ELSE 0 END, {TOKENS}, "
-        "cost_pusd, charge_pusd FROM ledger_entries) AS source "
+        "cost_pusd, charge_pusd, leakage_pusd FROM ledger_entries) AS source "
         "GROUP BY basis, api_key_id, 4, model, customer_id"
     )
     levels = [
         keyed + f"SELECT basis, api_key_id, {level}, {floor(level, 'bucket_start')}, model, "
-        f"customer_id, {COUNT_SUMS}, {carried('cost')}, {carried('charge')} "
+        f"customer_id, {COUNT_SUMS}, {carried('cost')}, {carried('charge')}, "
+        f"{carried('leakage')} "
         f"FROM usage_rollups WHERE level = {QUARTER} "
         "GROUP BY basis, api_key_id, 4, model, customer_id"
         for level in (HOUR, DAY, MONTH)
@@ -92,7 +93,8 @@ def rebuild_statements(mod: str, true: str, floor: Callable[[int, str], str]) ->
     all_keys = (
         f"INSERT INTO usage_rollups_all_keys (basis, level, bucket_start, model, {summed}) "
         f"SELECT basis, level, bucket_start, model, {COUNT_SUMS}, {carried('cost')}, "
-        f"{carried('charge')} FROM usage_rollups GROUP BY basis, level, bucket_start, model"
+        f"{carried('charge')}, {carried('leakage')} FROM usage_rollups "
+        "GROUP BY basis, level, bucket_start, model"
     )
     keyless_calls = (
         "INSERT INTO usage_rollup_keyless (request_id, started_at) SELECT request_id, started_at "

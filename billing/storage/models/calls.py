@@ -131,6 +131,16 @@ class Call(TokenColumns, Base):
     customer_id: Mapped[str | None] = mapped_column(String(128), sort_order=AFTER_TOKENS + 2)
     plan_id: Mapped[str | None] = mapped_column(String(128), sort_order=AFTER_TOKENS + 2)
     charge_pusd: Mapped[int | None] = mapped_column(BigInteger, sort_order=AFTER_TOKENS + 2)
+    #: (v3) What the provider counts but does not bill per use (name → count, summed over
+    #: attempts; null for none), the cost it reported itself in picodollars (null: not
+    #: reported), the place it says it served the call (CONTRACT "Non-streaming calls, hosted-tool
+    #: fees, provider-reported cost (v3)"), and the cost that the plan's charge policy for failed
+    #: calls left uncharged, in picodollars (0: none; null: the cost is not known), CONTRACT
+    #: "Charge policy for failed calls (v3)".
+    counters: Mapped[dict[str, int] | None] = mapped_column(JSON, sort_order=AFTER_TOKENS + 3)
+    provider_cost_pusd: Mapped[int | None] = mapped_column(BigInteger, sort_order=AFTER_TOKENS + 3)
+    inference_geo: Mapped[str | None] = mapped_column(String(32), sort_order=AFTER_TOKENS + 3)
+    leakage_pusd: Mapped[int | None] = mapped_column(BigInteger, sort_order=AFTER_TOKENS + 3)
 
     __table_args__ = (
         Index(None, "call_no", unique=True),

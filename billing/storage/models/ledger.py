@@ -51,9 +51,21 @@ class Price(PriceRates, Base):
     above_input_tokens: Mapped[int] = counter(sort_order=2)
     #: (v2) Unit name → micro-USD per unit, as sorted compact JSON text; null for none.
     unit_prices: Mapped[str | None] = mapped_column(Text, sort_order=2)
+    #: (v3) The inference geo the price applies to; '' for none (every geo without its own
+    #: price), CONTRACT "Non-streaming calls, hosted-tool fees, provider-reported cost (v3)".
+    inference_geo: Mapped[str] = mapped_column(
+        String(32), nullable=False, server_default=text("''"), sort_order=3
+    )
 
     __table_args__ = (
-        UniqueConstraint("model", "service_tier", "effective_from", "above_input_tokens"),
+        UniqueConstraint(
+            "model",
+            "service_tier",
+            "inference_geo",
+            "effective_from",
+            "above_input_tokens",
+            name="uq_prices_identity",
+        ),
     )
 
 
@@ -100,6 +112,15 @@ class LedgerEntry(TokenColumns, EntryRates, EntryPlanRates, Base):
     plan_unit_prices: Mapped[str | None] = mapped_column(Text, sort_order=AFTER_TOKENS + 6)
     markup_pct: Mapped[str | None] = mapped_column(String(32), sort_order=AFTER_TOKENS + 6)
     charge_pusd: Mapped[int | None] = mapped_column(BigInteger, sort_order=AFTER_TOKENS + 6)
+    #: (v3) The cost the provider reported itself for the line, in picodollars (null: not
+    #: reported; beside ``cost_pusd``, never billed); the plan's charge policy for a failed
+    #: call the line was charged under (``bill_delivered`` or ``void``; null: ``bill``) and the
+    #: cost it left uncharged (``leakage_pusd``: 0 for none, null when the cost is not known):
+    #: ``charge_pusd`` is then this row's tokens and units charged as the policy says
+    #: (``billing.plans.charges.policy_charge``), CONTRACT "Charge policy for failed calls (v3)".
+    provider_cost_pusd: Mapped[int | None] = mapped_column(BigInteger, sort_order=AFTER_TOKENS + 7)
+    failure_charge: Mapped[str | None] = mapped_column(String(16), sort_order=AFTER_TOKENS + 7)
+    leakage_pusd: Mapped[int | None] = mapped_column(BigInteger, sort_order=AFTER_TOKENS + 7)
 
     __table_args__ = (
         UniqueConstraint("request_id", "seq"),

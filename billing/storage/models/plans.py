@@ -11,6 +11,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -58,6 +59,10 @@ class PlanVersion(Base):
     effective_from: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
     markup_pct: Mapped[str] = mapped_column(String(32), nullable=False)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    #: (v3) The charge policy for failed calls: compact JSON text of the categories that are
+    #: not ``bill`` (``{"upstream_error":"void"}``); null when every one is ``bill``, CONTRACT
+    #: "Charge policy for failed calls (v3)".
+    failure_charges: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (UniqueConstraint("plan_id", "effective_from"),)
 
@@ -78,12 +83,17 @@ class PlanPrice(PriceRates, Base):
     service_tier: Mapped[str] = mapped_column(String(32), nullable=False, sort_order=2)
     above_input_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False, sort_order=2)
     unit_prices: Mapped[str | None] = mapped_column(Text, sort_order=2)
+    #: (v3) The inference geo the price applies to; '' for none.
+    inference_geo: Mapped[str] = mapped_column(
+        String(32), nullable=False, server_default=text("''"), sort_order=3
+    )
 
     __table_args__ = (
         UniqueConstraint(
             "plan_version_id",
             "model",
             "service_tier",
+            "inference_geo",
             "above_input_tokens",
             name="uq_plan_prices_identity",
         ),

@@ -35,6 +35,10 @@ class _RollupTotals(TokenColumns):
     charge_whole_usd: Mapped[int] = counter(sort_order=AFTER_TOKENS + 1)
     charge_frac_pusd: Mapped[int] = counter(sort_order=AFTER_TOKENS + 1)
     uncharged: Mapped[int] = counter(sort_order=AFTER_TOKENS + 1)
+    #: (v3) The cost that charge policies for failed calls left uncharged, split as the cost is
+    #: (CONTRACT "Charge policy for failed calls (v3)").
+    leakage_whole_usd: Mapped[int] = counter(sort_order=AFTER_TOKENS + 2)
+    leakage_frac_pusd: Mapped[int] = counter(sort_order=AFTER_TOKENS + 2)
 
 
 class UsageRollup(_RollupTotals, Base):

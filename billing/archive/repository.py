@@ -1,0 +1,57 @@
+"""The SQL of the archive, as a ``Protocol``, and ``repository(conn)``, which gives the SQLite
+or the PostgreSQL implementation (``billing.archive.sql``). Every method runs inside the
+caller's transaction and never commits."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from datetime import datetime
+from typing import Protocol
+
+from sqlalchemy import Connection, Engine
+
+from billing.archive.rows import EventRecord
+from billing.archive.sql.postgres import PostgresArchive
+from billing.archive.sql.sqlite import SqliteArchive
+from billing.storage.dialects import ByDialect
+
+
+class ArchiveRepository(Protocol):
+    """Reading, removing and putting back a month of ``events`` (``[start, end)`` of
+    ``occurred_at``)."""
+
+    def oldest(self, conn: Connection, before: datetime) -> datetime | None:
+        """The earliest ``occurred_at`` before ``before``, if any."""
+        ...
+
+    def open_calls(self, conn: Connection, start: datetime, end: datetime) -> int:
+        """How many calls with events in the month are not settled, or pending."""
+        ...
+
+    def lock_month(self, conn: Connection, start: datetime, end: datetime) -> None:
+        """Hold off new events of the month until the transaction ends."""
+        ...
+
+    def month_rows(
+        self, conn: Connection, start: datetime, end: datetime
+    ) -> Iterator[list[EventRecord]]:
+        """The month's events by ``seq``, in chunks."""
+        ...
+
+    def delete_month(self, conn: Connection, start: datetime, end: datetime) -> int:
+        """Remove the month's events; how many."""
+        ...
+
+    def insert_rows(self, conn: Connection, rows: Sequence[EventRecord]) -> None:
+        """Put archived events back as they were (their ``seq`` included)."""
+        ...
+
+
+_REPOSITORIES: ByDialect[ArchiveRepository] = ByDialect(
+    sqlite=SqliteArchive(), postgresql=PostgresArchive()
+)
+
+
+def repository(bind: Connection | Engine) -> ArchiveRepository:
+    """The archive's repository of the database behind ``bind``."""
+    return _REPOSITORIES.of(bind)

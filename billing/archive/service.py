@@ -1,0 +1,136 @@
+"""``billing archive``: the raw events of closed months to Parquet and back (CONTRACT "Replicas,
+failover and archives (v3)").
+
+``archive_before`` takes every month before ``before`` (which must not be after the current
+month: only ended months are closed) that still has events, oldest first, each in one
+transaction: it locks the month against new events (``ArchiveRepository.lock_month``), writes
+its rows by ``seq`` to ``events-YYYY-MM.parquet`` in the directory (made durable, then moved in
+place), removes them, checks that it removed as many as it wrote, commits, and records the file
+in the directory's ``manifest.json`` (rows, ``seq`` range, SHA-256). A failure before the commit
+leaves the month in the database and no file. Calls, ledger entries and rollups stay: every
+answer built on them (call log, usage, exports, drift) is the same; a call's own events are no
+longer listed with it until its month is restored.
+
+A month with a call still open or pending is refused: the reconciler rebuilds a call from its
+events, so they must be there for as long as it may still change.
+
+``restore`` reads a file back, after checking it against its manifest entry (the SHA-256 and
+the row count), and inserts its rows as they were, in one transaction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from billing.archive.parquet import MonthWriter, read_rows, sha256
+from billing.archive.repository import repository
+from billing.archive.schemas import MANIFEST, ArchivedMonth, Manifest, Month
+from billing.storage.db import write_connection
+from billing.timefmt import rfc3339
+
+
+class ArchiveRefused(ValueError):
+    """What was asked cannot be done (the month is not closed, a call is open, a file does not
+    match its manifest); ``str()`` says why."""
+
+
+@dataclass(frozen=True)
+class Restored:
+    file: str
+    rows: int
+
+
+def read_manifest(directory: Path) -> Manifest:
+    path = directory / MANIFEST
+    if not path.exists():
+        return Manifest()
+    return Manifest.model_validate_json(path.read_bytes())
+
+
+def _write_manifest(directory: Path, manifest: Manifest) -> None:
+    path = directory / MANIFEST
+    partial = path.with_name(MANIFEST + ".partial")
+    partial.write_text(manifest.model_dump_json(indent=2) + "\n")
+    partial.replace(path)
+
+
+def archive_before(
+    sessions: sessionmaker[Session], before: Month, directory: Path, now: datetime
+) -> list[ArchivedMonth]:
+    """Archive every month before ``before`` that has events; the months written."""
+    if before.start > Month.of(now).start:
+        raise ArchiveRefused(
+            f"{before.label} is after the current month: only months that have ended are closed"
+        )
+    directory.mkdir(parents=True, exist_ok=True)
+    with write_connection(sessions) as conn:
+        oldest = repository(conn).oldest(conn, before.start)
+    done: list[ArchivedMonth] = []
+    month = None if oldest is None else Month.of(oldest)
+    while month is not None and month.start < before.start:
+        entry = _archive_month(sessions, month, directory, now)
+        if entry is not None:
+            _write_manifest(directory, read_manifest(directory).with_month(entry))
+            done.append(entry)
+        month = month.next()
+    return done
+
+
+def _archive_month(
+    sessions: sessionmaker[Session], month: Month, directory: Path, now: datetime
+) -> ArchivedMonth | None:
+    start, end = month.start, month.next().start
+    with write_connection(sessions) as conn:
+        repo = repository(conn)
+        repo.lock_month(conn, start, end)
+        open_calls = repo.open_calls(conn, start, end)
+        if open_calls:
+            raise ArchiveRefused(
+                f"{month.label}: {open_calls} call(s) with events in that month are not settled "
+                "yet; archive it once they are"
+            )
+        writer = MonthWriter(directory / month.file_name)
+        try:
+            for rows in repo.month_rows(conn, start, end):
+                writer.write(rows)
+            if writer.rows == 0:
+                writer.abandon()
+                return None
+            removed = repo.delete_month(conn, start, end)
+            if removed != writer.rows:  # pragma: no cover - the lock prevents it
+                raise ArchiveRefused(f"{month.label}: wrote {writer.rows} rows, removed {removed}")
+            digest = writer.finish()
+        except BaseException:
+            writer.abandon()
+            raise
+    return ArchivedMonth(
+        month=month.label,
+        file=month.file_name,
+        rows=writer.rows,
+        first_seq=writer.first_seq,
+        last_seq=writer.last_seq,
+        sha256=digest,
+        archived_at=rfc3339(now) or "",
+    )
+
+
+def restore(sessions: sessionmaker[Session], file: Path) -> Restored:
+    """Put the events of ``file`` back (it must match its entry in the manifest beside it)."""
+    entry = read_manifest(file.parent).entry(file.name)
+    if entry is None:
+        raise ArchiveRefused(f"{file.name} is not in {file.parent / MANIFEST}")
+    if sha256(file) != entry.sha256:
+        raise ArchiveRefused(f"{file.name}: its SHA-256 is not the manifest's (changed or damaged)")
+    rows = 0
+    with write_connection(sessions) as conn:
+        repo = repository(conn)
+        for chunk in read_rows(file):
+            repo.insert_rows(conn, chunk)
+            rows += len(chunk)
+        if rows != entry.rows:
+            raise ArchiveRefused(f"{file.name}: {rows} rows, the manifest says {entry.rows}")
+    return Restored(file.name, rows)

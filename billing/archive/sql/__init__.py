@@ -1,0 +1,1 @@
+"""The archive's SQL: ``common`` (both databases), ``sqlite`` and ``postgres``."""

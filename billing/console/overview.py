@@ -1,0 +1,154 @@
+"""The console's landing page, **Overview** (CONTRACT "Observability and standard exports
+(v3)"): a period's cost and charge against the period before, spend per day by model (drawn by
+the vendored uPlot, ``static/overview.js``), the top keys, customers and models, the share of
+paid output no client received, the disconnect and error rates, unpriced calls, budgets near or
+over their limit and the alert webhooks that failed.
+
+The figures are ``GET /v1/usage``'s (``billing.calllog.usage.usage_rows``: the rollups) for the
+same ``since`` / ``until``, written for people (``billing.console.people``) with the exact value
+beside each; the call counts by status and the webhooks come from the observability room.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from billing.budgets.service import statuses_in_force
+from billing.calllog.queries import STATUSES
+from billing.calllog.usage import UsageQuery, parse_usage_query, usage_rows
+from billing.console.people import change, share
+from billing.observe.repository import repository as observe
+
+Items = Sequence[tuple[str, str]]
+#: Rows in each "top" table, and models drawn in the chart (the rest summed as "other").
+TOP = 5
+#: Failed webhooks listed.
+FAILED_SHOWN = 10
+
+
+def overview_defaults(items: Items, now: datetime) -> list[tuple[str, str]]:
+    """The last 30 whole UTC days, today included, unless ``since`` and ``until`` are given."""
+    given = dict(items)
+    if "since" in given and "until" in given:
+        return [(k, v) for k, v in items if k in ("since", "until")]
+    end = now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    end += timedelta(days=1)
+    return [("since", (end - timedelta(days=30)).isoformat()), ("until", end.isoformat())]
+
+
+def _rows(session: Session, query: UsageQuery, *group_by: str) -> list[dict[str, Any]]:
+    grouped = UsageQuery(query.since, query.until, group_by=tuple(group_by))
+    return [row.as_json() for row in usage_rows(session, grouped)]
+
+
+def _cost(row: dict[str, Any]) -> Decimal:
+    return Decimal(row["cost_usd"] or 0)
+
+
+def _top(rows: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
+    ranked = sorted(rows, key=lambda r: (-_cost(r), str(r[key])))[:TOP]
+    return [
+        {
+            "name": r[key] if r[key] is not None else "(none)",
+            "calls": r["calls"],
+            "cost": r["cost_usd"],
+            "charge": r["charge_usd"],
+        }
+        for r in ranked
+    ]
+
+
+def _totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The period's one row of ``/v1/usage`` (no group): a cost or charge is None (unknown) when
+    a call of the period has none, as the API answers; a period without calls costs 0."""
+    row = rows[0] if rows and rows[0]["calls"] else {"cost_usd": "0", "charge_usd": "0"}
+    return {
+        "calls": row.get("calls", 0),
+        "cost": row["cost_usd"],
+        "charge": row["charge_usd"],
+        "billed": row.get("output_tokens_billed", 0),
+        "undelivered": row.get("output_tokens_undelivered", 0),
+    }
+
+
+def _spend(rows: list[dict[str, Any]], query: UsageQuery) -> dict[str, Any]:
+    """uPlot's data: the days (Unix seconds) and one cost series per model (the ``TOP`` of the
+    highest cost, then ``other``), null where a model had no cost that day."""
+    days = []
+    day = query.since
+    while day < query.until:
+        days.append(day)
+        day += timedelta(days=1)
+    labels = [d.strftime("%Y-%m-%d") for d in days]
+    by_model: dict[str, dict[str, Decimal]] = {}
+    for r in rows:
+        if r["cost_usd"] is not None:  # an unpriced model's day has no point (cost unknown)
+            by_model.setdefault(r["model"] or "(none)", {})[r["day"]] = _cost(r)
+    ranked = sorted(by_model, key=lambda m: (-sum(by_model[m].values()), m))
+    shown = ranked[:TOP]
+    series = {m: by_model[m] for m in shown}
+    if len(ranked) > TOP:
+        other: dict[str, Decimal] = {}
+        for m in ranked[TOP:]:
+            for label, cost in by_model[m].items():
+                other[label] = other.get(label, Decimal(0)) + cost
+        series["other"] = other
+    return {
+        "x": [int(d.timestamp()) for d in days],
+        "series": [
+            # A chart's point is a float by nature: converted here, at the edge.
+            {"name": name, "values": [_float(costs.get(label)) for label in labels]}
+            for name, costs in series.items()
+        ],
+    }
+
+
+def _float(value: Decimal | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def overview_view(session: Session, items: Items, now: datetime) -> dict[str, Any]:
+    """The Overview page's context for ``items`` (``since`` and ``until``)."""
+    query = parse_usage_query(items)
+    length = query.until - query.since
+    before = UsageQuery(query.since - length, query.since)
+    totals = _totals(_rows(session, query))
+    previous = _totals(_rows(session, before))
+    repo = observe(session)
+    statuses = repo.calls_by_status(session, STATUSES, query.since, query.until)
+    started = sum(statuses.values())
+    budgets = [b for b in statuses_in_force(session, now) if b["state"] in ("warning", "exceeded")]
+    deliveries = repo.deliveries_by_state(session)
+    per_model = _rows(session, query, "model")
+    spend = _spend(_rows(session, query, "day", "model"), query)
+    return {
+        "since": query.since.isoformat(),
+        "until": query.until.isoformat(),
+        "previous": {"since": before.since.isoformat(), "until": before.until.isoformat()},
+        "totals": totals,
+        "before": previous,
+        "cost_change": change(totals["cost"], previous["cost"]),
+        "charge_change": change(totals["charge"], previous["charge"]),
+        "undelivered_share": share(totals["undelivered"], totals["billed"]),
+        "statuses": statuses,
+        "started": started,
+        "disconnect_rate": share(statuses.get("client_disconnected", 0), started),
+        "error_rate": share(statuses.get("failed", 0), started),
+        "unpriced": repo.unpriced_calls(session, query.since, query.until),
+        "top_keys": _top(_rows(session, query, "api_key_id"), "api_key_id"),
+        "top_customers": _top(_rows(session, query, "customer_id"), "customer_id"),
+        "top_models": _top(per_model, "model"),
+        "priced_cost": sum((_cost(r) for r in per_model), Decimal(0)),
+        "priced_charge": sum((Decimal(r["charge_usd"] or 0) for r in per_model), Decimal(0)),
+        "budgets": budgets,
+        "failed": deliveries.get("failed", 0),
+        "failed_rows": repo.failed_deliveries(session, FAILED_SHOWN),
+        "spend_json": json.dumps(spend, separators=(",", ":")),
+        "spend_models": [s["name"] for s in spend["series"]],
+    }

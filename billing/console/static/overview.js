@@ -1,0 +1,42 @@
+// The Overview's chart: spend per day by model, drawn with the vendored uPlot from the data the
+// server put in data-spend (no inline script: the console's CSP is default-src 'self').
+(function () {
+  "use strict";
+  var box = document.getElementById("spend-chart");
+  if (!box || !window.uPlot) return;
+  var spend = JSON.parse(box.dataset.spend);
+  if (!spend.series.length) { box.dataset.points = "0"; return; }
+  var colours = ["#1f4e79", "#b5451b", "#2e7d32", "#6a1b9a", "#8d6e00", "#555555"];
+  var dashes = [[], [6, 3], [2, 2], [8, 3, 2, 3], [1, 3], [10, 4]];
+  var money = function (v) {
+    if (v == null) return "—";
+    return "$" + (Math.abs(v) >= 1 || v === 0 ? v.toFixed(2) : String(Number(v.toPrecision(3))));
+  };
+  var first = spend.x[0], last = spend.x[spend.x.length - 1] + 86400;
+  var series = [{}];
+  var data = [spend.x];
+  var points = 0;
+  spend.series.forEach(function (s, i) {
+    series.push({
+      label: s.name,
+      stroke: colours[i % colours.length],
+      dash: dashes[i % dashes.length],
+      width: 2,
+      points: { show: true, size: 6 },
+      spanGaps: false,
+      value: function (u, v) { return money(v); }
+    });
+    data.push(s.values);
+    s.values.forEach(function (v) { if (v != null) points += 1; });
+  });
+  var width = function () { return Math.max(320, Math.min(box.clientWidth, 1300)); };
+  var chart = new window.uPlot({
+    width: width(),
+    height: 280,
+    series: series,
+    scales: { x: { time: true, range: function () { return [first, last]; } } },
+    axes: [{}, { size: 80, values: function (u, ticks) { return ticks.map(money); } }]
+  }, data, box);
+  box.dataset.points = String(points);
+  window.addEventListener("resize", function () { chart.setSize({ width: width(), height: 280 }); });
+}());

@@ -1,0 +1,1 @@
+"""The SQL of prepaid credits (``billing.credits.repository``)."""

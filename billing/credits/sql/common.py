@@ -1,0 +1,316 @@
+"""The statements of prepaid credits (``billing.credits.repository``), written with SQLAlchemy
+alike for SQLite and PostgreSQL: ``CoreCredits`` serves both, given each database's
+insert-or-skip for booking an entry once (``SQLITE``, ``POSTGRES``). Grants and customers are
+small tables read by owner; credit entries are read by grant, by call and by booking time.
+``FOR UPDATE`` (PostgreSQL; SQLite has one writer at a time, and SQLAlchemy leaves it out
+there) locks an owner's grants while a step draws them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any, Protocol
+
+from sqlalchemy import (
+    ColumnElement,
+    CursorResult,
+    and_,
+    case,
+    exists,
+    false,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    union,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from billing.credits.rows import (
+    DRAW,
+    EXPIRY,
+    GRANT,
+    OVERDRAFT,
+    REVERSAL,
+    VOID,
+    Drawn,
+    GrantView,
+    Movement,
+    Owner,
+)
+from billing.storage.models import Call, CreditEntry, CreditGrant, Customer, KeyAssignment
+
+
+def owned_by(table: Any, owner: Owner) -> ColumnElement[bool]:
+    """The rows of ``table`` (a grant, an entry, a call) that belong to ``owner``."""
+    if owner.customer_id is not None:
+        return table.customer_id == owner.customer_id  # type: ignore[no-any-return]
+    return and_(table.api_key_id == owner.api_key_id, table.customer_id.is_(None))
+
+
+def _any_owner(table: Any, owners: Iterable[Owner]) -> ColumnElement[bool]:
+    return or_(false(), *(owned_by(table, owner) for owner in owners))
+
+
+#: A grant's remainder as the sum of its entries: its grant less everything else.
+SIGNED = case((CreditEntry.kind == GRANT, CreditEntry.amount_pusd), else_=-CreditEntry.amount_pusd)
+
+
+def entry_row(move: Movement) -> dict[str, Any]:
+    """The ``credit_entries`` values of ``move``."""
+    return {
+        "kind": move.kind,
+        "booked_at": move.booked_at,
+        "customer_id": move.owner.customer_id,
+        "api_key_id": move.owner.api_key_id,
+        "grant_id": move.grant_id,
+        "amount_pusd": move.amount_pusd,
+        "request_id": move.request_id,
+        "ledger_seq": move.ledger_seq,
+        "dedupe_key": move.dedupe_key,
+    }
+
+
+class _Insert(Protocol):
+    def __call__(self, table: Any) -> Any: ...
+
+
+class CoreCredits:
+    """``CreditsRepository`` on both databases, with the database's ``INSERT`` construct (its
+    ``ON CONFLICT DO NOTHING``)."""
+
+    def __init__(self, insert: _Insert) -> None:
+        self._insert = insert
+
+    def add_once(self, session: Session, move: Movement) -> bool:
+        statement = self._insert(CreditEntry).values(entry_row(move)).on_conflict_do_nothing()
+        result: CursorResult[Any] = session.execute(statement)  # type: ignore[assignment]
+        return bool(result.rowcount)
+
+    def any_grants(self, session: Session) -> bool:
+        return bool(session.scalar(select(exists().select_from(CreditGrant))))
+
+    def customer(self, session: Session, customer_id: str) -> Customer | None:
+        return session.get(Customer, customer_id)
+
+    def customers(self, session: Session, ids: Sequence[str]) -> dict[str, Customer]:
+        if not ids:
+            return {}
+        rows = session.scalars(select(Customer).where(Customer.customer_id.in_(list(ids))))
+        return {row.customer_id: row for row in rows}
+
+    def save_customer(self, session: Session, row: Customer) -> None:
+        session.add(row)
+        session.flush()
+
+    def customer_known(self, session: Session, customer_id: str) -> bool:
+        return bool(
+            session.scalar(
+                select(
+                    exists().where(Customer.customer_id == customer_id)
+                    | exists().where(KeyAssignment.customer_id == customer_id)
+                    | exists().where(CreditGrant.customer_id == customer_id)
+                )
+            )
+        )
+
+    def customer_page(self, session: Session, after: str | None, limit: int) -> list[str]:
+        parts = [
+            select(Customer.customer_id.label("id")),
+            select(KeyAssignment.customer_id).where(KeyAssignment.customer_id.is_not(None)),
+            select(CreditGrant.customer_id).where(CreditGrant.customer_id.is_not(None)),
+        ]
+        if after is not None:
+            parts[0] = parts[0].where(Customer.customer_id > after)
+            parts[1] = parts[1].where(KeyAssignment.customer_id > after)
+            parts[2] = parts[2].where(CreditGrant.customer_id > after)
+        ids = union(*parts).subquery()
+        return list(session.scalars(select(ids.c.id).order_by(ids.c.id).limit(limit)))
+
+    def grant(self, session: Session, grant_id: str) -> CreditGrant | None:
+        return session.get(CreditGrant, grant_id)
+
+    def add_grant(self, session: Session, grant: CreditGrant, booked: Movement) -> bool:
+        try:
+            # A savepoint: a grant_id posted meanwhile fails this insert only.
+            with session.begin_nested():
+                session.add(grant)
+                session.flush()
+        except IntegrityError:
+            return False
+        self.add(session, [booked])
+        return True
+
+    def grants(
+        self, session: Session, owners: Sequence[Owner], lock: bool = False
+    ) -> list[GrantView]:
+        if not owners:
+            return []
+        query = (
+            select(CreditGrant)
+            .where(_any_owner(CreditGrant, owners))
+            .order_by(CreditGrant.grant_id)
+        )
+        if lock:
+            query = query.with_for_update()
+        rows = list(session.scalars(query))
+        ids = [row.grant_id for row in rows]
+        remaining: dict[str, int] = {}
+        voided: set[str] = set()
+        if ids:
+            sums = select(CreditEntry.grant_id, func.sum(SIGNED)).where(
+                CreditEntry.grant_id.in_(ids)
+            )
+            for grant_id, total in session.execute(sums.group_by(CreditEntry.grant_id)):
+                remaining[grant_id] = int(total)
+            voids = select(CreditEntry.grant_id).where(
+                CreditEntry.grant_id.in_(ids),
+                CreditEntry.kind == VOID,
+                CreditEntry.dedupe_key.is_not(None),
+            )
+            voided = set(session.scalars(voids))
+        return [
+            GrantView(
+                row.grant_id,
+                Owner(row.customer_id, row.api_key_id),
+                row.amount_pusd,
+                remaining.get(row.grant_id, 0),
+                row.effective_at,
+                row.expires_at,
+                row.priority,
+                row.kind,
+                row.note,
+                row.grant_id in voided,
+            )
+            for row in rows
+        ]
+
+    def owners_with_grants(self, session: Session, owners: Sequence[Owner]) -> set[Owner]:
+        if not owners:
+            return set()
+        query = select(CreditGrant.customer_id, CreditGrant.api_key_id).where(
+            _any_owner(CreditGrant, owners)
+        )
+        return {Owner(c, k) for c, k in session.execute(query.distinct())}
+
+    def drawn(self, session: Session, request_ids: Sequence[str]) -> Drawn:
+        found: Drawn = {}
+        if not request_ids:
+            return found
+        query = (
+            select(
+                CreditEntry.request_id,
+                CreditEntry.customer_id,
+                CreditEntry.api_key_id,
+                CreditEntry.grant_id,
+                func.sum(CreditEntry.amount_pusd),
+            )
+            .where(
+                CreditEntry.request_id.in_(list(request_ids)),
+                CreditEntry.kind.in_((DRAW, REVERSAL, OVERDRAFT)),
+            )
+            .group_by(
+                CreditEntry.request_id,
+                CreditEntry.customer_id,
+                CreditEntry.api_key_id,
+                CreditEntry.grant_id,
+            )
+        )
+        for rid, customer_id, api_key_id, grant_id, total in session.execute(query):
+            key = (str(rid), Owner(customer_id, api_key_id))
+            found.setdefault(key, {})[grant_id] = int(total)
+        return found
+
+    def add(self, session: Session, moves: Sequence[Movement]) -> None:
+        if moves:
+            session.execute(insert(CreditEntry), [entry_row(m) for m in moves])
+
+    def due_expiries(self, session: Session, now: datetime) -> list[CreditGrant]:
+        booked = select(CreditEntry.entry_id).where(
+            CreditEntry.dedupe_key.in_(
+                (
+                    literal(f"{EXPIRY}:") + CreditGrant.grant_id,
+                    literal(f"{VOID}:") + CreditGrant.grant_id,
+                )
+            )
+        )
+        query = (
+            select(CreditGrant)
+            .where(CreditGrant.expires_at <= now, ~booked.exists())
+            .order_by(CreditGrant.expires_at, CreditGrant.grant_id)
+        )
+        return list(session.scalars(query))
+
+    def expiring_owners(
+        self, session: Session, after: datetime, until: datetime
+    ) -> dict[Owner, set[str]]:
+        query = select(CreditGrant.customer_id, CreditGrant.api_key_id, CreditGrant.grant_id).where(
+            CreditGrant.expires_at > after, CreditGrant.expires_at <= until
+        )
+        found: dict[Owner, set[str]] = {}
+        for customer_id, api_key_id, grant_id in session.execute(query):
+            found.setdefault(Owner(customer_id, api_key_id), set()).add(grant_id)
+        return found
+
+    def overdraft(self, session: Session, owner: Owner) -> int:
+        query = select(func.coalesce(func.sum(CreditEntry.amount_pusd), 0)).where(
+            owned_by(CreditEntry, owner), CreditEntry.grant_id.is_(None)
+        )
+        return int(session.scalar(query) or 0)
+
+    def pending(self, session: Session, owner: Owner) -> int:
+        figure = func.coalesce(Call.charge_pusd, Call.cost_pusd, 0)
+        query = select(func.coalesce(func.sum(figure), 0)).where(
+            owned_by(Call, owner), Call.settled.is_(False)
+        )
+        return int(session.scalar(query) or 0)
+
+    def entries_between(
+        self, session: Session, since: datetime, until: datetime
+    ) -> list[CreditEntry]:
+        query = (
+            select(CreditEntry)
+            .where(CreditEntry.booked_at >= since, CreditEntry.booked_at < until)
+            .order_by(CreditEntry.booked_at, CreditEntry.entry_id)
+        )
+        return list(session.scalars(query))
+
+    def kind_totals(
+        self, session: Session, since: datetime | None, until: datetime
+    ) -> dict[tuple[str, bool], int]:
+        query = select(
+            CreditEntry.kind,
+            CreditEntry.grant_id.is_not(None),
+            func.sum(CreditEntry.amount_pusd),
+        ).where(CreditEntry.booked_at < until)
+        if since is not None:
+            query = query.where(CreditEntry.booked_at >= since)
+        query = query.group_by(CreditEntry.kind, CreditEntry.grant_id.is_not(None))
+        return {
+            (kind, bool(of_grant)): int(total) for kind, of_grant, total in session.execute(query)
+        }
+
+    def balances_before(self, session: Session, until: datetime) -> dict[str, int]:
+        query = (
+            select(CreditEntry.grant_id, func.sum(SIGNED))
+            .where(CreditEntry.grant_id.is_not(None), CreditEntry.booked_at < until)
+            .group_by(CreditEntry.grant_id)
+        )
+        return {str(grant_id): int(total) for grant_id, total in session.execute(query)}
+
+    def owner_entries(self, session: Session, owner: Owner, limit: int) -> list[CreditEntry]:
+        query = (
+            select(CreditEntry)
+            .where(owned_by(CreditEntry, owner))
+            .order_by(CreditEntry.booked_at.desc(), CreditEntry.entry_id.desc())
+            .limit(limit)
+        )
+        return list(session.scalars(query))
+
+
+#: ``CoreCredits`` on SQLite and on PostgreSQL.
+SQLITE = CoreCredits(sqlite.insert)
+POSTGRES = CoreCredits(postgresql.insert)

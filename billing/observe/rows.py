@@ -1,0 +1,39 @@
+"""The rows that cross the observability room's repository (``billing.observe.repository``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import NamedTuple
+
+from billing.dimensions import TOKEN_FIELDS
+
+
+@dataclass
+class ModelTotals:
+    """One model's totals over every rollup month: the token buckets (``TOKEN_FIELDS``), the
+    exact cost and charge in picodollars, and the settled calls without a price."""
+
+    tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TOKEN_FIELDS, 0))
+    cost_pusd: int = 0
+    charge_pusd: int = 0
+    unpriced_calls: int = 0
+
+    def add(self, other: ModelTotals) -> None:
+        for name, value in other.tokens.items():
+            self.tokens[name] += value
+        self.cost_pusd += other.cost_pusd
+        self.charge_pusd += other.charge_pusd
+        self.unpriced_calls += other.unpriced_calls
+
+
+class FailedDelivery(NamedTuple):
+    """A budget alert's webhook that gave up (``webhook_outbox.state = 'failed'``)."""
+
+    alert_id: str
+    budget_id: str
+    type: str
+    attempts: int
+    last_status: int | None
+    last_error: str | None
+    created_at: datetime

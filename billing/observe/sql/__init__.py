@@ -1,0 +1,1 @@
+"""The observability room's SQL: the same statements on both databases (``common.py``)."""

@@ -1,0 +1,28 @@
+"""The free space where a SQLite database lives (``/readyz`` reports a full disk).
+
+SQLite writes its file, its journal and its write-ahead log beside each other; when the disk
+fills, every write fails (``SQLITE_FULL``, answered 503 as an outage) while reads go on, so a
+readiness that only reads would stay 200. ``free_bytes`` gives the free space of the database's
+directory (for the unprivileged user); PostgreSQL reports its own disk, and has None here.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from sqlalchemy.engine import Engine
+
+
+def free_bytes(engine: Engine) -> int | None:
+    """Bytes free for this user in the SQLite database file's directory; None for PostgreSQL,
+    an in-memory database or a directory that cannot be read."""
+    url = engine.url
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        return None
+    try:
+        folder = Path(url.database).resolve().parent
+        stats = os.statvfs(folder)
+    except OSError:
+        return None
+    return stats.f_bavail * stats.f_frsize

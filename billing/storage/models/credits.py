@@ -1,0 +1,85 @@
+"""Customers as a resource, prepaid credit grants and the credit entries that draw them
+(CONTRACT "Prepaid credits (v3)")."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import BigInteger, Boolean, Index, Integer, String, Text
+from sqlalchemy.orm import Mapped, mapped_column
+
+from billing.storage.models.base import Base, BigId
+from billing.storage.types import UTCDateTime
+
+
+class Customer(Base):
+    """(v3) A customer's settings: its name, whether it must hold credit to be admitted
+    (``credit_required``) and the available balance under which ``credits.low`` is sent
+    (``low_balance_pusd``, null for none). A customer named only by keys has no row and the
+    defaults. ``PUT /v1/customers/{id}`` writes the row (settings, not booked figures)."""
+
+    __tablename__ = "customers"
+
+    customer_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    name: Mapped[str | None] = mapped_column(String(256))
+    credit_required: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    low_balance_pusd: Mapped[int | None] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+
+
+class CreditGrant(Base):
+    """(v3) A grant of prepaid credit to one owner: a customer (``customer_id``) or a key
+    without a customer (``api_key_id``), exactly one set. Never updated: what is drawn, expired
+    or voided of it are ``CreditEntry`` rows; its ``grant`` entry books ``amount_pusd``."""
+
+    __tablename__ = "credit_grants"
+
+    grant_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    customer_id: Mapped[str | None] = mapped_column(String(128))
+    api_key_id: Mapped[str | None] = mapped_column(String(128))
+    amount_pusd: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    effective_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    priority: Mapped[int] = mapped_column(Integer, nullable=False)
+    kind: Mapped[str] = mapped_column(String(16), nullable=False)
+    note: Mapped[str | None] = mapped_column(String(1000))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+
+    __table_args__ = (
+        Index(None, "customer_id"),
+        Index(None, "api_key_id"),
+        Index(None, "expires_at"),
+    )
+
+
+class CreditEntry(Base):
+    """(v3) One booked movement of credit, never updated or deleted. ``kind``: ``grant``
+    (+ the grant's amount), ``draw`` (a charge drawn from a grant), ``expiry`` and ``void``
+    (what was left of a grant at its ``expires_at`` / when voided), ``overdraft`` (the part of
+    a charge no grant covered: ``grant_id`` null), ``reversal`` (a draw's or an overdraft's
+    amount taken back, negative, when the call's charge was adjusted). ``amount_pusd`` is in
+    the kind's own direction, so a grant's remainder is its grant − its draws and reversals −
+    its expiries and voids. A draw, overdraft or reversal names the call's ledger entry
+    (``request_id``, ``ledger_seq``). ``dedupe_key`` (unique) books a grant's expiry or void
+    once under concurrency."""
+
+    __tablename__ = "credit_entries"
+
+    entry_id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    kind: Mapped[str] = mapped_column(String(16), nullable=False)
+    booked_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    customer_id: Mapped[str | None] = mapped_column(String(128))
+    api_key_id: Mapped[str | None] = mapped_column(String(128))
+    grant_id: Mapped[str | None] = mapped_column(String(128))
+    amount_pusd: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    request_id: Mapped[str | None] = mapped_column(String(128))
+    ledger_seq: Mapped[int | None] = mapped_column(Integer)
+    dedupe_key: Mapped[str | None] = mapped_column(Text, unique=True)
+
+    __table_args__ = (
+        Index(None, "booked_at", "entry_id"),
+        Index(None, "grant_id"),
+        Index(None, "request_id"),
+        Index(None, "customer_id", "api_key_id"),
+    )

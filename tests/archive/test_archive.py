@@ -1,0 +1,160 @@
+"""``billing archive --before YYYY-MM`` then ``billing archive restore FILE`` (CONTRACT "Replicas,
+failover and archives (v3)"): the month's events leave the database for a Parquet file listed in
+the manifest (rows, SHA-256), every export and query of the month answers the same bytes while
+they are away, and the restore gives back the very rows."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import text
+
+from billing.archive.schemas import Month
+from billing.archive.service import ArchiveRefused, archive_before
+from tests.budgets.helpers import call, price, reconcile, state
+from tests.builders import post
+from tests.cli_runs import run_billing
+
+OCT = datetime(2026, 10, 14, 9, 30, tzinfo=UTC)
+NOV = datetime(2026, 11, 2, 8, 0, tzinfo=UTC)
+NOW = datetime(2026, 12, 6, 10, 0, tzinfo=UTC)
+READS = [
+    "/v1/exports/calls.csv?since=2026-10-01T00:00:00Z&until=2026-11-01T00:00:00Z",
+    "/v1/exports/usage.csv?since=2026-10-01T00:00:00Z&until=2026-11-01T00:00:00Z",
+    "/v1/exports/calls.csv?since=2026-10-01T00:00:00Z&until=2026-12-01T00:00:00Z&format=v2",
+    "/v1/exports/usage.csv?since=2026-10-01T00:00:00Z&until=2026-12-01T00:00:00Z&group_by=hour,"
+    "api_key_id,model",
+    "/v1/usage?since=2026-10-01T00:00:00Z&until=2026-12-01T00:00:00Z&group_by=day,model",
+    "/v1/calls?limit=100",
+]
+
+
+def _events(client: TestClient) -> list[tuple[Any, ...]]:
+    with state(client).engine.connect() as conn:
+        return [tuple(r) for r in conn.execute(text("SELECT * FROM events ORDER BY seq"))]
+
+
+def _reads(client: TestClient) -> list[bytes]:
+    answers = []
+    for path in READS:
+        response = client.get(path)
+        assert response.status_code == 200, (path, response.text)
+        answers.append(response.content)
+    return answers
+
+
+def _seed(client: TestClient) -> None:
+    price(client, effective_from="2026-01-01T00:00:00Z")
+    for n in range(12):
+        call(client, f"oct-{n}", OCT + timedelta(hours=n), 1_000 * (n + 1), 37 * n)
+    for n in range(5):
+        call(client, f"nov-{n}", NOV + timedelta(minutes=n), 500, 10)
+    reconcile(client, NOW)
+
+
+def test_archive_then_restore_a_month(
+    client: TestClient, db_url: str, tmp_path: Path, is_postgres: bool
+) -> None:
+    _seed(client)
+    before_events = _events(client)
+    before_reads = _reads(client)
+    october = [row for row in before_events if row[1].startswith("oct-")]
+    assert len(october) == 24 and len(before_events) == 34
+
+    env = {**os.environ, "BILLING_DATABASE_URL": db_url}
+    archive_dir = tmp_path / "archive"
+    done = run_billing(
+        "in process", ["archive", "--before", "2026-11", "--to", str(archive_dir)], env, tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    [entry] = json.loads(done.stdout)["archived"]
+    assert (entry["month"], entry["file"], entry["rows"]) == (
+        "2026-10",
+        "events-2026-10.parquet",
+        24,
+    )
+
+    # The file and the manifest agree, and pyarrow reads the rows back.
+    file = archive_dir / "events-2026-10.parquet"
+    manifest = json.loads((archive_dir / "manifest.json").read_text())
+    assert manifest["months"] == [entry]
+    assert entry["sha256"] == hashlib.sha256(file.read_bytes()).hexdigest()
+    table = pq.read_table(file)
+    assert table.num_rows == entry["rows"] == 24
+    assert sorted(table.column("event_id").to_pylist()) == sorted(row[1] for row in october)
+    assert (entry["first_seq"], entry["last_seq"]) == (october[0][0], october[-1][0])
+
+    # Away: October's events are gone, November's stay, every answer is the same bytes.
+    assert _events(client) == [row for row in before_events if row not in october]
+    assert _reads(client) == before_reads
+    if is_postgres:
+        # An archived event sent again is still known (event_ids, the dedup authority).
+        again = {
+            "event_id": october[0][1],
+            "request_id": october[0][2],
+            "type": "stream.started",
+            "occurred_at": "2026-10-14T09:30:00Z",
+            "api_key_id": "key_b1",
+            "model": "m-budget",
+            "protocol": "openai.chat_completions",
+            "input_tokens": 1000,
+        }
+        assert post(client, [again]).json()["duplicates"] == 1
+        assert len(_events(client)) == 10
+
+    done = run_billing("in process", ["archive", "restore", str(file)], env, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"restored": "events-2026-10.parquet", "rows": 24}
+    assert _events(client) == before_events
+    assert _reads(client) == before_reads
+    # Nothing left before November: a second archive writes nothing.
+    assert archive_before(state(client).sessions, Month.parse("2026-10"), archive_dir, NOW) == []
+
+
+def test_a_damaged_file_is_not_restored(client: TestClient, tmp_path: Path) -> None:
+    _seed(client)
+    [entry] = archive_before(state(client).sessions, Month.parse("2026-11"), tmp_path, NOW)
+    file = tmp_path / entry.file
+    data = bytearray(file.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    file.write_bytes(bytes(data))
+    from billing.archive.service import restore
+
+    with pytest.raises(ArchiveRefused, match="SHA-256"):
+        restore(state(client).sessions, file)
+
+
+def test_open_months_and_open_calls_are_refused(client: TestClient, tmp_path: Path) -> None:
+    _seed(client)
+    sessions = state(client).sessions
+    with pytest.raises(ArchiveRefused, match="after the current month"):
+        archive_before(sessions, Month.parse("2027-01"), tmp_path, NOW)
+    # A call of October still open (no usage yet): October stays.
+    assert (
+        post(
+            client,
+            [
+                {
+                    "event_id": "late-s",
+                    "request_id": "late",
+                    "type": "stream.started",
+                    "occurred_at": "2026-10-20T00:00:00Z",
+                    "api_key_id": "key_b1",
+                    "model": "m-budget",
+                    "protocol": "openai.chat_completions",
+                }
+            ],
+        ).status_code
+        == 200
+    )
+    with pytest.raises(ArchiveRefused, match="1 call"):
+        archive_before(sessions, Month.parse("2026-11"), tmp_path, NOW)
+    assert not list(tmp_path.glob("*.parquet"))

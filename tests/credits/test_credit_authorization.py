@@ -1,0 +1,66 @@
+"""A ``credit_required`` customer is admitted at authorization only as far as its available
+credit covers the hold (CONTRACT "Prepaid credits (v3)", "Authorizations and holds (v3)"); a
+customer without the flag is never refused for credit; a live hold takes from the balance's
+``held_usd``."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.credits.helpers import JAN, PRICE, balance, grant, ok
+
+
+@pytest.fixture
+def acme(client: TestClient) -> TestClient:
+    """A priced model and key_a assigned to customer acme, which must hold credit."""
+    ok(client.post("/v1/prices", json=PRICE), 201)
+    ok(client.put("/v1/keys/key_a", json={"customer_id": "acme", "effective_from": JAN}), 201)
+    ok(client.put("/v1/customers/acme", json={"credit_required": True}))
+    return client
+
+
+def _authorize(client: TestClient, rid: str, amount: str) -> dict[str, object]:
+    body = {"request_id": rid, "api_key_id": "key_a", "model": "m-credit",
+            "estimate": {"amount_usd": amount}}  # fmt: skip
+    return ok(client.post("/v1/authorizations", json=body), 200)
+
+
+def test_a_hold_beyond_the_available_credit_is_refused_and_one_within_it_admitted(
+    acme: TestClient,
+) -> None:
+    grant(acme, "g1", "0.05")
+    assert balance(acme)["available_usd"] == "0.05"
+
+    denied = _authorize(acme, "r-big", "0.10")
+    assert (denied["decision"], denied["reason"], denied["retryable"]) == (
+        "deny",
+        "insufficient_credit",
+        False,
+    )
+    assert (denied["hold_usd"], denied["expires_at"]) == ("0", None)
+    assert balance(acme)["held_usd"] == "0"  # a refusal holds nothing
+
+    allowed = _authorize(acme, "r-small", "0.04")
+    assert (allowed["decision"], allowed["reason"], allowed["hold_usd"]) == ("allow", None, "0.04")
+    figures = balance(acme)
+    assert (figures["balance_usd"], figures["held_usd"], figures["available_usd"]) == (
+        "0.05",
+        "0.04",
+        "0.01",
+    )
+    # The live hold takes its place: another 0.02 no longer fits, 0.01 does.
+    assert _authorize(acme, "r-next", "0.02")["reason"] == "insufficient_credit"
+    assert _authorize(acme, "r-last", "0.01")["decision"] == "allow"
+    # A released hold gives its credit back at once.
+    ok(acme.delete("/v1/authorizations/r-small"), 200)
+    assert balance(acme)["held_usd"] == "0.01"
+
+
+def test_a_customer_without_credit_required_is_not_refused_for_credit(client: TestClient) -> None:
+    ok(client.post("/v1/prices", json=PRICE), 201)
+    ok(client.put("/v1/keys/key_a", json={"customer_id": "acme", "effective_from": JAN}), 201)
+    ok(client.put("/v1/customers/acme", json={"credit_required": False}))
+    answer = _authorize(client, "r-free", "0.10")
+    assert (answer["decision"], answer["reason"]) == ("allow", None)
+    assert balance(client)["held_usd"] == "0.1"

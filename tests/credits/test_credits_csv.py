@@ -1,0 +1,97 @@
+"""credits.csv and its manifest: a month with grants, draws, an expiry and an overdraft, then a
+late re-rating booked into the next month; a closed month's bytes never change (CONTRACT
+"Prepaid credits (v3)", "Export")."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from billing.settings import Settings
+from tests.credits.helpers import JAN, PRICE, call, grant, ok, reconcile
+
+
+def export(client: TestClient, period: str) -> tuple[bytes, dict[str, object]]:
+    response = client.get("/v1/exports/credits.csv", params={"period": period})
+    assert response.status_code == 200, response.text
+    assert response.headers["x-billing-period"] == "closed"
+    assert response.headers["content-type"] == "text/csv; charset=utf-8"
+    manifest = ok(client.get("/v1/exports/credits.manifest.json", params={"period": period}), 200)
+    return response.content, manifest
+
+
+def test_a_month_of_credits_and_a_late_adjustment_in_the_next_month(
+    client: TestClient, app: FastAPI, settings: Settings
+) -> None:
+    ok(client.post("/v1/prices", json=PRICE), 201)
+    ok(client.put("/v1/keys/key_a", json={"customer_id": "acme", "effective_from": JAN}), 201)
+    march = "2026-03-01T00:00:00Z"
+    grant(client, "a", "0.02", march, priority=1, expires_at="2026-03-20T00:00:00Z")
+    grant(client, "b", "0.01", march)
+    call(client, "c1", "2026-03-02T10:00:00Z", 1000)  # 0.01: from a
+    reconcile(app, settings, "2026-03-02T10:05:00Z")
+    call(client, "c2", "2026-03-25T10:00:00Z", 1500)  # 0.015: b's 0.01, 0.005 overdrawn
+    reconcile(app, settings, "2026-03-25T10:05:00Z")  # a's 0.01 expires first, at 03-20
+    grant(client, "c", "1", "2026-03-26T00:00:00Z")
+    body, manifest = export(client, "2026-03")
+    assert body == (
+        b"entry_id,kind,booked_at,customer_id,api_key_id,grant_id,amount_usd,request_id,ledger_seq\r\n"
+        b"1,grant,2026-03-01T00:00:00Z,acme,,a,0.02,,\r\n"
+        b"2,grant,2026-03-01T00:00:00Z,acme,,b,0.01,,\r\n"
+        b"3,draw,2026-03-02T10:05:00Z,acme,,a,0.01,c1,1\r\n"
+        b"4,expiry,2026-03-20T00:00:00Z,acme,,a,0.01,,\r\n"
+        b"5,draw,2026-03-25T10:05:00Z,acme,,b,0.01,c2,1\r\n"
+        b"6,overdraft,2026-03-25T10:05:00Z,acme,,,0.005,c2,1\r\n"
+        b"7,grant,2026-03-26T00:00:00Z,acme,,c,1,,\r\n"
+    )
+    assert {k: v for k, v in manifest.items() if k != "sha256"} == {
+        "export": "credits",
+        "period": "2026-03",
+        "since": "2026-03-01T00:00:00Z",
+        "until": "2026-04-01T00:00:00Z",
+        "status": "closed",
+        "rows": 7,
+        "to_date": {"grants_usd": "1.03", "draws_usd": "0.02", "expiries_usd": "0.01",
+                    "voids_usd": "0", "overdrafts_usd": "0.005", "balances_usd": "1"},
+        "in_period": {"grants_usd": "1.03", "draws_usd": "0.02", "expiries_usd": "0.01",
+                      "voids_usd": "0", "overdrafts_usd": "0.005"},
+        "opening_balance_usd": "0",
+        "closing_balance_usd": "1",
+        "identity": "grants - draws - expiries - voids = balances at the period's end",
+        "identity_holds": True,
+    }  # fmt: skip
+    # A plan of 50 % over cost from January on, put in April: both calls are re-rated in April.
+    ok(client.post("/v1/plans", json={"plan_id": "gold", "effective_from": JAN,
+                                      "markup_pct": "50"}), 201)  # fmt: skip
+    key = {"customer_id": "acme", "plan_id": "gold", "effective_from": "2026-02-01T00:00:00Z"}
+    ok(client.put("/v1/keys/key_a", json=key), 201)
+    reconcile(app, settings, "2026-04-02T00:00:00Z")
+    again, same = export(client, "2026-03")
+    assert (again, same) == (body, manifest)  # a closed month never changes
+    april, manifest = export(client, "2026-04")
+    assert april == (
+        b"entry_id,kind,booked_at,customer_id,api_key_id,grant_id,amount_usd,request_id,ledger_seq\r\n"
+        # c1 (now 0.015): a's 0.01 given back (a has expired: it ends again), then drawn of c.
+        b"8,reversal,2026-04-02T00:00:00Z,acme,,a,-0.01,c1,3\r\n"
+        b"9,expiry,2026-04-02T00:00:00Z,acme,,a,0.01,c1,3\r\n"
+        b"10,draw,2026-04-02T00:00:00Z,acme,,c,0.015,c1,3\r\n"
+        # c2 (now 0.0225): b's 0.01 and the overdraft given back, drawn of b then c.
+        b"11,reversal,2026-04-02T00:00:00Z,acme,,,-0.005,c2,3\r\n"
+        b"12,reversal,2026-04-02T00:00:00Z,acme,,b,-0.01,c2,3\r\n"
+        b"13,draw,2026-04-02T00:00:00Z,acme,,b,0.01,c2,3\r\n"
+        b"14,draw,2026-04-02T00:00:00Z,acme,,c,0.0125,c2,3\r\n"
+    )
+    assert manifest["in_period"] == {"grants_usd": "0", "draws_usd": "0.0175",
+                                     "expiries_usd": "0.01", "voids_usd": "0",
+                                     "overdrafts_usd": "-0.005"}  # fmt: skip
+    assert (manifest["opening_balance_usd"], manifest["closing_balance_usd"]) == ("1", "0.9725")
+    assert manifest["to_date"] == {"grants_usd": "1.03", "draws_usd": "0.0375",
+                                   "expiries_usd": "0.02", "voids_usd": "0",
+                                   "overdrafts_usd": "0", "balances_usd": "0.9725"}  # fmt: skip
+    assert manifest["identity_holds"] is True
+
+
+def test_a_period_must_be_a_month(client: TestClient) -> None:
+    for params in ({}, {"period": "2026-13"}, {"period": "2026-03-01"}, {"period": "x", "y": "1"}):
+        response = client.get("/v1/exports/credits.csv", params=params)
+        assert response.status_code == 422, (params, response.text)

@@ -1,0 +1,191 @@
+"""Draws with exact figures: grant order, expiry, re-rating, overdraft, voids (CONTRACT
+"Prepaid credits (v3)"). Real SQLite or PostgreSQL (``BILLING_TEST_DATABASE_URL``)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from billing.settings import Settings
+from tests.credits.helpers import (
+    JAN,
+    PRICE,
+    balance,
+    call,
+    entries,
+    grant,
+    ok,
+    reconcile,
+    remaining,
+)
+
+
+@pytest.fixture
+def acme(client: TestClient) -> TestClient:
+    """A priced model and key_a assigned to customer acme (no plan: charged at cost)."""
+    ok(client.post("/v1/prices", json=PRICE), 201)
+    ok(client.put("/v1/keys/key_a", json={"customer_id": "acme", "effective_from": JAN}), 201)
+    return client
+
+
+def test_grants_are_drawn_by_priority_then_earliest_expiry_across_three_calls(
+    acme: TestClient, app: FastAPI, settings: Settings
+) -> None:
+    grant(acme, "late", "0.02", priority=10, expires_at="2026-06-01T00:00:00Z")
+    grant(acme, "soon", "0.01", priority=10, expires_at="2026-04-01T00:00:00Z")
+    grant(acme, "base", "0.05")  # priority 100, no expiry: last
+    for n, minute in enumerate(("00", "10", "20"), start=1):
+        call(acme, f"r{n}", f"2026-03-01T10:{minute}:00Z", 1500)  # 0.015 each
+        reconcile(app, settings, f"2026-03-01T10:{minute[0]}5:00Z")
+    assert entries(app)[3:] == [
+        ("draw", "soon", "0.01", "r1"),
+        ("draw", "late", "0.005", "r1"),
+        ("draw", "late", "0.015", "r2"),
+        ("draw", "base", "0.015", "r3"),
+    ]
+    assert remaining(acme) == {"soon": "0", "late": "0", "base": "0.035"}
+    found = balance(acme)
+    assert (found["balance_usd"], found["available_usd"], found["overdraft_usd"]) == (
+        "0.035",
+        "0.035",
+        "0",
+    )
+    assert (found["held_usd"], found["pending_usd"]) == ("0", "0")
+    # Asked by key (as a gateway knows it), the answer is its customer's.
+    by_key = balance(acme, api_key_id="key_a")
+    assert (by_key["customer_id"], by_key["api_key_id"], by_key["balance_usd"]) == (
+        "acme",
+        None,
+        "0.035",
+    )
+    # In draw order: priority, earliest expiry (none last).
+    assert [g["grant_id"] for g in found["grants"]] == ["soon", "late", "base"]
+
+
+def test_a_grant_expiring_mid_period_books_its_remainder_at_expires_at(
+    acme: TestClient, app: FastAPI, settings: Settings
+) -> None:
+    grant(acme, "short", "0.05", JAN, priority=1, expires_at="2026-03-15T12:00:00Z")
+    grant(acme, "long", "1", JAN)
+    call(acme, "before", "2026-03-01T10:00:00Z", 1000)  # 0.01
+    reconcile(app, settings, "2026-03-01T10:05:00Z")
+    call(acme, "after", "2026-03-20T10:00:00Z", 1000)
+    reconcile(app, settings, "2026-03-20T10:05:00Z")
+    assert entries(app)[2:] == [
+        ("draw", "short", "0.01", "before"),
+        ("expiry", "short", "0.04", None),
+        ("draw", "long", "0.01", "after"),
+    ]
+    found = balance(acme)
+    assert found["balance_usd"] == "0.99"
+    (short,) = [g for g in found["grants"] if g["grant_id"] == "short"]
+    assert (short["state"], short["remaining_usd"]) == ("expired", "0")
+    from billing.storage.db import read_transaction
+    from billing.storage.models import CreditEntry
+
+    with read_transaction(app.state.billing.sessions) as session:
+        (expiry,) = session.query(CreditEntry).filter_by(kind="expiry").all()
+        assert expiry.booked_at.isoformat() == "2026-03-15T12:00:00+00:00"
+
+
+def test_a_re_rated_call_redraws_exactly_and_the_balance_moves_by_the_difference(
+    acme: TestClient, app: FastAPI, settings: Settings
+) -> None:
+    grant(acme, "g", "1")
+    call(acme, "r1", "2026-03-01T10:00:00Z", 1000)  # 0.01 at cost
+    reconcile(app, settings, "2026-03-01T10:05:00Z")
+    assert balance(acme)["balance_usd"] == "0.99"
+    # A plan of 50 % over cost from before the call: re-rated to 0.015.
+    plan = {"plan_id": "gold", "effective_from": JAN, "markup_pct": "50"}
+    ok(acme.post("/v1/plans", json=plan), 201)
+    key = {"customer_id": "acme", "plan_id": "gold", "effective_from": "2026-02-01T00:00:00Z"}
+    ok(acme.put("/v1/keys/key_a", json=key), 201)
+    reconcile(app, settings, "2026-03-02T10:00:00Z")
+    assert entries(app)[1:] == [
+        ("draw", "g", "0.01", "r1"),
+        ("reversal", "g", "-0.01", "r1"),
+        ("draw", "g", "0.015", "r1"),
+    ]
+    assert balance(acme)["balance_usd"] == "0.985"
+
+
+def test_a_charge_larger_than_the_balance_books_the_rest_as_overdraft(
+    acme: TestClient, app: FastAPI, settings: Settings
+) -> None:
+    grant(acme, "g", "0.004")
+    call(acme, "big", "2026-03-01T10:00:00Z", 1000)  # 0.01
+    reconcile(app, settings, "2026-03-01T10:05:00Z")
+    assert entries(app)[1:] == [("draw", "g", "0.004", "big"), ("overdraft", None, "0.006", "big")]
+    found = balance(acme)
+    assert (found["balance_usd"], found["available_usd"], found["overdraft_usd"]) == (
+        "0",
+        "0",
+        "0.006",
+    )
+
+
+def test_a_void_stops_further_draws(acme: TestClient, app: FastAPI, settings: Settings) -> None:
+    grant(acme, "g", "1")
+    call(acme, "r1", "2026-03-01T10:00:00Z", 1000)
+    reconcile(app, settings, "2026-03-01T10:05:00Z")
+    voided = ok(acme.post("/v1/credits/grants/g/void", json={}), 200)
+    assert (voided["state"], voided["remaining_usd"]) == ("voided", "0")
+    assert ok(acme.post("/v1/credits/grants/g/void", json={}), 200) == voided  # once
+    call(acme, "r2", "2026-03-02T10:00:00Z", 1000)
+    reconcile(app, settings, "2026-03-02T10:05:00Z")
+    assert entries(app)[1:] == [
+        ("draw", "g", "0.01", "r1"),
+        ("void", "g", "0.99", None),
+        ("overdraft", None, "0.01", "r2"),
+    ]
+    assert balance(acme)["balance_usd"] == "0"
+
+
+def test_a_key_without_a_customer_draws_its_own_grants_on_the_rule_path(
+    client: TestClient, app: FastAPI, settings: Settings
+) -> None:
+    """A key with grants is declined by the SQL fast path (its probe), so its charge draws."""
+    ok(client.post("/v1/prices", json=PRICE), 201)
+    grant(client, "k", "0.5", api_key_id="key_solo")
+    call(client, "solo", "2026-03-01T10:00:00Z", 1000, key="key_solo")
+    call(client, "other", "2026-03-01T10:00:00Z", 1000, key="key_free")
+    reconcile(app, settings, "2026-03-01T10:05:00Z")
+    assert entries(app)[1:] == [("draw", "k", "0.01", "solo")]
+    assert balance(client, api_key_id="key_solo")["balance_usd"] == "0.49"
+    assert balance(client, api_key_id="key_free")["grants"] == []
+
+
+def test_an_open_call_counts_as_pending_until_it_settles_and_draws(
+    acme: TestClient, app: FastAPI, settings: Settings
+) -> None:
+    grant(acme, "g", "1")
+    events = [
+        {"event_id": "o-s", "request_id": "open", "type": "stream.started",
+         "occurred_at": "2026-03-01T10:00:00Z", "api_key_id": "key_a", "model": "m-credit",
+         "protocol": "anthropic.messages", "input_tokens": 0},
+        {"event_id": "o-t", "request_id": "open", "type": "stream.tokens",
+         "occurred_at": "2026-03-01T10:00:01Z", "output_tokens_generated": 2000,
+         "output_tokens_delivered": 2000},
+    ]  # fmt: skip
+    ok(acme.post("/v1/events", json={"events": events}), 200)
+    reconcile(app, settings, "2026-03-01T10:00:02Z")  # reconciled open: 0.02 provisional
+    found = balance(acme)
+    assert (found["balance_usd"], found["pending_usd"], found["available_usd"]) == (
+        "1",
+        "0.02",
+        "0.98",
+    )
+    assert entries(app)[1:] == []
+    # Settled on the clock (its events arrived now, by the wall clock): drawn.
+    later = datetime.now(UTC) + timedelta(seconds=settings.settle_after_s + 1)
+    reconcile(app, settings, later.isoformat())
+    found = balance(acme)
+    assert (found["balance_usd"], found["pending_usd"], found["available_usd"]) == (
+        "0.98",
+        "0",
+        "0.98",
+    )
+    assert entries(app)[1:] == [("draw", "g", "0.02", "open")]

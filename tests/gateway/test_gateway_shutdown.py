@@ -1,0 +1,146 @@
+"""Nothing lost on exit (issue 41): the example gateway (``examples/fastapi_gateway.py``, uvicorn
+in its own process, the fake upstream on 127.0.0.1) stopped with SIGTERM while streams are in
+flight settles every call, on the upstream's usage or on an estimate flagged ``drain_skipped``;
+killed with SIGKILL, its client's spool is delivered by the next process at its start."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import _free_port
+from tests.fakes.upstream import FakeUpstream
+from tests.gateway.harness import (
+    ROOT,
+    Billing,
+    billing_server,
+    example_argv,
+    server_process,
+    wait_calls,
+)
+
+
+def _env(billing: Billing, cache: Path, token: str | None = None) -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "BILLING_TOKEN": token or billing.ingest_token,
+        "XDG_CACHE_HOME": str(cache),
+    }
+
+
+async def _stream(http: httpx.AsyncClient, url: str, rid: str, total: int) -> int:
+    """One streamed call of ``total`` tokens; the bytes read until the stream ends or breaks."""
+    body = {"model": "fake-model", "stream": True, "messages": [], "x_fake": {"total": total}}
+    headers = {"X-Request-Id": rid, "X-Api-Key-Id": "key_sd"}
+    read = 0
+    try:
+        async with http.stream(
+            "POST", url + "/v1/chat/completions", json=body, headers=headers
+        ) as r:
+            assert r.status_code == 200
+            async for chunk in r.aiter_raw():
+                read += len(chunk)
+    except httpx.HTTPError:  # the gateway cut the stream at its shutdown
+        pass
+    return read
+
+
+@pytest.mark.slow  # a gateway process
+def test_sigterm_with_streams_in_flight_settles_every_call(db_url: str, tmp_path: Path) -> None:
+    port = _free_port()
+    totals = {"sd-short": 100, "sd-drained": 350, "sd-cut": 3000}
+    with (
+        FakeUpstream(delay_s=0.01, input_tokens=6) as fake,
+        billing_server(db_url) as billing,
+        server_process(
+            example_argv(fake.url, billing, port, "--grace-s", "3"),
+            _env(billing, tmp_path),
+            port,
+        ) as (url, proc),
+    ):
+
+        async def run() -> None:
+            async with httpx.AsyncClient(timeout=30) as http:
+                calls = [asyncio.create_task(_stream(http, url, r, n)) for r, n in totals.items()]
+                await asyncio.sleep(0.3)  # every stream is in flight
+                assert sum(len(fake.records.get(rid, [])) for rid in totals) == 3
+                proc.send_signal(signal.SIGTERM)
+                await asyncio.gather(*calls)
+
+        started = time.monotonic()
+        asyncio.run(run())
+        assert proc.wait(timeout=30) in (0, -signal.SIGTERM)  # uvicorn raises it again at exit
+        assert time.monotonic() - started < 15  # 3 s for the streams, 3 s for the drains
+        calls = asyncio.run(wait_calls(billing, list(totals)))
+    short, drained, cut = (calls[rid] for rid in totals)
+    assert (short["status"], short["usage_source"], short["output_tokens_billed"]) == (
+        "completed",
+        "upstream",
+        100,
+    )
+    assert short["output_tokens_delivered"] == 100
+    # cut off by the server's grace, drained to its end within the meters' grace
+    assert (drained["usage_source"], drained["output_tokens_billed"]) == ("upstream", 350)
+    assert drained["status"] == "client_disconnected"
+    # still generating when the grace ran out: the tap's count, flagged
+    assert cut["usage_source"] == "estimate" and "drain_skipped" in cut["anomalies"]
+    assert 0 < cut["output_tokens_delivered"] <= cut["output_tokens_billed"] < 3000
+    for call in calls.values():
+        assert call["settled"] and call["api_key_id"] == "key_sd"
+
+
+def _spooled(cache: Path) -> list[str]:
+    return [
+        line
+        for path in (cache / "billing" / "spool").glob("*.jsonl*")
+        for line in path.read_text().splitlines()
+        if line.strip()
+    ]
+
+
+@pytest.mark.slow  # two gateway processes
+def test_a_killed_gateways_spool_is_delivered_by_the_next_process(
+    db_url: str, tmp_path: Path
+) -> None:
+    with FakeUpstream(total=9, input_tokens=4) as fake, billing_server(db_url) as billing:
+        port = _free_port()
+        argv = example_argv(fake.url, billing, port)
+        # the first process's token is refused: its events wait in the spool
+        with server_process(argv, _env(billing, tmp_path, token="bt_revoked"), port) as (url, proc):
+            body: dict[str, Any] = {"model": "fake-model", "messages": []}
+            answer = httpx.post(
+                url + "/v1/chat/completions",
+                json=body,
+                headers={"X-Api-Key-Id": "key_kill", "X-Request-Id": "killed-1"},
+            )
+            assert answer.status_code == 200 and answer.headers["x-request-id"] == "killed-1"
+            deadline = time.monotonic() + 30
+            while len(_spooled(tmp_path)) < 3:
+                assert time.monotonic() < deadline, "the events never reached the spool"
+                time.sleep(0.1)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=10)
+        assert [line.count('"request_id":"killed-1"') for line in _spooled(tmp_path)] == [1, 1, 1]
+        port = _free_port()
+        argv = example_argv(fake.url, billing, port)
+        with server_process(argv, _env(billing, tmp_path), port):  # no request at all
+            calls = asyncio.run(wait_calls(billing, ["killed-1"]))
+            deadline = time.monotonic() + 10
+            while _spooled(tmp_path):  # acknowledged, then removed
+                assert time.monotonic() < deadline, "the spool was not emptied"
+                time.sleep(0.1)
+    call = calls["killed-1"]
+    assert (call["usage_source"], call["input_tokens"], call["output_tokens_billed"]) == (
+        "upstream",
+        4,
+        9,
+    )
+    assert (call["api_key_id"], call["output_tokens_delivered"]) == ("key_kill", 9)

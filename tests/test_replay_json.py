@@ -1,0 +1,77 @@
+"""``billing replay FILE.json``: a non-streaming response body played as a gateway would post it
+(CONTRACT "Non-streaming calls, hosted-tool fees, provider-reported cost (v3)")."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from billing.replay import ReplayError, replay
+from tests.conftest import LiveServer
+from tests.taps.test_taps_nonstreaming import CHAT_COMPLETION as COMPLETION
+from tests.taps.test_taps_nonstreaming import MESSAGE
+from tests.test_replay import run_cli, serve, settle_and_get  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_json_response_is_started_counted_and_billed(
+    live_server: LiveServer, http: httpx.Client, tmp_path: Path
+) -> None:
+    path = tmp_path / "completion.json"
+    path.write_text(json.dumps(COMPLETION))
+    request_id, events = replay(
+        path, protocol="openai.chat_completions", api_key_id="key_j", url=live_server.url
+    )
+    assert [e["type"] for e in events] == ["stream.started", "stream.tokens", "stream.usage"]
+    assert events[0]["model"] == "gpt-4o-2024-08-06"
+    assert (events[1]["output_tokens_generated"], events[1]["output_tokens_delivered"]) == (46, 46)
+    assert events[2]["reasoning_tokens"] == 12
+    usage = events[2]
+    assert (usage["source"], usage["input_tokens"], usage["cache_read_input_tokens"]) == (
+        "upstream",
+        93,
+        1024,
+    )
+    call = settle_and_get(http, request_id)
+    assert (call["output_tokens_billed"], call["output_tokens_delivered"]) == (46, 46)
+    assert call["cache_read_input_tokens"] == 1024 and call["api_key_id"] == "key_j"
+
+
+def test_a_json_response_with_a_disconnect_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "completion.json"
+    path.write_text(json.dumps(COMPLETION))
+    with pytest.raises(ReplayError, match="--disconnect-after applies to a stream"):
+        replay(
+            path,
+            protocol="openai.chat_completions",
+            api_key_id="k",
+            url="http://127.0.0.1:9",
+            disconnect_after=3,
+        )
+
+
+def test_cli_replay_of_a_json_message(serve: object, tmp_path: Path) -> None:  # noqa: F811
+    path = tmp_path / "message.json"
+    path.write_text(json.dumps(MESSAGE))
+    done = run_cli(
+        "replay",
+        str(path),
+        "--protocol",
+        "anthropic.messages",
+        "--api-key-id",
+        "key_cli",
+        "--url",
+        serve.url,  # type: ignore[attr-defined]
+    )
+    assert done.returncode == 0, done.stderr
+    request_id, _, rest = done.stdout.partition("\n")
+    call = json.loads(rest)
+    assert call["request_id"] == request_id
+    assert (call["input_tokens"], call["output_tokens_billed"]) == (2095, 503)
+    [usage] = [e for e in call["events"] if e["type"] == "stream.usage"]
+    assert (usage["source"], usage["counters"]) == ("upstream", {"web_fetch_requests": 2})
+    assert usage["units"] == {"web_search_requests": 1}
