@@ -31,6 +31,7 @@ from billing.errors import (
 )
 from billing.ingest.validation import plain_message
 from billing.storage.db import is_unavailable
+from billing.storage.disk import is_disk_full
 
 log = logging.getLogger("billing.api")
 
@@ -169,7 +170,8 @@ def domain_error(error: Exception, retry_after_s: int) -> BillingError | None:
         log.warning("database unavailable during COMMIT; outcome unknown")
         return Unavailable(retry_after_s, OUTCOME_UNKNOWN)
     if isinstance(error, SQLAlchemyError) and is_unavailable(error):
-        log.warning("database unavailable: %s", type(error).__name__)
+        reason = "disk full (SQLITE_FULL)" if is_disk_full(error) else type(error).__name__
+        log.warning("database unavailable: %s", reason)
         return Unavailable(retry_after_s)
     return None
 

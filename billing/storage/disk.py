@@ -9,6 +9,7 @@ directory (for the unprivileged user); PostgreSQL reports its own disk, and has 
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 
 from sqlalchemy.engine import Engine
@@ -26,3 +27,11 @@ def free_bytes(engine: Engine) -> int | None:
     except OSError:
         return None
     return stats.f_bavail * stats.f_frsize
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """Whether a database error is SQLite's ``SQLITE_FULL`` (the disk, or the file's size
+    limit, is full): an outage to answer 503, logged as a full disk."""
+    orig = getattr(error, "orig", error)
+    code = getattr(orig, "sqlite_errorcode", None) if isinstance(orig, sqlite3.Error) else None
+    return code is not None and code & 0xFF == sqlite3.SQLITE_FULL

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -26,6 +27,8 @@ from billing.settings import Settings
 from billing.storage.db import make_engine, make_sessionmaker
 from billing.storage.models import WebhookOutbox
 from tests.budgets.helpers import call, price, receiving, state, write
+from tests.budgets.test_webhooks import _deliver
+from tests.system.test_webhook_stall import _huge, _RawReceiver
 
 REFUSED_URLS = [
     "http://127.0.0.1/x",
@@ -90,17 +93,6 @@ def test_public_destinations_pass_and_private_ones_pass_when_allowed() -> None:
             destinations.check_url("http://u:p@127.0.0.1/x")  # credentials: never
     with pytest.raises(destinations.RefusedDestination):
         destinations.check_url("http://127.0.0.1:9/x")
-
-
-def _deliver(client: TestClient) -> int:
-    st = state(client)
-    worker = DeliveryWorker(st.sessions, st.settings)
-
-    async def once() -> int:
-        async with worker.client() as http:
-            return await worker.deliver_once(http)
-
-    return asyncio.run(once())
 
 
 def _alert_crossed(client: TestClient, url: str) -> None:
@@ -178,7 +170,6 @@ def test_an_odd_stored_url_is_a_counted_failed_attempt(
     assert delivery["last_error"] in {webhooks.INVALID_URL, webhooks.UNREACHABLE}
     # a connection, if any, went to the address the resolver gave (and was refused by the fake)
     assert set(no_network["connected"]) <= {"10.20.30.40"}
-    assert _deliver(client) == 0  # backed off
 
 
 def test_a_failure_shows_a_category_and_none_of_the_response(client: TestClient) -> None:
@@ -208,3 +199,41 @@ def test_an_outage_is_logged_less_and_less_often(
     asyncio.run(run_a_second())
     lines = [r for r in caplog.records if "round failed" in r.getMessage()]
     assert 1 <= len(lines) <= 4, [r.getMessage() for r in lines]
+
+
+def _trickle_fast(receiver: _RawReceiver, conn: Any) -> None:
+    for byte in b"HTTP/1.1 200 OK\r\ncontent-length: 40\r\n\r\n" + b"x" * 40:
+        if receiver.stop.wait(0.3):
+            return
+        conn.sendall(bytes([byte]))
+        receiver.sent += 1
+
+
+def test_one_deadline_bounds_the_whole_attempt(client: TestClient) -> None:
+    """A receiver that answers a byte every 0.3 s (no read ever waits 1 s) is cut at the
+    attempt's deadline (1 s here): a counted attempt, ``timed out``."""
+    _allow_private(client)
+    st = state(client)
+    st.settings = st.settings.model_copy(update={"webhook_timeout_s": 1.0})
+    with _RawReceiver(_trickle_fast) as receiver:
+        _alert_crossed(client, receiver.url)
+        started = time.monotonic()
+        assert _deliver(client) == 1
+        elapsed = time.monotonic() - started
+        receiver.stop.set()
+    assert elapsed < 3.0, elapsed
+    [alert] = client.get("/v1/alerts").json()["data"]
+    delivery = alert["delivery"]
+    assert (delivery["state"], delivery["attempts"]) == ("pending", 1)
+    assert delivery["last_error"] == webhooks.TIMED_OUT
+
+
+def test_a_1_gib_reply_is_read_no_further_than_64_kib(client: TestClient) -> None:
+    _allow_private(client)
+    with _RawReceiver(_huge) as receiver:
+        _alert_crossed(client, receiver.url)
+        assert _deliver(client) == 1
+        assert receiver.closed.wait(10)
+    assert receiver.sent < 64 << 20
+    [alert] = client.get("/v1/alerts").json()["data"]
+    assert alert["delivery"]["state"] == "delivered"

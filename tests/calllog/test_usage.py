@@ -83,6 +83,8 @@ def totals(
         "cost_usd": cost,
         # v2: no key of these tests has a plan, so each row is charged its cost.
         "charge_usd": cost,
+        # v3: nor a charge policy for failed calls: nothing left uncharged where there is a cost.
+        "leakage_usd": None if cost is None else "0",
         "units": {},
     }
 
@@ -517,13 +519,21 @@ def reference(session: Session, query: UsageQuery) -> list[dict[str, Any]]:
         group = tuple((name, labels[name]) for name in query.group_by)
         acc = groups.setdefault(
             group,
-            {"calls": 0, **dict.fromkeys(TOKEN_FIELDS, 0), "costs": [], "charges": [], "units": {}},
+            {
+                "calls": 0,
+                **dict.fromkeys(TOKEN_FIELDS, 0),
+                "costs": [],
+                "charges": [],
+                "leakage": 0,
+                "units": {},
+            },
         )
         acc["calls"] += calls
         for name in TOKEN_FIELDS:
             acc[name] += getattr(row, name)
         acc["costs"].append(cost)
         acc["charges"].append(charge)
+        acc["leakage"] += row.leakage_pusd or 0
         units = row.units or {}
         for unit, count in (json.loads(units) if isinstance(units, str) else units).items():
             acc["units"][unit] = acc["units"].get(unit, 0) + count
@@ -550,12 +560,14 @@ def reference(session: Session, query: UsageQuery) -> list[dict[str, Any]]:
             else:
                 money.append(sum(known) if known else None)
         cost, charge = money
+        leakage = acc.pop("leakage")
         rows.append(
             {
                 **dict(group),
                 **acc,
                 "cost_usd": pusd_to_str(cost),
                 "charge_usd": pusd_to_str(charge),
+                "leakage_usd": None if cost is None else pusd_to_str(leakage),
                 "units": units,
             }
         )

@@ -292,7 +292,12 @@ def test_the_call_page_tells_the_story_of_the_seed_stream(
         "output_tokens_delivered": "380",
         "output_tokens_undelivered": "370",
         "Cost (USD)": "0.011316",
+        # v3: no plan, so charged at cost; no failure policy, nothing left uncharged.
+        "Charge (USD)": "0.011316",
+        "Failure policy": "bill",
+        "Leakage (USD)": "0",
     }
+    assert '<dd id="leakage">0</dd>' in body
     assert "None: the figures agree with each other." in body
 
 

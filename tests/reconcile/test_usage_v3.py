@@ -182,3 +182,29 @@ def test_a_later_usage_lowering_a_count_to_0_keeps_the_largest(priced: TestClien
     assert (call["input_tokens"], call["output_tokens_billed"]) == (500, 60)
     assert call["anomalies"] == ["usage_inconsistent"]
     assert call["cost_usd"] == "0.00243"  # 500 × 3 + 100 × 0.3 + 60 × 15 µ$
+
+
+def test_a_plan_price_may_name_an_inference_geo(priced: TestClient) -> None:
+    plan = {
+        "plan_id": "geo",
+        "effective_from": FROM,
+        "markup_pct": "50",
+        "prices": [{**{k: v for k, v in M1_US.items() if k != "effective_from"}}],
+    }
+    plan["prices"][0].update(input_usd_per_mtok="4", output_usd_per_mtok="20")
+    created = priced.post("/v1/plans", json=plan)
+    assert created.status_code == 201, created.text
+    assert created.json()["prices"][0]["inference_geo"] == "us"
+    key = priced.put("/v1/keys/key_a", json={"plan_id": "geo", "effective_from": FROM})
+    assert key.status_code == 201, key.text
+    us = settle(
+        priced, "pu", started("s", "pu"), usage("u", 100, 50, rid="pu", at=2, inference_geo="us")
+    )
+    # Cost at m1's us price: 100 × 3.3 + 50 × 16.5 = 1,155 µ$; charged at the plan's us price:
+    # 100 × 4 + 50 × 20 = 1,400 µ$.
+    assert (us["cost_usd"], us["charge_usd"]) == ("0.001155", "0.0014")
+    # Elsewhere the plan has no price of its own: cost × 1.5.
+    eu = settle(
+        priced, "pe", started("s2", "pe"), usage("u2", 100, 50, rid="pe", at=2, inference_geo="eu")
+    )
+    assert (eu["cost_usd"], eu["charge_usd"]) == ("0.00105", "0.001575")

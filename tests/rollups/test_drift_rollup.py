@@ -136,10 +136,12 @@ def test_the_rollup_equals_the_calls_after_settlements_re_settlements_and_a_repr
     settle(client)
     second = _check(db_url)
     assert second != first
-    # r1's hour and day rows (its own account): the new usage's 40 input and 9 output tokens.
+    # r1's hour and day rows (its own account): the new usage's 40 input and 9 output tokens;
+    # its cache reads, which the new usage lowers to 0, keep the largest count, 50 (v3:
+    # ``usage_inconsistent``).
     (r1_hour,) = [r for r in second if r[0] == 0 and r[4] == "proj_a"]
     (r1_day,) = [r for r in second if r[0] == 1 and r[4] == "proj_a"]
-    assert r1_hour[6:12] == r1_day[6:12] == (1, 1, 40, 0, 0, 9)
+    assert r1_hour[6:12] == r1_day[6:12] == (1, 1, 40, 50, 0, 9)
 
     # A reprice from before the calls: every gpt-4o call settles again at the new price.
     assert (

@@ -20,6 +20,7 @@ import pytest
 
 from bench.attack import Server
 from tests.budgets.helpers import MODEL, PRICE, receiving
+from tests.system.test_budget_webhooks import _wait
 
 pytestmark = pytest.mark.slow
 
@@ -133,16 +134,6 @@ def _cross(http: httpx.Client, name: str) -> None:
         },
     ]
     assert http.post("/v1/events", json={"events": events}).status_code == 200
-
-
-def _wait(what: str, check: Any, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_a_trickling_and_a_1_gib_receiver_stall_no_alert_and_cost_no_memory(
