@@ -2,18 +2,22 @@
 not) in front of an upstream, metered by :mod:`billing.gateway`.
 
     BILLING_TOKEN=... python examples/fastapi_gateway.py --port 9000 \
-        --upstream https://api.openai.com --billing http://127.0.0.1:8000 [--no-drain]
+        --upstream https://api.openai.com --billing http://127.0.0.1:8000 [--no-drain] \
+        [--no-authorize]
 
 The customer's key id comes from the ``X-Api-Key-Id`` header (a stand-in for the gateway's own
 key lookup); a request without it, or without a ``model``, is refused (400) before anything is
 sent upstream: no upstream call without a call record. The call's id comes from
 ``X-Request-Id`` (else a new one); it is passed on upstream and comes back to the client as
 ``X-Request-Id`` (the upstream's own as ``X-Upstream-Request-Id``, beside its rate-limit
-headers). A streamed call always asks the upstream for its usage; a client that did not ask for
-it does not get the usage chunk. After a client disconnect the upstream is drained (read on to
-its final usage) unless ``--no-drain``. At shutdown the meters settle what is in flight
-(``Meters.shutdown``: a grace period, then flagged estimates) and the billing client delivers
-or spools what it holds. The billing lines are marked ``# billing``.
+headers). Each call is authorized against the budgets before the upstream is opened (a refusal
+answers 402 or 429 in OpenAI's error shape) unless ``--no-authorize``; an upstream that fails
+before a byte gives the hold back, and its error is the answer. A streamed call always asks the
+upstream for its usage; a client that did not ask for it does not get the usage chunk. After a
+client disconnect the upstream is drained (read on to its final usage) unless ``--no-drain``.
+At shutdown the meters settle what is in flight (``Meters.shutdown``: a grace period, then
+flagged estimates) and the billing client delivers or spools what it holds. The billing lines
+are marked ``# billing``.
 """
 
 from __future__ import annotations
@@ -39,11 +43,21 @@ def _refuse(message: str) -> Response:
 
 
 def create_app(
-    upstream_url: str, billing_url: str, *, drain: bool = True, grace_s: float = 30
+    upstream_url: str,
+    billing_url: str,
+    *,
+    drain: bool = True,
+    grace_s: float = 30,
+    authorize: bool = True,
 ) -> FastAPI:
     """The gateway app; the billing token is read from ``BILLING_TOKEN``."""
     billing = AsyncBillingClient(billing_url, token=os.environ.get("BILLING_TOKEN"))  # billing
-    meters = Meters(billing, drain=DrainPolicy(enabled=drain), shutdown_grace_s=grace_s)  # billing
+    meters = Meters(  # billing
+        billing,  # billing
+        drain=DrainPolicy(enabled=drain),  # billing
+        shutdown_grace_s=grace_s,  # billing
+        authorize=authorize,  # billing
+    )  # billing
     http = httpx.AsyncClient(base_url=upstream_url, timeout=httpx.Timeout(60, connect=5))
 
     @asynccontextmanager
@@ -80,27 +94,17 @@ def create_app(
             api_key_id=key_id,  # billing
             model=body["model"],  # billing
             protocol="openai.chat_completions",  # billing
+            body=body,  # billing
         )  # billing
-        upstream_request = http.build_request(
+        upstream = http.build_request(
             "POST", "/v1/chat/completions", json=body, headers={"X-Request-Id": request_id}
         )
-        upstream: httpx.Response | None = None
-        try:
-            upstream = await http.send(upstream_request, stream=streamed)
-            if streamed and upstream.status_code == 200:
-                return meter.response(upstream, hide_usage=not client_wants_usage)  # billing
-            if streamed:  # the provider's error, as it sent it
-                await upstream.aread()
-        except httpx.HTTPError as error:
-            if upstream is not None:
-                await upstream.aclose()
-            meter.failed(error)  # billing: the attempt is recorded all the same
-            return JSONResponse(
-                {"error": {"message": "the upstream failed", "type": "upstream_error"}},
-                502,
-                headers={"X-Request-Id": request_id},
-            )
-        return meter.json(upstream)  # billing: a whole response (or an error body), metered
+        # authorized, the upstream is opened: a stream relayed, a whole response (or the
+        # provider's error) metered and answered as it came, no answer a 502
+        return meter.response(  # billing
+            lambda: http.send(upstream, stream=streamed),  # billing
+            hide_usage=not client_wants_usage,  # billing
+        )  # billing
 
     return app
 
@@ -115,13 +119,22 @@ def main(argv: list[str] | None = None) -> None:
         "--no-drain", action="store_true", help="cancel the upstream when a client leaves"
     )
     parser.add_argument(
+        "--no-authorize", action="store_true", help="call the upstream without a budget check"
+    )
+    parser.add_argument(
         "--grace-s",
         type=float,
         default=30,
         help="at shutdown, seconds given to the streams in flight before they are cut",
     )
     args = parser.parse_args(argv)
-    app = create_app(args.upstream, args.billing, drain=not args.no_drain, grace_s=args.grace_s)
+    app = create_app(
+        args.upstream,
+        args.billing,
+        drain=not args.no_drain,
+        grace_s=args.grace_s,
+        authorize=not args.no_authorize,
+    )
     uvicorn.run(
         app,
         host=args.host,

@@ -44,10 +44,14 @@ What the client guarantees (CONTRACT "Events" and "Ingest"):
   With ``spool_path=None`` (off), overflow events are dropped and reported, and events that
   cannot be delivered stay in memory and are tried again later (dropped at ``close()``).
 
-Before a call, ``authorize(request_id, api_key_id, model, estimate)`` reserves its estimate
-against the budgets (``POST /v1/authorizations``; one HTTP request, answered or
-:class:`ServiceError`), and ``release(request_id)`` gives the hold back when the gateway does not
-call the upstream after all (CONTRACT "Authorizations and holds (v3)").
+Before it calls the upstream, a gateway may reserve the call's estimate against the budgets:
+``authorize(request_id=..., api_key_id=..., model=..., estimate={"input_tokens": N,
+"max_output_tokens": M})`` (or ``{"amount_usd": "0.05"}``) returns the typed decision
+(:class:`Authorization`), ``release(request_id)`` gives a hold back (:class:`Release`; CONTRACT
+"Authorizations and holds (v3)"). One request each, no retry; anything but a 200 raises a
+:class:`ServiceError`: :class:`AuthorizationUnavailable` when the service could not decide (503,
+no answer), :class:`AuthorizationRejected` when it refused the request (``authorizations.py``
+reads the answers).
 
 No silent loss: every event rejected, dropped or given up is logged at WARNING on the
 ``billing.client`` logger (and passed to ``on_error``). The library adds no handler of its own,
@@ -69,7 +73,15 @@ with ``httpx.Client`` on a thread (``sync.py``) or ``httpx.AsyncClient`` on the 
 from __future__ import annotations
 
 from billing.client.aio import AsyncBillingClient
-from billing.client.errors import ClientClosedError, ClientStats, DeliveryError, ServiceError
+from billing.client.authorizations import Authorization, Release
+from billing.client.errors import (
+    AuthorizationRejected,
+    AuthorizationUnavailable,
+    ClientClosedError,
+    ClientStats,
+    DeliveryError,
+    ServiceError,
+)
 from billing.client.spool import DEFAULT_MAX_SPOOL_BYTES, DEFAULT_SPOOL, default_spool_dir
 from billing.client.sync import BillingClient
 from billing.client.wire import MAX_BATCH_EVENTS, MAX_BODY_BYTES, new_event_id, utc_now
@@ -80,10 +92,14 @@ __all__ = [
     "MAX_BATCH_EVENTS",
     "MAX_BODY_BYTES",
     "AsyncBillingClient",
+    "Authorization",
+    "AuthorizationRejected",
+    "AuthorizationUnavailable",
     "BillingClient",
     "ClientClosedError",
     "ClientStats",
     "DeliveryError",
+    "Release",
     "ServiceError",
     "default_spool_dir",
     "new_event_id",

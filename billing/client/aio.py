@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Generator, Mapping
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, Unpack
 
 import httpx
 
+from billing.client import authorizations as authz
+from billing.client.authorizations import Authorization, AuthorizationFields, Release, Request
 from billing.client.base import ClientBase, R
 from billing.client.delivery import Action, Post, log
 
@@ -38,42 +40,25 @@ class AsyncBillingClient(ClientBase[httpx.AsyncBaseTransport]):
         self._start()
         return self._engine.send(event)
 
-    async def authorize(
-        self,
-        request_id: str,
-        api_key_id: str,
-        model: str,
-        estimate: Mapping[str, Any],
-        *,
-        tags: Sequence[str] | None = None,
-        service_tier: str | None = None,
-        ttl_s: int | None = None,
-    ) -> dict[str, Any]:
+    async def authorize(self, **fields: Unpack[AuthorizationFields]) -> Authorization:
         """See :meth:`BillingClient.authorize`."""
-        self._start()
-        assert self._http is not None
-        url, body = self._authorization(
-            request_id, api_key_id, model, estimate, tags, service_tier, ttl_s
-        )
-        try:
-            response: httpx.Response | Exception = await self._http.post(
-                url, json=body, headers=self._headers()
-            )
-        except Exception as error:  # network errors, timeouts, protocol errors
-            response = error
-        return self._answer(response)
+        request = authz.authorization_request(self._engine.base_url, **fields)
+        return authz.read_authorization(await self._request(request, fields.get("timeout_s")))
 
-    async def release(self, request_id: str) -> dict[str, Any]:
+    async def release(self, request_id: str, *, timeout_s: float | None = None) -> Release:
         """See :meth:`BillingClient.release`."""
+        request = authz.release_request(self._engine.base_url, request_id)
+        return authz.read_release(await self._request(request, timeout_s), request_id)
+
+    async def _request(
+        self, request: Request, timeout_s: float | None
+    ) -> httpx.Response | Exception:
         self._start()
         assert self._http is not None
         try:
-            response: httpx.Response | Exception = await self._http.delete(
-                self._release_url(request_id), headers=self._headers()
-            )
+            return await self._http.request(**self._request_args(request, timeout_s))
         except Exception as error:  # network errors, timeouts, protocol errors
-            response = error
-        return self._answer(response)
+            return error
 
     async def flush(self, timeout: float | None = None) -> bool:
         """See :meth:`BillingClient.flush`."""

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
 from typing import Any, Generic, TypeVar
-from urllib.parse import quote
 
 import httpx
 
+from billing.client.authorizations import Request
 from billing.client.engine import Engine
-from billing.client.errors import ClientStats, OnError, ServiceError
+from billing.client.errors import ClientStats, OnError
 from billing.client.spool import DEFAULT_MAX_SPOOL_BYTES, DEFAULT_SPOOL, DefaultSpool
 
 _TransportT = TypeVar("_TransportT", httpx.BaseTransport, httpx.AsyncBaseTransport)
@@ -74,6 +73,16 @@ class ClientBase(Generic[_TransportT]):
     def _open(self, transport: _TransportT | None) -> None:
         raise NotImplementedError
 
+    def _request_args(self, request: Request, timeout_s: float | None) -> dict[str, Any]:
+        """The arguments of ``httpx``'s ``request`` for ``request`` (an authorization's)."""
+        return {
+            "method": request.method,
+            "url": request.url,
+            "content": request.body,
+            "headers": self._engine.headers,
+            "timeout": timeout_s or self._engine.timeout_s,
+        }
+
     def stats(self) -> ClientStats:
         """A snapshot of the counters."""
         return self._engine.stats()
@@ -84,56 +93,3 @@ class ClientBase(Generic[_TransportT]):
     )
     spooled = _Counter("spooled", "Events written to the spool file.")
     rejected = _Counter("rejected", "Events the service rejected (``4xx``), dropped.")
-
-    # -- authorizations (CONTRACT "Authorizations and holds (v3)") ---------------------------
-
-    def _authorization(
-        self,
-        request_id: str,
-        api_key_id: str,
-        model: str,
-        estimate: Mapping[str, Any],
-        tags: Sequence[str] | None,
-        service_tier: str | None,
-        ttl_s: int | None,
-    ) -> tuple[str, dict[str, Any]]:
-        """The URL and JSON body of ``POST /v1/authorizations``."""
-        body: dict[str, Any] = {
-            "request_id": request_id,
-            "api_key_id": api_key_id,
-            "model": model,
-            "estimate": dict(estimate),
-        }
-        if tags is not None:
-            body["tags"] = list(tags)
-        if service_tier is not None:
-            body["service_tier"] = service_tier
-        if ttl_s is not None:
-            body["ttl_s"] = ttl_s
-        return self._engine.base_url + "/v1/authorizations", body
-
-    def _release_url(self, request_id: str) -> str:
-        return f"{self._engine.base_url}/v1/authorizations/{quote(request_id, safe='')}"
-
-    def _headers(self) -> dict[str, str]:
-        return self._engine.headers
-
-    @staticmethod
-    def _answer(response: httpx.Response | BaseException) -> dict[str, Any]:
-        """The JSON answer of a 200, else ``ServiceError``."""
-        if isinstance(response, BaseException):
-            raise ServiceError(f"the billing service did not answer: {response}") from response
-        if response.status_code == 200:
-            answer: dict[str, Any] = response.json()
-            return answer
-        try:
-            detail = response.json()
-        except ValueError:
-            detail = None
-        retry = response.headers.get("Retry-After")
-        raise ServiceError(
-            f"the billing service answered {response.status_code}: {response.text[:200]}",
-            status=response.status_code,
-            detail=detail,
-            retry_after_s=int(retry) if retry and retry.isdigit() else None,
-        )

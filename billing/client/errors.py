@@ -46,32 +46,6 @@ class DeliveryError(Exception):
         self.detail = detail
 
 
-class ServiceError(Exception):
-    """An authorization or a release the service did not answer with 200 (CONTRACT
-    "Authorizations and holds (v3)"); what the gateway then does is its ``fail_open`` setting.
-
-    Attributes:
-        status: the HTTP status (``409``: the request_id was authorized with another body;
-            ``422``: a bad field; ``503``: the service cannot decide now), or ``None`` when
-            there was no answer (a network error or timeout).
-        detail: the service's JSON answer, when there was one.
-        retry_after_s: the ``Retry-After`` of a ``503``, seconds.
-    """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        status: int | None = None,
-        detail: Any = None,
-        retry_after_s: int | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.detail = detail
-        self.retry_after_s = retry_after_s
-
-
 @dataclass(frozen=True, slots=True)
 class ClientStats:
     """A snapshot of a client's counters (all counts are events, except ``requests`` and
@@ -96,3 +70,41 @@ class ClientStats:
 
 
 OnError = Callable[[DeliveryError], None]
+
+
+class ServiceError(Exception):
+    """An authorization or a release the service did not answer with 200 (CONTRACT
+    "Authorizations and holds (v3)"); one of its two kinds is raised.
+
+    Attributes:
+        status: the HTTP status (``409``: the request_id was authorized with another body;
+            ``422``: a bad field; ``404``: no such authorization; ``503``: the service cannot
+            decide now), or ``None`` when there was no answer (a network error or timeout).
+        detail: the service's JSON answer, when there was one.
+        retry_after_s: the service's ``Retry-After`` in seconds, when it sent one.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        detail: Any = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.detail = detail
+        self.retry_after_s = retry_after_s
+
+
+class AuthorizationUnavailable(ServiceError):
+    """The service could not decide: ``503`` (or another ``5xx``, ``408``, ``429``) or no
+    answer at all; what the gateway does then is its ``fail_open`` setting."""
+
+
+class AuthorizationRejected(ServiceError):
+    """The service refused the request itself (``401``, ``403``, ``404``: no such authorization
+    to release, ``409``: the ``request_id`` was authorized with another body, ``422``: a bad
+    estimate or TTL): a gateway's mistake."""

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Generator, Mapping
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, Unpack
 
 import httpx
 
+from billing.client import authorizations as authz
+from billing.client.authorizations import Authorization, AuthorizationFields, Release, Request
 from billing.client.base import ClientBase, R
 from billing.client.delivery import Action, Post, log
 
@@ -73,51 +75,37 @@ class BillingClient(ClientBase[httpx.BaseTransport]):
         """
         return self._engine.send(event)
 
-    def authorize(
-        self,
-        request_id: str,
-        api_key_id: str,
-        model: str,
-        estimate: Mapping[str, Any],
-        *,
-        tags: Sequence[str] | None = None,
-        service_tier: str | None = None,
-        ttl_s: int | None = None,
-    ) -> dict[str, Any]:
-        """Reserve ``estimate`` (``{"input_tokens", "max_output_tokens"}`` or
-        ``{"amount_usd": "0.05"}``) for the call ``request_id`` before calling the upstream;
-        returns the service's answer (``decision``, ``reason``, ``retryable``,
-        ``retry_after_s``, ``hold_usd``, ``expires_at``, …). Blocks on one HTTP request; the same
+    def authorize(self, **fields: Unpack[AuthorizationFields]) -> Authorization:
+        """Reserve the call's estimate against the budgets before calling the upstream
+        (``POST /v1/authorizations``, one request, no retry): the typed decision.
+
+        ``request_id``, ``api_key_id``, ``model`` and ``estimate`` (``{"input_tokens": N,
+        "max_output_tokens": M}`` or ``{"amount_usd": "0.05"}``); optional ``service_tier``,
+        ``tags``, ``ttl_s`` and ``timeout_s`` (else the client's ``timeout_s``). The same
         ``request_id`` and arguments again get the first answer.
 
         Raises:
-            ServiceError: no answer, or not 200 (``status`` 409, 422, 503…).
+            AuthorizationUnavailable: the service could not decide (``503``, another ``5xx``,
+                ``408``, ``429``) or did not answer: apply the gateway's ``fail_open``.
+            AuthorizationRejected: the service refused the request (``401``, ``403``, ``409``,
+                ``422``).
         """
-        url, body = self._authorization(
-            request_id, api_key_id, model, estimate, tags, service_tier, ttl_s
-        )
-        try:
-            response: httpx.Response | Exception = self._http.post(
-                url, json=body, headers=self._headers()
-            )
-        except Exception as error:  # network errors, timeouts, protocol errors
-            response = error
-        return self._answer(response)
+        request = authz.authorization_request(self._engine.base_url, **fields)
+        return authz.read_authorization(self._request(request, fields.get("timeout_s")))
 
-    def release(self, request_id: str) -> dict[str, Any]:
-        """Give back the hold of ``request_id`` (the gateway did not call the upstream);
-        returns ``{"request_id", "state", "hold_usd", "expires_at", "released_at"}``.
+    def release(self, request_id: str, *, timeout_s: float | None = None) -> Release:
+        """Give the hold of ``request_id`` back (``DELETE /v1/authorizations/{request_id}``: the
+        gateway did not call the upstream, or it failed before a byte). Raises as
+        :meth:`authorize` (``AuthorizationRejected`` with ``status`` 404: no such
+        authorization)."""
+        request = authz.release_request(self._engine.base_url, request_id)
+        return authz.read_release(self._request(request, timeout_s), request_id)
 
-        Raises:
-            ServiceError: no answer, or not 200 (``status`` 404: no such authorization).
-        """
+    def _request(self, request: Request, timeout_s: float | None) -> httpx.Response | Exception:
         try:
-            response: httpx.Response | Exception = self._http.delete(
-                self._release_url(request_id), headers=self._headers()
-            )
+            return self._http.request(**self._request_args(request, timeout_s))
         except Exception as error:  # network errors, timeouts, protocol errors
-            response = error
-        return self._answer(response)
+            return error
 
     def flush(self, timeout: float | None = None) -> bool:
         """Deliver everything queued so far now, and replay the spool; block until done.

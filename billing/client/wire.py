@@ -101,10 +101,10 @@ def classify(result: object, max_retry_after_s: float) -> Verdict:
         return Verdict("ok", status, "ok", detail, accepted=accepted, duplicates=duplicates)
     message = f"HTTP {status}" + _summary(detail)
     if status in (408, 429) or status >= 500:
-        retry_after = _retry_after(result.headers.get("retry-after"))
-        if retry_after is not None:
-            retry_after = min(retry_after, max_retry_after_s)
-        return Verdict("retry", status, message, detail, retry_after=retry_after)
+        wait = retry_after(result.headers.get("retry-after"))
+        if wait is not None:
+            wait = min(wait, max_retry_after_s)
+        return Verdict("retry", status, message, detail, retry_after=wait)
     if status in (401, 403, 404) or 300 <= status < 400 or status < 200:
         return Verdict("refused", status, message, detail)
     if status == 413:
@@ -140,7 +140,7 @@ def _summary(detail: object) -> str:
     return f": {error}" if isinstance(error, str) else ""
 
 
-def _retry_after(value: str | None) -> float | None:
+def retry_after(value: str | None) -> float | None:
     """``Retry-After`` in seconds (delta-seconds or an HTTP date), or ``None``."""
     if value is None:
         return None

@@ -15,12 +15,18 @@ Typical use in a FastAPI / Starlette gateway (asyncio)::
 tokens with the protocol's tap (:mod:`billing.taps`) and sends the call's lifecycle events
 (CONTRACT.md, "Events") through the client; see :meth:`Meter.relay`.
 
-Modules: ``meter.py`` (the API, the response's attempts and both relays), ``response.py`` (the
-ASGI response), ``account.py`` (one call's counts and events, sans-IO), ``pump.py`` (the
-asyncio reader task and its hand-off to the client: a queue to the relay, or the response's
-``send``; it drains after a disconnect), ``drain.py`` (the drain decision, bounds, the sync
-drain thread), ``policy.py`` (:class:`DrainPolicy`), ``slots.py`` (the bound on concurrent
-drains), ``upstream.py`` (the byte streams accepted).
+With ``Meters(billing, authorize=True)``, ``meter.response(lambda: http.send(request,
+stream=True))`` reserves the call's estimate first and opens the upstream only when allowed.
+
+Modules: ``meters.py`` (:class:`Meters`, the lifespan and shutdown), ``meter.py`` (one call's
+:class:`Meter`: the response's attempts, both relays, the non-streaming response),
+``authorize.py`` (the reservation before the upstream), ``response.py`` (the ASGI response),
+``account.py`` (one call's counts and events, sans-IO), ``pump.py`` (the asyncio reader task
+and its hand-off to the client: a queue to the relay, or the response's ``send``; it drains
+after a disconnect), ``drain.py`` (the drain decision, bounds, the sync drain thread),
+``policy.py`` (:class:`DrainPolicy`), ``slots.py`` (the bound on concurrent drains),
+``upstream.py`` (the byte streams accepted), ``headers.py`` and ``hidden.py`` (what of the
+upstream's head and usage chunk the client gets).
 """
 
 from __future__ import annotations

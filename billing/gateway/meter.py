@@ -11,13 +11,20 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from starlette.responses import Response
 from starlette.types import Message, Receive
 
 from billing.gateway.account import CallAccount
+from billing.gateway.authorize import (
+    Admission,
+    Opener,
+    open_upstream,
+    opener_of,
+    refusal,
+)
 from billing.gateway.drain import Drain, drain_in_thread
 from billing.gateway.headers import CALL_ID_HEADER, relayed_headers
 from billing.gateway.hidden import UsageChunkFilter
@@ -38,13 +45,37 @@ class Meter:
     """The metered stream of one call; see :meth:`response`, :meth:`relay` and
     :meth:`relay_sync`."""
 
-    def __init__(self, meters: Meters, account: CallAccount) -> None:
+    def __init__(
+        self, meters: Meters, account: CallAccount, body: Mapping[str, Any] | None = None
+    ) -> None:
         self._meters = meters
         self.account = account
+        self._body = body
+        self.admission: Admission | None = None  # the authorization's outcome, once asked
 
     @property
     def request_id(self) -> str:
         return self.account.request_id
+
+    async def authorize(self) -> Response | None:
+        """Reserve the call's estimate (once; with ``Meters(authorize=True)``, else nothing):
+        ``None`` when the upstream may be called, else the refusal to answer the client with,
+        in the protocol's error shape (402 final, 429 with ``Retry-After`` retryable, 503 when
+        the service cannot decide and ``fail_open`` is off). :meth:`response` given an opener
+        calls it; a gateway that opens the upstream itself calls it first."""
+        authorizer, account = self._meters.authorizer, self.account
+        if authorizer is None:
+            return None
+        if self.admission is None:
+            self.admission = await authorizer.admit(account, self._body)
+        return None if self.admission.allowed else refusal(account.protocol, self.admission)
+
+    async def release(self) -> None:
+        """Give the call's hold back (the upstream failed before a byte); once."""
+        authorizer, admitted = self._meters.authorizer, self.admission
+        if authorizer is not None and admitted is not None and admitted.held:
+            self.admission = Admission(True)
+            await authorizer.release(self.account.request_id)
 
     def _pump(
         self, source: AsyncSource, send: Send | None = None, hide: UsageChunkFilter | None = None
@@ -135,7 +166,7 @@ class Meter:
 
     def response(
         self,
-        upstream: AsyncSource,
+        upstream: AsyncSource | Opener,
         *,
         retry: Callable[[], Awaitable[AsyncSource]] | None = None,
         status_code: int = 200,
@@ -158,18 +189,49 @@ class Meter:
         :mod:`billing.gateway.headers`). ``hide_usage``: the gateway asked the upstream for the
         usage chunk (``stream_options.include_usage``) that the client did not ask for; it is
         metered but not sent (:mod:`billing.gateway.hidden`).
+
+        ``upstream`` may be an opener instead (``lambda: http.send(request, stream=streamed)``),
+        which the response calls once :meth:`authorize` allowed the call: a refusal is the
+        answer then, without a request upstream. A whole (not streamed) response is answered
+        by :meth:`json`; an upstream that fails before a byte releases the hold and is metered
+        all the same: its error is the answer as the provider sent it (:meth:`json`), or a 502
+        in the protocol's shape when there was no answer (:meth:`failed`).
+
+        Raises:
+            TypeError: ``Meters(authorize=True)`` and an upstream already open, not authorized.
         """
         hide = UsageChunkFilter() if hide_usage else None
+        opened: list[AsyncSource] = []
+        opener = opener_of(upstream)
+        if opener is None:
+            if self._meters.authorizer is not None and self.admission is None:
+                raise TypeError("with authorize=True, give the upstream's opener")
+            opened.append(upstream)  # type: ignore[arg-type]
+
+        async def prepare() -> Response | None:
+            assert opener is not None
+            refused = await self.authorize()
+            source = refused or await open_upstream(
+                opener, self.account.protocol, self.release, self.failed, self.json
+            )
+            if isinstance(source, Response):
+                source.headers.setdefault(CALL_ID_HEADER, self.request_id)
+                return source
+            opened.append(source)
+            response.init_headers(self._headers(source, headers))
+            return None
 
         async def serve(send: Send, receive: Receive, head: Message) -> None:
-            await self._serve(upstream, retry, send, receive, head, hide)
+            await self._serve(opened[0], retry, send, receive, head, hide)
 
-        return MeteredResponse(
+        response = MeteredResponse(
             serve,
             status_code=status_code,
-            headers=self._headers(upstream, headers),
+            headers=self._headers(opened[0] if opened else None, headers),
             media_type=media_type,
+            prepare=None if opener is None else prepare,
         )
+        return response
 
     async def _serve(
         self,

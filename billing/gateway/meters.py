@@ -1,7 +1,7 @@
 """What every metered call of a gateway process shares: :class:`Meters` (the billing client, the
-drain policy, the bound on running drains, the upstreams read now) and the process's shutdown
-(:meth:`Meters.lifespan`, :meth:`Meters.shutdown`); :meth:`Meters.call` gives one call's
-:class:`~billing.gateway.meter.Meter`.
+drain policy, the bound on running drains, the upstreams read now, the authorization before the
+upstream) and the process's shutdown (:meth:`Meters.lifespan`, :meth:`Meters.shutdown`);
+:meth:`Meters.call` gives one call's :class:`~billing.gateway.meter.Meter`.
 """
 
 from __future__ import annotations
@@ -11,9 +11,11 @@ import contextlib
 import inspect
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from decimal import Decimal
 from typing import Any, Protocol
 
 from billing.gateway.account import CallAccount
+from billing.gateway.authorize import DEFAULT_MAX_OUTPUT_TOKENS, Authorizer, Reserver
 from billing.gateway.meter import Meter
 from billing.gateway.policy import DrainPolicy
 from billing.gateway.pump import Pump
@@ -45,9 +47,16 @@ class Meters:
         max_attempts: attempts per call, retries of a stalled upstream included (>= 1).
         shutdown_grace_s: at the process's shutdown (:meth:`lifespan`), seconds given to the
             upstreams still read before they are cut (:meth:`shutdown`).
+        authorize: reserve each call's estimate before its upstream is opened (with an
+            ``AsyncBillingClient``; :meth:`Meter.authorize`, :meth:`Meter.response`).
+        fail_open: when the service cannot decide (503, no answer, a refused request such
+            as a 409): call the upstream (``True``) or answer 503; logged at WARNING.
+        hold_usd, max_output_tokens, hold_ttl_s: a fixed estimate per call, else the output
+            limit of ``call(body=...)`` (``max_output_tokens`` without one); the hold's TTL.
 
     Raises:
         ValueError: an argument out of range.
+        TypeError: ``authorize`` with a client that cannot authorize asynchronously.
     """
 
     def __init__(
@@ -59,6 +68,11 @@ class Meters:
         stall_timeout_s: float | None = None,
         max_attempts: int = 2,
         shutdown_grace_s: float = 30.0,
+        authorize: bool = False,
+        fail_open: bool = True,
+        hold_usd: Decimal | None = None,
+        max_output_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS,
+        hold_ttl_s: int | None = None,
     ) -> None:
         if progress_every < 1 or max_attempts < 1:
             raise ValueError("progress_every and max_attempts must be >= 1")
@@ -73,6 +87,14 @@ class Meters:
         self.slots = DrainSlots(self.policy.max_concurrent)
         #: the asyncio attempts reading an upstream now (relayed or drained)
         self.pumps: set[Pump] = set()
+        self.authorizer: Authorizer | None = None
+        if authorize:
+            if not inspect.iscoroutinefunction(getattr(client, "authorize", None)):
+                raise TypeError("authorize=True needs an AsyncBillingClient")
+            reserver: Reserver = client  # type: ignore[assignment]
+            self.authorizer = Authorizer(
+                reserver, fail_open, hold_usd, max_output_tokens, hold_ttl_s
+            )
 
     def call(
         self,
@@ -83,11 +105,14 @@ class Meters:
         protocol: str,
         input_tokens: int | None = None,
         metadata: Mapping[str, str] | None = None,
+        body: Mapping[str, Any] | None = None,
     ) -> Meter:
         """The meter of one call (CONTRACT "Events": ``stream.started``'s fields).
 
         ``input_tokens`` is the gateway's own count of the input (used when the upstream
-        reports none); ``metadata`` is added to the drain policy's entries.
+        reports none, and in the authorization's estimate); ``metadata`` is added to the drain
+        policy's entries; ``body`` is the request sent upstream, whose output limit
+        (``max_tokens``, ``max_completion_tokens``, ``max_output_tokens``) bounds the hold.
 
         Raises:
             ValueError: ``protocol`` is not one of :data:`billing.taps.PROTOCOLS`.
@@ -104,6 +129,7 @@ class Meters:
                 metadata={**self.policy.metadata(), **(metadata or {})},
                 progress_every=self.progress_every,
             ),
+            body,
         )
 
     @property

@@ -14,16 +14,20 @@ from collections.abc import Awaitable, Callable, Mapping
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
-__all__ = ["MeteredResponse", "Serve", "disconnected"]
+__all__ = ["MeteredResponse", "Prepare", "Serve", "disconnected"]
 
 
 #: ``serve(send, receive, head)``: sends the head (the ``http.response.start`` message given),
 #: then the body.
 Serve = Callable[[Send, Receive, Message], Awaitable[None]]
+#: Runs before the head: ``None`` to serve the stream, else the response to give instead (a
+#: refusal of the authorization, the upstream's error).
+Prepare = Callable[[], Awaitable[Response | None]]
 
 
 class MeteredResponse(Response):
-    """``serve`` writes the head (status, headers, media type) and the body.
+    """``serve`` writes the head (status, headers, media type) and the body, unless
+    ``prepare`` (run first) gives a response to send instead.
 
     Raises:
         RuntimeError: served for a scope other than ``http``.
@@ -36,6 +40,7 @@ class MeteredResponse(Response):
         status_code: int = 200,
         headers: Mapping[str, str] | None = None,
         media_type: str = "text/event-stream",
+        prepare: Prepare | None = None,
     ) -> None:
         # as StreamingResponse: no body, hence no content-length
         self.status_code = status_code
@@ -43,10 +48,16 @@ class MeteredResponse(Response):
         self.background = None
         self.init_headers(headers)
         self._serve = serve
+        self._prepare = prepare
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             raise RuntimeError("a metered stream is an http response")
+        if self._prepare is not None:
+            instead = await self._prepare()
+            if instead is not None:
+                await instead(scope, receive, send)
+                return
         head = {
             "type": "http.response.start",
             "status": self.status_code,

@@ -4,11 +4,17 @@
 from __future__ import annotations
 
 import asyncio
+from decimal import Decimal
 
 import httpx
 import pytest
 
-from billing.client import AsyncBillingClient, BillingClient, ServiceError
+from billing.client import (
+    AsyncBillingClient,
+    AuthorizationRejected,
+    AuthorizationUnavailable,
+    BillingClient,
+)
 from tests.budgets.helpers import MODEL, PRICE
 from tests.conftest import LiveServer
 
@@ -33,30 +39,36 @@ def _budget(url: str) -> None:
 def test_authorize_and_release(live_server: LiveServer) -> None:
     _budget(live_server.url)
     with BillingClient(live_server.url, spool_path=None) as client:
-        first = client.authorize("cl-1", "key_c", MODEL, TENTH, tags=["team-a"], ttl_s=60)
-        assert (first["decision"], first["hold_usd"], first["binding_budget_id"]) == (
+        call = {"api_key_id": "key_c", "model": MODEL}
+        first = client.authorize(
+            request_id="cl-1", estimate=TENTH, tags=["team-a"], ttl_s=60, **call
+        )
+        assert (first.decision, first.hold_usd, first.binding_budget_id) == (
             "allow",
-            "0.1",
+            Decimal("0.1"),
             "b-client",
         )
-        assert client.authorize("cl-1", "key_c", MODEL, TENTH, tags=["team-a"], ttl_s=60) == first
-        second = client.authorize("cl-2", "key_c", MODEL, TENTH)
-        assert (second["decision"], second["reason"], second["retryable"]) == (
+        again = client.authorize(
+            request_id="cl-1", estimate=TENTH, tags=["team-a"], ttl_s=60, **call
+        )
+        assert again == first
+        second = client.authorize(request_id="cl-2", estimate=TENTH, **call)
+        assert (second.decision, second.reason, second.retryable) == (
             "deny",
             "insufficient_headroom",
             True,
         )
         released = client.release("cl-1")
-        assert (released["state"], released["hold_usd"]) == ("released", "0.1")
-        assert client.authorize("cl-2", "key_c", MODEL, TENTH)["decision"] == "allow"
-        with pytest.raises(ServiceError) as conflict:
-            client.authorize("cl-1", "key_c", MODEL, {"amount_usd": "0.01"})
+        assert (released.state, released.hold_usd) == ("released", Decimal("0.1"))
+        assert client.authorize(request_id="cl-2", estimate=TENTH, **call).decision == "allow"
+        with pytest.raises(AuthorizationRejected) as conflict:
+            client.authorize(request_id="cl-1", estimate={"amount_usd": "0.01"}, **call)
         assert conflict.value.status == 409
-        with pytest.raises(ServiceError) as bad:
-            client.authorize("cl-3", "key_c", MODEL, TENTH, ttl_s=5)
+        with pytest.raises(AuthorizationRejected) as bad:
+            client.authorize(request_id="cl-3", estimate=TENTH, ttl_s=5, **call)
         assert bad.value.status == 422
         assert bad.value.detail["errors"][0]["path"] == "body.ttl_s"
-        with pytest.raises(ServiceError) as missing:
+        with pytest.raises(AuthorizationRejected) as missing:
             client.release("cl-none")
         assert missing.value.status == 404
 
@@ -67,9 +79,11 @@ def test_authorize_and_release_asyncio(live_server: LiveServer) -> None:
     async def run() -> None:
         client = AsyncBillingClient(live_server.url, spool_path=None)
         try:
-            first = await client.authorize("ca-1", "key_c", MODEL, {"amount_usd": "0.15"})
-            assert (first["decision"], first["hold_usd"]) == ("allow", "0.15")
-            assert (await client.release("ca-1"))["state"] == "released"
+            first = await client.authorize(
+                request_id="ca-1", api_key_id="key_c", model=MODEL, estimate={"amount_usd": "0.15"}
+            )
+            assert (first.decision, first.hold_usd) == ("allow", Decimal("0.15"))
+            assert (await client.release("ca-1")).state == "released"
         finally:
             await client.close()
 
@@ -78,6 +92,6 @@ def test_authorize_and_release_asyncio(live_server: LiveServer) -> None:
 
 def test_no_answer_is_a_service_error() -> None:
     with BillingClient("http://127.0.0.1:9", spool_path=None, timeout_s=2) as client:
-        with pytest.raises(ServiceError) as error:
-            client.authorize("x", "key_c", MODEL, TENTH)
+        with pytest.raises(AuthorizationUnavailable) as error:
+            client.authorize(request_id="x", api_key_id="key_c", model=MODEL, estimate=TENTH)
         assert error.value.status is None

@@ -332,6 +332,9 @@ class FakeUpstream:
             "input_tokens": input_tokens,
         }
         self.records: dict[str, list[Generation]] = {}
+        #: When set, every request is answered with this status and an OpenAI error body, before
+        #: a byte of stream (an upstream that fails before a byte); it is recorded all the same.
+        self.fail_status: int | None = None
         self._lock = threading.Lock()
         self.host = host
         routes = [Route(p, self._handle, methods=["POST"]) for p in _ROUTES]
@@ -390,6 +393,12 @@ class FakeUpstream:
         return frames + shapes.tail()
 
     # -- what the tests read -------------------------------------------------------------
+
+    def requests(self, request_id: str) -> int:
+        """Upstream requests made for the call ``request_id`` (0: the upstream was never
+        called)."""
+        with self._lock:
+            return len(self.records.get(request_id, []))
 
     def generated(self, request_id: str) -> int:
         """Output tokens generated for the call ``request_id``, over all its upstream requests."""
@@ -453,6 +462,11 @@ class FakeUpstream:
         gen = Generation(rid, protocol, settings("total", int), settings("input_tokens", int))
         with self._lock:
             self.records.setdefault(rid, []).append(gen)
+        if self.fail_status is not None:
+            gen.finished = True
+            gen.done.set()
+            error = {"message": "the fake upstream fails", "type": "server_error", "code": None}
+            return JSONResponse({"error": error}, status_code=self.fail_status)
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         shapes = _Shapes(protocol, str(body.get("model", "fake-model")), gen, include_usage)
         headers = {"x-request-id": f"req_{rid}", "x-ratelimit-remaining-requests": "99"}

@@ -1,7 +1,9 @@
 """The README's "Integrate a gateway" app, run as written: at most 15 lines of billing code, and
 served by uvicorn in its own process in front of the fake upstream, it bills a call the
 provider's count, also when the client left early or did not stream, and refuses a call it
-could not bill before the upstream sees it."""
+could not bill before the upstream sees it; and it enforces a $1 budget (its
+``authorize=True``): a denied call never reaches the upstream, an allowed call's hold becomes
+the call, an upstream that fails before a byte gives the hold back."""
 
 from __future__ import annotations
 
@@ -10,14 +12,24 @@ import asyncio
 import os
 import re
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from tests.conftest import _free_port
 from tests.fakes.upstream import FakeUpstream
-from tests.gateway.harness import ROOT, billing_server, client_call, serving, wait_calls
+from tests.gateway.harness import (
+    ROOT,
+    Billing,
+    billing_server,
+    client_call,
+    serving,
+    wait_calls,
+)
 
 #: Names that are billing code in the snippet: the imports from billing and what they make.
 BILLING_NAMES = {"AsyncBillingClient", "Meters", "billing", "meters", "meter"}
@@ -54,51 +66,56 @@ def test_the_readme_gateway_has_at_most_15_billing_lines() -> None:
     assert 6 <= len(lines) <= 15, sorted(lines)
 
 
-@pytest.mark.slow  # a gateway process
-def test_the_readme_gateway_runs_as_written(db_url: str, tmp_path: Path) -> None:
+@contextmanager
+def readme_app(tmp_path: Path, billing: Billing, upstream: str) -> Iterator[str]:
+    """The README's app, as written, served by uvicorn in its own process; yields its URL."""
     (tmp_path / "readme_gateway.py").write_text(readme_gateway())
     port = _free_port()
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}",
+        "BILLING_URL": billing.url,
+        "BILLING_TOKEN": billing.ingest_token,
+        "UPSTREAM_URL": upstream,
+    }
+    args = [sys.executable, "-m", "uvicorn", "readme_gateway:app", "--port", str(port)]
+    with serving(args, env, port) as url:
+        yield url
+
+
+@pytest.mark.slow  # a gateway process
+def test_the_readme_gateway_runs_as_written(db_url: str, tmp_path: Path) -> None:
     with (
         FakeUpstream(total=30, delay_s=0.05, input_tokens=7) as fake,
         billing_server(db_url) as billing,
+        readme_app(tmp_path, billing, fake.url) as url,
     ):
-        env = {
-            **os.environ,
-            "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}",
-            "BILLING_URL": billing.url,
-            "BILLING_TOKEN": billing.ingest_token,
-            "UPSTREAM_URL": fake.url,
-        }
-        args = [sys.executable, "-m", "uvicorn", "readme_gateway:app", "--port", str(port)]
-        with serving(args, env, port) as url:
 
-            async def run() -> list:
-                async with httpx.AsyncClient(timeout=30) as http:
-                    return list(
-                        await asyncio.gather(
-                            client_call(http, url, "openai.chat_completions", key="key_a"),
-                            client_call(
-                                http, url, "openai.chat_completions", key="key_b", leave_after=4
-                            ),
-                        )
+        async def run() -> list:
+            async with httpx.AsyncClient(timeout=30) as http:
+                return list(
+                    await asyncio.gather(
+                        client_call(http, url, "openai.chat_completions", key="key_a"),
+                        client_call(
+                            http, url, "openai.chat_completions", key="key_b", leave_after=4
+                        ),
                     )
+                )
 
-            full, left = asyncio.run(run())
-            chat = url + "/v1/chat/completions"
-            body = {"model": "fake-model", "messages": []}
-            refused = httpx.post(chat, json=body, headers={"X-Request-Id": "readme-no-key"})
-            assert refused.status_code == 400
-            whole = httpx.post(
-                chat, json=body, headers={"X-Api-Key-Id": "key_c", "X-Request-Id": "readme-whole"}
-            )
-            assert whole.status_code == 200 and whole.headers["x-request-id"] == "readme-whole"
-            assert whole.json()["usage"]["completion_tokens"] == 30
-            assert sorted(fake.records) == sorted(
-                [full.request_id, left.request_id, "readme-whole"]
-            )
-            fake.wait_finished([full.request_id, left.request_id])
-            ids = [full.request_id, left.request_id, "readme-whole"]
-            calls = asyncio.run(wait_calls(billing, ids))
+        full, left = asyncio.run(run())
+        chat = url + "/v1/chat/completions"
+        body = {"model": "fake-model", "messages": []}
+        refused = httpx.post(chat, json=body, headers={"X-Request-Id": "readme-no-key"})
+        assert refused.status_code == 400
+        whole = httpx.post(
+            chat, json=body, headers={"X-Api-Key-Id": "key_c", "X-Request-Id": "readme-whole"}
+        )
+        assert whole.status_code == 200 and whole.headers["x-request-id"] == "readme-whole"
+        assert whole.json()["usage"]["completion_tokens"] == 30
+        assert sorted(fake.records) == sorted([full.request_id, left.request_id, "readme-whole"])
+        fake.wait_finished([full.request_id, left.request_id])
+        ids = [full.request_id, left.request_id, "readme-whole"]
+        calls = asyncio.run(wait_calls(billing, ids))
     for read in (full, left):
         call = calls[read.request_id]
         assert call["output_tokens_billed"] == 30 and call["input_tokens"] == 7
@@ -112,3 +129,84 @@ def test_the_readme_gateway_runs_as_written(db_url: str, tmp_path: Path) -> None
         30,
     )
     assert left.read <= calls[left.request_id]["output_tokens_delivered"] <= left.read + 1
+
+
+def _chat(url: str, rid: str, key: str, max_tokens: int) -> httpx.Response:
+    """One streaming chat completion through the gateway, read to its end."""
+    body = {"model": "fake-model", "stream": True, "messages": [], "max_tokens": max_tokens}
+    headers = {"X-Request-Id": rid, "X-Api-Key-Id": key}
+    return httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=30)
+
+
+def _budget(billing: Billing, key: str) -> dict[str, Any]:
+    admin = {"Authorization": f"Bearer {billing.admin_token}"}
+    answer = httpx.get(f"{billing.url}/v1/budgets/b_{key}", headers=admin, timeout=10)
+    assert answer.status_code == 200, answer.text
+    return dict(answer.json())
+
+
+@pytest.mark.slow  # a gateway process
+def test_the_readme_gateway_enforces_a_budget(db_url: str, tmp_path: Path) -> None:
+    keys = ("key_over", "key_busy", "key_ok", "key_fail")
+    with (
+        FakeUpstream(total=30, delay_s=0.01, input_tokens=7) as fake,
+        billing_server(db_url) as billing,
+    ):
+        admin = {"Authorization": f"Bearer {billing.admin_token}"}
+        for key in keys:  # $1 each, over all time
+            budget = {"budget_id": f"b_{key}", "scope": {"api_key_id": key}, "limit_usd": "1"}
+            made = httpx.post(
+                billing.url + "/v1/budgets", json={**budget, "period": "total"}, headers=admin
+            )
+            assert made.status_code == 201, made.text
+        in_flight = httpx.post(  # $0.95 of key_busy's dollar held by a call in flight
+            billing.url + "/v1/authorizations",
+            json={
+                "request_id": "in-flight",
+                "api_key_id": "key_busy",
+                "model": "fake-model",
+                "estimate": {"amount_usd": "0.95"},
+            },
+            headers={"Authorization": f"Bearer {billing.ingest_token}"},
+        )
+        assert in_flight.json()["decision"] == "allow", in_flight.text
+        with readme_app(tmp_path, billing, fake.url) as url:
+            over = _chat(url, "rg-over", "key_over", 200_000)  # $2 at $10/M: over the limit
+            busy = _chat(url, "rg-busy", "key_busy", 10_000)  # $0.10, $0.05 left
+            allowed = _chat(url, "rg-ok", "key_ok", 1_000)  # $0.01
+            fake.fail_status = 503
+            failed = _chat(url, "rg-fail", "key_fail", 1_000)
+            fake.fail_status = None
+            held_during = _budget(billing, "key_busy")["held_usd"]
+            calls = asyncio.run(wait_calls(billing, ["rg-ok", "rg-fail"]))
+            budgets = {key: _budget(billing, key) for key in keys}
+            again = httpx.delete(
+                billing.url + "/v1/authorizations/rg-fail",
+                headers={"Authorization": f"Bearer {billing.ingest_token}"},
+            )
+    # Denied: in OpenAI's error shape, and the upstream never called.
+    assert over.status_code == 402, over.text
+    message = "budget b_key_over: estimate_exceeds_limit"
+    kind, code = "insufficient_quota", "estimate_exceeds_limit"
+    assert over.json() == {"error": {"message": message, "type": kind, "code": code}}
+    assert "retry-after" not in over.headers
+    assert busy.status_code == 429, busy.text
+    message = "budget b_key_busy: insufficient_headroom; retry later"
+    kind, code = "rate_limit_exceeded", "insufficient_headroom"
+    assert busy.json() == {"error": {"message": message, "type": kind, "code": code}}
+    assert 1 <= int(busy.headers["retry-after"]) <= 60
+    assert (fake.requests("rg-over"), fake.requests("rg-busy")) == (0, 0)
+    assert held_during == "0.95"  # the refused call held nothing
+    # Allowed: streamed, and its hold ($0.01) became the call: 7 input, 30 output tokens.
+    assert allowed.status_code == 200 and fake.requests("rg-ok") == 1
+    assert calls["rg-ok"]["cost_usd"] == "0.0003175"
+    ok = budgets["key_ok"]
+    assert (ok["settled_usd"], ok["held_usd"], ok["spent_usd"]) == ("0.0003175", "0", "0.0003175")
+    # The upstream failed before a byte: its error passed on (and metered), the hold released.
+    assert calls["rg-fail"]["status"] == "failed", calls["rg-fail"]
+    assert failed.headers["x-request-id"] == "rg-fail"
+    assert failed.status_code == 503 and fake.requests("rg-fail") == 1
+    assert failed.json()["error"]["message"] == "the fake upstream fails"
+    assert (budgets["key_fail"]["held_usd"], budgets["key_fail"]["spent_usd"]) == ("0", "0")
+    assert again.status_code == 200 and again.json()["state"] == "released", again.text
+    assert budgets["key_over"]["spent_usd"] == "0"

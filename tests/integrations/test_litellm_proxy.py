@@ -45,6 +45,8 @@ from tests.gateway.harness import Billing, Read, billing_server, wait_calls
 
 pytestmark = pytest.mark.slow
 
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no price map fetch at import
+
 
 @pytest.fixture(scope="module", autouse=True)
 def _litellm_proxy_installed() -> None:
@@ -63,9 +65,12 @@ MASTER_KEY = "sk-" + secrets.token_hex(24)
 
 
 @contextmanager
-def litellm_proxy(upstream: str, billing: Billing, tmp_path: Path, *, drain: bool) -> Iterator[str]:
+def litellm_proxy(
+    upstream: str, billing: Billing, tmp_path: Path, *, drain: bool, authorize: bool = False
+) -> Iterator[str]:
     """``litellm --config`` (examples/litellm_config.yaml) in its own process, in front of
-    ``upstream``, posting to ``billing``; yields its base URL."""
+    ``upstream``, posting to ``billing`` (``BILLING_AUTHORIZE=on`` with ``authorize``); yields
+    its base URL."""
     port = _free_port()
     env = {
         **os.environ,
@@ -77,6 +82,7 @@ def litellm_proxy(upstream: str, billing: Billing, tmp_path: Path, *, drain: boo
         "BILLING_URL": billing.url,
         "BILLING_TOKEN": billing.ingest_token,
         "BILLING_DRAIN": "on" if drain else "off",
+        "BILLING_AUTHORIZE": "on" if authorize else "off",
         "XDG_CACHE_HOME": str(tmp_path / "proxy-cache"),
     }
     # The example's config, forwarding the clients' X-Request-Id to the fake upstream (which
@@ -239,3 +245,88 @@ def test_through_litellm_without_drain_the_calls_are_flagged(db_url: str, tmp_pa
         else:
             assert call["anomalies"] == [] and call["output_tokens_billed"] == generated
             assert call["usage_source"] == "upstream"
+
+
+def _chat(proxy: str, rid: str, max_tokens: int) -> httpx.Response:
+    """One streaming chat completion through the proxy with the master key, read to its end."""
+    body = {
+        "model": "fake-model",
+        "stream": True,
+        "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": "Count to forty."}],
+    }
+    headers = {
+        "Authorization": f"Bearer {MASTER_KEY}",
+        "x-litellm-call-id": rid,
+        "X-Request-Id": rid,  # forwarded: the fake upstream counts its requests under it
+    }
+    return httpx.post(proxy + "/v1/chat/completions", json=body, headers=headers, timeout=120)
+
+
+def test_through_litellm_an_over_budget_key_is_refused_before_the_upstream(
+    db_url: str, tmp_path: Path
+) -> None:
+    key = "litellm_proxy_master_key"  # LiteLLM's name of the master key
+    with (
+        FakeUpstream(total=TOTAL, tokens_per_chunk=PER_CHUNK, delay_s=0.005) as fake,
+        billing_server(db_url) as billing,
+        litellm_proxy(fake.url, billing, tmp_path, drain=True, authorize=True) as proxy,
+    ):
+        admin = {"Authorization": f"Bearer {billing.admin_token}"}
+        ingest = {"Authorization": f"Bearer {billing.ingest_token}"}
+        budget = {"budget_id": "b_ll", "scope": {"api_key_id": key}, "limit_usd": "1"}
+        made = httpx.post(
+            billing.url + "/v1/budgets", json={**budget, "period": "total"}, headers=admin
+        )
+        assert made.status_code == 201, made.text
+        over = _chat(proxy, "ll-over", 200_000)  # $2 at $10/M: over the limit
+        in_flight = httpx.post(  # $0.95 of the dollar held by a call in flight
+            billing.url + "/v1/authorizations",
+            json={
+                "request_id": "ll-in-flight",
+                "api_key_id": key,
+                "model": "fake-model",
+                "estimate": {"amount_usd": "0.95"},
+            },
+            headers=ingest,
+        )
+        assert in_flight.json()["decision"] == "allow", in_flight.text
+        busy = _chat(proxy, "ll-busy", 10_000)  # $0.10, $0.05 left
+        gone = httpx.delete(billing.url + "/v1/authorizations/ll-in-flight", headers=ingest)
+        assert gone.json()["state"] == "released", gone.text
+        allowed = _chat(proxy, "ll-ok", 1_000)  # $0.01
+        fake.fail_status = 500
+        failed = _chat(proxy, "ll-fail", 1_000)
+        fake.fail_status = None
+        calls = asyncio.run(wait_calls(billing, ["ll-ok"], timeout=90))
+        deadline = time.monotonic() + 30
+        while True:  # the failed call's hold: released by the failure hooks
+            status = httpx.get(billing.url + "/v1/budgets/b_ll", headers=admin).json()
+            if status["held_usd"] == "0" or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        released = httpx.delete(billing.url + "/v1/authorizations/ll-fail", headers=ingest)
+    # Refused with the proxy's budget-exceeded error, and the upstream never called.
+    assert over.status_code == 402, over.text
+    assert over.json()["error"] == {
+        "message": "budget b_ll: estimate_exceeds_limit",
+        "type": "budget_exceeded",
+        "param": None,
+        "code": "402",
+    }
+    assert busy.status_code == 429, busy.text
+    assert busy.json()["error"]["type"] == "budget_exceeded"
+    assert busy.json()["error"]["message"] == "budget b_ll: insufficient_headroom; retry later"
+    assert 1 <= int(busy.headers["retry-after"]) <= 60
+    assert (fake.requests("ll-over"), fake.requests("ll-busy")) == (0, 0)
+    # Allowed: its hold became the call (12 input and 40 output tokens: $0.00043).
+    assert allowed.status_code == 200 and fake.requests("ll-ok") == 1
+    assert calls["ll-ok"]["cost_usd"] == "0.00043"
+    # The failed call gave its hold back: only the allowed call is spent.
+    assert failed.status_code >= 500 and fake.requests("ll-fail") >= 1
+    assert released.status_code == 200 and released.json()["state"] == "released", released.text
+    assert (status["held_usd"], status["settled_usd"], status["spent_usd"]) == (
+        "0",
+        "0.00043",
+        "0.00043",
+    )

@@ -10,6 +10,9 @@ and give it the service's address and an ``ingest`` token in the proxy's environ
 disconnect is on by default; ``BILLING_DRAIN=off`` turns it off, ``BILLING_DRAIN_MAX_S``,
 ``BILLING_DRAIN_MAX_TOKENS`` and ``BILLING_DRAIN_MAX_CONCURRENT`` bound it
 (:class:`billing.gateway.DrainPolicy`). ``BILLING_SPOOL=off`` turns the client's spool off.
+``BILLING_AUTHORIZE=on`` reserves each call against the budgets in the pre-call hook and refuses
+a call over budget with the proxy's budget-exceeded error (``BILLING_FAIL_OPEN``: what to do
+when the service cannot decide; :mod:`~billing.integrations.litellm.holds`).
 
 What each of LiteLLM's hooks sends, for a streamed ``/v1/chat/completions`` call (``request_id``
 = LiteLLM's ``litellm_call_id``, which a client may set with the ``x-litellm-call-id`` header;
@@ -46,7 +49,8 @@ The package: the hooks (:mod:`~billing.integrations.litellm.callback`), the call
 (:mod:`~billing.integrations.litellm.calls`), the events sent
 (:mod:`~billing.integrations.litellm.sender`), the pump and the drain
 (:mod:`~billing.integrations.litellm.stream`), what is read off LiteLLM's objects
-(:mod:`~billing.integrations.litellm.reading`) and the settings
+(:mod:`~billing.integrations.litellm.reading`), the authorizations
+(:mod:`~billing.integrations.litellm.holds`) and the settings
 (:mod:`~billing.integrations.litellm.settings`).
 
 Not covered: LiteLLM retries inside one call (router ``num_retries``, fallbacks) are one

@@ -15,6 +15,7 @@ from billing.fields import printable_text
 from billing.gateway.policy import DrainPolicy
 from billing.gateway.slots import DrainSlots
 from billing.integrations.litellm.calls import Call, Calls, logged_call, streamed_call
+from billing.integrations.litellm.holds import Holds
 from billing.integrations.litellm.reading import (
     chunk_tokens,
     error_type,
@@ -24,7 +25,11 @@ from billing.integrations.litellm.reading import (
     whole_usage,
 )
 from billing.integrations.litellm.sender import Sender
-from billing.integrations.litellm.settings import policy_from_env
+from billing.integrations.litellm.settings import (
+    AuthorizeSettings,
+    authorize_from_env,
+    policy_from_env,
+)
 from billing.integrations.litellm.stream import Pumps
 
 __all__ = ["BillingCallback"]
@@ -41,6 +46,8 @@ class BillingCallback(CustomLogger):  # type: ignore[misc]
         drain: the drain policy after a disconnect; by default :func:`policy_from_env`.
         default_api_key_id: the ``api_key_id`` of calls made without a virtual key; with
             ``None`` such a call is refused before the upstream (:meth:`async_pre_call_hook`).
+        authorize: whether to reserve before each call, and ``fail_open``; by default
+            :func:`authorize_from_env`.
     """
 
     def __init__(
@@ -49,6 +56,7 @@ class BillingCallback(CustomLogger):  # type: ignore[misc]
         *,
         drain: DrainPolicy | None = None,
         default_api_key_id: str | None = "litellm",
+        authorize: AuthorizeSettings | None = None,
     ) -> None:
         super().__init__()
         policy = drain if drain is not None else policy_from_env()
@@ -58,6 +66,8 @@ class BillingCallback(CustomLogger):  # type: ignore[misc]
         self._sender = Sender(client, policy)
         self._pumps = Pumps(self._sender, policy)
         self._calls = Calls()
+        settings = authorize if authorize is not None else authorize_from_env()
+        self._holds = Holds(lambda: self._sender.client, settings, self._default_key)
 
     @property
     def client(self) -> BillingClient:
@@ -74,12 +84,15 @@ class BillingCallback(CustomLogger):  # type: ignore[misc]
         """The bound on concurrent drains (``policy.max_concurrent``)."""
         return self._pumps.slots
 
+    # LiteLLM runs a callback's pre-call hook only when its own class defines it (as below).
     async def async_pre_call_hook(
         self, user_api_key_dict: Any, cache: Any, data: dict[str, Any], call_type: Any
     ) -> dict[str, Any]:
-        """Refuse (400, before LiteLLM calls the upstream) a request no call can be recorded
-        for: no ``model``, or no key (neither the virtual key's alias nor its hash) when there
-        is no ``default_api_key_id``. Else ``data`` as it is."""
+        """Before LiteLLM calls the upstream: refuse (400) a request no call can be recorded
+        for (no ``model``, or no key, neither the virtual key's alias nor its hash, when there
+        is no ``default_api_key_id``); then reserve the call's estimate, a refusal raising the
+        proxy's budget-exceeded error (:mod:`billing.integrations.litellm.holds`). Else
+        ``data`` as it is."""
         if not isinstance(data.get("model"), str) or not data["model"]:
             raise HTTPException(status_code=400, detail={"error": "model is required"})
         key = streamed_call(user_api_key_dict, data, "").api_key_id
@@ -87,7 +100,18 @@ class BillingCallback(CustomLogger):  # type: ignore[misc]
             raise HTTPException(
                 status_code=400, detail={"error": "a key is required to bill this call"}
             )
+        await self._holds.reserve(user_api_key_dict, data)
         return data
+
+    async def async_post_call_failure_hook(
+        self,
+        request_data: dict[str, Any],
+        original_exception: Exception,
+        user_api_key_dict: Any,
+        traceback_str: str | None = None,
+    ) -> None:
+        """A call that failed in the proxy gives its hold back."""
+        await self._holds.release(request_data.get("litellm_call_id"))
 
     # LiteLLM runs a callback's streaming iterator hook only when the callback's own class
     # defines it (it reads ``type(callback).__dict__``): it stays here, on the leaf class.
@@ -156,7 +180,9 @@ class BillingCallback(CustomLogger):  # type: ignore[misc]
     async def async_log_failure_event(
         self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any
     ) -> None:
-        """``stream.failed`` for the call (:mod:`billing.integrations.litellm`)."""
+        """``stream.failed`` for the call (:mod:`billing.integrations.litellm`), after its hold
+        is released (before any event of the call: an event would make the hold the call's)."""
+        await self._holds.release(kwargs.get("litellm_call_id"))
         call = self._logged_call(kwargs)
         if call is None or call.failed:
             return

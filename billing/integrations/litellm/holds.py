@@ -1,0 +1,105 @@
+"""The LiteLLM callback's authorizations (CONTRACT "Authorizations and holds (v3)"): in the
+proxy's pre-call hook, the call's estimate is reserved against the budgets before LiteLLM calls
+the upstream; a denial is the proxy's own budget-exceeded error (a ``ProxyException`` of type
+``budget_exceeded``: 402 when final, 429 with ``Retry-After`` when retryable); a call that fails
+gives its hold back.
+
+The estimate is :func:`billing.gateway.authorize.estimate_of`'s (the request's ``max_tokens`` /
+``max_completion_tokens``, and LiteLLM's count of the input), the decision
+:func:`billing.gateway.authorize.admission`'s (``fail_open`` included, logged the same way).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from billing.client import BillingClient
+from billing.client.errors import ServiceError
+from billing.gateway.authorize import Admission, admission, estimate_of, release_quietly
+from billing.integrations.litellm.calls import MAX_OPEN_CALLS, streamed_call
+from billing.integrations.litellm.reading import input_count
+from billing.integrations.litellm.settings import AuthorizeSettings
+
+__all__ = ["Holds", "refusal"]
+
+
+def refusal(refused: Admission) -> Exception:
+    """The proxy's own budget-exceeded error for a refused call (LiteLLM answers it in OpenAI's
+    error shape, ``{"error": {"message", "type": "budget_exceeded", "param", "code"}}``, with
+    the status in ``code`` and its headers)."""
+    from litellm.proxy._types import ProxyErrorTypes, ProxyException
+
+    headers = {}
+    if refused.retry_after_s is not None:
+        headers["Retry-After"] = str(refused.retry_after_s)
+    error: Exception = ProxyException(
+        message=refused.message,
+        type=ProxyErrorTypes.budget_exceeded,
+        param=None,
+        code=refused.status,
+        headers=headers,
+    )
+    return error
+
+
+class Holds:
+    """Reserves before each call and releases after a failed one.
+
+    Args:
+        client: the billing client, when the first call needs it.
+        settings: on or off, and ``fail_open``.
+        default_api_key_id: the ``api_key_id`` of calls made without a virtual key.
+    """
+
+    def __init__(
+        self,
+        client: Callable[[], BillingClient],
+        settings: AuthorizeSettings,
+        default_api_key_id: str,
+    ) -> None:
+        self._client = client
+        self.settings = settings
+        self._default_key = default_api_key_id
+        self._held: OrderedDict[str, None] = OrderedDict()  # request ids with a live hold
+
+    async def reserve(self, user_api_key_dict: Any, data: dict[str, Any]) -> None:
+        """Authorize the call of the pre-call hook's arguments (when on, and LiteLLM gave it a
+        call id).
+
+        Raises:
+            ProxyException: the call is refused (see :func:`refusal`).
+        """
+        call = streamed_call(user_api_key_dict, data, self._default_key)
+        if not self.settings.enabled or not call.request_id:
+            return
+        estimate = estimate_of(call.protocol, data, input_tokens=input_count(data))
+        client = self._client()
+        answer: Any
+        try:
+            answer = await asyncio.to_thread(
+                client.authorize,
+                request_id=call.request_id,
+                api_key_id=call.api_key_id,
+                model=call.model,
+                estimate=estimate,
+            )
+        except ServiceError as error:
+            answer = error
+        decided = admission(answer, request_id=call.request_id, fail_open=self.settings.fail_open)
+        if not decided.allowed:
+            raise refusal(decided)
+        if decided.held:
+            self._held[call.request_id] = None
+            while len(self._held) > MAX_OPEN_CALLS:
+                self._held.popitem(last=False)
+
+    async def release(self, request_id: object) -> None:
+        """Give the hold of ``request_id`` back, once (a call that failed); a release that
+        fails is logged (the hold ends at its TTL)."""
+        if not isinstance(request_id, str) or self._held.pop(request_id, False) is False:
+            return
+        client = self._client()
+        await release_quietly(lambda rid: asyncio.to_thread(client.release, rid), request_id)

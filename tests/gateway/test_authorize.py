@@ -1,0 +1,207 @@
+"""``Meters(billing, authorize=True)`` (billing.gateway.authorize): a gateway app served by uvicorn
+in this process, in front of the fake upstream (which counts its requests), authorizing against
+the real service (or one that answers 503, or nothing): a refusal in each protocol's own error
+shape with no upstream request, ``fail_open`` on and off (each logged), an upstream that cannot
+be opened releases its hold (CONTRACT "Authorizations and holds (v3)")."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from decimal import Decimal
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI, Request
+from starlette.responses import JSONResponse, Response
+
+from billing.client import AsyncBillingClient, BillingClient
+from billing.gateway import Meters
+from billing.gateway.authorize import estimate_of
+from tests.conftest import LiveServer, _free_port
+from tests.fakes.upstream import FakeUpstream
+from tests.gateway.harness import PATHS, Billing, billing_server
+
+#: Each protocol's field for the output limit.
+LIMIT = {
+    "openai.chat_completions": "max_completion_tokens",
+    "openai.responses": "max_output_tokens",
+    "anthropic.messages": "max_tokens",
+}
+
+
+@contextmanager
+def gateway(upstream: str, billing_url: str, token: str | None, **options: Any) -> Iterator[str]:
+    """A gateway for the three protocols' paths: ``meter.response(opener)`` with
+    ``Meters(..., authorize=True, **options)``; the key id from ``X-Api-Key-Id``."""
+    client = AsyncBillingClient(billing_url, token=token, spool_path=None, max_retries=0)
+    meters = Meters(client, authorize=True, **options)
+    http = httpx.AsyncClient(base_url=upstream, timeout=30)
+    app = FastAPI()
+
+    def route(protocol: str) -> None:
+        async def relay(request: Request) -> Response:
+            body = await request.json()
+            rid = request.headers["x-request-id"]
+            built = http.build_request(
+                "POST", PATHS[protocol], json=body, headers={"X-Request-Id": rid}
+            )
+            meter = meters.call(
+                request_id=rid,
+                api_key_id=request.headers["x-api-key-id"],
+                model="fake-model",
+                protocol=protocol,
+                body=body,
+            )
+            return meter.response(lambda: http.send(built, stream=True))
+
+        app.post(PATHS[protocol])(relay)
+
+    for protocol in PATHS:
+        route(protocol)
+    with LiveServer(app) as server:
+        yield server.url
+
+
+def _call(url: str, protocol: str, rid: str, key: str, limit: int) -> httpx.Response:
+    body: dict[str, Any] = {"model": "fake-model", "stream": True, LIMIT[protocol]: limit}
+    if protocol == "openai.chat_completions":
+        body["stream_options"] = {"include_usage": True}
+    headers = {"X-Request-Id": rid, "X-Api-Key-Id": key}
+    return httpx.post(url + PATHS[protocol], json=body, headers=headers, timeout=30)
+
+
+def _budget(billing: Billing, key: str) -> None:
+    made = httpx.post(
+        billing.url + "/v1/budgets",
+        json={"budget_id": f"b_{key}", "scope": {"api_key_id": key}, "limit_usd": "1"}
+        | {"period": "total"},
+        headers={"Authorization": f"Bearer {billing.admin_token}"},
+    )
+    assert made.status_code == 201, made.text
+
+
+def test_a_denied_call_gets_its_protocols_error_shape_and_never_reaches_the_upstream(
+    db_url: str,
+) -> None:
+    with FakeUpstream(total=5) as fake, billing_server(db_url) as billing:
+        _budget(billing, "key_g")
+        with gateway(fake.url, billing.url, billing.ingest_token) as url:
+            denied = {p: _call(url, p, f"deny-{p}", "key_g", 200_000) for p in PATHS}
+            allowed = _call(url, "anthropic.messages", "allow-a", "key_g", 100)
+    message = "budget b_key_g: estimate_exceeds_limit"  # $2 of output at $10/M, over $1
+    openai = {
+        "error": {
+            "message": message,
+            "type": "insufficient_quota",
+            "code": "estimate_exceeds_limit",
+        }
+    }
+    anthropic = {"type": "error", "error": {"type": "billing_error", "message": message}}
+    assert denied["openai.chat_completions"].json() == openai
+    assert denied["openai.responses"].json() == openai
+    assert denied["anthropic.messages"].json() == anthropic
+    for protocol, answer in denied.items():
+        assert answer.status_code == 402 and "retry-after" not in answer.headers
+        assert fake.requests(f"deny-{protocol}") == 0
+    assert allowed.status_code == 200 and b"message_stop" in allowed.content
+    assert fake.requests("allow-a") == 1
+
+
+def _unavailable() -> FastAPI:
+    """A billing service that cannot decide: 503 with ``Retry-After: 7`` to every request."""
+    app = FastAPI()
+
+    @app.post("/v1/authorizations")
+    async def authorize() -> JSONResponse:
+        return JSONResponse({"error": "database unavailable"}, 503, {"Retry-After": "7"})
+
+    return app
+
+
+def test_without_a_decision_fail_open_decides_and_each_call_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="billing.gateway")
+    nowhere = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    with FakeUpstream(total=5) as fake, LiveServer(_unavailable()) as down:
+        with gateway(fake.url, down.url, None) as url:
+            opened = _call(url, "openai.chat_completions", "open-503", "key_u", 100)
+        with gateway(fake.url, nowhere, None) as url:
+            unreachable = _call(url, "openai.chat_completions", "open-none", "key_u", 100)
+        with gateway(fake.url, down.url, None, fail_open=False) as url:
+            closed = _call(url, "openai.chat_completions", "closed-503", "key_u", 100)
+            closed_a = _call(url, "anthropic.messages", "closed-a", "key_u", 100)
+    assert (opened.status_code, fake.requests("open-503")) == (200, 1)
+    assert (unreachable.status_code, fake.requests("open-none")) == (200, 1)
+    assert (closed.status_code, closed.headers["retry-after"]) == (503, "7")
+    assert closed.json() == {
+        "error": {
+            "message": "the billing service cannot authorize the call now",
+            "type": "service_unavailable",
+            "code": "authorization_unavailable",
+        }
+    }
+    assert closed_a.status_code == 503
+    assert closed_a.json()["error"]["type"] == "overloaded_error"
+    assert fake.requests("closed-503") == fake.requests("closed-a") == 0
+    lines = [r.getMessage() for r in caplog.records if r.name == "billing.gateway"]
+    assert len(lines) == 4, lines
+    assert lines[0].startswith("authorization of open-503 unavailable (authorization: HTTP 503")
+    assert lines[0].endswith(": calling the upstream (fail_open)")
+    assert lines[1].startswith("authorization of open-none unavailable (authorization: no answer")
+    assert lines[2].endswith(": refusing the call") and "closed-503" in lines[2]
+    assert all(r.levelno == logging.WARNING for r in caplog.records if r.name == "billing.gateway")
+
+
+def test_an_upstream_that_cannot_be_opened_releases_the_hold(db_url: str) -> None:
+    nowhere = f"http://127.0.0.1:{_free_port()}"  # no upstream listens there
+    with billing_server(db_url) as billing:
+        _budget(billing, "key_r")
+        with gateway(nowhere, billing.url, billing.ingest_token) as url:
+            failed = _call(url, "openai.responses", "gone-1", "key_r", 1_000)
+        admin = {"Authorization": f"Bearer {billing.admin_token}"}
+        status = httpx.get(billing.url + "/v1/budgets/b_key_r", headers=admin).json()
+        again = httpx.delete(
+            billing.url + "/v1/authorizations/gone-1",
+            headers={"Authorization": f"Bearer {billing.ingest_token}"},
+        )
+    assert failed.status_code == 502
+    error = failed.json()["error"]
+    assert (error["type"], error["code"]) == ("upstream_error", "upstream_unavailable")
+    assert (status["held_usd"], status["spent_usd"]) == ("0", "0")
+    # the hold existed ($0.01: 1,000 output tokens at $10/M) and was released by the gateway
+    assert again.json()["state"] == "released" and again.json()["hold_usd"] == "0.01"
+
+
+def test_authorize_needs_the_async_client_and_an_opener() -> None:
+    sync = BillingClient("http://127.0.0.1:9", spool_path=None)
+    try:
+        with pytest.raises(TypeError, match="AsyncBillingClient"):
+            Meters(sync, authorize=True)
+    finally:
+        sync.close(timeout=0)
+    meters = Meters(AsyncBillingClient("http://127.0.0.1:9", spool_path=None), authorize=True)
+    meter = meters.call(
+        request_id="r", api_key_id="k", model="fake-model", protocol="openai.chat_completions"
+    )
+    with pytest.raises(TypeError, match="opener"):
+        meter.response(httpx.Response(200, content=b""))
+
+
+def test_the_estimate_is_the_requests_own_output_limit() -> None:
+    chat = "openai.chat_completions"
+    both = {"max_completion_tokens": 300, "max_tokens": 900}
+    assert estimate_of(chat, both, input_tokens=12) == {
+        "input_tokens": 12,
+        "max_output_tokens": 300,
+    }
+    assert estimate_of(chat, {"max_tokens": 900}, input_tokens=None)["max_output_tokens"] == 900
+    responses = estimate_of("openai.responses", {"max_tokens": 5}, input_tokens=None)
+    assert responses == {"input_tokens": 0, "max_output_tokens": 4096}  # not its field
+    anthropic = estimate_of("anthropic.messages", {"max_tokens": 64}, input_tokens=3)
+    assert anthropic == {"input_tokens": 3, "max_output_tokens": 64}
+    fixed = estimate_of(chat, both, input_tokens=12, amount_usd=Decimal("0.05"))
+    assert fixed == {"amount_usd": Decimal("0.05")}
