@@ -150,6 +150,17 @@ def _latest(events: list[dict[str, Any]]) -> dict[str, Any] | None:
     return max(events, key=lambda e: (_parse(e["occurred_at"]), e["output_tokens"], e["event_id"]))
 
 
+#: The usage's counts that a later usage cannot lower to 0 (v3); the billed output is worked
+#: out from the usage and the progress counters.
+_KEPT = (
+    "input_tokens",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+    "cache_creation_1h_input_tokens",
+    "reasoning_tokens",
+)
+
+
 def audit_call(events: list[dict[str, Any]], prices: list[PriceVersion]) -> Expected:
     """CONTRACT "Reconciliation": a call's expected figures from its stored events."""
     by_attempt: dict[int, list[dict[str, Any]]] = defaultdict(list)
@@ -201,15 +212,32 @@ def audit_call(events: list[dict[str, Any]], prices: list[PriceVersion]) -> Expe
             billed = max(estimate["output_tokens"] if estimate else 0, generated, delivered)
         if not kinds["stream.tokens"] and not kinds["stream.client_disconnected"]:
             delivered = billed  # no disconnect, no delivered count: all delivered (v2)
+        counts = dict.fromkeys(_KEPT, 0)
         if usage is not None:
-            cread = usage.get("cache_read_input_tokens", 0)
-            ccreate = usage.get("cache_creation_input_tokens", 0)
-            ccreate_1h = usage.get("cache_creation_1h_input_tokens", 0)
-            reasoning = usage.get("reasoning_tokens", 0)
-        else:
-            cread = ccreate = ccreate_1h = reasoning = 0
-        if usage is not None and usage.get("input_tokens") is not None:
-            inp = usage["input_tokens"]
+            # v3: a count the winning usage lowers to 0 keeps the largest that a usage of the
+            # same source reported, flagged usage_inconsistent (an input left out is not a 0)
+            same = [u for u in kinds["stream.usage"] if u["source"] == usage["source"]]
+            for name in _KEPT:
+                counts[name] = usage.get(name) or 0
+                if counts[name] or (name == "input_tokens" and usage.get(name) is None):
+                    continue
+                largest = max((u.get(name) or 0 for u in same), default=0)
+                if largest:
+                    counts[name] = largest
+                    anomalies.add("usage_inconsistent")
+        cread = counts["cache_read_input_tokens"]
+        ccreate = counts["cache_creation_input_tokens"]
+        ccreate_1h = counts["cache_creation_1h_input_tokens"]
+        reasoning = counts["reasoning_tokens"]
+        # v3: an estimate's explicit input 0 is "not known" when stream.started has a count
+        known_zero = (
+            usage is estimate
+            and not counts["input_tokens"]
+            and own_start is not None
+            and own_start.get("input_tokens") is not None
+        )
+        if usage is not None and usage.get("input_tokens") is not None and not known_zero:
+            inp = counts["input_tokens"]
         elif own_start is not None and own_start.get("input_tokens") is not None:
             inp = own_start["input_tokens"]  # an estimate without input: the gateway's count
         else:
