@@ -1,0 +1,1 @@
+"""Prepaid credits (CONTRACT "Prepaid credits (v3)"): grants, draws, balances."""
