@@ -16,8 +16,7 @@ they draw no grant.
 from __future__ import annotations
 
 import hashlib
-import re
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -29,7 +28,7 @@ from billing.errors import FieldError, ValidationFailed
 from billing.export.csvwriter import csv_cell, pusd_cell
 from billing.export.service import is_closed
 from billing.storage.db import read_transaction, write_transaction
-from billing.timefmt import rfc3339
+from billing.timefmt import month_bounds, rfc3339
 
 #: The columns of ``credits.csv``.
 CREDITS_COLUMNS = (
@@ -44,20 +43,16 @@ CREDITS_COLUMNS = (
     "ledger_seq",
 )
 
-_MONTH = re.compile(r"([0-9]{4})-(0[1-9]|1[0-2])")
-
 
 def parse_period(text: str | None) -> tuple[datetime, datetime]:
-    """``YYYY-MM`` → the UTC month ``[since, until)``; ``ValidationFailed`` (422) otherwise."""
-    match = _MONTH.fullmatch(text or "")
-    if match is None:
-        raise ValidationFailed(
-            [FieldError(None, "query.period", "is required: a UTC month such as 2026-03")]
-        )
-    year, month = int(match[1]), int(match[2])
-    since = datetime(year, month, 1, tzinfo=UTC)
-    until = datetime(year + month // 12, month % 12 + 1, 1, tzinfo=UTC)
-    return since, until
+    """``YYYY-MM`` → the UTC month ``[since, until)`` (``billing.timefmt.month_bounds``);
+    ``ValidationFailed`` (422) naming ``query.period`` otherwise."""
+    try:
+        if text is None:
+            raise ValueError("is required: a UTC month such as 2026-03")
+        return month_bounds(text)
+    except ValueError as error:
+        raise ValidationFailed([FieldError(None, "query.period", str(error))]) from None
 
 
 def credits_csv(session: Session, since: datetime, until: datetime) -> bytes:

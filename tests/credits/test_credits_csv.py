@@ -92,6 +92,7 @@ def test_a_month_of_credits_and_a_late_adjustment_in_the_next_month(
 
 
 def test_a_period_must_be_a_month(client: TestClient) -> None:
-    for params in ({}, {"period": "2026-13"}, {"period": "2026-03-01"}, {"period": "x", "y": "1"}):
+    months = ({}, {"period": "2026-13"}, {"period": "2026-03-01"}, {"period": "0000-01"})
+    for params in (*months, {"period": "9999-12"}, {"period": "x", "y": "1"}):
         response = client.get("/v1/exports/credits.csv", params=params)
         assert response.status_code == 422, (params, response.text)
