@@ -58,8 +58,10 @@ def test_closed_exports_from_the_standby_are_the_primarys_bytes(cluster: Patroni
         price(primary)
         for n in range(40):
             call(primary, f"sb-{n:02d}", AT, 1_000 * (n + 1), 10 * n)
-        reconcile(primary, NOW)
+        # A standby's as_of is the commit time of the last transaction it replayed: the
+        # settlements commit after ``written``, so an as_of at or past it has replayed them.
         written = datetime.now(UTC)
+        reconcile(primary, NOW)
         # The standby has flushed every commit (synchronous replication); wait until it has
         # replayed them too, as its own as_of says.
         deadline = time.monotonic() + 30
