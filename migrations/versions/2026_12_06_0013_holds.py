@@ -67,7 +67,6 @@ def upgrade() -> None:
             sqlite_where=sa.text(where),
         )
 
-
     op.create_index(
         "ix_calls_unstepped",
         "calls",
