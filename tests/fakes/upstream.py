@@ -452,7 +452,8 @@ class FakeUpstream:
             return JSONResponse({"error": {"message": "body is not an object"}}, 400)
         h = request.headers
 
-        in_body = body.get("x_fake") if isinstance(body.get("x_fake"), dict) else {}
+        fake = body.get("x_fake")
+        in_body: dict[str, Any] = fake if isinstance(fake, dict) else {}
 
         def settings(name: str, kind: Callable[[str], Any]) -> Any:
             return kind(h.get(_HEADERS[name], str(in_body.get(name, self.defaults[name]))))
