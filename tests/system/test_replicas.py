@@ -131,6 +131,7 @@ def replicas(
     monkeypatch.setenv("BILLING_RECONCILE_BATCH_SIZE", "20")  # many small steps: more contention
     monkeypatch.setenv("BILLING_SETTLE_AFTER_S", "1")
     monkeypatch.setenv("BILLING_WEBHOOK_POLL_S", "0.05")
+    monkeypatch.setenv("BILLING_WEBHOOK_ALLOW_PRIVATE", "true")  # the receiver is on 127.0.0.1
     with ExitStack() as stack:
         servers = [stack.enter_context(ServeProcess(db_url, tmp_path)) for _ in range(REPLICAS)]
         for server in servers:
