@@ -23,6 +23,7 @@ from billing.budgets.service import statuses_in_force
 from billing.calllog.queries import STATUSES
 from billing.calllog.usage import UsageQuery, parse_usage_query, usage_rows
 from billing.console.people import change, share
+from billing.money import format_usd
 from billing.observe.repository import repository as observe
 
 Items = Sequence[tuple[str, str]]
@@ -102,15 +103,15 @@ def _spend(rows: list[dict[str, Any]], query: UsageQuery) -> dict[str, Any]:
     return {
         "x": [int(d.timestamp()) for d in days],
         "series": [
-            # A chart's point is a float by nature: converted here, at the edge.
-            {"name": name, "values": [_float(costs.get(label)) for label in labels]}
+            # Exact decimal text; the chart's script makes its points of them in the browser.
+            {"name": name, "values": [_exact(costs.get(label)) for label in labels]}
             for name, costs in series.items()
         ],
     }
 
 
-def _float(value: Decimal | None) -> float | None:
-    return None if value is None else float(value)
+def _exact(value: Decimal | None) -> str | None:
+    return None if value is None else format_usd(value)
 
 
 def overview_view(session: Session, items: Items, now: datetime) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
+from typing import cast
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -38,8 +39,15 @@ TOKEN_TYPES = {
 _LABELS = ["model", "provider"]
 
 
+def _sample(amount: Decimal) -> float:
+    """An exact amount as a sample's value: prometheus-client writes every sample with
+    ``float()`` in its exposition, so the exact ``Decimal`` goes in and the library's edge
+    converts it (annotated as the float its signature names)."""
+    return cast(float, amount)
+
+
 def _usd(pusd: int) -> float:
-    return float(Decimal(pusd) / PICO)
+    return _sample(Decimal(pusd) / PICO)
 
 
 def families(snap: Snapshot) -> Iterator[GaugeMetricFamily]:
@@ -50,11 +58,8 @@ def families(snap: Snapshot) -> Iterator[GaugeMetricFamily]:
     charge = GaugeMetricFamily(
         "billing_charge_usd_total", "What customers are charged, in USD.", labels=_LABELS
     )
-    # The cost that the charge policy for failed calls leaves uncharged. Until that policy
-    # (CONTRACT "Charge policy for failed calls (v3)") lands in the ledger and its rollups,
-    # every line is charged in full (``charge_pusd`` = cost, or cost × markup, or plan
-    # prices), so nothing leaks and the family reads 0 for every model: its feed is the
-    # rollups' leakage column that policy adds.
+    # The cost that a plan's charge policy for failed calls left uncharged (CONTRACT "Charge
+    # policy for failed calls (v3)"), from the rollups' leakage columns.
     leakage = GaugeMetricFamily(
         "billing_leakage_usd_total", "Cost left uncharged by the failure policy.", labels=_LABELS
     )
@@ -73,7 +78,7 @@ def families(snap: Snapshot) -> Iterator[GaugeMetricFamily]:
         labels = [model, provider]
         cost.add_metric(labels, _usd(t.cost_pusd))
         charge.add_metric(labels, _usd(t.charge_pusd))
-        leakage.add_metric(labels, 0.0)
+        leakage.add_metric(labels, _usd(t.leakage_pusd))
         for kind, field in TOKEN_TYPES.items():
             tokens.add_metric([*labels, kind], t.tokens[field])
         undelivered.add_metric(labels, t.tokens["output_tokens_undelivered"])
@@ -98,7 +103,7 @@ def families(snap: Snapshot) -> Iterator[GaugeMetricFamily]:
         labels=["budget_id"],
     )
     for budget_id, remaining in snap.budgets_remaining.items():
-        budgets.add_metric([budget_id], float(remaining))
+        budgets.add_metric([budget_id], _sample(remaining))
     yield budgets
 
 

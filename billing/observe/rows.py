@@ -12,11 +12,13 @@ from billing.dimensions import TOKEN_FIELDS
 @dataclass
 class ModelTotals:
     """One model's totals over every rollup month: the token buckets (``TOKEN_FIELDS``), the
-    exact cost and charge in picodollars, and the settled calls without a price."""
+    exact cost, charge and leakage (cost the failure policy left uncharged) in picodollars, and
+    the settled calls without a price."""
 
     tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TOKEN_FIELDS, 0))
     cost_pusd: int = 0
     charge_pusd: int = 0
+    leakage_pusd: int = 0
     unpriced_calls: int = 0
 
     def add(self, other: ModelTotals) -> None:
@@ -24,6 +26,7 @@ class ModelTotals:
             self.tokens[name] += value
         self.cost_pusd += other.cost_pusd
         self.charge_pusd += other.charge_pusd
+        self.leakage_pusd += other.leakage_pusd
         self.unpriced_calls += other.unpriced_calls
 
 

@@ -122,6 +122,23 @@ def test_usage_rows_carry_the_leakage(charged: TestClient) -> None:
         ), basis
 
 
+def test_metrics_carry_the_cost_the_charge_and_the_leakage(charged: TestClient) -> None:
+    """``/metrics`` (CONTRACT "Observability and standard exports (v3)"): the same totals as
+    the usage rows, by model."""
+    lines = charged.get("/metrics").text.splitlines()
+
+    def sample(name: str) -> str:
+        (line,) = [x for x in lines if x.startswith(f"{name}{{") and 'model="m1"' in x]
+        return line.rsplit(" ", 1)[1]
+
+    kinds = ("cost", "charge", "leakage")
+    assert [sample(f"billing_{kind}_usd_total") for kind in kinds] == [
+        "0.01644",
+        "0.011736",
+        "0.00666",
+    ]
+
+
 def test_the_v3_exports_carry_the_leakage_and_v2_stays_as_it_was(charged: TestClient) -> None:
     period = {"since": f"{DAY}T00:00:00Z", "until": "2026-03-11T00:00:00Z"}
     v2 = charged.get("/v1/exports/usage.csv", params={**period, "format": "v2"})

@@ -26,8 +26,10 @@
       spanGaps: false,
       value: function (u, v) { return money(v); }
     });
-    data.push(s.values);
-    s.values.forEach(function (v) { if (v != null) points += 1; });
+    // The server sends exact decimal text; a point on a chart is a number.
+    var values = s.values.map(function (v) { return v == null ? null : Number(v); });
+    data.push(values);
+    values.forEach(function (v) { if (v != null) points += 1; });
   });
   var width = function () { return Math.max(320, Math.min(box.clientWidth, 1300)); };
   var chart = new window.uPlot({

@@ -37,6 +37,8 @@ def _by_model(session: Session, basis: str) -> dict[str, ModelTotals]:
             func.sum(_R.cost_frac_pusd),
             func.sum(_R.charge_whole_usd),
             func.sum(_R.charge_frac_pusd),
+            func.sum(_R.leakage_whole_usd),
+            func.sum(_R.leakage_frac_pusd),
             func.sum(_R.unpriced),
         )
         .where(_R.basis == basis, _R.level == MONTH)
@@ -46,11 +48,14 @@ def _by_model(session: Session, basis: str) -> dict[str, ModelTotals]:
     for model, *sums in session.execute(query):
         values = [int(value or 0) for value in sums]
         tokens = dict(zip(TOKEN_FIELDS, values, strict=False))
-        cost_whole, cost_frac, charge_whole, charge_frac, unpriced = values[len(TOKEN_FIELDS) :]
+        cost_whole, cost_frac, charge_whole, charge_frac, leak_whole, leak_frac, unpriced = values[
+            len(TOKEN_FIELDS) :
+        ]
         out[model] = ModelTotals(
             tokens=tokens,
             cost_pusd=cost_whole * PICO + cost_frac,
             charge_pusd=charge_whole * PICO + charge_frac,
+            leakage_pusd=leak_whole * PICO + leak_frac,
             unpriced_calls=unpriced,
         )
     return out
