@@ -12,7 +12,7 @@ from types import ModuleType
 from typing import Any
 
 from billing.archive.rows import EventRecord
-from billing.archive.sql.common import COLUMNS
+from billing.archive.sql.common import COLUMNS, REQUIRED
 
 
 class ArchiveUnavailable(RuntimeError):
@@ -44,13 +44,10 @@ def schema() -> Any:
     }
     return pa.schema(
         [
-            pa.field(name, types.get(name, pa.string()), nullable=name not in _REQUIRED)
+            pa.field(name, types.get(name, pa.string()), nullable=name not in REQUIRED)
             for name in COLUMNS
         ]
     )
-
-
-_REQUIRED = frozenset(COLUMNS[:9])
 
 
 def sha256(path: Path) -> str:

@@ -5,6 +5,5 @@ from __future__ import annotations
 
 from typing import Any
 
-#: seq, event_id, request_id, attempt, type, occurred_at, received_at, content_hash, body,
-#: output_tokens_delivered, output_tokens_generated, call_no, plain_usage.
+#: The values of one ``events`` row, in the table's column order (``COLUMNS``).
 EventRecord = tuple[Any, ...]

@@ -12,23 +12,11 @@ from sqlalchemy.sql.elements import ColumnElement
 from billing.archive.rows import EventRecord
 from billing.storage.models import Call, Event
 
-#: The columns of ``events`` an archive holds, in its order (every column of the table).
-COLUMNS = (
-    "seq",
-    "event_id",
-    "request_id",
-    "attempt",
-    "type",
-    "occurred_at",
-    "received_at",
-    "content_hash",
-    "body",
-    "output_tokens_delivered",
-    "output_tokens_generated",
-    "call_no",
-    "plain_usage",
-)
 _TABLE = Event.__table__
+#: The columns of ``events`` an archive holds, in the table's order (every column of it).
+COLUMNS = tuple(column.name for column in _TABLE.columns)
+#: The columns that are never null (the Parquet fields that are not nullable).
+REQUIRED = frozenset(column.name for column in _TABLE.columns if not column.nullable)
 _COLUMNS = [_TABLE.c[name] for name in COLUMNS]
 #: Rows per read of a month (and per Parquet row group).
 CHUNK = 50_000
