@@ -11,11 +11,11 @@ same ``request_id`` when they got no answer (an authorization is idempotent; so 
 their clients deliver the events they had queued.
 
 Then, exactly: every stored hold is one a gateway was granted, and is converted (its call was
-ingested), released or expired at its TTL, as its gateway left it; ``GET /v1/spend`` is the
-ledger's total + the open calls' figures + the live holds, as read from the database and as
-computed from what the gateways sent, before and after the TTL; and after the TTL an
-authorization of exactly the remaining headroom is admitted (no phantom hold), and one of a
-micro-dollar more is not."""
+ingested), released or expired at its TTL, as its gateway left it; ``GET /v1/spend`` and
+``GET /v1/budgets/gw`` say the ledger's total + the open calls' figures + the live holds, as read
+from the database and as computed from what the gateways sent, before and after the TTL; and
+after the TTL an authorization of exactly the remaining headroom is admitted (no phantom hold),
+and one of a micro-dollar more is not."""
 
 from __future__ import annotations
 
@@ -294,14 +294,10 @@ def _stored_holds(engine: Engine) -> dict[str, StoredHold]:
     }
 
 
-def _check_spend(http: httpx.Client, engine: Engine, lifecycles: list[Lifecycle]) -> Decimal:
-    """``GET /v1/spend`` against the database and against what the gateways sent, as of the
-    answer's instant; the budget's spent figure."""
-    spend = http.get("/v1/spend", params={"api_key_id": KEY})
-    assert spend.status_code == 200, spend.text
-    answer = spend.json()
-    as_of = datetime.fromisoformat(answer["as_of"])
-    [budget] = answer["budgets"]
+def _check_figures(budget: dict[str, Any], engine: Engine, lifecycles: list[Lifecycle]) -> Decimal:
+    """A status of the budget against the database and against what the gateways sent, as of
+    its ``as_of``; its spent figure."""
+    as_of = datetime.fromisoformat(budget["as_of"])
     # From the database: the ledger, the calls still open, the holds live at as_of.
     ledger = int(
         _scalar(
@@ -318,13 +314,15 @@ def _check_spend(http: httpx.Client, engine: Engine, lifecycles: list[Lifecycle]
         )
     )
     live = sum(h.hold_pusd for h in _stored_holds(engine).values() if h.state(as_of) == "live")
+    spent = ledger + open_calls + live
     figures = (
         Decimal(budget["settled_usd"]),
         Decimal(budget["provisional_usd"]),
         Decimal(budget["held_usd"]),
         Decimal(budget["spent_usd"]),
+        Decimal(budget["remaining_usd"]),
     )
-    assert figures == (_usd(ledger), _usd(open_calls), _usd(live), _usd(ledger + open_calls + live))
+    assert figures == (_usd(ledger), _usd(open_calls), _usd(live), _usd(spent), LIMIT - _usd(spent))
     # From what the gateways sent: every completed call settled at its usage, every open call
     # at its input and the output generated so far, the holds left to expire until their TTL.
     allowed = [lc for lc in lifecycles if lc.allowed]
@@ -336,6 +334,18 @@ def _check_spend(http: httpx.Client, engine: Engine, lifecycles: list[Lifecycle]
     )
     assert Decimal(budget["limit_usd"]) == LIMIT
     return figures[3]
+
+
+def _check_spend(http: httpx.Client, engine: Engine, lifecycles: list[Lifecycle]) -> Decimal:
+    """``GET /v1/spend`` (the gateways' check) and ``GET /v1/budgets/gw`` (the budget's own
+    status), each checked by ``_check_figures``; the spent figure of the second."""
+    spend = http.get("/v1/spend", params={"api_key_id": KEY})
+    assert spend.status_code == 200, spend.text
+    [budget] = spend.json()["budgets"]
+    _check_figures(budget, engine, lifecycles)
+    status = http.get("/v1/budgets/gw")
+    assert status.status_code == 200, status.text
+    return _check_figures(status.json(), engine, lifecycles)
 
 
 def test_holds_settle_release_or_expire_exactly_across_a_sigkill_of_serve(
