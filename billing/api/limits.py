@@ -6,7 +6,8 @@ Two layers, each refusing as early as the request can be judged:
   uvicorn's httptools parser takes headers of any size (a 128 MiB header costs seconds of CPU
   and its memory), and a connection that sends nothing, or half a request line, is held for
   ever. Here the request line and headers together are limited to ``max_header_bytes`` (431),
-  and must arrive within ``header_timeout_s`` of the connection opening or the request starting
+  a request pipelined behind another in the same read included (the parser is given one head
+  or one body at a time, counted before it sees them), and must arrive within ``header_timeout_s`` of the connection opening or the request starting
   (408, then the connection is closed; a connection that sent nothing is just closed). Idle
   connections between requests are closed after ``keep_alive_s`` (uvicorn's keep-alive timeout).
 - **The request** (``RequestLimits``, pure ASGI, in front of every route, the fast ingest route
@@ -313,6 +314,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._tail = b""
         self._head_timer: asyncio.TimerHandle | None = None
+        #: the body's bytes still to come by its Content-Length (``None``: chunked)
+        self._body_left: int | None = 0
+        self._body_seen = 0  # body bytes the parser gave, in all
+        self._ended = 0  # requests the parser ended, in all
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -323,23 +328,47 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self.transport.is_closing():
-            return  # answered and closing (a 413 before its body): the rest is not read
-        if self._in_head:
-            # Counted before the parser sees the bytes, up to the blank line that ends the
-            # headers: the parser never holds more than the limit.
-            seen = self._tail + data
-            end = seen.find(b"\r\n\r\n")
-            self._head_bytes += len(data) if end < 0 else max(0, end + 4 - len(self._tail))
-            self._tail = seen[-3:]
-            if self._head_bytes > self._max_head:
-                self._refuse(
-                    431,
-                    "Request Header Fields Too Large",
-                    f"the request line and headers are over the limit of {self._max_head} bytes",
-                )
-                return
-        super().data_received(data)
+        # The bytes of a head are counted before the parser sees them, up to the blank line
+        # that ends it: the parser never holds more than the limit. The parser is given a
+        # head, then a body by its Content-Length, one at a time, so that a request pipelined
+        # behind another in the same read is counted from its first byte too.
+        while data and not self.transport.is_closing():  # closing: answered, the rest unread
+            if self._in_head:
+                seen = self._tail + data
+                end = seen.find(b"\r\n\r\n")
+                cut = len(data) if end < 0 else end + 4 - len(self._tail)  # >= 1
+                self._head_bytes += cut
+                self._tail = seen[-3:] if end < 0 else b""
+                if self._over_the_limit():
+                    return
+                piece, data = data[:cut], data[cut:]
+            elif self._body_left:
+                piece, data = data[: self._body_left], data[self._body_left :]
+                self._body_left -= len(piece)
+            else:  # a chunked body (or one longer than its Content-Length said): whole
+                self._body_left = None
+                piece, data = data, b""
+            whole = self._body_left is None
+            seen_before, ended_before = self._body_seen, self._ended
+            super().data_received(piece)
+            if whole and self._ended != ended_before:
+                # A request ended within the piece: all of it that was no body counts as the
+                # next one's head (the chunks' sizes and line ends too, a few bytes over).
+                self._head_bytes = len(piece) - (self._body_seen - seen_before)
+                if self._in_head:
+                    self._tail, self._body_left = piece[-3:], 0
+                self._over_the_limit()
+
+    def _over_the_limit(self) -> bool:
+        """Refuse (431) a head over the limit; whether it was."""
+        if self._head_bytes <= self._max_head:
+            return False
+        self._refuse(
+            431,
+            "Request Header Fields Too Large",
+            f"the request line and headers are over the limit of {self._max_head} bytes",
+        )
+        return True
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -350,12 +379,23 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._disarm()
+        headers = dict(self.headers)
+        length = headers.get(b"content-length")
+        if b"transfer-encoding" in headers:
+            self._body_left = None
+        else:
+            self._body_left = int(length) if length is not None and length.isdigit() else 0
         super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        self._body_seen += len(body)
+        super().on_body(body)
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
         # The request has ended, body and all: what follows is the next request's head
         # (uvicorn's keep-alive timeout closes a connection that stays idle).
+        self._ended += 1
         self._in_head = True
         self._head_bytes = 0
         self._tail = b""

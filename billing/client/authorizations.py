@@ -117,6 +117,10 @@ def release_request(base_url: str, request_id: str) -> Request:
     return Request("DELETE", f"{base_url}/v1/authorizations/{quote(request_id, safe='')}", None)
 
 
+#: The characters kept of an answer that is not JSON.
+_TEXT_KEPT = 500
+
+
 def _answer(result: httpx.Response | Exception, what: str) -> dict[str, Any]:
     """The JSON of a 200 answer; raises the error the answer (or the exception) means."""
     if isinstance(result, Exception):
@@ -126,8 +130,8 @@ def _answer(result: httpx.Response | Exception, what: str) -> dict[str, Any]:
     status = result.status_code
     try:
         detail: Any = result.json()
-    except ValueError:
-        detail = None
+    except ValueError:  # not JSON (a proxy's page): its start, for the gateway's log
+        detail = result.text[:_TEXT_KEPT] or None
     if status == 200 and isinstance(detail, dict):
         return detail
     message = f"{what}: HTTP {status}"

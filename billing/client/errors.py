@@ -80,7 +80,8 @@ class ServiceError(Exception):
         status: the HTTP status (``409``: the request_id was authorized with another body;
             ``422``: a bad field; ``404``: no such authorization; ``503``: the service cannot
             decide now), or ``None`` when there was no answer (a network error or timeout).
-        detail: the service's JSON answer, when there was one.
+        detail: the service's JSON answer, when there was one (its first 500 characters, as
+            text, when it was not JSON).
         retry_after_s: the service's ``Retry-After`` in seconds, when it sent one.
     """
 
@@ -100,11 +101,13 @@ class ServiceError(Exception):
 
 
 class AuthorizationUnavailable(ServiceError):
-    """The service could not decide: ``503`` (or another ``5xx``, ``408``, ``429``) or no
-    answer at all; what the gateway does then is its ``fail_open`` setting."""
+    """The service could not decide: ``503`` (or another ``5xx``, ``408``, ``429``), no answer
+    at all (a connection error, a timeout) or an unreadable ``200``; what the gateway does then
+    is its ``fail_open`` setting. The one definition of "unavailable" (``authorizations.py``)."""
 
 
 class AuthorizationRejected(ServiceError):
     """The service refused the request itself (``401``, ``403``, ``404``: no such authorization
     to release, ``409``: the ``request_id`` was authorized with another body, ``422``: a bad
-    estimate or TTL): a gateway's mistake."""
+    estimate or TTL; any other answer that is not ``200`` and not unavailable): a gateway's
+    mistake, which ``fail_open`` does not cover (the gateway refuses the call)."""

@@ -8,6 +8,7 @@ LiteLLM callback uses the same :func:`estimate_of` and :func:`admission` over it
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -47,8 +48,18 @@ DEFAULT_MAX_OUTPUT_TOKENS = 4096
 Opener = Callable[[], Awaitable[AsyncSource]]
 
 #: The error ``type`` of a refusal, by status: OpenAI's and Anthropic's.
-_OPENAI_TYPES = {402: "insufficient_quota", 429: "rate_limit_exceeded", 502: "upstream_error"}
-_ANTHROPIC_TYPES = {402: "billing_error", 429: "rate_limit_error", 502: "api_error"}
+_OPENAI_TYPES = {
+    402: "insufficient_quota",
+    429: "rate_limit_exceeded",
+    500: "server_error",
+    502: "upstream_error",
+}
+_ANTHROPIC_TYPES = {
+    402: "billing_error",
+    429: "rate_limit_error",
+    500: "api_error",
+    502: "api_error",
+}
 
 #: Where each protocol's request names its output limit, in the order read.
 _LIMITS = {
@@ -104,7 +115,8 @@ def estimate_of(
 class Admission:
     """What the gateway does with a request: call the upstream (``allowed``; ``held`` when the
     service keeps a hold to release if the call fails before a byte), or refuse it with
-    ``status`` (402 final, 429 retryable, 503 no decision and ``fail_open`` off)."""
+    ``status`` (402 final, 429 retryable, 503 no decision and ``fail_open`` off, 500 the
+    service refused the authorization request itself)."""
 
     allowed: bool
     held: bool = False
@@ -117,13 +129,18 @@ class Admission:
 def admission(
     answer: Authorization | ServiceError, *, request_id: str, fail_open: bool
 ) -> Admission:
-    """The gateway's decision on the service's answer (or the error in its place); a call with
-    no decision is logged at WARNING on ``billing.gateway``, allowed or refused by
-    ``fail_open``."""
-    if isinstance(answer, ServiceError):
-        kind = "unavailable" if isinstance(answer, AuthorizationUnavailable) else "refused"
+    """The gateway's decision on the service's answer (or the error in its place).
+
+    ``fail_open`` applies only when the service is unavailable
+    (:class:`~billing.client.errors.AuthorizationUnavailable`: 503 or another 5xx, 408, 429, no
+    answer): the call is allowed (``True``) or refused with 503, logged at WARNING on
+    ``billing.gateway``. Any other error (:class:`~billing.client.errors.AuthorizationRejected`:
+    401, 403, 409, 422, ...) is the service refusing the gateway's own request, a
+    misconfiguration no retry mends: the call is refused with 500 whatever ``fail_open`` says,
+    logged at ERROR with the service's answer."""
+    if isinstance(answer, AuthorizationUnavailable):
         outcome = "calling the upstream (fail_open)" if fail_open else "refusing the call"
-        log.warning("authorization of %s %s (%s): %s", request_id, kind, answer.message, outcome)
+        log.warning("authorization of %s unavailable (%s): %s", request_id, answer.message, outcome)
         if fail_open:
             return Admission(True)
         wait = answer.retry_after_s
@@ -133,6 +150,22 @@ def admission(
             reason="authorization_unavailable",
             retry_after_s=None if wait is None else max(1, round(wait)),
             message="the billing service cannot authorize the call now",
+        )
+    if isinstance(answer, ServiceError):
+        log.error(
+            "authorization of %s rejected (%s); the service answered %s: refusing the call "
+            "(fail_open applies only to an unavailable service)",
+            request_id,
+            answer.message,
+            _answer_text(answer.detail),
+        )
+        status = "no status" if answer.status is None else f"HTTP {answer.status}"
+        return Admission(
+            False,
+            status=500,
+            reason="authorization_rejected",
+            message=f"the billing service refused the gateway's authorization request "
+            f"({status}); see the gateway's log",
         )
     if answer.allowed:
         return Admission(True, held=True, reason=answer.reason)
@@ -147,12 +180,21 @@ def admission(
     )
 
 
+def _answer_text(detail: Any) -> str:
+    """The service's answer as one line of the log (its JSON, or the start of its text)."""
+    if detail is None:
+        return "no body"
+    if isinstance(detail, str):
+        return repr(detail)
+    return json.dumps(detail, ensure_ascii=False, default=str)
+
+
 def error_body(protocol: str, refused: Admission) -> dict[str, Any]:
     """The refusal in the protocol's error shape: Anthropic's ``{"type": "error", "error":
     {"type", "message"}}`` (``billing_error`` 402, ``rate_limit_error`` 429, ``api_error``
-    502, ``overloaded_error`` 503), else OpenAI's ``{"error": {"message", "type", "code"}}``
-    (``insufficient_quota`` 402, ``rate_limit_exceeded`` 429, ``upstream_error`` 502,
-    ``service_unavailable`` 503; ``code``: the reason)."""
+    500 and 502, ``overloaded_error`` 503), else OpenAI's ``{"error": {"message", "type",
+    "code"}}`` (``insufficient_quota`` 402, ``rate_limit_exceeded`` 429, ``server_error`` 500,
+    ``upstream_error`` 502, ``service_unavailable`` 503; ``code``: the reason)."""
     if protocol == "anthropic.messages":
         kind = _ANTHROPIC_TYPES.get(refused.status, "overloaded_error")
         return {"type": "error", "error": {"type": kind, "message": refused.message}}

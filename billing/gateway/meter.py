@@ -61,7 +61,8 @@ class Meter:
         """Reserve the call's estimate (once; with ``Meters(authorize=True)``, else nothing):
         ``None`` when the upstream may be called, else the refusal to answer the client with,
         in the protocol's error shape (402 final, 429 with ``Retry-After`` retryable, 503 when
-        the service cannot decide and ``fail_open`` is off). :meth:`response` given an opener
+        the service is unavailable and ``fail_open`` is off, 500 when it refused the request
+        itself, see :func:`~billing.gateway.authorize.admission`). :meth:`response` given an opener
         calls it; a gateway that opens the upstream itself calls it first."""
         authorizer, account = self._meters.authorizer, self.account
         if authorizer is None:

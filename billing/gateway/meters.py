@@ -49,8 +49,10 @@ class Meters:
             upstreams still read before they are cut (:meth:`shutdown`).
         authorize: reserve each call's estimate before its upstream is opened (with an
             ``AsyncBillingClient``; :meth:`Meter.authorize`, :meth:`Meter.response`).
-        fail_open: when the service cannot decide (503, no answer, a refused request such
-            as a 409): call the upstream (``True``) or answer 503; logged at WARNING.
+        fail_open: when the service is unavailable (503 or another 5xx, no answer): call
+            the upstream (``True``) or answer 503; logged at WARNING. A request the service
+            refuses (401, 409, 422, ...) is a misconfiguration: the call is refused with 500
+            either way, logged at ERROR.
         hold_usd, max_output_tokens, hold_ttl_s: a fixed estimate per call, else the output
             limit of ``call(body=...)`` (``max_output_tokens`` without one); the hold's TTL.
 

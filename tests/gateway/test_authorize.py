@@ -73,6 +73,16 @@ def _call(url: str, protocol: str, rid: str, key: str, limit: int) -> httpx.Resp
     return httpx.post(url + PATHS[protocol], json=body, headers=headers, timeout=30)
 
 
+#: The service's answers (to 401, 422 and 409) as the ERROR lines carry them.
+SERVICE_ANSWERS = (
+    '{"error": "the bearer token is unknown, revoked or expired"}',
+    '{"errors": [{"index": null, "path": "body.ttl_s", '
+    '"message": "Input should be greater than or equal to 10"}]}',
+    '{"error": "request_id \'rej-409\' was authorized with another body; send the same body '
+    'again, or a new request_id"}',
+)
+
+
 def _budget(billing: Billing, key: str) -> None:
     made = httpx.post(
         billing.url + "/v1/budgets",
@@ -134,6 +144,8 @@ def test_without_a_decision_fail_open_decides_and_each_call_is_logged(
         with gateway(fake.url, down.url, None, fail_open=False) as url:
             closed = _call(url, "openai.chat_completions", "closed-503", "key_u", 100)
             closed_a = _call(url, "anthropic.messages", "closed-a", "key_u", 100)
+        with gateway(fake.url, nowhere, None, fail_open=False) as url:
+            closed_none = _call(url, "openai.responses", "closed-none", "key_u", 100)
     assert (opened.status_code, fake.requests("open-503")) == (200, 1)
     assert (unreachable.status_code, fake.requests("open-none")) == (200, 1)
     assert (closed.status_code, closed.headers["retry-after"]) == (503, "7")
@@ -147,13 +159,75 @@ def test_without_a_decision_fail_open_decides_and_each_call_is_logged(
     assert closed_a.status_code == 503
     assert closed_a.json()["error"]["type"] == "overloaded_error"
     assert fake.requests("closed-503") == fake.requests("closed-a") == 0
+    # unreachable and fail_open off: refused (no Retry-After: nothing said when to come back)
+    assert closed_none.status_code == 503 and "retry-after" not in closed_none.headers
+    assert closed_none.json()["error"]["code"] == "authorization_unavailable"
+    assert fake.requests("closed-none") == 0
     lines = [r.getMessage() for r in caplog.records if r.name == "billing.gateway"]
-    assert len(lines) == 4, lines
+    assert len(lines) == 5, lines
     assert lines[0].startswith("authorization of open-503 unavailable (authorization: HTTP 503")
     assert lines[0].endswith(": calling the upstream (fail_open)")
     assert lines[1].startswith("authorization of open-none unavailable (authorization: no answer")
     assert lines[2].endswith(": refusing the call") and "closed-503" in lines[2]
+    assert lines[4].startswith("authorization of closed-none unavailable (authorization: no ans")
+    assert lines[4].endswith(": refusing the call")
     assert all(r.levelno == logging.WARNING for r in caplog.records if r.name == "billing.gateway")
+
+
+def test_a_refused_authorization_request_is_refused_whatever_fail_open_says(
+    db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """401 (a bad token), 422 (a TTL out of range) and 409 (a request_id reused with another
+    body) from the real service are no outage: ``fail_open`` on, the call is still refused
+    (500 in the protocol's shape), the upstream never called, the service's answer logged at
+    ERROR."""
+    caplog.set_level(logging.WARNING, logger="billing.gateway")
+    with FakeUpstream(total=5) as fake, billing_server(db_url) as billing:
+        with gateway(fake.url, billing.url, "not-a-token", fail_open=True) as url:
+            bad_token = _call(url, "openai.chat_completions", "rej-401", "key_x", 100)
+        with gateway(fake.url, billing.url, billing.ingest_token, hold_ttl_s=5) as url:
+            bad_ttl = _call(url, "anthropic.messages", "rej-422", "key_x", 100)
+        with gateway(fake.url, billing.url, billing.ingest_token) as url:
+            first = _call(url, "openai.responses", "rej-409", "key_x", 100)
+            reused = _call(url, "openai.responses", "rej-409", "key_x", 200)  # another estimate
+    assert bad_token.status_code == 500 and "retry-after" not in bad_token.headers
+    assert bad_token.json() == {
+        "error": {
+            "message": "the billing service refused the gateway's authorization request "
+            "(HTTP 401); see the gateway's log",
+            "type": "server_error",
+            "code": "authorization_rejected",
+        }
+    }
+    assert bad_ttl.status_code == 500
+    assert bad_ttl.json() == {
+        "type": "error",
+        "error": {
+            "type": "api_error",
+            "message": "the billing service refused the gateway's authorization request "
+            "(HTTP 422); see the gateway's log",
+        },
+    }
+    assert (first.status_code, reused.status_code) == (200, 500)
+    assert reused.json()["error"]["code"] == "authorization_rejected"
+    assert "(HTTP 409)" in reused.json()["error"]["message"]
+    # the upstream: never called for a refused request; once for the first rej-409
+    assert (fake.requests("rej-401"), fake.requests("rej-422"), fake.requests("rej-409")) == (
+        0,
+        0,
+        1,
+    )
+    records = [r for r in caplog.records if r.name == "billing.gateway"]
+    assert [r.levelno for r in records] == [logging.ERROR] * 3, [r.getMessage() for r in records]
+    lines = [r.getMessage() for r in records]
+    tail = ": refusing the call (fail_open applies only to an unavailable service)"
+    assert all(line.endswith(tail) for line in lines), lines
+    assert lines[0].startswith("authorization of rej-401 rejected (authorization: HTTP 401")
+    assert lines[1].startswith("authorization of rej-422 rejected (authorization: HTTP 422")
+    assert lines[2].startswith("authorization of rej-409 rejected (authorization: HTTP 409")
+    # each with the service's own answer
+    for line, answer in zip(lines, SERVICE_ANSWERS, strict=True):
+        assert f"; the service answered {answer}: refusing" in line, line
 
 
 def test_an_upstream_that_cannot_be_opened_releases_the_hold(db_url: str) -> None:

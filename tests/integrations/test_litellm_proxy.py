@@ -37,8 +37,10 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 
-from tests.conftest import _free_port
+from tests.conftest import LiveServer, _free_port
 from tests.extras import import_or_skip
 from tests.fakes.upstream import FakeUpstream
 from tests.gateway.harness import Billing, Read, billing_server, wait_calls
@@ -66,11 +68,17 @@ MASTER_KEY = "sk-" + secrets.token_hex(24)
 
 @contextmanager
 def litellm_proxy(
-    upstream: str, billing: Billing, tmp_path: Path, *, drain: bool, authorize: bool = False
+    upstream: str,
+    billing: Billing,
+    tmp_path: Path,
+    *,
+    drain: bool,
+    authorize: bool = False,
+    fail_open: bool = True,
 ) -> Iterator[str]:
     """``litellm --config`` (examples/litellm_config.yaml) in its own process, in front of
-    ``upstream``, posting to ``billing`` (``BILLING_AUTHORIZE=on`` with ``authorize``); yields
-    its base URL."""
+    ``upstream``, posting to ``billing`` (``BILLING_AUTHORIZE=on`` with ``authorize``,
+    ``BILLING_FAIL_OPEN`` as ``fail_open``); yields its base URL."""
     port = _free_port()
     env = {
         **os.environ,
@@ -83,6 +91,7 @@ def litellm_proxy(
         "BILLING_TOKEN": billing.ingest_token,
         "BILLING_DRAIN": "on" if drain else "off",
         "BILLING_AUTHORIZE": "on" if authorize else "off",
+        "BILLING_FAIL_OPEN": "on" if fail_open else "off",
         "XDG_CACHE_HOME": str(tmp_path / "proxy-cache"),
     }
     # The example's config, forwarding the clients' X-Request-Id to the fake upstream (which
@@ -330,3 +339,90 @@ def test_through_litellm_an_over_budget_key_is_refused_before_the_upstream(
         "0.00043",
         "0.00043",
     )
+
+
+#: What the scripted billing service answers an authorization, by its request_id's last part.
+SCRIPTED = {
+    "503": ({"error": "the database is unavailable; retry after Retry-After seconds"}, 503),
+    "401": ({"error": "the bearer token is unknown, revoked or expired"}, 401),
+    "422": ({"errors": [{"index": None, "path": "body.model", "message": "bad model"}]}, 422),
+}
+
+
+def _scripted_billing() -> FastAPI:
+    """A billing service that answers each authorization as its request_id ends (``-503``,
+    ``-401``, ``-422``: :data:`SCRIPTED`) and accepts any events."""
+    app = FastAPI()
+
+    @app.post("/v1/authorizations")
+    async def authorize(request: Request) -> JSONResponse:
+        body, code = SCRIPTED[(await request.json())["request_id"].rsplit("-", 1)[1]]
+        return JSONResponse(body, code, {"Retry-After": "7"} if code == 503 else None)
+
+    @app.post("/v1/events")
+    async def events(request: Request) -> JSONResponse:
+        sent = (await request.json())["events"]
+        return JSONResponse({"accepted": len(sent), "duplicates": 0, "results": []})
+
+    return app
+
+
+@pytest.mark.nodb
+def test_through_litellm_fail_open_covers_only_an_unavailable_service(tmp_path: Path) -> None:
+    """``BILLING_FAIL_OPEN=on``: a 503 lets the call through (logged); a 401 or a 422 from the
+    service is a misconfiguration, refused with the proxy's 500 (logged at ERROR with the
+    service's answer), the upstream never called. ``off`` with no service listening: refused
+    (503), the upstream never called."""
+    nowhere = Billing(f"http://127.0.0.1:{_free_port()}", "ingest-token", "")
+    (tmp_path / "open").mkdir()
+    (tmp_path / "closed").mkdir()
+    with (
+        FakeUpstream(total=TOTAL, tokens_per_chunk=PER_CHUNK, delay_s=0.005) as fake,
+        LiveServer(_scripted_billing()) as scripted,
+    ):
+        service = Billing(scripted.url, "ingest-token", "")
+        with litellm_proxy(
+            fake.url, service, tmp_path / "open", drain=True, authorize=True
+        ) as proxy:
+            unavailable = _chat(proxy, "ll-fo-503", 100)
+            bad_token = _chat(proxy, "ll-fo-401", 100)
+            bad_body = _chat(proxy, "ll-fo-422", 100)
+        opened_log = _proxy_log(tmp_path / "open")
+        with litellm_proxy(
+            fake.url, nowhere, tmp_path / "closed", drain=True, authorize=True, fail_open=False
+        ) as proxy:
+            unreachable = _chat(proxy, "ll-fc-none", 100)
+        closed_log = _proxy_log(tmp_path / "closed")
+    assert unavailable.status_code == 200, unavailable.text
+    assert fake.requests("ll-fo-503") == 1
+    assert "authorization of ll-fo-503 unavailable (authorization: HTTP 503" in opened_log
+    for refused, status in ((bad_token, "401"), (bad_body, "422")):
+        assert refused.status_code == 500, refused.text
+        assert refused.json()["error"] == {
+            "message": "the billing service refused the gateway's authorization request "
+            f"(HTTP {status}); see the gateway's log",
+            "type": "internal_server_error",
+            "param": None,
+            "code": "500",
+        }
+        assert fake.requests(f"ll-fo-{status}") == 0
+    assert (
+        "authorization of ll-fo-401 rejected (authorization: HTTP 401: the bearer token is "
+        'unknown, revoked or expired); the service answered {"error": "the bearer token is '
+        'unknown, revoked or expired"}: refusing the call'
+    ) in opened_log
+    assert (
+        "authorization of ll-fo-422 rejected (authorization: HTTP 422); the service answered "
+        '{"errors": [{"index": null, "path": "body.model", "message": "bad model"}]}'
+    ) in opened_log
+    assert unreachable.status_code == 503, unreachable.text
+    assert unreachable.json()["error"]["message"] == (
+        "the billing service cannot authorize the call now"
+    )
+    assert fake.requests("ll-fc-none") == 0
+    assert "authorization of ll-fc-none unavailable (authorization: no answer" in closed_log
+
+
+def _proxy_log(directory: Path) -> str:
+    """The text the proxy of ``directory`` wrote (stdout and stderr)."""
+    return "\n".join(path.read_text(errors="replace") for path in directory.glob("litellm-*.log"))

@@ -200,3 +200,56 @@ def test_a_blackholed_postgres_is_503_within_its_bound_and_recovers(
     assert "Traceback" not in log, log[-3000:]
     outage_lines = re.findall(r"database unavailable \(.*reconciliation paused.*", log)
     assert 1 <= len(outage_lines) <= 2, log[-3000:]
+
+
+def _answers(sock: socket.socket) -> list[int]:
+    """The statuses of what the server answers on ``sock`` until it closes it (or 5 s pass)."""
+    sock.settimeout(5)
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except OSError:
+        pass
+    return [int(code) for code in re.findall(rb"HTTP/1\.1 (\d{3}) ", data)]
+
+
+def test_a_pipelined_second_request_is_held_to_the_header_limit(server: Server) -> None:
+    """Issue 44: a request pipelined behind another, in the same packet, had its head counted
+    only from the next read on (its first ~100 KB passed the 32 KiB limit)."""
+    first = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    big = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * (100 * 1024)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(first + big + b"\r\n\r\n")
+        # the first one's answer is lost when the refusal closes the connection before it
+        assert _answers(sock) in ([200, 431], [431])
+    # within the limit, both are answered
+    small = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Small: " + b"a" * (16 * 1024)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(first + small + b"\r\nConnection: close\r\n\r\n")
+        assert _answers(sock) == [200, 200]
+
+
+def test_pipelined_bodies_are_not_counted_as_heads(server: Server) -> None:
+    """A body (by its Content-Length, or chunked) in the same read as the request after it:
+    only the heads count towards the limit."""
+    body = b'{"events": [], "pad": "' + b"a" * (40 * 1024) + b'"}'
+    sized = (
+        b"POST /v1/events HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
+    chunked = (
+        b"POST /v1/events HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n"
+        + f"{len(body):x}".encode()
+        + b"\r\n"
+        + body
+        + b"\r\n0\r\n\r\n"
+    )
+    last = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: " + b"a" * (16 * 1024)
+    last += b"\r\nConnection: close\r\n\r\n"
+    for first in (sized, chunked):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+            sock.sendall(first + last)
+            answers = _answers(sock)
+        assert len(answers) == 2 and 431 not in answers and answers[1] == 200, answers

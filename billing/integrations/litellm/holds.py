@@ -1,8 +1,9 @@
 """The LiteLLM callback's authorizations (CONTRACT "Authorizations and holds (v3)"): in the
 proxy's pre-call hook, the call's estimate is reserved against the budgets before LiteLLM calls
 the upstream; a denial is the proxy's own budget-exceeded error (a ``ProxyException`` of type
-``budget_exceeded``: 402 when final, 429 with ``Retry-After`` when retryable); a call that fails
-gives its hold back.
+``budget_exceeded``: 402 when final, 429 with ``Retry-After`` when retryable), an authorization
+request the service refuses (401, 409, 422) its ``internal_server_error`` (500) whatever
+``fail_open`` says; a call that fails gives its hold back.
 
 The estimate is :func:`billing.gateway.authorize.estimate_of`'s (the request's ``max_tokens`` /
 ``max_completion_tokens``, and LiteLLM's count of the input), the decision
@@ -27,17 +28,22 @@ __all__ = ["Holds", "refusal"]
 
 
 def refusal(refused: Admission) -> Exception:
-    """The proxy's own budget-exceeded error for a refused call (LiteLLM answers it in OpenAI's
-    error shape, ``{"error": {"message", "type": "budget_exceeded", "param", "code"}}``, with
-    the status in ``code`` and its headers)."""
+    """The proxy's own error for a refused call (LiteLLM answers it in OpenAI's error shape,
+    ``{"error": {"message", "type", "param", "code"}}``, with the status in ``code`` and its
+    headers): ``budget_exceeded`` (402, 429, and 503 when the service is unavailable and
+    ``fail_open`` is off), ``internal_server_error`` (500: the service refused the callback's
+    request itself, a misconfiguration, as LiteLLM answers its own failures)."""
     from litellm.proxy._types import ProxyErrorTypes, ProxyException
 
     headers = {}
     if refused.retry_after_s is not None:
         headers["Retry-After"] = str(refused.retry_after_s)
+    kind = ProxyErrorTypes.budget_exceeded
+    if refused.status == 500:
+        kind = ProxyErrorTypes.internal_server_error
     error: Exception = ProxyException(
         message=refused.message,
-        type=ProxyErrorTypes.budget_exceeded,
+        type=kind,
         param=None,
         code=refused.status,
         headers=headers,

@@ -32,7 +32,8 @@ def _switch(env: Mapping[str, str], name: str, default: str) -> bool:
 @dataclass(frozen=True, slots=True)
 class AuthorizeSettings:
     """Authorize each call before LiteLLM calls the upstream (``enabled``), and call it anyway
-    when the service cannot decide (``fail_open``)."""
+    when the service is unavailable: 503, no answer (``fail_open``; a request the service
+    refuses, 401, 409, 422, is refused whatever it says)."""
 
     enabled: bool = False
     fail_open: bool = True
