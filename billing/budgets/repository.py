@@ -41,6 +41,11 @@ class BudgetsRepository(Protocol):
         """Held by an authorization over the budget versions ``rows`` until its transaction
         ends (PostgreSQL: an advisory lock each, in ascending order; SQLite: its one writer)."""
 
+    def lock_alerts(self, session: Session, rows: Sequence[int]) -> None:
+        """Held while the alerts of the budget versions ``rows`` (no counter keeps them) are
+        recorded, until the transaction ends (PostgreSQL: an advisory lock each, in ascending
+        order, other than ``lock_budgets``'; SQLite: its one writer)."""
+
     def versions(self, session: Session, budget_id: str) -> list[Budget]: ...
     def insert_budget(self, session: Session, values: dict[str, Any]) -> Budget:
         """Add a version (and bump the generation)."""

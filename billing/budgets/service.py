@@ -370,13 +370,14 @@ def record_summed(session: Session, targets: Sequence[Target], now: datetime) ->
       step: ``billing.budgets.summed.on_pass`` resolves what it left below.
 
     Alerts are per ``budget_id``: a new version of the budget (``PUT``) keeps the crossings of
-    the earlier ones. The budgets' admission locks (``lock_budgets``, in row order) are held
-    from before the alerts are read to the commit: two steps over one budget record one after
-    the other, the second seeing the first one's alerts (read committed)."""
+    the earlier ones. The budgets' alert locks (``lock_alerts``, in row order; not the
+    admission locks, which an authorization holds while it locks credit grants that a step may
+    hold) are held from before the alerts are read to the commit: two steps over one budget
+    record one after the other, the second seeing the first one's alerts (read committed)."""
     if not targets:
         return 0
     repo = _repo(session)
-    repo.lock_budgets(session, sorted({budget.id for budget, _, _ in targets}))
+    repo.lock_alerts(session, sorted({budget.id for budget, _, _ in targets}))
     periods = {(b.budget_id, start) for b, start, _ in targets if b.period != "rolling"}
     marks = repo.alert_marks(session, periods, (CROSSED, RESOLVED))
     rolling = {b.budget_id for b, _, _ in targets if b.period == "rolling"}

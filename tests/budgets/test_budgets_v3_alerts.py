@@ -19,11 +19,22 @@ from standardwebhooks import Webhook
 
 from billing import destinations
 from billing.budgets import summed
+from billing.budgets.repository import repository
 from billing.budgets.webhooks import DeliveryWorker
 from billing.reconcile.service import reconcile_calls
 from billing.settings import Settings
 from billing.storage.db import write_transaction
-from tests.budgets.helpers import alerts, create, price, receiving, reconcile, state, status, update
+from tests.budgets.helpers import (
+    alerts,
+    create,
+    price,
+    read,
+    receiving,
+    reconcile,
+    state,
+    status,
+    update,
+)
 from tests.budgets.test_budgets_v3 import settled_call
 from tests.budgets.test_holds import KEY, auth_at
 
@@ -59,6 +70,12 @@ def made(client: TestClient, budget_id: str) -> list[tuple[str, str, str, str]]:
         )
         for a in alerts(client, budget_id)
     ]
+
+
+def version_row(client: TestClient, budget_id: str) -> int:
+    """The row id of the budget's version in force."""
+    row: int = read(client, lambda s: repository(s).versions(s, budget_id)[-1].id)
+    return row
 
 
 def at(seconds: float) -> datetime:
@@ -335,3 +352,40 @@ def test_two_steps_at_once_over_one_rolling_budget_make_one_crossing(client: Tes
     assert second_done.is_set()
     assert made(client, "hourly") == [("crossed", "0.5", "2026-11-10T11:30:00Z", "0.6")]
     assert status(client, "hourly", at(1860))["spent_usd"] == "1.2"
+
+
+def test_a_step_records_alerts_while_an_authorization_holds_the_budget(
+    client: TestClient, is_postgres: bool
+) -> None:
+    """The alerts' lock is not the admission lock: an authorization holds its budgets' while
+    it locks the owner's credit grants, which a step holds while it records alerts (the same
+    lock would deadlock them). (SQLite: one writer at a time, nothing to show.)"""
+    if not is_postgres:
+        pytest.skip("SQLite runs one write transaction at a time")
+    price(client)
+    create(
+        client,
+        T0,
+        budget_id="team-a",
+        scope={"tag": "team-a"},
+        limit_usd="1",
+        period="day",
+        thresholds=["0.5"],
+    )
+    settled_call(client, "l1", at(10), 600_000, tags="team-a")
+    st = state(client)
+    row = version_row(client, "team-a")
+    done = threading.Event()
+
+    def step() -> None:
+        with write_transaction(st.sessions) as session:
+            reconcile_calls(session, ["l1"], at(20), st.settings.settle_after_s)
+        done.set()
+
+    with write_transaction(st.sessions) as session:
+        repository(session).lock_budgets(session, [row])
+        other = threading.Thread(target=step)
+        other.start()
+        assert done.wait(30)
+    other.join(30)
+    assert made(client, "team-a") == [("crossed", "0.5", DAY, "0.6")]
