@@ -7,7 +7,9 @@ is indexed lookups, never a scan of calls (the spend check: one statement over t
 in memory, ``billing.budgets.cache``). A version fills its first counter (the period it
 was created in) from the ledger and the open calls once, when created. Alerts are made where a
 counter changes, in the same transaction, with their webhook in the outbox
-(``billing.budgets.webhooks`` delivers it).
+(``billing.budgets.webhooks`` delivers it). (v3) A budget no counter keeps is summed from the
+calls when asked; its alerts are made from that sum against the alerts stored
+(``record_summed``, called by ``billing.budgets.summed``).
 """
 
 from __future__ import annotations
