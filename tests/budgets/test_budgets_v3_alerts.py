@@ -186,6 +186,36 @@ def test_a_model_budget_is_not_moved_by_another_model_and_an_all_budget_by_every
     assert made(client, "key-gpt") == [("crossed", "0.5", "2026-11-09T00:00:00Z", "0.9")]
 
 
+def test_a_tag_budget_resolves_on_an_adjustment_once_per_period_in_its_zone(
+    client: TestClient,
+) -> None:
+    price(client)
+    create(
+        client,
+        T0,
+        budget_id="ops",
+        scope={"tag": "ops"},
+        limit_usd="1",
+        period="day",
+        tz="America/New_York",
+    )
+    ny_day = "2026-11-10T05:00:00Z"
+    settled_call(client, "o1", at(60), 500_000, tags="ops")
+    settled_call(client, "o2", at(60), 550_000, tags="ops")
+    reconcile(client, at(120))
+    up = [("crossed", "0.8", ny_day, "1.05"), ("crossed", "1", ny_day, "1.05")]
+    assert made(client, "ops") == up
+    # A new price from before the calls halves their cost: the reconciler books adjustments.
+    price(client, effective_from="2026-11-01T00:00:00Z", input_usd_per_mtok="0.5")
+    reconcile(client, at(3600))
+    down = [("resolved", "1", ny_day, "0.525"), ("resolved", "0.8", ny_day, "0.525")]
+    assert made(client, "ops") == up + down
+    settled_call(client, "o3", at(3660), 600_000, tags="ops")  # $0.30: 82.5 %, the same day
+    reconcile(client, at(3720))
+    assert status(client, "ops", at(3720))["spent_usd"] == "0.825"
+    assert made(client, "ops") == up + down
+
+
 def test_a_budget_created_over_a_threshold_alerts_at_once_and_a_new_version_not_again(
     client: TestClient,
 ) -> None:
