@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
@@ -27,30 +27,75 @@ from billing.budgets.scopes import kept_by_counters
 
 
 @dataclass(frozen=True, slots=True)
+class Summed:
+    """The versions in force that no counter keeps (v3: a tag, every call, a model, a rolling
+    window), by what a call is matched on (its key, its customer, each of its tags; ``every``:
+    the ``{"all": true}`` ones), and the rolling ones (``billing.budgets.summed``: their alerts).
+    Each list by ``budget_id``; the model filter is the caller's to apply."""
+
+    by_key: dict[str, list[BudgetDef]] = field(default_factory=dict)
+    by_customer: dict[str, list[BudgetDef]] = field(default_factory=dict)
+    by_tag: dict[str, list[BudgetDef]] = field(default_factory=dict)
+    every: list[BudgetDef] = field(default_factory=list)
+    rolling: list[BudgetDef] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.by_key or self.by_customer or self.by_tag or self.every)
+
+    def add(self, budget: BudgetDef) -> None:
+        if budget.api_key_id is not None:
+            self.by_key.setdefault(budget.api_key_id, []).append(budget)
+        elif budget.customer_id is not None:
+            self.by_customer.setdefault(budget.customer_id, []).append(budget)
+        elif budget.tag is not None:
+            self.by_tag.setdefault(budget.tag, []).append(budget)
+        else:
+            self.every.append(budget)
+        if budget.period == "rolling":
+            self.rolling.append(budget)
+
+    def over(self, key: str | None, customer: str | None, tags: Iterable[str]) -> list[BudgetDef]:
+        """The versions over a call of ``key``, ``customer`` and ``tags`` (any model; each
+        once)."""
+        found = list(self.every)
+        if key is not None:
+            found += self.by_key.get(key, ())
+        if customer is not None:
+            found += self.by_customer.get(customer, ())
+        for tag in set(tags):
+            found += self.by_tag.get(tag, ())
+        return found
+
+
+@dataclass(frozen=True, slots=True)
 class InForce:
     """The versions in force at ``generation``: by row id; those the counters keep by key and
     by customer (each list by ``budget_id``); the others (v3: a tag, every call, a model, a
-    rolling window; ``billing.budgets.scopes.kept_by_counters``), read from the calls."""
+    rolling window; ``billing.budgets.scopes.kept_by_counters``), read from the calls:
+    ``summed``."""
 
     generation: int | None
     by_row: dict[int, BudgetDef]
     by_key: dict[str, list[BudgetDef]]
     by_customer: dict[str, list[BudgetDef]]
+    summed: Summed = field(default_factory=Summed)
 
     @classmethod
     def of(cls, generation: int | None, found: Iterable[BudgetDef]) -> InForce:
         by_row: dict[int, BudgetDef] = {}
         by_key: dict[str, list[BudgetDef]] = {}
         by_customer: dict[str, list[BudgetDef]] = {}
+        summed = Summed()
         for budget in sorted(found, key=lambda b: b.budget_id):
             by_row[budget.id] = budget
             if not kept_by_counters(budget):
+                summed.add(budget)
                 continue
             if budget.api_key_id is not None:
                 by_key.setdefault(budget.api_key_id, []).append(budget)
             elif budget.customer_id is not None:
                 by_customer.setdefault(budget.customer_id, []).append(budget)
-        return cls(generation, by_row, by_key, by_customer)
+        return cls(generation, by_row, by_key, by_customer, summed)
 
     def over(self, key: str | None, customer: str | None) -> list[BudgetDef]:
         """The versions over ``key`` and over ``customer`` (either may be None)."""
@@ -70,6 +115,12 @@ def _engine(session: Session) -> Engine:
     bind = session.get_bind()
     engine: Engine = bind.engine
     return engine
+
+
+def copy_of(engine: Engine) -> InForce | None:
+    """The copy kept for ``engine`` as it is (None before the first load), without a statement:
+    possibly older than the database's generation (``billing.budgets.summed.on_pass``)."""
+    return _copies.get(engine)
 
 
 def in_force(session: Session) -> InForce:

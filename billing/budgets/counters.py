@@ -30,6 +30,7 @@ from functools import lru_cache
 
 from sqlalchemy.orm import Session
 
+from billing.budgets import summed
 from billing.budgets.cache import InForce, in_force
 from billing.budgets.periods import period_start
 from billing.budgets.repository import repository
@@ -57,7 +58,8 @@ def after_step(session: Session, request_ids: Sequence[str], now: datetime) -> i
 
     Statements: the generation (and the versions when it changed, ``billing.budgets.cache``);
     with a version in force, the step's amounts (one); when one of them is counted, the open
-    calls' rows (one or two) and the counters (one).
+    calls' rows (one or two) and the counters (one). With a budget in force that no counter
+    keeps (v3), ``billing.budgets.summed.after_step``'s (none without one).
     """
     if not request_ids:
         return 0
@@ -90,7 +92,9 @@ def after_step(session: Session, request_ids: Sequence[str], now: datetime) -> i
         kept = {c.request_id for c in still_open}
         gone = [o.request_id for o in amounts.olds if o.request_id not in kept]
         repo.replace_open(session, [rid for rid in gone if rid is not None], still_open)
-    return apply(session, {k: v for k, v in deltas.items() if any(v)}, now, budgets)
+    made = apply(session, {k: v for k, v in deltas.items() if any(v)}, now, budgets)
+    # (v3) The budgets no counter keeps: summed and checked (none in force: no statement).
+    return made + summed.after_step(session, budgets, request_ids, now)
 
 
 def apply(

@@ -21,6 +21,7 @@ from billing.budgets.rows import (
     OpenAmounts,
     Scope,
     StepAmounts,
+    StepCall,
     Unstepped,
 )
 from billing.budgets.sql.postgres import PostgresBudgets
@@ -39,6 +40,11 @@ class BudgetsRepository(Protocol):
     def lock_budgets(self, session: Session, rows: Sequence[int]) -> None:
         """Held by an authorization over the budget versions ``rows`` until its transaction
         ends (PostgreSQL: an advisory lock each, in ascending order; SQLite: its one writer)."""
+
+    def lock_alerts(self, session: Session, rows: Sequence[int]) -> None:
+        """Held while the alerts of the budget versions ``rows`` (no counter keeps them) are
+        recorded, until the transaction ends (PostgreSQL: an advisory lock each, in ascending
+        order, other than ``lock_budgets``'; SQLite: its one writer)."""
 
     def versions(self, session: Session, budget_id: str) -> list[Budget]: ...
     def insert_budget(self, session: Session, values: dict[str, Any]) -> Budget:
@@ -150,8 +156,24 @@ class BudgetsRepository(Protocol):
         """The calls of ``keys`` (or every one) stored with a start but not yet read by a
         reconciliation step, with their ``stream.started`` input and largest generated count."""
 
+    def step_calls(self, session: Session, ids: Sequence[str]) -> list[StepCall]:
+        """The calls ``ids`` as the budgets no counter keeps match them (one statement)."""
+
     def insert_alert(self, session: Session, values: dict[str, Any]) -> bool:
         """Insert unless the (budget, period, threshold, type) has one; True when inserted."""
+
+    def alert_marks(
+        self, session: Session, pairs: Collection[tuple[str, datetime]], kinds: Sequence[str]
+    ) -> set[tuple[str, datetime, str, str]]:
+        """(budget_id, period start, threshold, type) of the alerts of ``kinds`` stored for
+        the (budget_id, period start) ``pairs`` (one statement)."""
+
+    def open_crossings(
+        self, session: Session, budget_ids: Collection[str], crossed: str, resolved: str
+    ) -> dict[tuple[str, str], list[datetime]]:
+        """Per (budget_id, threshold), the period starts of the ``crossed`` alerts made by a
+        rolling version of ``budget_ids`` that have no ``resolved`` alert of the same budget,
+        period start and threshold (one statement)."""
 
     def insert_outbox(self, session: Session, values: dict[str, Any]) -> None: ...
     def alerts(

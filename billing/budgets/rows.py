@@ -119,3 +119,17 @@ class Unstepped(NamedTuple):
     metadata_tags: str | None
     input_tokens: int
     output_tokens: int
+
+
+class StepCall(NamedTuple):
+    """A call a reconciliation step wrote, as the budgets no counter keeps match it
+    (``billing.budgets.summed``): its key, its customer at its start, its model, its start
+    (None before its ``stream.started``), the tags of its metadata (comma-separated, as sent)
+    and of its authorization (JSON, None without a hold)."""
+
+    api_key_id: str | None
+    customer_id: str | None
+    model: str | None
+    started_at: datetime | None
+    metadata_tags: str | None
+    hold_tags: str | None

@@ -4,7 +4,8 @@
 
 A budget over a key or a customer, with a calendar period and no model, is kept in counters by
 the reconciler's steps (``kept_by_counters``); a v3 budget (a tag, every call, a model, a
-rolling window) is read from the calls at the time asked (``billing.budgets.spent``).
+rolling window) is read from the calls at the time asked (``billing.budgets.spent``), its alerts
+checked after the steps that write its calls (``billing.budgets.summed``).
 """
 
 from __future__ import annotations

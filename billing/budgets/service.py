@@ -7,7 +7,9 @@ is indexed lookups, never a scan of calls (the spend check: one statement over t
 in memory, ``billing.budgets.cache``). A version fills its first counter (the period it
 was created in) from the ledger and the open calls once, when created. Alerts are made where a
 counter changes, in the same transaction, with their webhook in the outbox
-(``billing.budgets.webhooks`` delivers it).
+(``billing.budgets.webhooks`` delivers it). (v3) A budget no counter keeps is summed from the
+calls when asked; its alerts are made from that sum against the alerts stored
+(``record_summed``, called by ``billing.budgets.summed``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from billing.budgets.repository import BudgetsRepository, repository
 from billing.budgets.rows import BudgetDef, Scope
 from billing.budgets.schemas import BudgetChange, BudgetIn
 from billing.budgets.scopes import kept_by_counters, scope_json, span
-from billing.budgets.spent import Spent, over, spent
+from billing.budgets.spent import Spent, over, spent, summed_spend
 from billing.errors import BillingError, NotFound
 from billing.money import PICO, format_usd
 from billing.storage.models import Budget
@@ -182,7 +184,10 @@ def _add_version(
         },
     )
     if not kept_by_counters(budget):
-        return budget  # read from the calls when asked (billing.budgets.spent)
+        # Read from the calls when asked (billing.budgets.spent); its alerts as a step makes
+        # them (billing.budgets.summed), for the span in force now.
+        record_summed(session, [(budget, *span(budget, now))], now)
+        return budget
     start, end = span(budget, now)
     scope: Scope = (
         ("api_key_id", body.scope.api_key_id)
@@ -336,6 +341,83 @@ def record_crossings(
     for kind, threshold in changes:
         data = {**status, "budget_id": budget.budget_id, "threshold": threshold}
         made += enqueue_alert(session, budget, kind, threshold, start, data, now)
+    return made
+
+
+#: A budget no counter keeps with a span of it: a calendar period ``[start, end)`` or its
+#: rolling window at the time asked (``scopes.span``).
+Target = tuple[AnyBudget, datetime, datetime | None]
+
+
+def record_summed(session: Session, targets: Sequence[Target], now: datetime) -> int:
+    """Make the alerts of budgets no counter keeps (v3: a tag, every call, a model, a rolling
+    window), each over its span in ``targets`` (each (budget, span) once), from their spend
+    summed now (``spent.summed_spend``: the figures reconciliation steps wrote, settled and
+    provisional; not the live holds nor the estimates of calls no step has read, as a counter
+    does not count them either: a hold is replaced by its call's figure, which alerts when a
+    step writes it, or released, and an alert on it would then have been noise). Returns how
+    many alerts were made.
+
+    The same alerts, bodies and kinds as ``record_crossings``, but from the spend's level
+    against the alerts already stored rather than from a counter's change:
+
+    - a calendar period: ``budget.threshold_crossed`` when the spend is at or above a threshold
+      and the (budget, period, threshold) has no crossing yet; ``budget.threshold_resolved``
+      when it is below one that was crossed in the period and not yet resolved: once each per
+      budget, period and threshold, as v2 (a new period starts with none crossed);
+    - a rolling window has no periods: a threshold is crossed from its crossing alert until
+      its resolved alert. A crossing is stored under the window's start when it was seen (the
+      alert's ``period_start``: ``now − window_s``), its resolution under the same start (its
+      pair): a crossing alerts again only after a resolved one. The window slides without a
+      step: ``billing.budgets.summed.on_pass`` resolves what it left below.
+
+    Alerts are per ``budget_id``: a new version of the budget (``PUT``) keeps the crossings of
+    the earlier ones. The budgets' alert locks (``lock_alerts``, in row order; not the
+    admission locks, which an authorization holds while it locks credit grants that a step may
+    hold) are held from before the alerts are read to the commit: two steps over one budget
+    record one after the other, the second seeing the first one's alerts (read committed)."""
+    if not targets:
+        return 0
+    repo = _repo(session)
+    repo.lock_alerts(session, sorted({budget.id for budget, _, _ in targets}))
+    periods = {(b.budget_id, start) for b, start, _ in targets if b.period != "rolling"}
+    marks = repo.alert_marks(session, periods, (CROSSED, RESOLVED))
+    rolling = {b.budget_id for b, _, _ in targets if b.period == "rolling"}
+    crossed_now = repo.open_crossings(session, rolling, CROSSED, RESOLVED)
+    made = 0
+    for budget, start, end in targets:
+        settled, provisional = summed_spend(session, budget, start, end)
+        total = settled + provisional
+        bars = _bars(budget.limit_usd, budget.thresholds)
+        # (kind, threshold, the alert's period start): upward from the lowest threshold,
+        # resolved downward from the highest.
+        changes: list[tuple[str, str, datetime]] = []
+        for t, bar in bars:
+            if total < bar:
+                continue
+            if budget.period == "rolling":
+                if not crossed_now.get((budget.budget_id, t)):
+                    changes.append((CROSSED, t, start))
+            elif (budget.budget_id, start, t, CROSSED) not in marks:
+                changes.append((CROSSED, t, start))
+        for t, bar in reversed(bars):
+            if total >= bar:
+                continue
+            if budget.period == "rolling":
+                changes += [(RESOLVED, t, s) for s in crossed_now.get((budget.budget_id, t), [])]
+            elif (budget.budget_id, start, t, CROSSED) in marks and (
+                budget.budget_id,
+                start,
+                t,
+                RESOLVED,
+            ) not in marks:
+                changes.append((RESOLVED, t, start))
+        if not changes:
+            continue
+        status = status_json(budget, start, end, Spent(settled, provisional), now)
+        for kind, threshold, alert_start in changes:
+            data = {**status, "budget_id": budget.budget_id, "threshold": threshold}
+            made += enqueue_alert(session, budget, kind, threshold, alert_start, data, now)
     return made
 
 

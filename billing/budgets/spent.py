@@ -71,8 +71,12 @@ def _hold_applies(budget: Budgeted, hold: LiveHold) -> bool:
     return applies(budget, hold.api_key_id, hold.customer_id, hold.tags, hold.model)
 
 
-def _computed(session: Session, budget: Budgeted, now: datetime) -> tuple[int, int]:
-    start, end = span(budget, now)
+def summed_spend(
+    session: Session, budget: Budgeted, start: datetime, end: datetime | None
+) -> tuple[int, int]:
+    """(settled, provisional) of a budget no counter keeps over the span ``start``, ``end``
+    (``scopes.span``: a calendar period, or a rolling window, whose ``end`` is not read): the
+    figures of its calls that reconciliation steps wrote; no holds, no estimates."""
     found = _repo(session).call_amounts(
         session,
         budget.measure,
@@ -158,7 +162,7 @@ def spent(
         if kept_by_counters(budget):
             settled, provisional = counters.get((budget.id, span(budget, now)[0]), (0, 0))
         else:
-            settled, provisional = _computed(session, budget, now)
+            settled, provisional = summed_spend(session, budget, *span(budget, now))
         figures = Spent(settled, provisional)
         for hold in holds:
             if not _hold_applies(budget, hold):

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from billing.budgets import summed as budget_summed
 from billing.credits import draws as credit_draws
 from billing.metrics import Metrics
 from billing.reconcile.repository import repository
@@ -177,6 +178,8 @@ def run_pass(
         total = StepResult()
         for result in results:
             total.add(result)
+    # (v3) Rolling budgets' windows slide without a step: their crossings resolve here.
+    budget_summed.on_pass(sessions, now or datetime.now(UTC))
     if total.settled or total.adjusted:
         log.info("reconciled: %d settled, %d adjusted", total.settled, total.adjusted)
     return total

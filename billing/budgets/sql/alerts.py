@@ -3,16 +3,20 @@ SQLAlchemy on the ORM tables; claiming due webhooks is the dialect's to lock."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
+    and_,
+    bindparam,
+    exists,
     or_,
     select,
+    tuple_,
     update,
 )
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from billing.budgets.rows import (
     Claimed,
@@ -38,6 +42,50 @@ class Alerts(DialectBase):
             .returning(BudgetAlert.alert_id)
         )
         return session.execute(statement).first() is not None
+
+    def alert_marks(
+        self, session: Session, pairs: Collection[tuple[str, datetime]], kinds: Sequence[str]
+    ) -> set[tuple[str, datetime, str, str]]:
+        if not pairs:
+            return set()
+        query = select(
+            BudgetAlert.budget_id, BudgetAlert.period_start, BudgetAlert.threshold, BudgetAlert.type
+        ).where(
+            tuple_(BudgetAlert.budget_id, BudgetAlert.period_start).in_(
+                bindparam("pairs", sorted(pairs), expanding=True)
+            ),
+            BudgetAlert.type.in_(list(kinds)),
+        )
+        return {(b, start, t, kind) for b, start, t, kind in session.execute(query)}
+
+    def open_crossings(
+        self, session: Session, budget_ids: Collection[str], crossed: str, resolved: str
+    ) -> dict[tuple[str, str], list[datetime]]:
+        if not budget_ids:
+            return {}
+        partner = aliased(BudgetAlert)
+        query = (
+            select(BudgetAlert.budget_id, BudgetAlert.threshold, BudgetAlert.period_start)
+            .join(Budget, Budget.id == BudgetAlert.budget_row)
+            .where(
+                BudgetAlert.budget_id.in_(sorted(budget_ids)),
+                BudgetAlert.type == crossed,
+                Budget.period == "rolling",
+                ~exists().where(
+                    and_(
+                        partner.budget_id == BudgetAlert.budget_id,
+                        partner.period_start == BudgetAlert.period_start,
+                        partner.threshold == BudgetAlert.threshold,
+                        partner.type == resolved,
+                    )
+                ),
+            )
+            .order_by(BudgetAlert.budget_id, BudgetAlert.threshold, BudgetAlert.period_start)
+        )
+        found: dict[tuple[str, str], list[datetime]] = {}
+        for budget_id, threshold, start in session.execute(query):
+            found.setdefault((budget_id, threshold), []).append(start)
+        return found
 
     def insert_outbox(self, session: Session, values: dict[str, Any]) -> None:
         session.execute(self.insert(WebhookOutbox).values(**values))

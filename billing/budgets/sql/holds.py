@@ -5,7 +5,7 @@ databases)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -14,7 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from billing.budgets.measure import AMOUNT_COLUMNS
-from billing.budgets.rows import CallAmount, LiveHold, Unstepped
+from billing.budgets.rows import CallAmount, LiveHold, StepCall, Unstepped
 from billing.budgets.sql.common import DialectBase
 from billing.storage.models import BudgetHold, Call, Event
 
@@ -148,6 +148,22 @@ class Holds(DialectBase):
             CallAmount(bool(settled), int(value), tags, held)
             for settled, value, tags, held in session.execute(rows)
         ]
+
+    def step_calls(self, session: Session, ids: Sequence[str]) -> list[StepCall]:
+        """The calls ``ids`` with what a budget no counter keeps matches (one statement)."""
+        query = (
+            select(
+                _C.api_key_id,
+                _C.customer_id,
+                _C.model,
+                _C.started_at,
+                _C["metadata"]["tags"].as_string(),
+                _H.tags,
+            )
+            .select_from(Call.__table__.outerjoin(BudgetHold, _H.request_id == _C.request_id))
+            .where(self.among(_C.request_id, ids))
+        )
+        return [StepCall(*row) for row in session.execute(query)]
 
     def unstepped_calls(
         self, session: Session, keys: Collection[str], everything: bool

@@ -11,6 +11,10 @@ An authorization takes the transaction-level advisory lock of each budget it is 
 (``HOLD_LOCKS`` + the version's row id, in ascending order: one lock order for all), then reads
 the budgets' spend and holds: two authorizations under one budget decide one after the other,
 the second seeing the first one's hold (read committed).
+
+The alerts of a budget no counter keeps are recorded under its own lock (``ALERT_LOCKS`` + the
+row id, in ascending order), taken by a step after everything else it locks: two steps over
+one budget record one after the other, the second seeing the first one's alerts.
 """
 
 from __future__ import annotations
@@ -38,6 +42,12 @@ BUDGETS_LOCK = 0x6275_6467_6574  # "budget"
 #: The base of the budgets' admission locks (``lock_budgets``): "hold" << 32, + the row id.
 HOLD_LOCKS = 0x686F_6C64 << 32
 
+#: The base of the locks under which the alerts of a budget no counter keeps are recorded
+#: (``lock_alerts``): "alrt" << 32, + the row id. Not the admission locks: an authorization
+#: holds its budgets' while it locks the owner's credit grants, which a step holds while it
+#: records alerts.
+ALERT_LOCKS = 0x616C_7274 << 32
+
 LOCK_SHARED = text("SELECT pg_advisory_xact_lock_shared(:key)")
 LOCK_EXCLUSIVE = text("SELECT pg_advisory_xact_lock(:key)")
 
@@ -63,6 +73,10 @@ class PostgresBudgets(BudgetVersions, Counters, Alerts, Holds):
     def lock_budgets(self, session: Session, rows: Sequence[int]) -> None:
         for row in sorted(rows):
             session.execute(LOCK_EXCLUSIVE, {"key": HOLD_LOCKS + row})
+
+    def lock_alerts(self, session: Session, rows: Sequence[int]) -> None:
+        for row in sorted(rows):
+            session.execute(LOCK_EXCLUSIVE, {"key": ALERT_LOCKS + row})
 
     def claim_due(
         self, session: Session, now: datetime, lease_until: datetime, owner: str, limit: int

@@ -65,6 +65,10 @@ class SqliteBudgets(BudgetVersions, Counters, Alerts, Holds):
         # An authorization runs in a write transaction (BEGIN IMMEDIATE): the one writer.
         return None
 
+    def lock_alerts(self, session: Session, rows: Sequence[int]) -> None:
+        # (A step, as any writer, is the one writer.)
+        return None
+
     def add_spends(
         self, session: Session, changes: Sequence[tuple[int, datetime, int, int]]
     ) -> dict[tuple[int, datetime], tuple[int, int]]:
