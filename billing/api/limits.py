@@ -7,7 +7,8 @@ Two layers, each refusing as early as the request can be judged:
   and its memory), and a connection that sends nothing, or half a request line, is held for
   ever. Here the request line and headers together are limited to ``max_header_bytes`` (431),
   a request pipelined behind another in the same read included (the parser is given one head
-  or one body at a time, counted before it sees them), and must arrive within ``header_timeout_s`` of the connection opening or the request starting
+  or one body at a time, counted before it sees them), and must arrive within
+  ``header_timeout_s`` of the connection opening or the request starting
   (408, then the connection is closed; a connection that sent nothing is just closed). Idle
   connections between requests are closed after ``keep_alive_s`` (uvicorn's keep-alive timeout).
 - **The request** (``RequestLimits``, pure ASGI, in front of every route, the fast ingest route
