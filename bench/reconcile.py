@@ -15,12 +15,16 @@ within 10 % of without), each database runs ``--rounds`` pairs of passes, altern
 with credits (a fresh database and seed for each pass, the same calls): "with" gives each of the
 workload's 500 keys (keys without a customer) a prepaid grant larger than its calls' cost before
 the seed, so every reconciliation step books the draws of the calls it settles. The medians are
-compared.
+compared. Calls of a key with a customer or with grants of its own go to the rule, not the fast
+path (``billing.reconcile.fastpath``): with ``--customers`` every key is assigned a customer
+(one of 100, no plan) in both passes and the grants are the customers', so both passes take the
+rule and the difference is the draws' own cost.
 
     python bench/reconcile.py                       # SQLite and PostgreSQL, 200,000 calls
     python bench/reconcile.py --db sqlite --calls 50000 --batch-size 2000
     python bench/reconcile.py --profile-calls 0     # no profile
     python bench/reconcile.py --credits --profile-calls 0   # without / with credits, alternately
+    python bench/reconcile.py --credits --customers --profile-calls 0   # both through the rule
 
 The reconciler is only measured here (billing/reconcile/ is not changed by this benchmark).
 The machine has 2 cores; the benchmark and the database share them, and the load average at the
@@ -51,32 +55,59 @@ TARGET_CALLS_S = 20_000
 PG_DEFAULT = "postgresql+psycopg://postgres@127.0.0.1:5432"
 
 
-#: Each key's grant with ``--credits``: more than its calls cost (no overdraft), in USD.
+#: Each owner's grant with ``--credits``: more than its calls cost (no overdraft), in USD.
 GRANT_USD = "1000000"
+#: With ``--customers``, key i belongs to customer ``i % CUSTOMERS``.
+CUSTOMERS = 100
+SINCE = "2020-01-01T00:00:00Z"
 
 
-def grant_credits(sessions: Any, now: datetime) -> None:
-    """A prepaid grant for each of the workload's keys (``lifecycles.KEYS``, keys without a
-    customer), in force from before the calls: every settled call draws its key's grant."""
+def _customer(i: int) -> str:
+    return f"cust_{i % CUSTOMERS:03d}"
+
+
+def assign_customers(sessions: Any, now: datetime) -> None:
+    """Every workload key assigned a customer (no plan), from before the calls."""
+    from billing.plans.schemas import KeyIn
+    from billing.plans.service import set_key
+    from billing.storage.db import write_transaction
+
+    with write_transaction(sessions) as session:
+        for i, key in enumerate(KEYS):
+            set_key(session, key, KeyIn(customer_id=_customer(i), effective_from=SINCE), now)
+
+
+def grant_credits(sessions: Any, now: datetime, customers: bool) -> None:
+    """A prepaid grant for each owner, in force from before the calls, so every settled call
+    draws one: each workload key (``lifecycles.KEYS``, keys without a customer) or, with
+    ``customers``, each customer."""
     from billing.credits.schemas import GrantIn
     from billing.credits.service import post_grant
     from billing.storage.db import write_transaction
 
+    owners = (
+        [{"customer_id": _customer(i)} for i in range(min(CUSTOMERS, len(KEYS)))]
+        if customers
+        else [{"api_key_id": key} for key in KEYS]
+    )
     with write_transaction(sessions) as session:
-        for key in KEYS:
-            body = GrantIn(
-                grant_id=f"bench-{key}",
-                api_key_id=key,
-                amount_usd=GRANT_USD,
-                effective_at="2020-01-01T00:00:00Z",
-                kind="purchased",
+        for owner in owners:
+            body = GrantIn.model_validate(
+                {
+                    **owner,
+                    "grant_id": f"bench-{next(iter(owner.values()))}",
+                    "amount_usd": GRANT_USD,
+                    "effective_at": SINCE,
+                    "kind": "purchased",
+                }
             )
             post_grant(session, body, now)
 
 
-def seed(url: str, calls: int, credits: bool = False) -> tuple[int, float]:
-    """Store ``calls`` complete lifecycles through the ingest path (with ``credits``, each key
-    given a grant first); returns (events, seconds)."""
+def seed(url: str, calls: int, credits: bool = False, customers: bool = False) -> tuple[int, float]:
+    """Store ``calls`` complete lifecycles through the ingest path (with ``customers``, every
+    key assigned a customer first; with ``credits``, each owner given a grant); returns
+    (events, seconds)."""
     from billing.ingest.service import prepare_batch, write_group
     from billing.ingest.validation import parse_batch
     from billing.pricing.schemas import PriceIn
@@ -98,8 +129,10 @@ def seed(url: str, calls: int, credits: bool = False) -> tuple[int, float]:
                 cache_creation_usd_per_mtok="3.75",
             )
             record_price(session, price, now)
+    if customers:
+        assign_customers(sessions, now)
     if credits:
-        grant_credits(sessions, now)
+        grant_credits(sessions, now, customers)
     # One call in flight at a time per generator, so each call's events are complete and counted.
     gen = Lifecycles(11, inflight=1)
     started = time.perf_counter()
@@ -227,6 +260,11 @@ def main() -> None:
         "--credits", action="store_true", help="passes without and with credits, alternately"
     )
     parser.add_argument("--rounds", type=int, default=2, help="with --credits: pairs of passes")
+    parser.add_argument(
+        "--customers",
+        action="store_true",
+        help=f"every key assigned a customer (of {CUSTOMERS}), the grants theirs",
+    )
     args = parser.parse_args()
     kinds = [d.strip() for d in args.db.split(",") if d.strip()]
     if kinds == ["both"]:
@@ -249,7 +287,7 @@ def main() -> None:
         for kind in kinds:
             for credits in variants:
                 url = dbs.fresh(kind)
-                events, seconds = seed(url, args.calls, credits)
+                events, seconds = seed(url, args.calls, credits, args.customers)
                 label = f"{kind}{', credits' if credits else ''}"
                 print(
                     f"[{label}] seeded {args.calls:,} calls ({events:,} events) through the "
@@ -270,12 +308,12 @@ def main() -> None:
                 rows.append((kind, credits, events, result))
             if args.profile_calls:
                 purl = dbs.fresh(kind)
-                seed(purl, args.profile_calls, args.credits)
+                seed(purl, args.profile_calls, args.credits, args.customers)
                 prof = settle(purl, batch_size, profile=True)
                 profiles.append((kind, prof))
                 dbs.done(purl)
                 purl2 = dbs.fresh(kind)
-                seed(purl2, args.profile_calls, args.credits)
+                seed(purl2, args.profile_calls, args.credits, args.customers)
                 profiles.append((kind, {"pyinstrument": pyinstrument_profile(purl2, batch_size)}))
                 dbs.done(purl2)
     finally:
