@@ -148,7 +148,7 @@ def prepared(url: str, budgets: int) -> bool:
         found = conn.scalar(text("SELECT count(*) FROM budgets WHERE budget_id LIKE 'bench-%'"))
         grants = conn.scalar(text("SELECT count(*) FROM credit_grants"))
     engine.dispose()
-    return found == budgets and grants == CUSTOMERS
+    return bool(found == budgets and grants == CUSTOMERS)
 
 
 def prepare(settings: Settings, budgets: int) -> None:
@@ -211,7 +211,7 @@ def _stamp(at: datetime) -> str:
 
 def started(rid: str, key: str, at: datetime, input_tokens: int | None = None) -> dict[str, Any]:
     """A ``stream.started`` (with the gateway's input count when given)."""
-    event = {
+    event: dict[str, Any] = {
         "event_id": f"{rid}-s",
         "request_id": rid,
         "type": "stream.started",
