@@ -16,7 +16,8 @@ call, Usage (four ways), Budgets (with its holds), Credits (the customers, and o
 balance, grants and draws), Drift and Exports. Before timing, as ``bench/holds.py`` prepares its
 seed (``holds.prepare``, skipped with ``--reuse`` when present): ``--budgets`` monthly budgets
 over the first keys, every customer (one of 100) with a prepaid grant and the draws of the
-seed's entries; then ``--holds`` live authorization holds (``ttl_s`` 3,600) over budgeted keys.
+seed's entries; then ``--holds`` live authorization holds (``ttl_s`` 3,600) over budgeted keys
+and an alert for each threshold of the first 200 budgets (no webhook: delivery ``none``).
 With ``--plans`` the keys have those customers (else the customers have grants but no keys).
 
     python bench/console.py                      # SQLite file $TMPDIR/billing-bench-console.db
@@ -49,6 +50,7 @@ from queries import END, customer_of, seed_arguments, seeded_url, timed  # noqa:
 
 from billing.budgets.authorize import authorize  # noqa: E402
 from billing.budgets.schemas import AuthorizationIn  # noqa: E402
+from billing.budgets.service import enqueue_alert, thresholds_of  # noqa: E402
 from billing.calllog.queries import list_calls, parse_calls_query  # noqa: E402
 from billing.cli.serve import serving_process  # noqa: E402
 from billing.server.app import create_app  # noqa: E402
@@ -59,7 +61,7 @@ from billing.storage.db import (  # noqa: E402
     read_transaction,
     write_transaction,
 )
-from billing.storage.models import Call  # noqa: E402
+from billing.storage.models import Budget, Call  # noqa: E402
 
 TARGET_MS = 100.0
 
@@ -98,6 +100,25 @@ def live_holds(sessions: sessionmaker[Session], budgets: int, holds: int) -> Non
             authorize(session, AuthorizationIn.model_validate(body), now)
 
 
+#: Budgets given alerts (``alerts``).
+ALERTED = 200
+
+
+def alerts(sessions: sessionmaker[Session]) -> None:
+    """Each threshold of the first ``ALERTED`` budgets crossed this month (once: the alerts are
+    unique per budget, period and threshold), as the Alerts page lists them."""
+    now = datetime.now(UTC)
+    start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    with write_transaction(sessions) as session:
+        rows = session.scalars(select(Budget).order_by(Budget.id).limit(ALERTED))
+        for budget in rows:
+            for threshold in thresholds_of(budget):
+                data = {"budget_id": budget.budget_id, "threshold": threshold}
+                enqueue_alert(
+                    session, budget, "budget.threshold_crossed", threshold, start, data, now
+                )
+
+
 def run(url: str, iterations: int, budgets: int, holds: int, reuse: bool) -> None:
     settings = Settings(database_url=url)
     if not (reuse and prepared(url, budgets)):
@@ -105,6 +126,7 @@ def run(url: str, iterations: int, budgets: int, holds: int, reuse: bool) -> Non
     engine = make_engine(settings)
     sessions = make_sessionmaker(engine)
     live_holds(sessions, budgets, holds)
+    alerts(sessions)
     with sessions() as session:
         counts = [
             (key, count)
