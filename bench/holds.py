@@ -147,8 +147,9 @@ def prepared(url: str, budgets: int) -> bool:
     with engine.connect() as conn:
         found = conn.scalar(text("SELECT count(*) FROM budgets WHERE budget_id LIKE 'bench-%'"))
         grants = conn.scalar(text("SELECT count(*) FROM credit_grants"))
+        draws = conn.scalar(text("SELECT 1 FROM credit_entries WHERE kind = 'draw' LIMIT 1"))
     engine.dispose()
-    return bool(found == budgets and grants == CUSTOMERS)
+    return bool(found == budgets and grants == CUSTOMERS and draws)
 
 
 def prepare(settings: Settings, budgets: int) -> None:
@@ -179,7 +180,8 @@ def prepare(settings: Settings, budgets: int) -> None:
                 kind="purchased",
             )
             post_grant(session, body, now)
-    with engine.begin() as conn:
+    # Not the service's engine: its statement deadline would interrupt this bulk insert.
+    with create_engine(settings.database_url).begin() as conn:
         # The draws the reconciler would have booked for the seed's entries (each a draw of its
         # customer's one grant, which is larger than them all).
         drawn = conn.execute(
