@@ -17,9 +17,10 @@
    does), while a thread ingests ``--rate`` events a second. Target: p95 < 5 ms at 1,000,000
    calls and 10,000 budgets.
 3. **Ingest with and without holds**: ``--rounds`` alternating runs of ``--writers`` threads
-   posting batches of 50 completed calls for ``--seconds``. "With": every call posted was
-   authorized first (its hold live, ``ttl_s`` 600), by ``--writers`` threads before the timed
-   run; "without": calls without an authorization. The budgets are in force in both. Medians
+   posting ``--run-calls`` completed calls in batches of 50 (at most ``--seconds``). "With":
+   every call posted was authorized first (its hold live, ``ttl_s`` 600), by ``--writers``
+   threads before the timed run (the denied ones are not posted); "without": calls without an
+   authorization. The budgets are in force in both. Medians
    compared; target: with holds within 10 % of without. The authorizations' own rate and server
    CPU are printed beside.
 4. **Credit balance latency**: ``GET /v1/credits/balance`` over HTTP for random customers (half of
@@ -45,7 +46,7 @@ made once:
     BILLING_DATABASE_URL=postgresql+psycopg://postgres@127.0.0.1:5432/holds_run python \\
         bench/holds.py --template postgresql+psycopg://postgres@127.0.0.1:5432/holds_seed --reuse
     python bench/holds.py --calls 20000 --keys 200 --budgets 100 --iterations 100 \\
-        --seconds 2 --rounds 1                                                 # a smoke run
+        --run-calls 2000 --rounds 1                                            # a smoke run
 """
 
 from __future__ import annotations
@@ -495,13 +496,15 @@ def ingest_rounds(
 ) -> None:
     rates: dict[bool, list[float]] = {False: [], True: []}
     rng = random.Random(13)
-    # Calls enough for a run at the first "without" run's rate, with a margin (2 events a call).
-    needed = 0
+    # The same work in every run: --run-calls calls (the seconds a cap).
+    size = args.run_calls
+    # Untimed: the server's first posts (its caches, the budgets' first read) fall on no run.
+    warm = [Call(f"warm-{os.getpid()}-{i}", rng.choice(keys), rng) for i in range(1000)]
+    throughput(base, [warm[w :: args.writers] for w in range(args.writers)], args.seconds)
     for r in range(args.rounds):
         for holds in (False, True):
             drained(settings)
             label = f"{'with' if holds else 'without'} holds {r + 1}"
-            size = needed or 400_000
             calls = [Call(f"{label}-{os.getpid()}-{i}", rng.choice(keys), rng) for i in range(size)]
             note = ""
             if holds:
@@ -517,9 +520,7 @@ def ingest_rounds(
             parts = [calls[w :: args.writers] for w in range(args.writers)]
             rate, posted = throughput(base, parts, args.seconds)
             rates[holds].append(rate)
-            if not needed:
-                needed = int(rate * args.seconds / 2 * 1.5) + 1000
-            short = "  (ran out of calls)" if posted >= len(calls) else ""
+            short = "" if posted >= len(calls) else f"  (stopped at {args.seconds:g} s)"
             print(
                 f"  ingest {label:<16} {rate:10,.0f} events/s ({posted:,} calls); server CPU "
                 f"{server_cpu() - cpu:.1f} s{note}{short}"
@@ -589,7 +590,8 @@ def main() -> None:
     parser.add_argument("--budgets", type=int, default=10_000)
     parser.add_argument("--gateways", type=int, default=16)
     parser.add_argument("--race-attempts", type=int, default=200, help="per gateway and race")
-    parser.add_argument("--seconds", type=float, default=20.0, help="each ingest run")
+    parser.add_argument("--run-calls", type=int, default=20_000, help="calls of each ingest run")
+    parser.add_argument("--seconds", type=float, default=60.0, help="each ingest run at most")
     parser.add_argument("--writers", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3, help="of ingest without / with holds")
     parser.add_argument("--rate", type=float, default=500.0, help="events/s beside the latencies")
