@@ -110,6 +110,11 @@ _V2_ENTRY_COLUMNS = frozenset(
         "plan_unit_prices",
         "markup_pct",
         "charge_pusd",
+        # (v3) Provider-reported cost (none here) and the failure charge policy (none: ``bill``);
+        # the leakage is set to 0 (none) after loading (``_charge``).
+        "provider_cost_pusd",
+        "failure_charge",
+        "leakage_pusd",
     )
 )
 #: The ledger columns ``_rows`` fills, in its order: those of the ORM model (the public
@@ -313,7 +318,10 @@ def customer_of(key: str) -> str:
 def _charge(conn: Any, keys: int, plans: bool) -> None:
     """The calls' and entries' charge: their cost; with ``plans``, every key assigned a customer
     and ``BENCH_PLAN`` (100 %) from before the first call, and the charge doubled, as the
-    reconciler books it (the rollups are rebuilt from these afterwards)."""
+    reconciler books it (the rollups are rebuilt from these afterwards). No call leaked output
+    uncharged (``leakage_pusd`` 0: the cost is known)."""
+    conn.execute(text("UPDATE ledger_entries SET leakage_pusd = 0"))
+    conn.execute(text("UPDATE calls SET leakage_pusd = 0 WHERE settled"))
     if not plans:
         conn.execute(text("UPDATE calls SET charge_pusd = cost_pusd"))
         conn.execute(text("UPDATE ledger_entries SET charge_pusd = cost_pusd"))

@@ -190,6 +190,16 @@ class Call(TokenColumns, Base):
             postgresql_where=text("attempts = 0"),
             sqlite_where=text("attempts = 0"),
         ),
+        # (0019, v3) The open calls by owner: a credit balance's pending charges
+        # (billing.credits.sql.common, ``pending``: a customer's, or a key's without one).
+        # Partial: settling a call takes it out. The predicate as the query writes it.
+        Index(
+            "ix_calls_open_owner",
+            "customer_id",
+            "api_key_id",
+            postgresql_where=text("settled IS false"),
+            sqlite_where=text("settled IS 0"),
+        ),
         # The call log's status filter, alone and with a key (billing.calllog.queries).
         Index(None, "status", "started_at", "request_id"),
         Index(None, "api_key_id", "status", "started_at", "request_id"),
