@@ -84,7 +84,9 @@ class Claimed(NamedTuple):
 class LiveHold(NamedTuple):
     """A hold not released and not expired (``budget_holds``), with its call's state:
     ``call`` is None without a call, ``"unstepped"`` for a call no reconciliation step has
-    read yet (the hold stands for its figure), ``"counted"`` otherwise (the hold is gone)."""
+    read yet (the hold stands for its figure), ``"open"`` for a call a step read that has not
+    settled (its figure so far: ``call_cost_pusd``, ``call_charge_pusd``), ``"settled"`` once
+    it settled (the hold is gone)."""
 
     request_id: str
     api_key_id: str
@@ -95,6 +97,19 @@ class LiveHold(NamedTuple):
     expires_at: datetime
     call: str | None
     created_at: datetime
+    call_cost_pusd: int | None = None
+    call_charge_pusd: int | None = None
+
+    def beyond_call(self, measure: str) -> int:
+        """What the hold adds to its call's figure so far in ``measure`` (picodollars): while
+        a call a step has read is open, it counts at no less than its live hold (its figure
+        grows as it streams, up to what the hold bounds: admission must not see the rest of
+        the hold as headroom); 0 once the figure reached the hold, or in any other state."""
+        if self.call != "open":
+            return 0
+        charge = self.call_charge_pusd
+        figure = charge if measure == "charge" and charge is not None else self.call_cost_pusd
+        return max(0, self.hold_pusd - (figure or 0))
 
 
 class CallAmount(NamedTuple):

@@ -14,8 +14,13 @@ from billing.credits.rows import Owner
 def held_for_owner(session: Session, owner: Owner, now: datetime) -> int:
     """The owner's live holds at ``now`` in picodollars (its customer's, or its key's): those
     whose call has no event yet, or whose call no reconciliation step has read (the hold stands
-    for it until then; after, the call is pending at its own figure)."""
+    for it until then), and, while a call a step has read is open, the part of its hold above
+    its figure so far (the call is pending at that figure: together, no less than the hold;
+    ``billing.budgets.rows.LiveHold.beyond_call``, in charge, what credit draws)."""
     keys = [owner.api_key_id] if owner.api_key_id is not None else []
     customers = [owner.customer_id] if owner.customer_id is not None else []
     holds = budgets_repository(session).live_holds(session, now, keys, customers, False)
-    return sum(hold.hold_pusd for hold in holds if hold.call != "counted")
+    return sum(
+        hold.hold_pusd if hold.call in (None, "unstepped") else hold.beyond_call("charge")
+        for hold in holds
+    )

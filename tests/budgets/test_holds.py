@@ -126,9 +126,12 @@ def test_a_hold_is_replaced_by_its_call_from_its_first_event(client: TestClient)
     # The call's first event: no reconciliation yet, the hold stands for the call's figure.
     call(client, "c1", T0 + timedelta(seconds=1), 50_000, settled=False)
     assert held(client, "b1", T0 + timedelta(seconds=2)) == ("0", "0.1", "0", "0.1")
-    # A step read the call: its own figure (50,000 input tokens: $0.05) and nothing of the hold.
+    # A step read the call: its own figure (50,000 input tokens: $0.05), and while it is open
+    # the rest of its live hold ($0.05) is still held: it counts at no less than its hold.
     reconcile(client, T0 + timedelta(seconds=3))
-    assert held(client, "b1", T0 + timedelta(seconds=4)) == ("0", "0.05", "0", "0.05")
+    assert held(client, "b1", T0 + timedelta(seconds=4)) == ("0", "0.05", "0.05", "0.1")
+    # Its hold gone (expired), the open call counts at its own figure alone.
+    assert held(client, "b1", T0 + timedelta(seconds=700)) == ("0", "0.05", "0", "0.05")
     usage(client, "c1", T0 + timedelta(seconds=5), 50_000, 10_000)
     reconcile(client, T0 + timedelta(seconds=6))
     assert held(client, "b1", T0 + timedelta(seconds=7)) == ("0.07", "0", "0", "0.07")
@@ -267,7 +270,7 @@ def test_the_spend_check_right_after_the_first_event_counts_the_call_not_its_hol
     )
     reconcile(client, datetime.now(UTC))
     [s] = client.get("/v1/spend", params={"api_key_id": KEY}).json()["budgets"]
-    assert (s["provisional_usd"], s["held_usd"], s["spent_usd"]) == ("0.05", "0", "0.05")
+    assert (s["provisional_usd"], s["held_usd"], s["spent_usd"]) == ("0.05", "0.05", "0.1")
 
 
 def test_the_spend_check_right_after_an_ingest_counts_a_call_no_step_has_read(

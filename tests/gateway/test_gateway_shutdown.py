@@ -113,8 +113,13 @@ def test_a_killed_gateways_spool_is_delivered_by_the_next_process(
     with FakeUpstream(total=9, input_tokens=4) as fake, billing_server(db_url) as billing:
         port = _free_port()
         argv = example_argv(fake.url, billing, port)
-        # the first process's token is refused: its events wait in the spool
-        with server_process(argv, _env(billing, tmp_path, token="bt_revoked"), port) as (url, proc):
+        # the first process's token is refused: its events wait in the spool (it authorizes
+        # nothing: a refused authorization refuses the call, whatever fail_open says)
+        first = [*argv, "--no-authorize"]
+        with server_process(first, _env(billing, tmp_path, token="bt_revoked"), port) as (
+            url,
+            proc,
+        ):
             body: dict[str, Any] = {"model": "fake-model", "messages": []}
             answer = httpx.post(
                 url + "/v1/chat/completions",

@@ -27,11 +27,13 @@ _E = Event.__table__.c
 _UNSTEPPED = text("calls.attempts = 0")
 
 #: A hold's call: none, not yet read by a reconciliation step (no attempt written, not
-#: settled: the hold stands for its figure), or counted by the budgets.
+#: settled: the hold stands for its figure), read by a step and still open (it counts at no
+#: less than its hold), or settled.
 _CALL_STATE = case(
     (_C.request_id.is_(None), None),
-    (_C.attempts == 0, case((_C.settled.is_(False), "unstepped"), else_="counted")),
-    else_="counted",
+    (_C.settled.is_(True), "settled"),
+    (_C.attempts == 0, "unstepped"),
+    else_="open",
 )
 
 
@@ -78,6 +80,8 @@ class Holds(DialectBase):
                 _H.expires_at,
                 _CALL_STATE,
                 _H.created_at,
+                _C.cost_pusd,
+                _C.charge_pusd,
             )
             .select_from(BudgetHold.__table__.outerjoin(Call, _C.request_id == _H.request_id))
             .where(_H.released_at.is_(None), _H.expires_at > now)
