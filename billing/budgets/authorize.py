@@ -163,7 +163,8 @@ def authorize(
     hold = priced or 0
     generation, customer, _ = repo.spend_check_rows(session, body.api_key_id, now)
     in_force = cache.in_force_at(session, generation)
-    budgets = over(in_force.by_row.values(), body.api_key_id, customer, body.tags, body.model)
+    near = in_force.near(body.api_key_id, customer, body.tags)
+    budgets = over(near, body.api_key_id, customer, body.tags, body.model)
     repo.lock_budgets(session, [b.id for b in budgets])
     figures = spent(session, budgets, now)
     decision = decide(budgets, figures, hold, priced is None, now)

@@ -283,7 +283,7 @@ def spend_check(session: Session, api_key_id: str, now: datetime) -> dict[str, A
     generation, customer, rows = _repo(session).spend_check_rows(session, api_key_id, now)
     budgets = cache.in_force_at(session, generation)
     # (A version ended between the statement and a reload of the copy is left out.)
-    found = over(budgets.by_row.values(), api_key_id, customer, (), None)
+    found = over(budgets.near(api_key_id, customer, ()), api_key_id, customer, (), None)
     counters = {
         (c.budget_row, c.period_start): (c.settled_pusd, c.provisional_pusd)
         for c in rows
