@@ -47,6 +47,8 @@ _CHARGE = AMOUNT_COLUMNS["charge"]
 
 #: The counters of (budget row, period start) pairs (``spend``).
 #: The counters of (budget row, period start) pairs (``spend``).
+#: Pairs read by one ``_SPEND`` statement.
+_SPEND_SLICE = 500
 _SPEND = select(
     BudgetSpend.budget_row,
     BudgetSpend.period_start,
@@ -74,10 +76,15 @@ class Counters(DialectBase):
     def spend(
         self, session: Session, pairs: Sequence[tuple[int, datetime]]
     ) -> dict[tuple[int, datetime], tuple[int, int]]:
-        if not pairs:
-            return {}
-        found = session.execute(_SPEND, {"pairs": list(pairs)})
-        return {(row, start): (settled, provisional) for row, start, settled, provisional in found}
+        # In slices: a list of 10,000 pairs (the console's statuses of 10,000 budgets) went past
+        # PostgreSQL's max_stack_depth ("stack depth limit exceeded", answered 503).
+        out: dict[tuple[int, datetime], tuple[int, int]] = {}
+        for at in range(0, len(pairs), _SPEND_SLICE):
+            found = session.execute(_SPEND, {"pairs": list(pairs[at : at + _SPEND_SLICE])})
+            out.update(
+                ((row, start), (settled, provisional)) for row, start, settled, provisional in found
+            )
+        return out
 
     def add_spend(
         self, session: Session, row: int, start: datetime, settled: int, provisional: int
