@@ -3,6 +3,7 @@ budgets' service run at a chosen instant (so every period is fixed, whatever the
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -16,6 +17,7 @@ from sqlalchemy.orm import Session
 from billing.api.state import AppState
 from billing.budgets import service
 from billing.budgets.schemas import BudgetChange, BudgetIn
+from billing.budgets.webhooks import DeliveryWorker
 from billing.reconcile.runner import run_pass
 from billing.storage.db import read_transaction, write_transaction
 from tests.builders import post
@@ -195,3 +197,15 @@ class Receiver:
 def receiving(answers: list[int] | None = None, port: int = 0) -> Iterator[Receiver]:
     with Receiver(answers, port) as receiver:
         yield receiver
+
+
+def deliver(client: TestClient) -> int:
+    """One delivery round of the webhook worker over the app's database: deliveries made."""
+    st = state(client)
+    worker = DeliveryWorker(st.sessions, st.settings)
+
+    async def once() -> int:
+        async with worker.client() as http:
+            return await worker.deliver_once(http)
+
+    return asyncio.run(once())

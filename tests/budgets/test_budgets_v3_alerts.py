@@ -5,7 +5,6 @@ budget running no statement more; on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,13 +19,13 @@ from standardwebhooks import Webhook
 from billing import destinations
 from billing.budgets import summed
 from billing.budgets.repository import repository
-from billing.budgets.webhooks import DeliveryWorker
 from billing.reconcile.service import reconcile_calls
 from billing.settings import Settings
 from billing.storage.db import write_transaction
 from tests.budgets.helpers import (
     alerts,
     create,
+    deliver,
     price,
     read,
     receiving,
@@ -46,17 +45,6 @@ DAY = "2026-11-10T00:00:00Z"
 def settings(db_url: str) -> Settings:
     """The receiver listens on 127.0.0.1: private destinations allowed."""
     return Settings(database_url=db_url, webhook_allow_private=True)
-
-
-def _deliver(client: TestClient) -> int:
-    st = state(client)
-    worker = DeliveryWorker(st.sessions, st.settings)
-
-    async def once() -> int:
-        async with worker.client() as http:
-            return await worker.deliver_once(http)
-
-    return asyncio.run(once())
 
 
 def made(client: TestClient, budget_id: str) -> list[tuple[str, str, str, str]]:
@@ -109,8 +97,8 @@ def test_a_tag_budget_alerts_its_webhook_once_per_threshold_crossed(client: Test
         reconcile(client, at(420))
         assert made(client, "team-a") == [("crossed", "0.5", DAY, "0.55")]
         assert status(client, "team-a", at(420))["spent_usd"] == "0.75"
-        assert _deliver(client) == 1
-        assert _deliver(client) == 0
+        assert deliver(client) == 1
+        assert deliver(client) == 0
     [(headers, body)] = receiver.received
     [alert] = alerts(client, "team-a")
     assert headers["webhook-id"] == alert["alert_id"]

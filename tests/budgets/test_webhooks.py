@@ -4,7 +4,6 @@ the URL's query never in the logs."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -14,26 +13,15 @@ import pytest
 from fastapi.testclient import TestClient
 from standardwebhooks import Webhook
 
-from billing.budgets.webhooks import DeliveryWorker, retry_pause_s, sign
+from billing.budgets.webhooks import retry_pause_s, sign
 from billing.settings import Settings
-from tests.budgets.helpers import call, price, receiving, state
+from tests.budgets.helpers import call, deliver, price, receiving, state
 
 
 @pytest.fixture
 def settings(db_url: str) -> Settings:
     """The receivers listen on 127.0.0.1: private destinations allowed."""
     return Settings(database_url=db_url, webhook_allow_private=True)
-
-
-def _deliver(client: TestClient) -> int:
-    st = state(client)
-    worker = DeliveryWorker(st.sessions, st.settings)
-
-    async def once() -> int:
-        async with worker.client() as http:
-            return await worker.deliver_once(http)
-
-    return asyncio.run(once())
 
 
 def test_a_crossing_is_delivered_signed_and_retried_with_the_same_id(
@@ -59,13 +47,13 @@ def test_a_crossing_is_delivered_signed_and_retried_with_the_same_id(
         assert client.post("/v1/reconcile", json={}).status_code == 200
         [alert] = client.get("/v1/alerts").json()["data"]
         assert alert["delivery"]["state"] == "pending"
-        assert _deliver(client) == 1  # answered 500
+        assert deliver(client) == 1  # answered 500
         [alert] = client.get("/v1/alerts").json()["data"]
         assert (alert["delivery"]["state"], alert["delivery"]["attempts"]) == ("pending", 1)
         assert alert["delivery"]["last_status"] == 500
-        assert _deliver(client) == 0  # not due yet
+        assert deliver(client) == 0  # not due yet
         time.sleep(1.1)  # the first pause is at most FIRST_RETRY_S
-        assert _deliver(client) == 1
+        assert deliver(client) == 1
     [alert] = client.get("/v1/alerts").json()["data"]
     assert (alert["delivery"]["state"], alert["delivery"]["attempts"]) == ("delivered", 2)
     assert len(receiver.received) == 2
@@ -120,8 +108,8 @@ def test_a_webhook_failing_past_the_retry_window_is_marked_failed(client: TestCl
         call(client, "c1", datetime.now(UTC) - timedelta(minutes=1), 600_000)
         assert client.post("/v1/reconcile", json={}).status_code == 200
         time.sleep(0.6)
-        assert _deliver(client) == 1  # 500, and the next try would be past the window
+        assert deliver(client) == 1  # 500, and the next try would be past the window
     [alert] = client.get("/v1/alerts").json()["data"]
     delivery = alert["delivery"]
     assert (delivery["state"], delivery["attempts"], delivery["last_status"]) == ("failed", 1, 500)
-    assert delivery["next_attempt_at"] is None and _deliver(client) == 0
+    assert delivery["next_attempt_at"] is None and deliver(client) == 0

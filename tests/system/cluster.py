@@ -98,6 +98,17 @@ def render(template: str, values: dict[str, str]) -> str:
     return string.Template((DEPLOY / template).read_text()).substitute(values)
 
 
+def wait_for(what: str, check: Callable[[], T], timeout: float = 60.0) -> T:
+    """The first truthy answer of ``check``, asked every 0.1 s for ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 def wait_until(what: str, timeout: float, probe: Callable[[], T | None]) -> T:
     """The first non-None answer of ``probe``, asked every ``POLL`` seconds for ``timeout``."""
     deadline = time.monotonic() + timeout

@@ -5,11 +5,10 @@ alert (at least once), always with the alert's ``webhook-id``, verified by the
 
 from __future__ import annotations
 
+import functools
 import signal
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -18,18 +17,12 @@ from standardwebhooks import Webhook
 from tests.budgets.helpers import MODEL, PRICE, receiving
 from tests.client.test_client import ServeProcess
 from tests.conftest import _free_port
+from tests.system.cluster import wait_for
 
 pytestmark = pytest.mark.slow
 
 
-def _wait(what: str, check: Any, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+_wait = functools.partial(wait_for, timeout=30.0)
 
 
 def test_an_alert_crossed_before_a_sigkill_is_delivered_after_the_restart(

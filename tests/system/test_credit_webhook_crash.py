@@ -12,6 +12,7 @@ no second alert (once per crossing, across the restart)."""
 
 from __future__ import annotations
 
+import functools
 import signal
 import threading
 import time
@@ -26,6 +27,7 @@ from standardwebhooks import Webhook
 
 from tests.client.test_client import ServeProcess
 from tests.credits.helpers import PRICE
+from tests.system.cluster import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -95,14 +97,7 @@ class GatedReceiver:
         self.server.server_close()
 
 
-def _wait(what: str, check: Any, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+_wait = functools.partial(wait_for, timeout=60.0)
 
 
 def _ok(response: httpx.Response, *codes: int) -> dict[str, Any]:

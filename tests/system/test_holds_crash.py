@@ -20,6 +20,7 @@ and one of a micro-dollar more is not."""
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import signal
@@ -42,6 +43,7 @@ from billing.client.authorizations import Authorization, Release
 from billing.client.errors import AuthorizationUnavailable
 from tests.budgets.helpers import MODEL, PRICE
 from tests.client.test_client import ServeProcess
+from tests.system.cluster import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -224,14 +226,7 @@ def _run_gateways(url: str, seed: int, load: Load) -> tuple[list[threading.Threa
     return threads, results
 
 
-def _wait(what: str, check: Any, timeout: float = 90.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+_wait = functools.partial(wait_for, timeout=90.0)
 
 
 @pytest.fixture
