@@ -26,8 +26,7 @@ from billing.budgets.webhooks import DeliveryWorker
 from billing.settings import Settings
 from billing.storage.db import make_engine, make_sessionmaker
 from billing.storage.models import WebhookOutbox
-from tests.budgets.helpers import call, price, receiving, state, write
-from tests.budgets.test_webhooks import _deliver
+from tests.budgets.helpers import call, deliver, price, receiving, state, write
 from tests.system.test_webhook_stall import _huge, _RawReceiver
 
 REFUSED_URLS = [
@@ -126,7 +125,7 @@ def test_a_name_resolving_to_a_private_address_is_refused_at_send_time(
     client: TestClient, no_network: dict[str, list[Any]]
 ) -> None:
     _alert_crossed(client, "https://hooks.rebinding.test/x")
-    assert _deliver(client) == 1
+    assert deliver(client) == 1
     [alert] = client.get("/v1/alerts").json()["data"]
     delivery = alert["delivery"]
     assert (delivery["state"], delivery["attempts"]) == ("pending", 1)
@@ -162,7 +161,7 @@ def test_an_odd_stored_url_is_a_counted_failed_attempt(
     _allow_private(client)
     _alert_crossed(client, "https://hooks.example.com/x")
     write(client, lambda s: s.execute(update(WebhookOutbox).values(url=url)))
-    assert _deliver(client) == 1
+    assert deliver(client) == 1
     [alert] = client.get("/v1/alerts").json()["data"]
     delivery = alert["delivery"]
     assert (delivery["state"], delivery["attempts"]) == ("pending", 1)
@@ -176,7 +175,7 @@ def test_a_failure_shows_a_category_and_none_of_the_response(client: TestClient)
     _allow_private(client)
     with receiving(answers=[503]) as receiver:
         _alert_crossed(client, receiver.url)
-        assert _deliver(client) == 1
+        assert deliver(client) == 1
     [alert] = client.get("/v1/alerts").json()["data"]
     assert alert["delivery"]["last_error"] == "answered 503"
     assert alert["delivery"]["last_status"] == 503
@@ -218,7 +217,7 @@ def test_one_deadline_bounds_the_whole_attempt(client: TestClient) -> None:
     with _RawReceiver(_trickle_fast) as receiver:
         _alert_crossed(client, receiver.url)
         started = time.monotonic()
-        assert _deliver(client) == 1
+        assert deliver(client) == 1
         elapsed = time.monotonic() - started
         receiver.stop.set()
     assert elapsed < 3.0, elapsed
@@ -232,7 +231,7 @@ def test_a_1_gib_reply_is_read_no_further_than_64_kib(client: TestClient) -> Non
     _allow_private(client)
     with _RawReceiver(_huge) as receiver:
         _alert_crossed(client, receiver.url)
-        assert _deliver(client) == 1
+        assert deliver(client) == 1
         assert receiver.closed.wait(10)
     assert receiver.sent < 64 << 20
     [alert] = client.get("/v1/alerts").json()["data"]

@@ -12,8 +12,7 @@ from fastapi.testclient import TestClient
 from standardwebhooks import Webhook
 
 from billing.settings import Settings
-from tests.budgets.helpers import receiving
-from tests.budgets.test_webhooks import _deliver
+from tests.budgets.helpers import deliver, receiving
 from tests.credits.helpers import JAN, PRICE, call, grant, ok, reconcile
 
 
@@ -49,8 +48,8 @@ def test_the_low_balance_webhook_arrives_once_per_crossing(
         reconcile(app, settings, "2026-03-01T10:06:30Z")
         call(client, "r6", "2026-03-01T10:07:00Z", 100)  # 0.014: still below, no new alert
         reconcile(app, settings, "2026-03-01T10:07:30Z")
-        assert _deliver(client) == 3
-        assert _deliver(client) == 0
+        assert deliver(client) == 3
+        assert deliver(client) == 0
     payloads = [Webhook(secret).verify(body, headers) for headers, body in receiver.received]
     payloads.sort(key=lambda p: p["timestamp"])  # delivered concurrently, in any order
     assert [(p["type"], p["data"]["available_usd"]) for p in payloads] == [
@@ -80,7 +79,7 @@ def test_a_grant_with_a_remainder_warns_seven_days_before_it_expires(
         reconcile(app, settings, "2026-03-12T23:59:59Z")  # 7 days + 1 s before: nothing yet
         reconcile(app, settings, "2026-03-13T00:00:00Z")
         reconcile(app, settings, "2026-03-14T00:00:00Z")  # once
-        assert _deliver(client) == 1
+        assert deliver(client) == 1
     ((headers, body),) = receiver.received
     payload = Webhook(secret).verify(body, headers)
     assert payload["type"] == "credits.expiring"
@@ -101,7 +100,7 @@ def test_a_void_that_empties_the_balance_sends_exhausted(
         grant(client, "g", "1")
         ok(client.post("/v1/credits/grants/g/void", json={}), 200)
         ok(client.post("/v1/credits/grants/g/void", json={}), 200)  # once
-        assert _deliver(client) == 2
+        assert deliver(client) == 2
     payloads = [Webhook(secret).verify(body, headers) for headers, body in receiver.received]
     assert sorted((p["type"], p["data"]["available_usd"]) for p in payloads) == [
         ("credits.exhausted", "0"),
