@@ -70,7 +70,11 @@ def test_sigterm_with_streams_in_flight_settles_every_call(db_url: str, tmp_path
         async def run() -> None:
             async with httpx.AsyncClient(timeout=30) as http:
                 calls = [asyncio.create_task(_stream(http, url, r, n)) for r, n in totals.items()]
-                await asyncio.sleep(0.3)  # every stream is in flight
+                # every stream is in flight (each authorized first: a round trip more under load)
+                for _ in range(100):
+                    if sum(len(fake.records.get(rid, [])) for rid in totals) == 3:
+                        break
+                    await asyncio.sleep(0.1)
                 assert sum(len(fake.records.get(rid, [])) for rid in totals) == 3
                 proc.send_signal(signal.SIGTERM)
                 await asyncio.gather(*calls)
