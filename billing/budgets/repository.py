@@ -54,6 +54,26 @@ class BudgetsRepository(Protocol):
         """End a version (and bump the generation)."""
 
     def list_budgets(self, session: Session, include_ended: bool) -> list[Budget]: ...
+    def budget_page(self, session: Session, after: str | None, limit: int) -> list[Budget]:
+        """Up to ``limit`` versions in force, by ``budget_id``, after ``after``."""
+        ...
+
+    def customers_budgets(self, session: Session, customer_ids: Sequence[str]) -> list[Budget]:
+        """The versions in force scoped to one of ``customer_ids``, by ``budget_id``."""
+        ...
+
+    def uncounted(self, session: Session) -> list[Budget]:
+        """The versions in force no counter keeps (``billing.budgets.scopes.kept_by_counters``
+        false: v3 tag or every-call scopes, a model, a rolling window), by ``budget_id``."""
+        ...
+
+    def fullest(self, session: Session, now: datetime, limit: int) -> list[Budget]:
+        """Up to ``limit`` versions in force, the fullest first: by the latest counter at or
+        before ``now`` (settled + provisional) over the limit, compared as floating point (a
+        ranking only: the caller computes the exact statuses). Versions no counter keeps (v3
+        tag, model and rolling budgets) are not among them."""
+        ...
+
     def generation(self, session: Session) -> int | None:
         """The budgets' generation (``budget_generation``; None without its row)."""
 

@@ -254,12 +254,42 @@ def _statuses(session: Session, budgets: Sequence[Budget], now: datetime) -> lis
     return statuses(budgets, spent(session, budgets, now), now)
 
 
-def statuses_in_force(
-    session: Session, now: datetime, limit: int | None = None
+def statuses_in_force(session: Session, now: datetime, limit: int) -> list[dict[str, Any]]:
+    """The status of the first ``limit`` budgets in force, by ``budget_id`` (``/metrics``)."""
+    return status_page(session, None, limit, now)[0]
+
+
+def status_page(
+    session: Session, after: str | None, limit: int, now: datetime
+) -> tuple[list[dict[str, Any]], str | None]:
+    """A page of the statuses of the budgets in force, by ``budget_id`` after ``after``, and
+    the ``budget_id`` the next page starts after (None: the last); only the page's are
+    computed (the console's Budgets page)."""
+    budgets = _repo(session).budget_page(session, after, limit + 1)
+    more = len(budgets) > limit
+    budgets = budgets[:limit]
+    return _statuses(session, budgets, now), budgets[-1].budget_id if more and budgets else None
+
+
+def customer_statuses(
+    session: Session, customer_ids: Sequence[str], now: datetime
 ) -> list[dict[str, Any]]:
-    """The status of every budget in force (the first ``limit`` of them), by ``budget_id``
-    (the console's Budgets page, ``/metrics``)."""
-    return _statuses(session, _repo(session).list_budgets(session, False)[:limit], now)
+    """The status of every budget in force scoped to one of ``customer_ids``, by
+    ``budget_id`` (the console's Customers page: only its page's customers)."""
+    return _statuses(session, _repo(session).customers_budgets(session, customer_ids), now)
+
+
+def fullest_statuses(session: Session, now: datetime, limit: int) -> list[dict[str, Any]]:
+    """The statuses of the ``limit`` budgets in force whose counters are the fullest
+    (``BudgetsRepository.fullest``), fullest first, then the budgets no counter keeps (v3 tag,
+    model and rolling budgets); the console's Overview keeps those in ``warning`` or
+    ``exceeded``. Only these are computed."""
+    repo = _repo(session)
+    budgets = repo.fullest(session, now, limit)
+    ranked = {b.id for b in budgets}
+    budgets += [b for b in repo.uncounted(session) if b.id not in ranked]
+    found = _statuses(session, budgets, now)
+    return sorted(found, key=lambda s: -Decimal(s["fraction_used"]))
 
 
 def budget_status(session: Session, budget_id: str, now: datetime) -> dict[str, Any]:

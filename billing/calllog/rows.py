@@ -24,6 +24,10 @@ class RollupSlice:
     dims: tuple[str, ...]
     #: (v2) A customer filter, when not None (only on ``usage_rollups``).
     customer_id: str | None = None
+    #: (v3, the console's pages) Only these keys' rows, when not None (``usage_rollups``).
+    api_key_ids: tuple[str, ...] | None = None
+    #: (v3, the console's pages) Only these customers' rows, when not None (``usage_rollups``).
+    customer_ids: tuple[str, ...] | None = None
 
 
 #: Rows of sums (see ``CalllogRepository.rollup_sums``).

@@ -81,6 +81,10 @@ class UsageQuery:
     basis: str = CALL_START
     #: (v2) Only what is charged to this customer.
     customer_id: str | None = None
+    #: (v3, the console's pages; not a parameter of the API) Only these keys, or these
+    #: customers, when not None: the figures of one page of keys or customers.
+    api_key_ids: tuple[str, ...] | None = None
+    customer_ids: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.since.tzinfo is None or self.until.tzinfo is None:
@@ -109,6 +113,9 @@ class UsageRow:
     #: (v3) The cost that charge policies for failed calls left uncharged, in picodollars
     #: (CONTRACT "Charge policy for failed calls (v3)"), null as the cost is.
     leakage_pusd: int | None = None
+    #: (v3) The calls (``call_start``) or entries (``booked``) of the group without a cost:
+    #: why ``cost_usd`` is null (the console's Overview counts them; not in ``as_json``).
+    unpriced: int = 0
 
     def as_json(self) -> dict[str, Any]:
         """The contract's row: group-by keys, then ``TOTAL_FIELDS``, ``charge_usd``, ``units``."""
@@ -296,6 +303,7 @@ class _Groups:
                     units={name: n for name, n in sorted(self.units.get(group, {}).items()) if n},
                     charge_pusd=None if no_charge else totals.charge_pusd,
                     leakage_pusd=None if unknown else totals.leakage_pusd,
+                    unpriced=unpriced,
                 )
             )
         return result
@@ -316,8 +324,16 @@ def _read_rollups(
         or "api_key_id" in dims
         or "customer_id" in dims
     )
+    by_key = by_key or query.api_key_ids is not None or query.customer_ids is not None
     rows = RollupSlice(
-        by_key, query.basis, query.api_key_id, query.model, tuple(dims), query.customer_id
+        by_key,
+        query.basis,
+        query.api_key_id,
+        query.model,
+        tuple(dims),
+        query.customer_id,
+        query.api_key_ids,
+        query.customer_ids,
     )
     store = repository(session)
     width = len(dims)
@@ -372,4 +388,6 @@ def _read_raw(session: Session, query: UsageQuery, windows: Sequence[Window]) ->
         and (query.api_key_id is None or p.api_key_id == query.api_key_id)
         and (query.model is None or p.model == query.model)
         and (query.customer_id is None or p.customer_id == query.customer_id)
+        and (query.api_key_ids is None or p.api_key_id in query.api_key_ids)
+        and (query.customer_ids is None or p.customer_id in query.customer_ids)
     ]

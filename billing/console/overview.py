@@ -19,7 +19,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from billing.budgets.service import statuses_in_force
+from billing.budgets.service import fullest_statuses
 from billing.calllog.queries import STATUSES
 from billing.calllog.usage import UsageQuery, parse_usage_query, usage_rows
 from billing.console.people import change, share
@@ -31,6 +31,10 @@ Items = Sequence[tuple[str, str]]
 TOP = 5
 #: Failed webhooks listed.
 FAILED_SHOWN = 10
+#: Budgets near or over their limit listed, of the fullest ``BUDGETS_READ`` (their counters'
+#: ranking is in floating point and leaves out holds: more are read than shown).
+BUDGETS_SHOWN = 10
+BUDGETS_READ = 40
 
 
 def overview_defaults(items: Items, now: datetime) -> list[tuple[str, str]]:
@@ -119,12 +123,14 @@ def overview_view(session: Session, items: Items, now: datetime) -> dict[str, An
     query = parse_usage_query(items)
     length = query.until - query.since
     before = UsageQuery(query.since - length, query.since)
-    totals = _totals(_rows(session, query))
+    current = usage_rows(session, UsageQuery(query.since, query.until))
+    totals = _totals([row.as_json() for row in current])
     previous = _totals(_rows(session, before))
     repo = observe(session)
     statuses = repo.calls_by_status(session, STATUSES, query.since, query.until)
     started = sum(statuses.values())
-    budgets = [b for b in statuses_in_force(session, now) if b["state"] in ("warning", "exceeded")]
+    fullest = fullest_statuses(session, now, BUDGETS_READ)
+    budgets = [b for b in fullest if b["state"] in ("warning", "exceeded")][:BUDGETS_SHOWN]
     deliveries = repo.deliveries_by_state(session)
     per_model = _rows(session, query, "model")
     spend = _spend(_rows(session, query, "day", "model"), query)
@@ -141,7 +147,7 @@ def overview_view(session: Session, items: Items, now: datetime) -> dict[str, An
         "started": started,
         "disconnect_rate": share(statuses.get("client_disconnected", 0), started),
         "error_rate": share(statuses.get("failed", 0), started),
-        "unpriced": repo.unpriced_calls(session, query.since, query.until),
+        "unpriced": sum(row.unpriced for row in current),
         "top_keys": _top(_rows(session, query, "api_key_id"), "api_key_id"),
         "top_customers": _top(_rows(session, query, "customer_id"), "customer_id"),
         "top_models": _top(per_model, "model"),

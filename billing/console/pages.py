@@ -1,7 +1,11 @@
 """The console's v3 pages besides the Overview (CONTRACT "Observability and standard exports
 (v3)"): **Keys** (``GET /v1/keys`` with each key's usage of the period), **Customers** (their
 plans, budgets and charges of the period) and **Alerts** (``GET /v1/alerts``: each alert and
-its webhook delivery). Each takes the session, the page's query string and the time."""
+its webhook delivery). Each takes the session, the page's query string and the time.
+
+Keys and Customers are paged by id (``KEYS_PER_PAGE``, ``CUSTOMERS_PER_PAGE``, a "next" link
+as the call log's): the figures, keys and budget statuses are read for the page's ids only
+(the rollup rows of those keys or customers), so a page costs the same at 10,000 keys."""
 
 from __future__ import annotations
 
@@ -11,67 +15,85 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from billing.budgets.service import list_alerts, statuses_in_force
+from billing.budgets.service import customer_statuses, list_alerts
 from billing.calllog.usage import UsageQuery, parse_usage_query, usage_rows
-from billing.plans.service import list_keys
+from billing.credits.service import customer_page, decode_customer_cursor
+from billing.errors import FieldError, ValidationFailed
+from billing.plans.service import decode_key_cursor, keys_in_force_of, list_keys
 
 Items = Sequence[tuple[str, str]]
 #: A page's builder: the session, the query string's pairs and the time → the context.
 Build = Callable[[Session, Items, datetime], dict[str, Any]]
 #: Keys a page shows (the next by the API's cursor).
 KEYS_PER_PAGE = 100
-#: Keys read to name each customer's plans and keys.
-MAX_KEYS_READ = 1000
+#: Customers a page shows (the next by ``GET /v1/customers``' cursor).
+CUSTOMERS_PER_PAGE = 100
 
 
-def _by(session: Session, items: Items, key: str) -> dict[Any, dict[str, Any]]:
-    """``/v1/usage`` of the period grouped by ``key``, by its value."""
+def _cursor(items: Items, decode: Callable[[str], str]) -> str | None:
+    """The id the page's ``cursor`` names (None: the first page); ``ValidationFailed``
+    (the page shows the message) for a cursor no page gave."""
+    text = dict(items).get("cursor")
+    if text is None:
+        return None
+    try:
+        return decode(text)
+    except ValueError as bad:
+        raise ValidationFailed([FieldError(None, "query.cursor", str(bad))]) from None
+
+
+def _usage_of(
+    session: Session, items: Items, key: str, values: Sequence[str]
+) -> dict[Any, dict[str, Any]]:
+    """``/v1/usage`` of the period grouped by ``key`` (``api_key_id`` or ``customer_id``) for
+    these ``values`` only (one page's), by value: the rollup rows of those keys or customers
+    (read by their index), not every one's."""
     query = parse_usage_query([(k, v) for k, v in items if k in ("since", "until")])
-    grouped = UsageQuery(query.since, query.until, group_by=(key,))
+    ids = tuple(values)
+    grouped = UsageQuery(
+        query.since,
+        query.until,
+        group_by=(key,),
+        api_key_ids=ids if key == "api_key_id" else None,
+        customer_ids=ids if key == "customer_id" else None,
+    )
     return {row.as_json()[key]: row.as_json() for row in usage_rows(session, grouped)}
 
 
 def keys_view(session: Session, items: Items, now: datetime) -> dict[str, Any]:
     """A page of keys (by id) with their customer, plan and the period's calls, cost and
     charge."""
-    usage = _by(session, items, "api_key_id")
-    after = dict(items).get("cursor")
+    parse_usage_query([(k, v) for k, v in items if k in ("since", "until")])  # 422 first
+    after = _cursor(items, decode_key_cursor)
     page, cursor = list_keys(session, after, KEYS_PER_PAGE, now)
+    usage = _usage_of(session, items, "api_key_id", [key["api_key_id"] for key in page])
     return {"keys": [{**key, "usage": usage.get(key["api_key_id"])} for key in page],
             "next_cursor": cursor}  # fmt: skip
 
 
 def customers_view(session: Session, items: Items, now: datetime) -> dict[str, Any]:
-    """Each customer with a key or with usage in the period: plans and keys (their keys in
-    force), budgets in force scoped to it, and the period's calls, cost and charge."""
-    usage = _by(session, items, "customer_id")
-    keys, _ = list_keys(session, None, MAX_KEYS_READ, now)
-    customers: dict[str, dict[str, Any]] = {}
-
-    def entry(customer_id: str) -> dict[str, Any]:
-        return customers.setdefault(
-            customer_id,
-            {"customer_id": customer_id, "plans": set(), "keys": [], "budgets": []},
-        )
-
-    for key in keys:
-        if key["customer_id"]:
-            found = entry(key["customer_id"])
-            found["keys"].append(key["api_key_id"])
-            if key["plan_id"]:
-                found["plans"].add(key["plan_id"])
-    for customer_id in usage:
-        if customer_id:
-            entry(customer_id)
-    for status in statuses_in_force(session, now):
-        scoped = status["scope"].get("customer_id")
-        if scoped:
-            entry(scoped)["budgets"].append(status)
+    """A page of customers (by id, as ``GET /v1/customers`` lists them: a record, a key or a
+    grant): plans and keys (their keys in force), budgets in force scoped to each, and the
+    period's calls, cost and charge."""
+    parse_usage_query([(k, v) for k, v in items if k in ("since", "until")])  # 422 first
+    after = _cursor(items, decode_customer_cursor)
+    ids, cursor = customer_page(session, after, CUSTOMERS_PER_PAGE)
+    usage = _usage_of(session, items, "customer_id", ids)
+    customers: dict[str, dict[str, Any]] = {
+        c: {"customer_id": c, "plans": set(), "keys": [], "budgets": []} for c in ids
+    }
+    for key in keys_in_force_of(session, ids, now):
+        found = customers[key["customer_id"]]
+        found["keys"].append(key["api_key_id"])
+        if key["plan_id"]:
+            found["plans"].add(key["plan_id"])
+    for status in customer_statuses(session, ids, now):
+        customers[status["scope"]["customer_id"]]["budgets"].append(status)
     rows = [
         {**c, "plans": sorted(c["plans"]), "usage": usage.get(c["customer_id"])}
-        for c in sorted(customers.values(), key=lambda c: c["customer_id"])
+        for c in customers.values()
     ]
-    return {"customers": rows}
+    return {"customers": rows, "next_cursor": cursor}
 
 
 def alerts_view(session: Session, items: Items, now: datetime) -> dict[str, Any]:

@@ -239,13 +239,20 @@ async def usage(request: Request) -> Response:
 
 @router.get("/budgets")
 async def budgets(request: Request) -> Response:
-    """Budgets (``GET /v1/budgets/{id}`` for each in force): progress and state."""
+    """Budgets (``GET /v1/budgets/{id}`` for each in force, a page at a time): progress and
+    state."""
     viewer = await _gate(request, "budgets")
     if isinstance(viewer, Response):
         return viewer
     now = datetime.now(UTC)
+    items = _items(request)
     return await _show(
-        request, viewer, "budgets", "budgets.html", lambda s: views.budgets_view(s, now), {}
+        request,
+        viewer,
+        "budgets",
+        "budgets.html",
+        lambda s: views.budgets_view(s, items, now),
+        dict(items),
     )
 
 

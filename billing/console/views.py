@@ -18,7 +18,7 @@ from zoneinfo import ZoneInfo
 from sqlalchemy.orm import Session
 
 from billing.budgets.authorize import holds_in_flight
-from billing.budgets.service import statuses_in_force
+from billing.budgets.service import status_page
 from billing.calllog import buckets
 from billing.calllog.params import parse_zone
 from billing.calllog.queries import STATUSES, list_calls, parse_calls_query
@@ -35,6 +35,7 @@ from billing.errors import FieldError, ValidationFailed
 from billing.export.params import parse_params
 from billing.export.service import period_label
 from billing.money import format_usd
+from billing.plans.service import decode_id_cursor, encode_id_cursor
 from billing.rollups.rows import BASES
 from billing.timefmt import rfc3339
 
@@ -208,15 +209,30 @@ def drift_view(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"rows": ordered, "keys": keys, "fields": DRIFT_FIELDS}
 
 
-def budgets_view(session: Session, now: datetime) -> dict[str, Any]:
-    """The Budgets page: each budget in force with its current period's status
-    (``billing.budgets.service.statuses_in_force``, the shape of ``GET /v1/budgets/{id}``) and
-    its progress (``fraction_used``, at most 1 for the bar); the holds of authorizations counted
-    now, with their age (``billing.budgets.authorize.holds_in_flight``)."""
-    rows = statuses_in_force(session, now)
+#: Budgets the Budgets page shows (the next after a cursor).
+BUDGETS_PER_PAGE = 100
+
+
+def budgets_view(session: Session, items: Items, now: datetime) -> dict[str, Any]:
+    """The Budgets page: a page of the budgets in force (by ``budget_id``, ``BUDGETS_PER_PAGE``
+    after the ``cursor``) with their current period's status
+    (``billing.budgets.service.status_page``: only the page's are computed; the shape of
+    ``GET /v1/budgets/{id}``) and progress (``fraction_used``, at most 1 for the bar); the holds
+    of authorizations counted now, with their age (``billing.budgets.authorize.holds_in_flight``).
+    """
+    text = dict(items).get("cursor")
+    try:
+        after = None if text is None else decode_id_cursor("b", text)
+    except ValueError as bad:
+        raise ValidationFailed([FieldError(None, "query.cursor", str(bad))]) from None
+    rows, last = status_page(session, after, BUDGETS_PER_PAGE, now)
     for row in rows:
         row["progress"] = format_usd(min(Decimal(row["fraction_used"]), Decimal(1)))
-    return {"budgets": rows, "holds": holds_in_flight(session, now)}
+    return {
+        "budgets": rows,
+        "next_cursor": None if last is None else encode_id_cursor("b", last),
+        "holds": holds_in_flight(session, now),
+    }
 
 
 #: The latest credit entries the Credits page shows of an owner.

@@ -69,17 +69,22 @@ def decode_customer_cursor(text: str) -> str:
     return decode_id_cursor("c", text)
 
 
+def customer_page(session: Session, after: str | None, limit: int) -> tuple[list[str], str | None]:
+    """A page of customer ids as ``list_customers`` pages them (a record, a key or a grant
+    names each), and the next page's cursor (None: the last); no balance is computed."""
+    ids = repository(session).customer_page(session, after, limit + 1)
+    more = len(ids) > limit
+    ids = ids[:limit]
+    return ids, encode_id_cursor("c", ids[-1]) if more and ids else None
+
+
 def list_customers(
     session: Session, after: str | None, limit: int, now: datetime
 ) -> tuple[list[dict[str, Any]], str | None]:
     """A page of customers by ``customer_id`` and the next page's cursor (None: the last)."""
-    repo = repository(session)
-    ids = repo.customer_page(session, after, limit + 1)
-    more = len(ids) > limit
-    ids = ids[:limit]
-    rows = repo.customers(session, ids)
-    page = [customer_json(session, c, rows.get(c), now) for c in ids]
-    return page, encode_id_cursor("c", ids[-1]) if more and ids else None
+    ids, cursor = customer_page(session, after, limit)
+    rows = repository(session).customers(session, ids)
+    return [customer_json(session, c, rows.get(c), now) for c in ids], cursor
 
 
 def credit_required(session: Session, customer_id: str) -> bool:

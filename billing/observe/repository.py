@@ -43,10 +43,6 @@ class ObserveRepository(Protocol):
         """How many calls of each status started in ``[since, until)``."""
         ...
 
-    def unpriced_calls(self, session: Session, since: datetime, until: datetime) -> int:
-        """How many settled calls started in ``[since, until)`` have no cost."""
-        ...
-
     def failed_deliveries(self, session: Session, limit: int) -> list[FailedDelivery]:
         """The latest ``limit`` webhooks that failed for good, newest first."""
         ...

@@ -25,6 +25,11 @@ class PlansRepository(Protocol):
         """Every assignment of each key that has any, oldest ``effective_from`` first."""
         ...
 
+    def keys_ever_of(self, session: Session, customer_ids: Sequence[str]) -> list[str]:
+        """The keys any assignment of which names one of ``customer_ids`` (the
+        ``customer_id`` index), by ``api_key_id``."""
+        ...
+
     def add_key_version(self, session: Session, row: KeyAssignment) -> None:
         """Insert one assignment (its identity (key, effective_from) is not stored yet)."""
         ...

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -152,6 +153,19 @@ def list_keys(
     history = repo.key_history(session, ids)
     page = [key_json(k, history.get(k, []), now) for k in ids]
     return page, encode_key_cursor(ids[-1]) if more and ids else None
+
+
+def keys_in_force_of(
+    session: Session, customer_ids: Sequence[str], now: datetime
+) -> list[dict[str, Any]]:
+    """The keys (``key_json``) whose assignment in force at ``now`` names one of
+    ``customer_ids``, by ``api_key_id`` (the console's Customers page)."""
+    repo = repository(session)
+    wanted = set(customer_ids)
+    ids = repo.keys_ever_of(session, customer_ids)
+    history = repo.key_history(session, ids)
+    keys = [key_json(k, history.get(k, []), now) for k in ids]
+    return [key for key in keys if key["customer_id"] in wanted]
 
 
 # --- plans ---------------------------------------------------------------------------------------

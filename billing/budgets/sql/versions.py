@@ -3,26 +3,31 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
+    Float,
     and_,
     bindparam,
+    cast,
     event,
     func,
+    or_,
     select,
     true,
     union_all,
     update,
 )
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from billing.budgets.rows import (
     BudgetDef,
     CounterRow,
 )
 from billing.budgets.sql.common import DialectBase
+from billing.storage.lists import CHUNK
 from billing.storage.models import (
     Budget,
     BudgetGeneration,
@@ -147,6 +152,54 @@ class BudgetVersions(DialectBase):
         else:
             query = select(Budget).where(Budget.ended_at.is_(None))
         return list(session.scalars(query.order_by(Budget.budget_id)))
+
+    def budget_page(self, session: Session, after: str | None, limit: int) -> list[Budget]:
+        query = select(Budget).where(Budget.ended_at.is_(None))
+        if after is not None:
+            query = query.where(Budget.budget_id > after)
+        return list(session.scalars(query.order_by(Budget.budget_id).limit(limit)))
+
+    def customers_budgets(self, session: Session, customer_ids: Sequence[str]) -> list[Budget]:
+        found: list[Budget] = []
+        ids = sorted(set(customer_ids))
+        for start in range(0, len(ids), CHUNK):
+            query = select(Budget).where(
+                Budget.ended_at.is_(None), Budget.customer_id.in_(ids[start : start + CHUNK])
+            )
+            found += session.scalars(query)
+        return sorted(found, key=lambda b: b.budget_id)
+
+    def uncounted(self, session: Session) -> list[Budget]:
+        query = select(Budget).where(
+            Budget.ended_at.is_(None),
+            or_(
+                and_(Budget.api_key_id.is_(None), Budget.customer_id.is_(None)),
+                Budget.model.is_not(None),
+                Budget.period == "rolling",
+            ),
+        )
+        return list(session.scalars(query.order_by(Budget.budget_id)))
+
+    def fullest(self, session: Session, now: datetime, limit: int) -> list[Budget]:
+        # The latest counter of each version in force: one probe of budget_spend's key each.
+        other = aliased(BudgetSpend)
+        latest = (
+            select(func.max(other.period_start))
+            .where(other.budget_row == Budget.id, other.period_start <= now)
+            .correlate(Budget)
+            .scalar_subquery()
+        )
+        used = (BudgetSpend.settled_pusd + BudgetSpend.provisional_pusd) / func.nullif(
+            cast(Budget.limit_usd, Float), 0
+        )
+        query = (
+            select(Budget)
+            .join(BudgetSpend, BudgetSpend.budget_row == Budget.id)
+            .where(Budget.ended_at.is_(None), BudgetSpend.period_start == latest)
+            .order_by(used.desc().nulls_last(), Budget.budget_id)
+            .limit(limit)
+        )
+        return list(session.scalars(query))
 
     def generation(self, session: Session) -> int | None:
         value = session.scalar(_GENERATION)

@@ -27,6 +27,10 @@ def rollup_slice(rows: RollupSlice) -> tuple[Table, list[ColumnElement[Any]]]:
         where.append(table.c.model == rows.model)
     if rows.customer_id is not None:
         where.append(table.c.customer_id == rows.customer_id)
+    if rows.api_key_ids is not None:
+        where.append(table.c.api_key_id.in_(rows.api_key_ids))
+    if rows.customer_ids is not None:
+        where.append(table.c.customer_id.in_(rows.customer_ids))
     return table, where
 
 

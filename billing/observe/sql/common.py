@@ -103,15 +103,6 @@ class SqlObserve:
             for status in statuses
         }
 
-    def unpriced_calls(self, session: Session, since: datetime, until: datetime) -> int:
-        query = select(func.count()).where(
-            Call.started_at >= since,
-            Call.started_at < until,
-            Call.settled == true(),
-            Call.cost_pusd.is_(None),
-        )
-        return int(session.scalar(query) or 0)
-
     def failed_deliveries(self, session: Session, limit: int) -> list[FailedDelivery]:
         query = (
             select(

@@ -43,6 +43,16 @@ _NEXT_KEYS = text(_key_page_sql(False))
 class CorePlans:
     """``PlansRepository`` on both databases."""
 
+    def keys_ever_of(self, session: Session, customer_ids: Sequence[str]) -> list[str]:
+        found: set[str] = set()
+        ids = sorted(set(customer_ids))
+        for start in range(0, len(ids), CHUNK):
+            query = select(KeyAssignment.api_key_id).where(
+                KeyAssignment.customer_id.in_(ids[start : start + CHUNK])
+            )
+            found.update(session.scalars(query))
+        return sorted(found)
+
     def key_history(
         self, session: Session, api_key_ids: Sequence[str]
     ) -> dict[str, list[KeyAssignment]]:
