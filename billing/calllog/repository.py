@@ -27,6 +27,15 @@ class CalllogRepository(Protocol):
         database gives them (null for no row), ``''`` for a null key, model or customer. Each run
         is one range of the table's primary key."""
 
+    def rollup_ranking(
+        self, session: Session, runs: Sequence[Run], rows: RollupSlice, limit: int
+    ) -> list[str]:
+        """(v3) The ``limit`` values of ``rows``' one dimension with the greatest cost summed
+        over the ``runs`` (compared in floating point: a ranking, not figures), the greatest
+        first, ties by value; ``''`` for a null key, model or customer. Every rollup row of
+        the runs is read, but only the ranked values come back."""
+        ...
+
     def units_in(
         self,
         session: Session,

@@ -216,6 +216,21 @@ def usage_rows(session: Session, query: UsageQuery) -> list[UsageRow]:
     return groups.rows(query, segments, times)
 
 
+def usage_ranking(session: Session, query: UsageQuery, dim: str, limit: int) -> list[str | None]:
+    """(v3, the console's Overview) The ``limit`` values of ``dim`` (a ``TEXT_DIMS`` name, None
+    for none) with the greatest ``call_start`` cost over the period, the greatest first, by the
+    rollups only: a candidate list to read the exact figures of (``usage_rows`` with
+    ``api_key_ids`` / ``customer_ids``), not figures. The few minutes a period off the 15-minute
+    grid has outside the rollup buckets are left out of the ranking; their calls still count in
+    the figures read next."""
+    segments = buckets.segments(None, query.since, query.until, query.tz)
+    runs, _ = cover([(s.start, s.end) for s in segments])
+    rows = RollupSlice(dim != "model", query.basis, None, None, (dim,))
+    # One segment: its cover is a few runs per level (the coarsest buckets that fit).
+    ranked = repository(session).rollup_ranking(session, runs, rows, limit)
+    return [value or None for value in ranked]
+
+
 def _units_of(value: Any) -> dict[str, int]:
     """Units as stored: a JSON object (a dict on ``calls``, JSON text on ``ledger_entries``)."""
     if isinstance(value, str):
@@ -388,6 +403,7 @@ def _read_raw(session: Session, query: UsageQuery, windows: Sequence[Window]) ->
         and (query.api_key_id is None or p.api_key_id == query.api_key_id)
         and (query.model is None or p.model == query.model)
         and (query.customer_id is None or p.customer_id == query.customer_id)
-        and (query.api_key_ids is None or p.api_key_id in query.api_key_ids)
-        and (query.customer_ids is None or p.customer_id in query.customer_ids)
+        # ('' names none, as in the rollups)
+        and (query.api_key_ids is None or (p.api_key_id or "") in query.api_key_ids)
+        and (query.customer_ids is None or (p.customer_id or "") in query.customer_ids)
     ]

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from billing.budgets.service import fullest_statuses
 from billing.calllog.queries import STATUSES
-from billing.calllog.usage import UsageQuery, parse_usage_query, usage_rows
+from billing.calllog.usage import UsageQuery, parse_usage_query, usage_ranking, usage_rows
 from billing.console.people import change, share
 from billing.money import format_usd
 from billing.observe.repository import repository as observe
@@ -29,6 +29,10 @@ from billing.observe.repository import repository as observe
 Items = Sequence[tuple[str, str]]
 #: Rows in each "top" table, and models drawn in the chart (the rest summed as "other").
 TOP = 5
+#: Keys and customers ranked by the rollups to show the ``TOP`` of (their exact figures are
+#: read and sorted again: the ranking is in floating point, and a period off the 15-minute
+#: grid has minutes outside the rollups).
+RANKED = 3 * TOP
 #: Failed webhooks listed.
 FAILED_SHOWN = 10
 #: Budgets near or over their limit listed, of the fullest ``BUDGETS_READ`` (their counters'
@@ -56,7 +60,23 @@ def _cost(row: dict[str, Any]) -> Decimal:
     return Decimal(row["cost_usd"] or 0)
 
 
-def _top(rows: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
+def _top(session: Session, query: UsageQuery, key: str) -> list[dict[str, Any]]:
+    """The ``TOP`` keys or customers (``key``) of the highest cost: ``RANKED`` candidates
+    ranked by the rollups (``usage_ranking``), then their exact ``/v1/usage`` rows (read by
+    their index) sorted by cost (an unknown cost as 0), then name."""
+    ranked = usage_ranking(session, query, key, RANKED)
+    ids = tuple(value or "" for value in ranked)
+    grouped = UsageQuery(
+        query.since,
+        query.until,
+        group_by=(key,),
+        api_key_ids=ids if key == "api_key_id" else None,
+        customer_ids=ids if key == "customer_id" else None,
+    )
+    return _top_of([row.as_json() for row in usage_rows(session, grouped)], key)
+
+
+def _top_of(rows: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
     ranked = sorted(rows, key=lambda r: (-_cost(r), str(r[key])))[:TOP]
     return [
         {
@@ -148,9 +168,9 @@ def overview_view(session: Session, items: Items, now: datetime) -> dict[str, An
         "disconnect_rate": share(statuses.get("client_disconnected", 0), started),
         "error_rate": share(statuses.get("failed", 0), started),
         "unpriced": sum(row.unpriced for row in current),
-        "top_keys": _top(_rows(session, query, "api_key_id"), "api_key_id"),
-        "top_customers": _top(_rows(session, query, "customer_id"), "customer_id"),
-        "top_models": _top(per_model, "model"),
+        "top_keys": _top(session, query, "api_key_id"),
+        "top_customers": _top(session, query, "customer_id"),
+        "top_models": _top_of(per_model, "model"),
         "priced_cost": sum((_cost(r) for r in per_model), Decimal(0)),
         "priced_charge": sum((Decimal(r["charge_usd"] or 0) for r in per_model), Decimal(0)),
         "budgets": budgets,

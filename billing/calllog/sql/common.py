@@ -3,14 +3,16 @@ table and its conditions) and the units of the calls or entries of a period."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Table, select
+from sqlalchemy import ColumnElement, Float, Select, Table, cast, func, select
 from sqlalchemy.orm import Session
 
 from billing.calllog.rows import RollupSlice
-from billing.rollups.rows import CALL_START
+from billing.rollups.buckets import Run
+from billing.rollups.rows import CALL_START, PICO
 from billing.storage.models import Call, LedgerEntry, UsageRollup, UsageRollupAllKeys
 
 _KEYED: Table = UsageRollup.__table__  # type: ignore[assignment]
@@ -32,6 +34,34 @@ def rollup_slice(rows: RollupSlice) -> tuple[Table, list[ColumnElement[Any]]]:
     if rows.customer_ids is not None:
         where.append(table.c.customer_id.in_(rows.customer_ids))
     return table, where
+
+
+class Ranking:
+    """``CalllogRepository.rollup_ranking`` over a database's ``sums_statement`` (the
+    statement of its ``rollup_sums``, each sum labelled with its column's name)."""
+
+    def sums_statement(
+        self, runs: Sequence[Run], rows: RollupSlice
+    ) -> tuple[Select[Any], dict[str, Any]]:
+        raise NotImplementedError
+
+    def rollup_ranking(
+        self, session: Session, runs: Sequence[Run], rows: RollupSlice, limit: int
+    ) -> list[str]:
+        (dim,) = rows.dims
+        statement, bound = self.sums_statement(runs, rows)
+        sums = statement.subquery("sums")
+        # Floating point orders only: the caller reads the exact figures of those it shows.
+        cost = cast(func.sum(sums.c.cost_whole_usd), Float) + cast(
+            func.sum(sums.c.cost_frac_pusd), Float
+        ) / float(PICO)
+        query = (
+            select(sums.c[dim])
+            .group_by(sums.c[dim])
+            .order_by(cost.desc(), sums.c[dim])
+            .limit(limit)
+        )
+        return [str(value) for value in session.scalars(query, bound)]
 
 
 class UnitsIn:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
-from sqlalchemy import DateTime, Integer, bindparam, column, func, select, text, true
+from sqlalchemy import DateTime, Integer, Select, bindparam, column, func, select, text, true
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
 from billing.calllog.rows import RollupSlice, Sums
-from billing.calllog.sql.common import UnitsIn, rollup_slice
+from billing.calllog.sql.common import Ranking, UnitsIn, rollup_slice
 from billing.rollups.buckets import Run
 from billing.rollups.rows import ROLLUP_SUMMED
 
@@ -34,10 +35,15 @@ PIECES = (
 )
 
 
-class PostgresCalllog(UnitsIn):
+class PostgresCalllog(UnitsIn, Ranking):
     """``CalllogRepository`` on PostgreSQL."""
 
     def rollup_sums(self, session: Session, runs: Sequence[Run], rows: RollupSlice) -> Sums:
+        return session.execute(*self.sums_statement(runs, rows))
+
+    def sums_statement(
+        self, runs: Sequence[Run], rows: RollupSlice
+    ) -> tuple[Select[Any], dict[str, Any]]:
         # A plain join is hashed over every rollup row of the key; an aggregating LATERAL (one
         # PostgreSQL cannot flatten) reads one index range per run.
         p = PIECES.c
@@ -51,7 +57,11 @@ class PostgresCalllog(UnitsIn):
         )
         m = matched.c
         statement = (
-            select(p.seg, *(m[d] for d in rows.dims), *(func.sum(m[n]) for n in ROLLUP_SUMMED))
+            select(
+                p.seg,
+                *(m[d] for d in rows.dims),
+                *(func.sum(m[n]).label(n) for n in ROLLUP_SUMMED),
+            )
             .select_from(PIECES.join(matched, true()))
             .group_by(p.seg, *(m[d] for d in rows.dims))
         )
@@ -61,4 +71,4 @@ class PostgresCalllog(UnitsIn):
             "lo": [r.start for r in runs],
             "hi": [r.end for r in runs],
         }
-        return session.execute(statement, bound)
+        return statement, bound

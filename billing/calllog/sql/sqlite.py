@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import orjson
-from sqlalchemy import Integer, String, and_, column, func, select, text
+from sqlalchemy import Integer, Select, String, and_, column, func, literal_column, select, text
 from sqlalchemy.orm import Session
 
 from billing.calllog.rows import RollupSlice, Sums
-from billing.calllog.sql.common import UnitsIn, rollup_slice
+from billing.calllog.sql.common import Ranking, UnitsIn, rollup_slice
 from billing.rollups.buckets import Run
 from billing.rollups.rows import ROLLUP_SUMMED
 from billing.storage.types import sqlite_text
@@ -30,19 +31,28 @@ PIECES = (
 )
 
 
-class SqliteCalllog(UnitsIn):
+class SqliteCalllog(UnitsIn, Ranking):
     """``CalllogRepository`` on SQLite."""
 
     def rollup_sums(self, session: Session, runs: Sequence[Run], rows: RollupSlice) -> Sums:
+        return session.execute(*self.sums_statement(runs, rows))
+
+    def sums_statement(
+        self, runs: Sequence[Run], rows: RollupSlice
+    ) -> tuple[Select[Any], dict[str, Any]]:
         table, where = rollup_slice(rows)
         c = table.c
         p = PIECES.c
         in_run = [c.level == p.lvl, c.bucket_start >= p.lo, c.bucket_start < p.hi]
         keys = [c[d] for d in rows.dims]
         statement = (
-            select(p.seg, *keys, *(func.sum(c[n]) for n in ROLLUP_SUMMED))
+            select(p.seg, *keys, *(func.sum(c[n]).label(n) for n in ROLLUP_SUMMED))
             .select_from(PIECES.join(table, and_(*where, *in_run)))
-            .group_by(p.seg, *keys)
+            # ``+column``: grouped without its index. Else SQLite walks the whole primary key
+            # (basis, api_key_id, ...) in order, the runs inside, to skip a sort: every rollup
+            # row of the basis instead of one index range per run (0.2 s against 0.02 s at
+            # 100,000 calls).
+            .group_by(p.seg, *(literal_column(f"+{table.name}.{d}") for d in rows.dims))
         )
         bound = [[r.seg, r.level, sqlite_text(r.start), sqlite_text(r.end)] for r in runs]
-        return session.execute(statement, {"runs": orjson.dumps(bound).decode()})
+        return statement, {"runs": orjson.dumps(bound).decode()}

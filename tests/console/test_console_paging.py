@@ -1,0 +1,127 @@
+"""The console's long lists a page at a time, their figures read for the page only: Keys,
+Customers and Budgets follow their "Next page" links to the end; the Overview's budgets near
+their limit are ranked by the counters, its top keys and customers by the rollups, its unpriced
+calls counted from the rollups. Runs on SQLite, or on PostgreSQL with
+``BILLING_TEST_DATABASE_URL``. Source: CONTRACT "Observability and standard exports (v3)",
+issue #43 (every page fast at 1,000,000 calls)."""
+
+from __future__ import annotations
+
+import html
+import re
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from billing.console import overview, pages, views
+from tests.console.conftest import BULK_CALLS, BULK_KEY, XSS_KEY, table
+from tests.console.test_console_http import DAY, sign_in
+
+_NEXT = re.compile(r'<p class="pager"><a href="([^"]+)">Next page</a></p>')
+
+
+def _walk(client: TestClient, path: str, table_id: str) -> list[list[list[str]]]:
+    """Each page's table rows, from ``path`` along its "Next page" links."""
+    found = []
+    while True:
+        body = client.get(path).text
+        found.append(table(body, table_id).rows if f'id="{table_id}"' in body else [])
+        link = _NEXT.search(body)
+        if link is None:
+            return found
+        path = html.unescape(link.group(1))
+
+
+def _usage(client: TestClient, admin: dict[str, str], **params: str) -> list[dict[str, Any]]:
+    response = client.get("/v1/usage", params={**DAY, **params}, headers=admin)
+    assert response.status_code == 200, response.text
+    rows: list[dict[str, Any]] = response.json()["data"]
+    return rows
+
+
+def _put_key(client: TestClient, admin: dict[str, str], key: str, customer: str) -> None:
+    body = {"customer_id": customer, "effective_from": "2026-01-01T00:00:00Z"}
+    assert client.put(f"/v1/keys/{key}", json=body, headers=admin).status_code == 201
+    # The key's calls are charged to the customer again.
+    assert client.post("/v1/reconcile", json={}, headers=admin).status_code == 200
+
+
+def _budget(client: TestClient, admin: dict[str, str], budget_id: str, scope: dict[str, str],
+            limit: Decimal) -> None:  # fmt: skip
+    body = {"budget_id": budget_id, "scope": scope, "limit_usd": str(limit), "period": "total",
+            "thresholds": ["0.5", "0.8"]}  # fmt: skip
+    made = client.post("/v1/budgets", json=body, headers=admin)
+    assert made.status_code == 201, made.text
+
+
+def test_keys_customers_and_budgets_are_paged_with_the_figures_of_each_page(
+    seeded: TestClient, tokens: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    admin = {"Authorization": f"Bearer {tokens['admin']}"}
+    _put_key(seeded, admin, BULK_KEY, "acme")
+    _put_key(seeded, admin, "key_idle", "beta")
+    for n in (1, 2, 3):
+        _budget(seeded, admin, f"b-{n}", {"customer_id": "acme"}, Decimal(1000 * n))
+    monkeypatch.setattr(pages, "KEYS_PER_PAGE", 1)
+    monkeypatch.setattr(pages, "CUSTOMERS_PER_PAGE", 1)
+    monkeypatch.setattr(views, "BUDGETS_PER_PAGE", 2)
+    sign_in(seeded, tokens["admin"])
+    query = f"since={DAY['since']}&until={DAY['until']}"
+
+    keys = _walk(seeded, f"/console/keys?{query}", "keys")
+    listed = seeded.get("/v1/keys", headers=admin).json()["data"]
+    assert [len(rows) for rows in keys] == [1] * len(listed)
+    assert [rows[0][0] for rows in keys] == [k["api_key_id"] for k in listed]
+    by_key = {rows[0][0]: rows[0] for rows in keys}
+    (bulk,) = _usage(seeded, admin, api_key_id=BULK_KEY)
+    assert bulk["calls"] == BULK_CALLS
+    assert by_key[BULK_KEY][2] == "acme" and by_key[BULK_KEY][4] == f"{BULK_CALLS:,}"
+    (xss,) = _usage(seeded, admin, api_key_id=XSS_KEY)
+    assert by_key[XSS_KEY][4] == f"{xss['calls']:,}"
+    assert by_key["key_idle"][2] == "beta" and by_key["key_idle"][4] == "0"
+
+    customers = _walk(seeded, f"/console/customers?{query}", "customers")
+    assert [[row[0] for row in rows] for rows in customers] == [["acme"], ["beta"]]
+    acme, beta = customers[0][0], customers[1][0]
+    assert acme[1:3] == ["", "1"] and acme[4] == f"{BULK_CALLS:,}"
+    assert [part.split(":")[0] for part in acme[3].split("; ")] == ["b-1", "b-2", "b-3"]
+    assert beta[1:5] == ["", "1", "", "0"]
+
+    budgets = _walk(seeded, "/console/budgets", "budgets")
+    assert [[row[0] for row in rows] for rows in budgets] == [["b-1", "b-2"], ["b-3"]]
+
+
+def test_the_overview_ranks_budgets_keys_and_customers_without_reading_them_all(
+    seeded: TestClient, tokens: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    admin = {"Authorization": f"Bearer {tokens['admin']}"}
+    _put_key(seeded, admin, BULK_KEY, "acme")
+    (bulk,) = _usage(seeded, admin, api_key_id=BULK_KEY)
+    cost = Decimal(bulk["cost_usd"])
+    # spent / limit: 2 (exceeded), 0.9 (warning), 0.6 (warning), 0.01 (ok)
+    limits = {"b-over": cost / 2, "b-90": cost / Decimal("0.9"), "b-60": cost / Decimal("0.6"),
+              "b-ok": cost * 100}  # fmt: skip
+    for budget_id, limit in limits.items():
+        _budget(seeded, admin, budget_id, {"api_key_id": BULK_KEY}, limit.quantize(Decimal("1e-9")))
+    sign_in(seeded, tokens["read"])
+    body = seeded.get("/console/overview", params=DAY).text
+    near = [row[0] for row in table(body, "near-budgets").rows]
+    assert near == ["b-over", "b-90", "b-60"]
+    # Only the fullest two are read: the third near its limit is not shown.
+    monkeypatch.setattr(overview, "BUDGETS_READ", 2)
+    body = seeded.get("/console/overview", params=DAY).text
+    assert [row[0] for row in table(body, "near-budgets").rows] == ["b-over", "b-90"]
+
+    # The top keys: /v1/usage by key, by cost (an unknown cost as 0), then name.
+    rows = _usage(seeded, admin, group_by="api_key_id")
+    ranked = sorted(rows, key=lambda r: (-Decimal(r["cost_usd"] or 0), str(r["api_key_id"])))
+    shown = [row[0] for row in table(body, "top-keys").rows]
+    assert shown == [r["api_key_id"] or "(none)" for r in ranked][: overview.TOP]
+    customers = [row[0] for row in table(body, "top-customers").rows]
+    assert customers[0] == "acme"
+    # The unpriced calls: the XSS call's model has no price.
+    unpriced = sum(1 for r in rows if r["cost_usd"] is None)
+    assert unpriced == 1
+    assert 'id="fig-unpriced" data-exact="1"' in body
