@@ -29,11 +29,12 @@ class CalllogRepository(Protocol):
 
     def rollup_ranking(
         self, session: Session, runs: Sequence[Run], rows: RollupSlice, limit: int
-    ) -> list[str]:
+    ) -> Sums:
         """(v3) The ``limit`` values of ``rows``' one dimension with the greatest cost summed
-        over the ``runs`` (compared in floating point: a ranking, not figures), the greatest
-        first, ties by value; ``''`` for a null key, model or customer. Every rollup row of
-        the runs is read, but only the ranked values come back."""
+        over the ``runs``, greatest first (compared in floating point: a ranking; ties by
+        value), each as ``rollup_sums`` gives it without the ``seg``: ``(value,
+        *COUNT_FIELDS, cost_whole_usd, ...)``, ``''`` for a null key, model or customer. Every
+        rollup row of the runs is read once; only the ranked come back."""
         ...
 
     def units_in(

@@ -216,19 +216,35 @@ def usage_rows(session: Session, query: UsageQuery) -> list[UsageRow]:
     return groups.rows(query, segments, times)
 
 
-def usage_ranking(session: Session, query: UsageQuery, dim: str, limit: int) -> list[str | None]:
-    """(v3, the console's Overview) The ``limit`` values of ``dim`` (a ``TEXT_DIMS`` name, None
-    for none) with the greatest ``call_start`` cost over the period, the greatest first, by the
-    rollups only: a candidate list to read the exact figures of (``usage_rows`` with
-    ``api_key_ids`` / ``customer_ids``), not figures. The few minutes a period off the 15-minute
-    grid has outside the rollup buckets are left out of the ranking; their calls still count in
-    the figures read next."""
-    segments = buckets.segments(None, query.since, query.until, query.tz)
-    runs, _ = cover([(s.start, s.end) for s in segments])
-    rows = RollupSlice(dim != "model", query.basis, None, None, (dim,))
+def usage_top(session: Session, query: UsageQuery, dim: str, limit: int) -> list[UsageRow]:
+    """(v3, the console's Overview) The rows of ``query`` grouped by ``dim`` (a ``TEXT_DIMS``
+    name; ``query``'s own grouping and filters are not used) for the ``limit`` values with the
+    greatest ``call_start`` cost, ranked by the rollups in one statement
+    (``CalllogRepository.rollup_ranking``: floating point, so that the caller sorts the exact
+    figures again). Each row's figures are ``usage_rows``' exactly: the rollup sums, the calls
+    of the minutes off the 15-minute grid (left out of the ranking only) and the units."""
+    grouped = UsageQuery(query.since, query.until, group_by=(dim,), tz=query.tz)
+    segments = buckets.segments(None, grouped.since, grouped.until, grouped.tz)
+    runs, windows = cover([(s.start, s.end) for s in segments])
+    rows = RollupSlice(dim != "model", grouped.basis, None, None, (dim,))
+    groups = _Groups((dim,))
+    ranked: set[str | None] = set()
     # One segment: its cover is a few runs per level (the coarsest buckets that fit).
-    ranked = repository(session).rollup_ranking(session, runs, rows, limit)
-    return [value or None for value in ranked]
+    for value, *sums in repository(session).rollup_ranking(session, runs, rows, limit):
+        ranked.add(value or None)
+        groups.add(0, (value or None,), _rollup_totals(sums))
+    for placed in _read_raw(session, grouped, windows):
+        named = {"api_key_id": placed.api_key_id, "model": placed.model,
+                 "customer_id": placed.customer_id}  # fmt: skip
+        if named[dim] in ranked:
+            groups.add(0, (named[dim],), placed.totals)
+    for _at, key, model, text, customer in repository(session).units_in(
+        session, grouped.basis, grouped.since, grouped.until, None, None
+    ):
+        named = {"api_key_id": key or None, "model": model or None, "customer_id": customer}
+        if named[dim] in ranked:
+            groups.add_units(0, (named[dim],), _units_of(text))
+    return groups.rows(grouped, segments, ())
 
 
 def _units_of(value: Any) -> dict[str, int]:
@@ -354,20 +370,23 @@ def _read_rollups(
     width = len(dims)
     for i in range(0, len(runs), _RUNS_PER_QUERY):
         for seg, *row in store.rollup_sums(session, runs[i : i + _RUNS_PER_QUERY], rows):
-            *counts, whole, frac, charge_whole, charge_frac, leak_whole, leak_frac = (
-                int(value or 0) for value in row[width:]
-            )
             # '' is how the rollups hold a null key, model or customer
             groups.add(
-                seg,
-                tuple(value or None for value in row[:width]),
-                Totals(
-                    counts,
-                    whole * PICO + frac,
-                    charge_whole * PICO + charge_frac,
-                    leak_whole * PICO + leak_frac,
-                ),
+                seg, tuple(value or None for value in row[:width]), _rollup_totals(row[width:])
             )
+
+
+def _rollup_totals(sums: Sequence[Any]) -> Totals:
+    """A rollup row's summed columns (``ROLLUP_SUMMED``, null as 0) as ``Totals``."""
+    *counts, whole, frac, charge_whole, charge_frac, leak_whole, leak_frac = (
+        int(value or 0) for value in sums
+    )
+    return Totals(
+        counts,
+        whole * PICO + frac,
+        charge_whole * PICO + charge_frac,
+        leak_whole * PICO + leak_frac,
+    )
 
 
 def _read_raw(session: Session, query: UsageQuery, windows: Sequence[Window]) -> list[Placed]:

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from billing.budgets.service import fullest_statuses
 from billing.calllog.queries import STATUSES
-from billing.calllog.usage import UsageQuery, parse_usage_query, usage_ranking, usage_rows
+from billing.calllog.usage import UsageQuery, parse_usage_query, usage_rows, usage_top
 from billing.console.people import change, share
 from billing.money import format_usd
 from billing.observe.repository import repository as observe
@@ -30,8 +30,8 @@ Items = Sequence[tuple[str, str]]
 #: Rows in each "top" table, and models drawn in the chart (the rest summed as "other").
 TOP = 5
 #: Keys and customers ranked by the rollups to show the ``TOP`` of (their exact figures are
-#: read and sorted again: the ranking is in floating point, and a period off the 15-minute
-#: grid has minutes outside the rollups).
+#: sorted again: the ranking is in floating point, and leaves out the minutes of a period off
+#: the 15-minute grid).
 RANKED = 3 * TOP
 #: Failed webhooks listed.
 FAILED_SHOWN = 10
@@ -61,19 +61,10 @@ def _cost(row: dict[str, Any]) -> Decimal:
 
 
 def _top(session: Session, query: UsageQuery, key: str) -> list[dict[str, Any]]:
-    """The ``TOP`` keys or customers (``key``) of the highest cost: ``RANKED`` candidates
-    ranked by the rollups (``usage_ranking``), then their exact ``/v1/usage`` rows (read by
-    their index) sorted by cost (an unknown cost as 0), then name."""
-    ranked = usage_ranking(session, query, key, RANKED)
-    ids = tuple(value or "" for value in ranked)
-    grouped = UsageQuery(
-        query.since,
-        query.until,
-        group_by=(key,),
-        api_key_ids=ids if key == "api_key_id" else None,
-        customer_ids=ids if key == "customer_id" else None,
-    )
-    return _top_of([row.as_json() for row in usage_rows(session, grouped)], key)
+    """The ``TOP`` keys or customers (``key``) of the highest cost: the exact ``/v1/usage``
+    rows of the ``RANKED`` the rollups rank first (``usage_top``), sorted by cost (an unknown
+    cost as 0), then name."""
+    return _top_of([row.as_json() for row in usage_top(session, query, key, RANKED)], key)
 
 
 def _top_of(rows: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:

@@ -125,3 +125,24 @@ def test_the_overview_ranks_budgets_keys_and_customers_without_reading_them_all(
     unpriced = sum(1 for r in rows if r["cost_usd"] is None)
     assert unpriced == 1
     assert 'id="fig-unpriced" data-exact="1"' in body
+
+
+def test_the_top_keys_of_a_period_off_the_quarter_hours_are_those_of_v1_usage(
+    seeded: TestClient, tokens: dict[str, str]
+) -> None:
+    """The minutes outside the rollups' buckets (7 at the start, 8 at the end) count in the
+    figures of the keys shown, read from the calls."""
+    admin = {"Authorization": f"Bearer {tokens['admin']}"}
+    period = {"since": "2026-10-15T00:07:00Z", "until": "2026-10-15T20:52:00Z"}
+    sign_in(seeded, tokens["read"])
+    body = seeded.get("/console/overview", params=period).text
+    response = seeded.get("/v1/usage", params={**period, "group_by": "api_key_id"}, headers=admin)
+    rows = response.json()["data"]
+    ranked = sorted(rows, key=lambda r: (-Decimal(r["cost_usd"] or 0), str(r["api_key_id"])))
+    expected = [[r["api_key_id"] or "(none)", f"{r['calls']:,}"] for r in ranked][: overview.TOP]
+    assert [row[:2] for row in table(body, "top-keys").rows] == expected
+    bulk = next(r for r in rows if r["api_key_id"] == BULK_KEY)
+    # one call every 5 minutes from 00:00
+    assert bulk["calls"] == sum(1 for k in range(BULK_CALLS) if 7 <= 5 * k < 20 * 60 + 52)
+    cells = re.findall(r'<td class="num" data-exact="([^"]*)"', body.split('id="top-keys"')[1])
+    assert cells[:2] == [bulk["cost_usd"], bulk["charge_usd"] or "None"]

@@ -10,9 +10,9 @@ from typing import Any
 from sqlalchemy import ColumnElement, Float, Select, Table, cast, func, select
 from sqlalchemy.orm import Session
 
-from billing.calllog.rows import RollupSlice
+from billing.calllog.rows import RollupSlice, Sums
 from billing.rollups.buckets import Run
-from billing.rollups.rows import CALL_START, PICO
+from billing.rollups.rows import CALL_START, PICO, ROLLUP_SUMMED
 from billing.storage.models import Call, LedgerEntry, UsageRollup, UsageRollupAllKeys
 
 _KEYED: Table = UsageRollup.__table__  # type: ignore[assignment]
@@ -47,21 +47,21 @@ class Ranking:
 
     def rollup_ranking(
         self, session: Session, runs: Sequence[Run], rows: RollupSlice, limit: int
-    ) -> list[str]:
+    ) -> Sums:
         (dim,) = rows.dims
         statement, bound = self.sums_statement(runs, rows)
         sums = statement.subquery("sums")
-        # Floating point orders only: the caller reads the exact figures of those it shows.
+        # Floating point ranks only; the sums returned are exact integers.
         cost = cast(func.sum(sums.c.cost_whole_usd), Float) + cast(
             func.sum(sums.c.cost_frac_pusd), Float
         ) / float(PICO)
         query = (
-            select(sums.c[dim])
+            select(sums.c[dim], *(func.sum(sums.c[n]) for n in ROLLUP_SUMMED))
             .group_by(sums.c[dim])
             .order_by(cost.desc(), sums.c[dim])
             .limit(limit)
         )
-        return [str(value) for value in session.scalars(query, bound)]
+        return session.execute(query, bound)
 
 
 class UnitsIn:
