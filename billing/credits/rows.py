@@ -65,3 +65,13 @@ class Movement(NamedTuple):
 
 #: (call, owner) → grant id (None: the overdraft) → the net amount the call drew of it so far.
 Drawn = dict[tuple[str, Owner], dict[str | None, int]]
+
+
+class ChargedRow(NamedTuple):
+    """A ledger entry as a draw reads it (``billing.credits.draws.ChargedEntry``)."""
+
+    request_id: str
+    seq: int
+    api_key_id: str | None
+    customer_id: str | None
+    charge_pusd: int | None

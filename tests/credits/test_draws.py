@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from fastapi import FastAPI
@@ -145,15 +146,27 @@ def test_a_void_stops_further_draws(acme: TestClient, app: FastAPI, settings: Se
     assert balance(acme)["balance_usd"] == "0"
 
 
-def test_a_key_without_a_customer_draws_its_own_grants_on_the_rule_path(
-    client: TestClient, app: FastAPI, settings: Settings
+def test_a_key_without_a_customer_draws_its_own_grants_from_the_fast_path(
+    client: TestClient, app: FastAPI, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A key with grants is declined by the SQL fast path (its probe), so its charge draws."""
+    """A key with grants is settled by the SQL fast path, and its charge draws in that step."""
+    from billing.reconcile import service
+
+    by_sql: list[str] = []
+    real = service.settle_common
+
+    def spy(*args: Any) -> list[str]:
+        settled = real(*args)
+        by_sql.extend(settled)
+        return settled
+
+    monkeypatch.setattr(service, "settle_common", spy)
     ok(client.post("/v1/prices", json=PRICE), 201)
     grant(client, "k", "0.5", api_key_id="key_solo")
     call(client, "solo", "2026-03-01T10:00:00Z", 1000, key="key_solo")
     call(client, "other", "2026-03-01T10:00:00Z", 1000, key="key_free")
     reconcile(app, settings, "2026-03-01T10:05:00Z")
+    assert sorted(by_sql) == ["other", "solo"]
     assert entries(app)[1:] == [("draw", "k", "0.01", "solo")]
     assert balance(client, api_key_id="key_solo")["balance_usd"] == "0.49"
     assert balance(client, api_key_id="key_free")["grants"] == []

@@ -41,6 +41,7 @@ from billing.credits.rows import (
     OVERDRAFT,
     REVERSAL,
     VOID,
+    ChargedRow,
     Drawn,
     GrantView,
     Movement,
@@ -53,6 +54,7 @@ from billing.storage.models import (
     CreditOverdraft,
     Customer,
     KeyAssignment,
+    LedgerEntry,
 )
 
 
@@ -333,6 +335,45 @@ class CoreCredits:
             owned_by(Call, owner), Call.settled.is_(False)
         )
         return int(session.scalar(query) or 0)
+
+    def pending_by_owner(self, session: Session, owners: Sequence[Owner]) -> dict[Owner, int]:
+        if not owners:
+            return {}
+        figure = func.coalesce(Call.charge_pusd, Call.cost_pusd, 0)
+        query = (
+            select(Call.customer_id, Call.api_key_id, func.sum(figure))
+            .where(_any_owner(Call, owners), Call.settled.is_(False))
+            .group_by(Call.customer_id, Call.api_key_id)
+        )
+        found: dict[Owner, int] = {}
+        for customer_id, api_key_id, total in session.execute(query):
+            owner = Owner.of(customer_id, api_key_id)
+            found[owner] = found.get(owner, 0) + int(total or 0)
+        return found
+
+    def charged_by_key_grants(
+        self, session: Session, request_ids: Sequence[str]
+    ) -> list[ChargedRow]:
+        if not request_ids:
+            return []
+        holders = select(CreditGrant.api_key_id).where(
+            CreditGrant.api_key_id.is_not(None), CreditGrant.customer_id.is_(None)
+        )
+        query = (
+            select(
+                LedgerEntry.request_id,
+                LedgerEntry.seq,
+                LedgerEntry.api_key_id,
+                LedgerEntry.customer_id,
+                LedgerEntry.charge_pusd,
+            )
+            .where(
+                LedgerEntry.request_id.in_(list(request_ids)),
+                LedgerEntry.api_key_id.in_(holders),
+            )
+            .order_by(LedgerEntry.request_id, LedgerEntry.seq)
+        )
+        return [ChargedRow(*row) for row in session.execute(query)]
 
     def entries_between(
         self, session: Session, since: datetime, until: datetime
