@@ -15,10 +15,11 @@ within 10 % of without), each database runs ``--rounds`` pairs of passes, altern
 with credits (a fresh database and seed for each pass, the same calls): "with" gives each of the
 workload's 500 keys (keys without a customer) a prepaid grant larger than its calls' cost before
 the seed, so every reconciliation step books the draws of the calls it settles. The medians are
-compared. Calls of a key with a customer or with grants of its own go to the rule, not the fast
-path (``billing.reconcile.fastpath``): with ``--customers`` every key is assigned a customer
-(one of 100, no plan) in both passes and the grants are the customers', so both passes take the
-rule and the difference is the draws' own cost.
+compared. Calls of a key with grants of its own are settled by the fast path
+(``billing.reconcile.fastpath``) and drawn after it; calls of a key with a customer go to the
+rule: with ``--customers`` every key is assigned a customer (one of 100, no plan) in both passes
+and the grants are the customers', so both passes take the rule and the difference is the draws'
+own cost.
 
     python bench/reconcile.py                       # SQLite and PostgreSQL, 200,000 calls
     python bench/reconcile.py --db sqlite --calls 50000 --batch-size 2000

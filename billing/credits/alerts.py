@@ -51,6 +51,16 @@ def _send(
     return made
 
 
+def watched(session: Session) -> set[Owner]:
+    """The owners an alert can reach: those with a budget in force with a webhook URL (one
+    read). ``crossings`` of any other owner stores nothing, so a step need not figure them."""
+    return {
+        Owner(budget.customer_id, budget.api_key_id)
+        for budget in budgets_repository(session).definitions(session)
+        if budget.webhook_url is not None
+    }
+
+
 def crossings(
     session: Session, owner: Owner, before_pusd: int, after_pusd: int, now: datetime
 ) -> int:

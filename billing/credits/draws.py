@@ -29,19 +29,25 @@ from typing import Protocol
 from sqlalchemy.orm import Session
 
 from billing.credits import alerts
-from billing.credits.holds import held_for_owner
+from billing.credits.holds import held_by_owner, held_for_owner
 from billing.credits.repository import repository
 from billing.credits.rows import DRAW, EXPIRY, OVERDRAFT, REVERSAL, VOID, GrantView, Movement, Owner
 
 
 class ChargedEntry(Protocol):
-    """What a draw reads of a new ledger entry (``billing.reconcile.entries.Entry``)."""
+    """What a draw reads of a new ledger entry (``billing.reconcile.entries.Entry``,
+    ``billing.credits.rows.ChargedRow``)."""
 
-    request_id: str
-    seq: int
-    api_key_id: str | None
-    customer_id: str | None
-    charge_pusd: int | None
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def seq(self) -> int: ...
+    @property
+    def api_key_id(self) -> str | None: ...
+    @property
+    def customer_id(self) -> str | None: ...
+    @property
+    def charge_pusd(self) -> int | None: ...
 
 
 def draw_order(grant: GrantView) -> tuple[int, int, datetime, datetime, str]:
@@ -98,15 +104,24 @@ def _others(session: Session, owner: Owner, now: datetime) -> int:
     return held_for_owner(session, owner, now) + repository(session).pending(session, owner)
 
 
-def after_step(session: Session, entries: Sequence[ChargedEntry], now: datetime) -> None:
-    """Book the draws of the ledger entries a reconciliation step booked (in its transaction).
-    Nothing at all (one probe) while no grant exists."""
+def after_step(
+    session: Session,
+    entries: Sequence[ChargedEntry],
+    now: datetime,
+    settled_in_sql: Sequence[str] = (),
+) -> None:
+    """Book the draws of the ledger entries a reconciliation step booked (in its transaction):
+    ``entries``, the rule's, and those of the calls its fast path settled (``settled_in_sql``,
+    read back for the keys that hold grants: the fast path settles no call of a customer). A
+    handful of statements a step, whatever its size; nothing at all (one probe) while no grant
+    exists."""
     repo = repository(session)
     if not repo.any_grants(session):
         return
     book_expiries(session, now)
     charged: dict[tuple[str, Owner], list[int]] = {}
-    for entry in entries:
+    every: list[ChargedEntry] = [*repo.charged_by_key_grants(session, settled_in_sql), *entries]
+    for entry in every:
         if entry.api_key_id is None and entry.customer_id is None:
             continue
         owner = Owner.of(entry.customer_id, entry.api_key_id)
@@ -117,9 +132,14 @@ def after_step(session: Session, entries: Sequence[ChargedEntry], now: datetime)
     work = {key: value for key, value in charged.items() if key[1] in holders}
     if not work:
         return
-    drawn = repo.drawn(session, sorted({rid for rid, _ in work}))
+    # A call the fast path settled was settled for the first time: it drew nothing before.
+    first = set(settled_in_sql)
+    drawn = repo.drawn(session, sorted({rid for rid, _ in work if rid not in first}))
     grants = repo.grants(session, sorted(holders, key=Owner.sort_key), lock=True)
     remaining = {g.grant_id: g.remaining_pusd for g in grants}
+    by_owner: dict[Owner, list[GrantView]] = {}
+    for grant in grants:
+        by_owner.setdefault(grant.owner, []).append(grant)
     moves: list[Movement] = []
     for (rid, owner), (delta, seq) in sorted(
         work.items(), key=lambda i: (i[0][0], i[0][1].sort_key())
@@ -127,19 +147,26 @@ def after_step(session: Session, entries: Sequence[ChargedEntry], now: datetime)
         if not delta:
             continue
         before = drawn.get((rid, owner), {})
-        owned = [g for g in grants if g.owner == owner]
+        owned = by_owner.get(owner, [])
         booking = _Booking(rid, seq, owner, now, remaining)
         if any(before.values()):
             booking.reverse(before, {g.grant_id: g for g in owned})
         booking.draw(sum(before.values()) + delta, owned)
         moves.extend(booking.moves)
     repo.add(session, moves)
-    for owner in sorted({o for _, o in work}, key=Owner.sort_key):
-        owned = [g for g in grants if g.owner == owner and active(g, now)]
+    # Alerts reach only the owners with a webhook budget: the others' crossings store nothing,
+    # so only those owners' holds and open calls are read (once for all of them).
+    watched = sorted({o for _, o in work} & alerts.watched(session), key=Owner.sort_key)
+    if not watched:
+        return
+    held = held_by_owner(session, watched, now)
+    pending = repo.pending_by_owner(session, watched)
+    for owner in watched:
+        owned = [g for g in by_owner.get(owner, []) if active(g, now)]
         was = sum(g.remaining_pusd for g in owned)
         left = sum(remaining[g.grant_id] for g in owned)
         # Holds and open calls are the same before and after the draws.
-        others = _others(session, owner, now)
+        others = held.get(owner, 0) + pending.get(owner, 0)
         alerts.crossings(session, owner, was - others, left - others, now)
 
 

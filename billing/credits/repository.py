@@ -10,7 +10,7 @@ from typing import Protocol
 
 from sqlalchemy.orm import Session
 
-from billing.credits.rows import Drawn, GrantView, Movement, Owner
+from billing.credits.rows import ChargedRow, Drawn, GrantView, Movement, Owner
 from billing.credits.sql.common import POSTGRES, SQLITE
 from billing.storage.dialects import ByDialect
 from billing.storage.models import CreditEntry, CreditGrant, Customer
@@ -92,6 +92,17 @@ class CreditsRepository(Protocol):
 
     def pending(self, session: Session, owner: Owner) -> int:
         """The provisional charges (else costs) of the owner's unsettled calls."""
+        ...
+
+    def pending_by_owner(self, session: Session, owners: Sequence[Owner]) -> dict[Owner, int]:
+        """``pending`` of each of ``owners`` (one read; an owner without open calls: absent)."""
+        ...
+
+    def charged_by_key_grants(
+        self, session: Session, request_ids: Sequence[str]
+    ) -> list[ChargedRow]:
+        """The ledger entries of those calls whose key holds grants of its own (the calls the
+        reconciler's fast path settles are charged to their keys), by call and seq."""
         ...
 
     def entries_between(

@@ -28,6 +28,12 @@ class Owner(NamedTuple):
     def sort_key(self) -> tuple[str, str]:
         return (self.customer_id or "", self.api_key_id or "")
 
+    def account(self) -> str:
+        """The owner as one key (``CreditOverdraft.owner``): ``customer:<id>`` or ``key:<id>``."""
+        if self.customer_id is not None:
+            return f"customer:{self.customer_id}"
+        return f"key:{self.api_key_id}"
+
 
 class GrantView(NamedTuple):
     """A grant and what is left of it (picodollars), as the balance reads it."""
@@ -59,3 +65,13 @@ class Movement(NamedTuple):
 
 #: (call, owner) → grant id (None: the overdraft) → the net amount the call drew of it so far.
 Drawn = dict[tuple[str, Owner], dict[str | None, int]]
+
+
+class ChargedRow(NamedTuple):
+    """A ledger entry as a draw reads it (``billing.credits.draws.ChargedEntry``)."""
+
+    request_id: str
+    seq: int
+    api_key_id: str | None
+    customer_id: str | None
+    charge_pusd: int | None

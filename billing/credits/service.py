@@ -249,10 +249,10 @@ def grant_json(session: Session, grant_id: str, now: datetime) -> dict[str, Any]
 
 
 def _figures(
-    session: Session, owner: Owner, now: datetime
+    session: Session, owner: Owner, now: datetime, lock: bool = False
 ) -> tuple[list[GrantView], dict[str, int]]:
     repo = repository(session)
-    grants = sorted(repo.grants(session, [owner]), key=draw_order)
+    grants = sorted(repo.grants(session, [owner], lock), key=draw_order)
     balance_pusd = sum(_left(g, now) for g in grants if active(g, now))
     held = held_for_owner(session, owner, now)
     pending = repo.pending(session, owner)
@@ -305,8 +305,7 @@ def credit_gate(
     owner = credit_owner(session, Owner.of(customer_id, api_key_id), now)
     if owner.customer_id is None or not credit_required(session, owner.customer_id):
         return True
-    repository(session).grants(session, [owner], lock=True)
-    return _figures(session, owner, now)[1]["available"] >= hold_pusd
+    return _figures(session, owner, now, lock=True)[1]["available"] >= hold_pusd
 
 
 def available_for_owner(

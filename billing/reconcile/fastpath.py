@@ -36,9 +36,9 @@ not due yet (it is reconciled open), a usage carrying a v2 field (one-hour cache
 service tier, units, other models, reported anomalies: ``DECLINED_USAGE_FIELDS``) or an
 estimate without input, a call whose price in force has long-context prices that its input
 exceeds, (v2) a call whose key has an assignment in ``key_assignments`` (a customer or a plan:
-the rule charges it; the statements charge every other call its cost), (v3) a call whose key
-has prepaid credit grants of its own (``credit_grants``: its charge draws them after the
-rule's entries, ``billing.credits.draws``), (v2) a call whose row
+the rule charges it; the statements charge every other call its cost; (v3) a key with prepaid
+credit grants of its own is settled here, and the step draws them for the calls settled here
+as for the rule's, ``billing.credits.draws.after_step``), (v2) a call whose row
 has a served tier, units, other models, a customer or a plan already (the rule reconciled it open
 so; the statements do not write those columns), a usage or disconnect
 body that is not what ingest writes (not JSON, a value of another type, a count out of range, a

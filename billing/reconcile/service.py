@@ -148,6 +148,7 @@ def reconcile_calls(
             done = set(common)
             request_ids = [rid for rid in request_ids if rid not in done]
             if not request_ids:
+                credit_draws.after_step(session, [], now, common)
                 rollups.after_step(session, {}, [], [], deltas)
                 drift_rollup.after_writes(session, {}, [], common_drift)
                 budget_counters.after_step(session, every, now)
@@ -216,7 +217,7 @@ def reconcile_calls(
     repo.write_calls(session, updates, now)
     repo.write_attempts(session, updates)
     repo.write_entries(session, entries)
-    credit_draws.after_step(session, entries, now)
+    credit_draws.after_step(session, entries, now, common)
     rollups.after_step(session, rolled_up, after, entries, deltas)
     held = [new.request_id for _, new, _ in updates if drift_rollup.holds(new)]
     drift_rollup.after_writes(session, drift_before, held, common_drift)

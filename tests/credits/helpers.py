@@ -8,7 +8,8 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from sqlalchemy import select
+from sqlalchemy import create_engine, select, text
+from sqlalchemy.pool import NullPool
 
 from billing.credits.schemas import GrantIn
 from billing.credits.service import post_grant
@@ -89,3 +90,45 @@ def entries(app: FastAPI) -> list[tuple[str, str | None, str, str | None]]:
     with read_transaction(app.state.billing.sessions) as session:
         rows = session.scalars(select(CreditEntry).order_by(CreditEntry.entry_id))
         return [(r.kind, r.grant_id, str(pusd_to_str(r.amount_pusd)), r.request_id) for r in rows]
+
+
+def kept_sums(url: str) -> tuple[dict[str, int], dict[str, int]]:
+    """The remainders and overdrafts the database keeps (``credit_grants.remaining_pusd``,
+    ``credit_overdrafts``), each checked equal to the sum of its credit entries (the proof): by
+    grant, and by owner (``customer:<id>`` / ``key:<id>``) of the entries of no grant."""
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            kept = dict(
+                tuple(r)
+                for r in conn.execute(text("SELECT grant_id, remaining_pusd FROM credit_grants"))
+            )
+            summed = dict(
+                tuple(r)
+                for r in conn.execute(
+                    text(
+                        "SELECT g.grant_id, coalesce(sum(CASE WHEN e.kind = 'grant' THEN "
+                        "e.amount_pusd ELSE -e.amount_pusd END), 0) FROM credit_grants g "
+                        "LEFT JOIN credit_entries e ON e.grant_id = g.grant_id GROUP BY g.grant_id"
+                    )
+                )
+            )
+            overdrafts = dict(
+                tuple(r)
+                for r in conn.execute(text("SELECT owner, overdraft_pusd FROM credit_overdrafts"))
+            )
+            owed = dict(
+                tuple(r)
+                for r in conn.execute(
+                    text(
+                        "SELECT CASE WHEN customer_id IS NOT NULL THEN 'customer:' || customer_id "
+                        "ELSE 'key:' || api_key_id END, sum(amount_pusd) FROM credit_entries "
+                        "WHERE grant_id IS NULL GROUP BY 1"
+                    )
+                )
+            )
+    finally:
+        engine.dispose()
+    assert {g: int(v) for g, v in kept.items()} == {g: int(v) for g, v in summed.items()}
+    assert {o: int(v) for o, v in overdrafts.items()} == {o: int(v) for o, v in owed.items()}
+    return {g: int(v) for g, v in kept.items()}, {o: int(v) for o, v in overdrafts.items()}

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from fastapi import FastAPI
@@ -17,6 +18,7 @@ from tests.credits.helpers import (
     call,
     entries,
     grant,
+    kept_sums,
     ok,
     reconcile,
     remaining,
@@ -144,15 +146,27 @@ def test_a_void_stops_further_draws(acme: TestClient, app: FastAPI, settings: Se
     assert balance(acme)["balance_usd"] == "0"
 
 
-def test_a_key_without_a_customer_draws_its_own_grants_on_the_rule_path(
-    client: TestClient, app: FastAPI, settings: Settings
+def test_a_key_without_a_customer_draws_its_own_grants_from_the_fast_path(
+    client: TestClient, app: FastAPI, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A key with grants is declined by the SQL fast path (its probe), so its charge draws."""
+    """A key with grants is settled by the SQL fast path, and its charge draws in that step."""
+    from billing.reconcile import service
+
+    by_sql: list[str] = []
+    real = service.settle_common
+
+    def spy(*args: Any) -> list[str]:
+        settled = real(*args)
+        by_sql.extend(settled)
+        return settled
+
+    monkeypatch.setattr(service, "settle_common", spy)
     ok(client.post("/v1/prices", json=PRICE), 201)
     grant(client, "k", "0.5", api_key_id="key_solo")
     call(client, "solo", "2026-03-01T10:00:00Z", 1000, key="key_solo")
     call(client, "other", "2026-03-01T10:00:00Z", 1000, key="key_free")
     reconcile(app, settings, "2026-03-01T10:05:00Z")
+    assert sorted(by_sql) == ["other", "solo"]
     assert entries(app)[1:] == [("draw", "k", "0.01", "solo")]
     assert balance(client, api_key_id="key_solo")["balance_usd"] == "0.49"
     assert balance(client, api_key_id="key_free")["grants"] == []
@@ -189,3 +203,39 @@ def test_an_open_call_counts_as_pending_until_it_settles_and_draws(
         "0.98",
     )
     assert entries(app)[1:] == [("draw", "g", "0.02", "open")]
+
+
+def test_kept_remainders_equal_the_entries_after_draws_re_rating_expiry_void_and_overdraft(
+    acme: TestClient, app: FastAPI, settings: Settings, db_url: str
+) -> None:
+    """The remainder a grant keeps (and an owner's overdraft) is the sum of its entries after
+    each kind of booking; the balance reads the kept figures."""
+    grant(acme, "a", "0.02", JAN, priority=1, expires_at="2026-03-15T00:00:00Z")
+    grant(acme, "c", "0.03", JAN, priority=50)
+    grant(acme, "b", "0.05", JAN)
+    assert kept_sums(db_url) == ({"a": 20 * 10**9, "b": 50 * 10**9, "c": 30 * 10**9}, {})
+    call(acme, "r1", "2026-03-01T10:00:00Z", 1500)  # 0.015 at cost
+    reconcile(app, settings, "2026-03-01T10:05:00Z")
+    assert kept_sums(db_url) == ({"a": 5 * 10**9, "b": 50 * 10**9, "c": 30 * 10**9}, {})
+    # Re-rated at 50 % over cost: 0.0225, redrawn from a (0.02) then c (0.0025).
+    ok(
+        acme.post("/v1/plans", json={"plan_id": "gold", "effective_from": JAN, "markup_pct": "50"}),
+        201,
+    )
+    key = {"customer_id": "acme", "plan_id": "gold", "effective_from": "2026-02-01T00:00:00Z"}
+    ok(acme.put("/v1/keys/key_a", json=key), 201)
+    reconcile(app, settings, "2026-03-02T10:00:00Z")
+    assert kept_sums(db_url) == ({"a": 0, "b": 50 * 10**9, "c": 27_500_000_000}, {})
+    # After a's expiry (nothing left of it), 0.06 takes c's 0.0275 and b's 0.05: 0.0775 > 0.06.
+    call(acme, "r2", "2026-03-20T10:00:00Z", 4000)  # 0.04 × 1.5 = 0.06
+    reconcile(app, settings, "2026-03-20T10:05:00Z")
+    assert kept_sums(db_url) == ({"a": 0, "b": 17_500_000_000, "c": 0}, {})
+    ok(acme.post("/v1/credits/grants/b/void", json={}), 200)
+    call(acme, "r3", "2026-03-21T10:00:00Z", 1000)  # 0.015: no grant left, all overdraft
+    reconcile(app, settings, "2026-03-21T10:05:00Z")
+    assert kept_sums(db_url) == ({"a": 0, "b": 0, "c": 0}, {"customer:acme": 15 * 10**9})
+    found = balance(acme)
+    assert (found["balance_usd"], found["overdraft_usd"]) == ("0", "0.015")
+    assert [k for k, *_ in entries(app)[3:]] == [
+        "draw", "reversal", "draw", "draw", "expiry", "draw", "draw", "void", "overdraft",
+    ]  # fmt: skip

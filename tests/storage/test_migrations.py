@@ -187,3 +187,51 @@ def test_readyz_is_503_when_the_database_is_behind_head(fresh_url: str) -> None:
         reply = client.get("/readyz")
     assert reply.status_code == 503, reply.text
     assert "billing migrate" in reply.json()["reason"]
+
+
+def test_0020_fills_the_kept_remainders_and_overdrafts_from_the_entries(fresh_url: str) -> None:
+    """Credit entries booked before migration 0020 give each grant its ``remaining_pusd`` and
+    each owner with entries of no grant its ``credit_overdrafts`` row."""
+    config = alembic_config(fresh_url)
+    command.upgrade(config, "0019_open_calls_by_owner")
+    engine = create_engine(fresh_url, poolclass=NullPool)
+    at = "2026-03-01 10:00:00+00:00"
+    grant_row = (
+        "INSERT INTO credit_grants (grant_id, customer_id, api_key_id, amount_pusd, effective_at, "
+        "priority, kind, created_at) VALUES (:g, :c, :k, :a, :t, 100, 'purchased', :t)"
+    )
+    entry_row = (
+        "INSERT INTO credit_entries (kind, booked_at, customer_id, api_key_id, grant_id, "
+        "amount_pusd, request_id) VALUES (:kind, :t, :c, :k, :g, :a, :r)"
+    )
+    try:
+        with engine.begin() as conn:
+            conn.execute(text(grant_row), {"g": "ga", "c": "acme", "k": None, "a": 100, "t": at})
+            conn.execute(text(grant_row), {"g": "gk", "c": None, "k": "key_b", "a": 50, "t": at})
+            conn.execute(text(grant_row), {"g": "gz", "c": "acme", "k": None, "a": 7, "t": at})
+            for kind, c, k, g, a, r in (
+                ("grant", "acme", None, "ga", 100, None),
+                ("grant", None, "key_b", "gk", 50, None),
+                ("draw", "acme", None, "ga", 30, "r1"),
+                ("reversal", "acme", None, "ga", -30, "r1"),
+                ("draw", "acme", None, "ga", 60, "r1"),
+                ("overdraft", "acme", None, None, 20, "r1"),
+                ("reversal", "acme", None, None, -5, "r2"),
+                ("draw", None, "key_b", "gk", 50, "r3"),
+                ("overdraft", None, "key_b", None, 9, "r3"),
+            ):
+                conn.execute(text(entry_row), {"kind": kind, "t": at, "c": c, "k": k, "g": g,
+                                               "a": a, "r": r})  # fmt: skip
+        command.upgrade(config, "head")
+        with engine.connect() as conn:
+            kept = conn.execute(text("SELECT grant_id, remaining_pusd FROM credit_grants"))
+            assert sorted(tuple(row) for row in kept) == [("ga", 40), ("gk", 0), ("gz", 0)]
+            owed = conn.execute(
+                text("SELECT owner, customer_id, api_key_id, overdraft_pusd FROM credit_overdrafts")
+            )
+            assert sorted(tuple(row) for row in owed) == [
+                ("customer:acme", "acme", None, 15),
+                ("key:key_b", None, "key_b", 9),
+            ]
+    finally:
+        engine.dispose()

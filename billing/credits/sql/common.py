@@ -1,20 +1,24 @@
 """The statements of prepaid credits (``billing.credits.repository``), written with SQLAlchemy
 alike for SQLite and PostgreSQL: ``CoreCredits`` serves both, given each database's
-insert-or-skip for booking an entry once (``SQLITE``, ``POSTGRES``). Grants and customers are
-small tables read by owner; credit entries are read by grant, by call and by booking time.
-``FOR UPDATE`` (PostgreSQL; SQLite has one writer at a time, and SQLAlchemy leaves it out
-there) locks an owner's grants while a step draws them."""
+``INSERT … ON CONFLICT`` (``SQLITE``, ``POSTGRES``). Grants and customers are small tables read
+by owner; credit entries are read by call and by booking time. What is left of a grant
+(``credit_grants.remaining_pusd``) and an owner's overdraft (``credit_overdrafts``) are the sums
+of their entries, kept by ``add`` / ``add_once`` in the statement's transaction: a balance reads
+them, never the draws. ``FOR UPDATE`` (PostgreSQL; SQLite has one writer at a time, and
+SQLAlchemy leaves it out there) locks an owner's grants while a step draws them."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from sqlalchemy import (
     ColumnElement,
     CursorResult,
+    Table,
     and_,
+    bindparam,
     case,
     exists,
     false,
@@ -24,6 +28,7 @@ from sqlalchemy import (
     or_,
     select,
     union,
+    update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
@@ -36,12 +41,21 @@ from billing.credits.rows import (
     OVERDRAFT,
     REVERSAL,
     VOID,
+    ChargedRow,
     Drawn,
     GrantView,
     Movement,
     Owner,
 )
-from billing.storage.models import Call, CreditEntry, CreditGrant, Customer, KeyAssignment
+from billing.storage.models import (
+    Call,
+    CreditEntry,
+    CreditGrant,
+    CreditOverdraft,
+    Customer,
+    KeyAssignment,
+    LedgerEntry,
+)
 
 
 def owned_by(table: Any, owner: Owner) -> ColumnElement[bool]:
@@ -57,6 +71,29 @@ def _any_owner(table: Any, owners: Iterable[Owner]) -> ColumnElement[bool]:
 
 #: A grant's remainder as the sum of its entries: its grant less everything else.
 SIGNED = case((CreditEntry.kind == GRANT, CreditEntry.amount_pusd), else_=-CreditEntry.amount_pusd)
+
+_ENTRIES = cast(Table, CreditEntry.__table__)
+_OVERDRAFTS = cast(Table, CreditOverdraft.__table__)
+_GRANTS = cast(Table, CreditGrant.__table__)
+#: What a ``GrantView`` reads of a grant.
+_GRANT_COLUMNS = (
+    CreditGrant.grant_id,
+    CreditGrant.customer_id,
+    CreditGrant.api_key_id,
+    CreditGrant.amount_pusd,
+    CreditGrant.remaining_pusd,
+    CreditGrant.effective_at,
+    CreditGrant.expires_at,
+    CreditGrant.priority,
+    CreditGrant.kind,
+    CreditGrant.note,
+)
+#: ``_keep_sums``' statement for the grants (executemany: ``g`` the grant, ``d`` the change).
+_ADD_TO_REMAINING = (
+    update(_GRANTS)
+    .where(_GRANTS.c.grant_id == bindparam("g"))
+    .values(remaining_pusd=_GRANTS.c.remaining_pusd + bindparam("d"))
+)
 
 
 def entry_row(move: Movement) -> dict[str, Any]:
@@ -88,7 +125,43 @@ class CoreCredits:
     def add_once(self, session: Session, move: Movement) -> bool:
         statement = self._insert(CreditEntry).values(entry_row(move)).on_conflict_do_nothing()
         result: CursorResult[Any] = session.execute(statement)  # type: ignore[assignment]
-        return bool(result.rowcount)
+        if not result.rowcount:
+            return False
+        self._keep_sums(session, [move])
+        return True
+
+    def _keep_sums(self, session: Session, moves: Sequence[Movement]) -> None:
+        """Add the booked ``moves`` to their grants' remainders and owners' overdrafts: one
+        ``UPDATE`` (executemany) for the grants, one upsert for the overdrafts."""
+        grants: dict[str, int] = {}
+        overdrafts: dict[Owner, int] = {}
+        for move in moves:
+            if move.grant_id is None:
+                overdrafts[move.owner] = overdrafts.get(move.owner, 0) + move.amount_pusd
+            else:
+                signed = move.amount_pusd if move.kind == GRANT else -move.amount_pusd
+                grants[move.grant_id] = grants.get(move.grant_id, 0) + signed
+        changed = [{"g": g, "d": d} for g, d in sorted(grants.items()) if d]
+        if changed:
+            session.execute(_ADD_TO_REMAINING, changed)
+        if overdrafts:
+            rows = [
+                {
+                    "owner": owner.account(),
+                    "customer_id": owner.customer_id,
+                    "api_key_id": owner.api_key_id,
+                    "overdraft_pusd": amount,
+                }
+                for owner, amount in sorted(overdrafts.items(), key=lambda i: i[0].sort_key())
+            ]
+            upsert = self._insert(_OVERDRAFTS)
+            upsert = upsert.on_conflict_do_update(
+                index_elements=[_OVERDRAFTS.c.owner],
+                set_={
+                    "overdraft_pusd": _OVERDRAFTS.c.overdraft_pusd + upsert.excluded.overdraft_pusd
+                },
+            )
+            session.execute(upsert, rows)
 
     def any_grants(self, session: Session) -> bool:
         return bool(session.scalar(select(exists().select_from(CreditGrant))))
@@ -149,35 +222,28 @@ class CoreCredits:
     ) -> list[GrantView]:
         if not owners:
             return []
+        # Columns, not entities: a grant loaded in the session before would keep the remainder
+        # it had then (``_keep_sums`` updates the table, not the identity map).
         query = (
-            select(CreditGrant)
+            select(*_GRANT_COLUMNS)
             .where(_any_owner(CreditGrant, owners))
             .order_by(CreditGrant.grant_id)
         )
         if lock:
             query = query.with_for_update()
-        rows = list(session.scalars(query))
-        ids = [row.grant_id for row in rows]
-        remaining: dict[str, int] = {}
+        rows = list(session.execute(query))
         voided: set[str] = set()
-        if ids:
-            sums = select(CreditEntry.grant_id, func.sum(SIGNED)).where(
-                CreditEntry.grant_id.in_(ids)
-            )
-            for grant_id, total in session.execute(sums.group_by(CreditEntry.grant_id)):
-                remaining[grant_id] = int(total)
-            voids = select(CreditEntry.grant_id).where(
-                CreditEntry.grant_id.in_(ids),
-                CreditEntry.kind == VOID,
-                CreditEntry.dedupe_key.is_not(None),
-            )
-            voided = set(session.scalars(voids))
+        if rows:
+            # A grant's void is booked once, under its dedupe key (a unique index).
+            keys = {f"{VOID}:{row.grant_id}": row.grant_id for row in rows}
+            voids = select(CreditEntry.dedupe_key).where(CreditEntry.dedupe_key.in_(list(keys)))
+            voided = {keys[key] for key in session.scalars(voids) if key is not None}
         return [
             GrantView(
                 row.grant_id,
                 Owner(row.customer_id, row.api_key_id),
                 row.amount_pusd,
-                remaining.get(row.grant_id, 0),
+                row.remaining_pusd,
                 row.effective_at,
                 row.expires_at,
                 row.priority,
@@ -226,7 +292,9 @@ class CoreCredits:
 
     def add(self, session: Session, moves: Sequence[Movement]) -> None:
         if moves:
-            session.execute(insert(CreditEntry), [entry_row(m) for m in moves])
+            # Core (not the ORM's bulk insert): one executemany, nothing read back.
+            session.execute(insert(_ENTRIES), [entry_row(m) for m in moves])
+            self._keep_sums(session, moves)
 
     def due_expiries(self, session: Session, now: datetime) -> list[CreditGrant]:
         booked = select(CreditEntry.entry_id).where(
@@ -256,8 +324,8 @@ class CoreCredits:
         return found
 
     def overdraft(self, session: Session, owner: Owner) -> int:
-        query = select(func.coalesce(func.sum(CreditEntry.amount_pusd), 0)).where(
-            owned_by(CreditEntry, owner), CreditEntry.grant_id.is_(None)
+        query = select(CreditOverdraft.overdraft_pusd).where(
+            CreditOverdraft.owner == owner.account()
         )
         return int(session.scalar(query) or 0)
 
@@ -267,6 +335,45 @@ class CoreCredits:
             owned_by(Call, owner), Call.settled.is_(False)
         )
         return int(session.scalar(query) or 0)
+
+    def pending_by_owner(self, session: Session, owners: Sequence[Owner]) -> dict[Owner, int]:
+        if not owners:
+            return {}
+        figure = func.coalesce(Call.charge_pusd, Call.cost_pusd, 0)
+        query = (
+            select(Call.customer_id, Call.api_key_id, func.sum(figure))
+            .where(_any_owner(Call, owners), Call.settled.is_(False))
+            .group_by(Call.customer_id, Call.api_key_id)
+        )
+        found: dict[Owner, int] = {}
+        for customer_id, api_key_id, total in session.execute(query):
+            owner = Owner.of(customer_id, api_key_id)
+            found[owner] = found.get(owner, 0) + int(total or 0)
+        return found
+
+    def charged_by_key_grants(
+        self, session: Session, request_ids: Sequence[str]
+    ) -> list[ChargedRow]:
+        if not request_ids:
+            return []
+        holders = select(CreditGrant.api_key_id).where(
+            CreditGrant.api_key_id.is_not(None), CreditGrant.customer_id.is_(None)
+        )
+        query = (
+            select(
+                LedgerEntry.request_id,
+                LedgerEntry.seq,
+                LedgerEntry.api_key_id,
+                LedgerEntry.customer_id,
+                LedgerEntry.charge_pusd,
+            )
+            .where(
+                LedgerEntry.request_id.in_(list(request_ids)),
+                LedgerEntry.api_key_id.in_(holders),
+            )
+            .order_by(LedgerEntry.request_id, LedgerEntry.seq)
+        )
+        return [ChargedRow(*row) for row in session.execute(query)]
 
     def entries_between(
         self, session: Session, since: datetime, until: datetime

@@ -179,12 +179,11 @@ NOT_LONG_CONTEXT = """NOT EXISTS (SELECT 1 FROM prices q
 
 #: (v2) The call's key has no assignment (``key_assignments``): a key with a customer or a
 #: plan is the rule's (``billing.reconcile.entries.target_lines`` charges it); the statements
-#: charge the others their cost, with no customer and no plan. (v3) Nor prepaid credit of its
-#: own (``credit_grants``): its charges draw grants (``billing.credits.draws``, after the
-#: rule's entries); a key with a customer is the rule's already.
+#: charge the others their cost, with no customer and no plan. (v3) A key with prepaid credit
+#: of its own is settled here too: the step then draws its grants for the calls settled here
+#: as for the rule's (``billing.credits.draws.after_step``, in the same transaction).
 NO_KEY_ASSIGNMENT = """NOT EXISTS (SELECT 1 FROM key_assignments k
-            WHERE k.api_key_id = c.api_key_id)
-        AND NOT EXISTS (SELECT 1 FROM credit_grants cg WHERE cg.api_key_id = c.api_key_id)"""
+            WHERE k.api_key_id = c.api_key_id)"""
 
 #: (v2) The call's row has none of the v2 figures the statements leave as they are (a served
 #: tier, units, other models, a customer, a plan: ``SET_TOKENS_AND_COST`` does not write them, so
@@ -195,15 +194,14 @@ NO_V2_FIGURES = """c.service_tier IS NULL AND c.units IS NULL AND c.other_models
         AND c.customer_id IS NULL AND c.plan_id IS NULL"""
 
 #: Whether the database holds what ``NOT_LONG_CONTEXT`` and ``NO_KEY_ASSIGNMENT`` look for: a
-#: long-context price, a key assignment or (v3) a credit grant. A step asks once, in its
+#: long-context price or a key assignment. A step asks once, in its
 #: transaction, and runs the statements without the probes that cannot find anything (index
 #: searches a call saved, for a gateway with none). A long-context price or an assignment
 #: written meanwhile marks the calls it concerns pending (``mark_model_pending``,
 #: ``mark_key_pending``), which waits for the step's row locks: the rule then settles those
-#: calls again. (A grant posted while a step runs does not: the calls that step settles in
-#: SQL draw nothing, as calls settled before the grant.)
+#: calls again.
 PROBES_NEEDED = """SELECT EXISTS (SELECT 1 FROM prices WHERE above_input_tokens > 0),
-    EXISTS (SELECT 1 FROM key_assignments) OR EXISTS (SELECT 1 FROM credit_grants)"""
+    EXISTS (SELECT 1 FROM key_assignments)"""
 
 
 def settle_conditions(long_context: bool, assignments: bool) -> str:

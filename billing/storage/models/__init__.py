@@ -22,7 +22,7 @@ from billing.storage.models.budgets import (
     WebhookOutbox,
 )
 from billing.storage.models.calls import Call, CallAttempt, Event
-from billing.storage.models.credits import CreditEntry, CreditGrant, Customer
+from billing.storage.models.credits import CreditEntry, CreditGrant, CreditOverdraft, Customer
 from billing.storage.models.ledger import LedgerEntry, Price
 from billing.storage.models.plans import KeyAssignment, PlanPrice, PlanVersion
 from billing.storage.models.providers import ProviderReportLine, ProviderReportVersion
@@ -47,6 +47,7 @@ __all__ = [
     "CallAttempt",
     "CreditEntry",
     "CreditGrant",
+    "CreditOverdraft",
     "Customer",
     "DriftRollup",
     "EntryPlanRates",

@@ -8,7 +8,7 @@ from datetime import datetime
 from sqlalchemy import BigInteger, Boolean, Index, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from billing.storage.models.base import Base, BigId
+from billing.storage.models.base import Base, BigId, counter
 from billing.storage.types import UTCDateTime
 
 
@@ -30,8 +30,12 @@ class Customer(Base):
 
 class CreditGrant(Base):
     """(v3) A grant of prepaid credit to one owner: a customer (``customer_id``) or a key
-    without a customer (``api_key_id``), exactly one set. Never updated: what is drawn, expired
-    or voided of it are ``CreditEntry`` rows; its ``grant`` entry books ``amount_pusd``."""
+    without a customer (``api_key_id``), exactly one set. What is drawn, expired or voided of it
+    are ``CreditEntry`` rows; its ``grant`` entry books ``amount_pusd``. The grant as posted is
+    never updated; ``remaining_pusd`` is the sum of its entries (its grant less its draws,
+    reversals, expiries and voids), kept by the transaction that books each of them
+    (``billing.credits.sql.common.CoreCredits.add``), so that a balance reads one row a grant
+    instead of every draw (migration 0020)."""
 
     __tablename__ = "credit_grants"
 
@@ -45,12 +49,27 @@ class CreditGrant(Base):
     kind: Mapped[str] = mapped_column(String(16), nullable=False)
     note: Mapped[str | None] = mapped_column(String(1000))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    remaining_pusd: Mapped[int] = counter()
 
     __table_args__ = (
         Index(None, "customer_id"),
         Index(None, "api_key_id"),
         Index(None, "expires_at"),
     )
+
+
+class CreditOverdraft(Base):
+    """(v3) An owner's overdraft: the sum of its ``CreditEntry`` rows of no grant (overdrafts
+    less their reversals), kept like ``CreditGrant.remaining_pusd`` by the transaction that books
+    each of them; a row from the owner's first such entry. ``owner`` is ``customer:<id>`` or
+    ``key:<id>`` (``billing.credits.rows.Owner.account``)."""
+
+    __tablename__ = "credit_overdrafts"
+
+    owner: Mapped[str] = mapped_column(String(140), primary_key=True)
+    customer_id: Mapped[str | None] = mapped_column(String(128))
+    api_key_id: Mapped[str | None] = mapped_column(String(128))
+    overdraft_pusd: Mapped[int] = mapped_column(BigInteger, nullable=False)
 
 
 class CreditEntry(Base):
