@@ -26,7 +26,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any
@@ -37,7 +37,13 @@ from billing.calllog import cursor
 from billing.calllog.cursor import Position
 from billing.drift.repository import repository as drift_repository
 from billing.drift.rows import CallCosts
-from billing.drift.schemas import FIELDS, STATUSES, CallDriftQuery, DriftQuery
+from billing.drift.schemas import (
+    FIELDS,
+    MAX_CALLS_LIMIT,
+    STATUSES,
+    CallDriftQuery,
+    DriftQuery,
+)
 from billing.money import format_usd, pusd_to_decimal
 from billing.providers.repository import repository as providers_repository
 from billing.providers.rows import CurrentLine
@@ -257,3 +263,16 @@ def call_drift(session: Session, query: CallDriftQuery) -> dict[str, Any]:
         "data": [_call_row(call, query.tolerance_pct) for call in page],
         "next_cursor": next_cursor,
     }
+
+
+def every_call_drift(session: Session, query: CallDriftQuery) -> list[dict[str, Any]]:
+    """Every page of ``call_drift`` for ``query`` (from its cursor on), in order
+    (``billing drift --calls``), read ``MAX_CALLS_LIMIT`` a statement."""
+    rows: list[dict[str, Any]] = []
+    query = replace(query, limit=MAX_CALLS_LIMIT)
+    while True:
+        page = call_drift(session, query)
+        rows += page["data"]
+        if page["next_cursor"] is None:
+            return rows
+        query = replace(query, after=cursor.decode(page["next_cursor"]))

@@ -5,12 +5,15 @@ ingested through the API, on the test database (SQLite or PostgreSQL)."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from fastapi.testclient import TestClient
 
 from tests.builders import post
+from tests.drift.test_drift_cli import Billing, billing  # noqa: F401 (the fixture)
 
 DAY = datetime(2026, 11, 10, tzinfo=UTC)
 PERIOD = {"since": "2026-11-10T00:00:00Z", "until": "2026-11-11T00:00:00Z"}
@@ -156,3 +159,27 @@ def test_bad_parameters_are_a_422_naming_each(client: TestClient) -> None:
     assert response.status_code == 422, response.text
     text = response.text
     assert "until" in text and "limit" in text
+
+
+def test_billing_drift_calls_gives_every_page_as_csv_or_json(
+    client: TestClient,
+    db_url: str,
+    tmp_path: Path,
+    billing: Billing,  # noqa: F811
+) -> None:
+    seed(client)
+    period = ("--since", PERIOD["since"], "--until", PERIOD["until"])
+    done = billing(db_url, tmp_path, "drift", "--calls", *period)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode().split("\r\n") == [
+        "request_id,started_at,provider,model,api_key_id,upstream_account,settled,status,"
+        "ours_cost_usd,theirs_cost_usd,delta_cost_usd,delta_pct_cost_usd",
+        "unpriced,2026-11-10T12:00:00Z,openai,m-none,key_7f3a,,true,missing_ours,,0.003,,",
+        "far,2026-11-10T11:00:00Z,openai,m-drift,key_7f3a,,true,drift,0.002,0.0025,0.0005,25",
+        "near,2026-11-10T10:00:00Z,openai,m-drift,key_7f3a,,true,match,0.002,0.00201,0.00001,0.5",
+        "",
+    ]
+    done = billing(db_url, tmp_path, "drift", "--calls", *period, "--format", "json")
+    assert json.loads(done.stdout) == {"data": calls(client)["data"]}
+    done = billing(db_url, tmp_path, "drift", "--calls", "--group-by", "model", *period)
+    assert done.returncode == 2
