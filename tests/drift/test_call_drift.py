@@ -13,6 +13,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 
 from tests.builders import post
+from tests.console.conftest import table
 from tests.drift.test_drift_cli import Billing, billing  # noqa: F401 (the fixture)
 
 DAY = datetime(2026, 11, 10, tzinfo=UTC)
@@ -183,3 +184,47 @@ def test_billing_drift_calls_gives_every_page_as_csv_or_json(
     assert json.loads(done.stdout) == {"data": calls(client)["data"]}
     done = billing(db_url, tmp_path, "drift", "--calls", "--group-by", "model", *period)
     assert done.returncode == 2
+
+
+def test_the_console_drift_page_lists_the_calls_below_the_groups(client: TestClient) -> None:
+    seed(client)
+    response = client.get("/console/drift", params=PERIOD)
+    assert response.status_code == 200, response.text
+    body = response.text.replace('<table class="drift-calls">', '<table id="c">')
+    # (An unpriced call's cost shows as in /console/usage; no delta without it.)
+    key = ("openai", "key_7f3a")
+    assert table(body, "c").rows == [
+        [
+            "unpriced",
+            "2026-11-10T12:00:00Z",
+            key[0],
+            "m-none",
+            key[1],
+            "missing_ours",
+            "unpriced",
+            "0.003",
+            "",
+        ],
+        [
+            "far",
+            "2026-11-10T11:00:00Z",
+            key[0],
+            "m-drift",
+            key[1],
+            "drift",
+            "0.002",
+            "0.0025",
+            "0.0005 (25 %)",
+        ],
+        [
+            "near",
+            "2026-11-10T10:00:00Z",
+            key[0],
+            "m-drift",
+            key[1],
+            "match",
+            "0.002",
+            "0.00201",
+            "0.00001 (0.5 %)",
+        ],
+    ]
