@@ -12,8 +12,15 @@ from billing.api.openapi import query_parameters
 from billing.api.state import AppState, as_of_headers, get_state, routed, routed_json
 from billing.auth.guard import allow
 from billing.drift.csv import drift_csv
-from billing.drift.schemas import DriftList, DriftParams, parse_query
-from billing.drift.service import drift_rows
+from billing.drift.schemas import (
+    CallDriftList,
+    CallDriftParams,
+    DriftList,
+    DriftParams,
+    parse_call_query,
+    parse_query,
+)
+from billing.drift.service import call_drift, drift_rows
 
 router = APIRouter()
 
@@ -29,6 +36,21 @@ async def get_drift(request: Request, state: Annotated[AppState, Depends(get_sta
     """``{"data": [row, …]}``; see ``billing.drift.service``."""
     query = parse_query(request.query_params.multi_items())
     return await routed_json(state, lambda session: {"data": drift_rows(session, query)})
+
+
+@router.get(
+    "/v1/drift/calls",
+    summary="The calls whose provider-reported cost differs from ours",
+    dependencies=[Depends(allow("read", "export"))],
+    openapi_extra=query_parameters(CallDriftParams),
+    responses=answers(401, 403, 422, 503, ok={200: (CallDriftList, "newest first, paged")}),
+)
+async def get_call_drift(
+    request: Request, state: Annotated[AppState, Depends(get_state)]
+) -> Response:
+    """``{"data": [row, …], "next_cursor": …}``; see ``billing.drift.service.call_drift``."""
+    query = parse_call_query(request.query_params.multi_items())
+    return await routed_json(state, lambda session: call_drift(session, query))
 
 
 @router.get(

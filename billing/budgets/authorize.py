@@ -30,14 +30,13 @@ from sqlalchemy.orm import Session
 
 from billing.budgets import cache
 from billing.budgets.repository import BudgetsRepository, repository
-from billing.budgets.rows import BudgetDef, LiveHold
+from billing.budgets.rows import BudgetDef, LiveHold, StoredHold
 from billing.budgets.schemas import AmountEstimate, AuthorizationIn
 from billing.budgets.service import statuses
 from billing.budgets.spent import Spent, over, spent
 from billing.errors import BillingError, NotFound
 from billing.money import format_usd, pusd_to_decimal, usd_to_pusd
 from billing.pricing.service import price_book
-from billing.storage.models import BudgetHold
 from billing.timefmt import rfc3339
 
 #: ``retry_after_s`` is at most this (holds may end sooner: released, converted).
@@ -137,7 +136,7 @@ def decide(
     return Decision(True, "unpriced" if unpriced else None, binding=binding)
 
 
-def _again(stored: BudgetHold, digest: str) -> dict[str, Any]:
+def _again(stored: StoredHold, digest: str) -> dict[str, Any]:
     if stored.body_hash != digest:
         raise AuthorizationConflict(
             f"request_id {stored.request_id!r} was authorized with another body; "
@@ -219,7 +218,8 @@ def release(session: Session, request_id: str, now: datetime) -> dict[str, Any]:
     stored = repo.hold(session, request_id)
     if stored is None:
         raise NotFound(f"no authorization with request_id {request_id!r}")
-    if stored.released_at is not None:
+    released = stored.released_at
+    if released is not None:
         state = "released"
     elif repo.call_exists(session, request_id):
         state = "converted"
@@ -227,14 +227,14 @@ def release(session: Session, request_id: str, now: datetime) -> dict[str, Any]:
         state = "expired"
     else:
         repo.release_hold(session, request_id, now)
-        stored.released_at = now
+        released = now
         state = "released"
     return {
         "request_id": request_id,
         "state": state,
         "hold_usd": format_usd(pusd_to_decimal(stored.hold_pusd)),
         "expires_at": rfc3339(stored.expires_at),
-        "released_at": rfc3339(stored.released_at),
+        "released_at": rfc3339(released),
     }
 
 

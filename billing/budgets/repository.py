@@ -22,12 +22,13 @@ from billing.budgets.rows import (
     Scope,
     StepAmounts,
     StepCall,
+    StoredHold,
     Unstepped,
 )
 from billing.budgets.sql.postgres import PostgresBudgets
 from billing.budgets.sql.sqlite import SqliteBudgets
 from billing.storage.dialects import ByDialect
-from billing.storage.models import Budget, BudgetAlert, BudgetHold, WebhookOutbox
+from billing.storage.models import Budget, BudgetAlert, WebhookOutbox
 
 
 class BudgetsRepository(Protocol):
@@ -136,9 +137,12 @@ class BudgetsRepository(Protocol):
     ) -> None:
         """``budget_open_calls`` without ``gone`` and with ``rows`` (added or replaced)."""
 
-    def hold(self, session: Session, request_id: str) -> BudgetHold | None: ...
+    def hold(self, session: Session, request_id: str) -> StoredHold | None:
+        """The stored authorization of ``request_id`` (one statement)."""
+
     def insert_hold(self, session: Session, values: dict[str, Any]) -> bool:
-        """Store a hold (in a savepoint); False when the ``request_id`` has one already."""
+        """Store a hold (one insert-or-skip); False when the ``request_id`` has one already
+        (stored by a concurrent authorization that committed first)."""
 
     def call_exists(self, session: Session, request_id: str) -> bool:
         """A call with this ``request_id`` is stored (its first event was ingested)."""
@@ -152,8 +156,8 @@ class BudgetsRepository(Protocol):
         customers: Collection[str],
         everything: bool,
     ) -> list[LiveHold]:
-        """The holds neither released nor expired at ``now``, with their call's state: of
-        ``keys`` or ``customers``, or every one (``everything``)."""
+        """The holds neither released nor expired at ``now`` whose call has not settled, with
+        their call's state: of ``keys`` or ``customers``, or every one (``everything``)."""
 
     def call_amounts(
         self,

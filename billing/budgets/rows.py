@@ -81,12 +81,24 @@ class Claimed(NamedTuple):
     created_at: datetime
 
 
+class StoredHold(NamedTuple):
+    """A stored authorization (``budget_holds``) as a repeated authorization or a release
+    reads it: its hold, the hash of its body, its first answer (JSON) and when it ends."""
+
+    request_id: str
+    hold_pusd: int
+    body_hash: str
+    answer: str
+    expires_at: datetime
+    released_at: datetime | None
+
+
 class LiveHold(NamedTuple):
-    """A hold not released and not expired (``budget_holds``), with its call's state:
-    ``call`` is None without a call, ``"unstepped"`` for a call no reconciliation step has
-    read yet (the hold stands for its figure), ``"open"`` for a call a step read that has not
-    settled (its figure so far: ``call_cost_pusd``, ``call_charge_pusd``), ``"settled"`` once
-    it settled (the hold is gone)."""
+    """A hold not released and not expired (``budget_holds``) whose call has not settled, with
+    its call's state: ``call`` is None without a call, ``"unstepped"`` for a call no
+    reconciliation step has read yet (the hold stands for its figure), ``"open"`` for a call a
+    step read that has not settled (its figure so far: ``call_cost_pusd``,
+    ``call_charge_pusd``). Once its call settled a hold counts nothing and is not read."""
 
     request_id: str
     api_key_id: str

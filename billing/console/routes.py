@@ -24,8 +24,9 @@ from billing.console import access, overview, pages, views
 from billing.console.access import Viewer
 from billing.console.render import page, render, respond
 from billing.credits.rows import Owner
+from billing.drift.schemas import CALL_QUERY_PARAMETERS, parse_call_query
 from billing.drift.schemas import parse_query as parse_drift_query
-from billing.drift.service import drift_rows
+from billing.drift.service import call_drift, drift_rows
 from billing.errors import NotFound, ValidationFailed
 
 router = APIRouter(prefix="/console", include_in_schema=False)
@@ -280,17 +281,22 @@ async def credits(request: Request) -> Response:
 @router.get("/drift")
 async def drift(request: Request) -> Response:
     """The drift table (``GET /v1/drift``'s parameters; the last 7 UTC days by default),
-    mismatches first."""
+    mismatches first; then the first page of the calls whose provider-reported cost is not
+    ours (``GET /v1/drift/calls``, newest first)."""
     viewer = await _gate(request, "drift")
     if isinstance(viewer, Response):
         return viewer
     items = views.period_defaults(_items(request), datetime.now(UTC), days=7)
+    # (The per-call table: the first page of GET /v1/drift/calls for the same period.)
+    per_call = [(name, value) for name, value in items if name in CALL_QUERY_PARAMETERS]
     return await _show(
         request,
         viewer,
         "drift",
         "drift.html",
-        lambda s: views.drift_view(drift_rows(s, parse_drift_query(items))),
+        lambda s: views.drift_view(
+            drift_rows(s, parse_drift_query(items)), call_drift(s, parse_call_query(per_call))
+        ),
         dict(items),
     )
 

@@ -201,12 +201,21 @@ def period_defaults(items: Items, now: datetime, days: int) -> list[tuple[str, s
 DRIFT_FIGURES = ("ours", "theirs", "delta", "delta_pct", "status")
 
 
-def drift_view(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def drift_view(rows: list[dict[str, Any]], calls: dict[str, Any] | None = None) -> dict[str, Any]:
     """The Drift page for ``GET /v1/drift``'s rows (``billing.drift.service.drift_rows``),
-    mismatches first (any status but ``match``), then in the service's order."""
+    mismatches first (any status but ``match``), then in the service's order; ``calls``: a
+    page of ``GET /v1/drift/calls`` (``billing.drift.service.call_drift``), shown below, with
+    whether more follow."""
     keys = [k for k in (rows[0] if rows else {}) if k not in DRIFT_FIGURES]
     ordered = sorted(rows, key=lambda row: row.get("status") == "match")
-    return {"rows": ordered, "keys": keys, "fields": DRIFT_FIELDS}
+    page = calls or {"data": [], "next_cursor": None}
+    return {
+        "rows": ordered,
+        "keys": keys,
+        "fields": DRIFT_FIELDS,
+        "calls": page["data"],
+        "more_calls": page["next_cursor"] is not None,
+    }
 
 
 #: Budgets the Budgets page shows (the next after a cursor).

@@ -1,4 +1,5 @@
-"""``GET /v1/exports/drift.csv`` and ``billing drift``: the drift rows as CSV (stdlib ``csv``,
+"""``GET /v1/exports/drift.csv`` and ``billing drift``: the drift rows (and, ``billing drift
+--calls``, the per-call rows of ``GET /v1/drift/calls``) as CSV (stdlib ``csv``,
 the exports' conventions: ``\\r\\n`` rows, minimal quoting, formula-like text cells made inert,
 an empty cell for null)."""
 
@@ -31,6 +32,39 @@ def drift_csv(query: DriftQuery, rows: list[dict[str, Any]]) -> bytes:
                 *(neutralise(row[key]) for key in query.keys),
                 row["status"],
                 *(row[side][name] for name in FIELDS for side in _SIDES),
+            ]
+        )
+    return out.getvalue().encode()
+
+
+#: The per-call CSV's header (``billing drift --calls``): the keys of a ``CallDriftRow``, its
+#: figures named as the grouped CSV names the cost's (``ours_cost_usd``, …).
+CALL_COLUMNS = (
+    "request_id",
+    "started_at",
+    "provider",
+    "model",
+    "api_key_id",
+    "upstream_account",
+    "settled",
+    "status",
+    *(f"{side}_cost_usd" for side in _SIDES),
+)
+_CALL_KEYS = CALL_COLUMNS[:6]
+
+
+def calls_csv(rows: list[dict[str, Any]]) -> bytes:
+    """``rows`` (``billing.drift.service.call_drift``'s, every page) as UTF-8 CSV bytes."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\r\n")
+    writer.writerow(CALL_COLUMNS)
+    for row in rows:
+        writer.writerow(
+            [
+                *(neutralise(row[key]) for key in _CALL_KEYS),
+                "true" if row["settled"] else "false",
+                row["status"],
+                *(row[side] for side in _SIDES),
             ]
         )
     return out.getvalue().encode()

@@ -9,7 +9,7 @@ from typing import Protocol
 
 from sqlalchemy.orm import Session
 
-from billing.drift.rows import Grain, OursRow
+from billing.drift.rows import CallCosts, Grain, OursRow
 from billing.drift.sql.postgres import PostgresDrift
 from billing.drift.sql.sqlite import SqliteDrift
 from billing.storage.dialects import ByDialect
@@ -30,6 +30,19 @@ class DriftRepository(Protocol):
         ``grain`` slot in UTC, provider, model, upstream account and served tier: the whole
         hours from ``drift_rollups`` and the calls it does not hold, the ragged hours at either
         end from ``calls``. A key may come in several rows (the caller sums them)."""
+        ...
+
+    def differing_calls(
+        self,
+        session: Session,
+        since: datetime,
+        until: datetime,
+        provider: str | None,
+        before: tuple[datetime, str] | None,
+        limit: int,
+    ) -> list[CallCosts]:
+        """The calls started in ``[since, until)`` whose provider's own cost differs from
+        ours, newest first, after ``before`` (``started_at``, ``request_id``)."""
         ...
 
 

@@ -33,3 +33,19 @@ class OursRow(NamedTuple):
     output_tokens: int
     cost_pusd: int
     unpriced: int
+
+
+class CallCosts(NamedTuple):
+    """A call whose provider reported its own cost (``stream.usage.provider_cost_usd``) and
+    whose figure differs from ours: ``cost_pusd`` ours (None: unpriced), ``provider_cost_pusd``
+    theirs, both picodollars (``billing.drift.service.call_drift``)."""
+
+    request_id: str
+    started_at: datetime
+    provider: str | None
+    model: str | None
+    api_key_id: str | None
+    upstream_account: str | None
+    settled: bool
+    cost_pusd: int | None
+    provider_cost_pusd: int

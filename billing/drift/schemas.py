@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from billing.calllog import cursor
+from billing.calllog.cursor import Position
 from billing.calllog.params import UNTIL_AFTER_SINCE, QueryReader, parse_timestamp
 from billing.providers.schemas import PROVIDERS
 from billing.timefmt import rfc3339
@@ -178,3 +180,94 @@ class DriftParams(BaseModel):
     tolerance_pct: str | None = Field(
         None, description="percent of ours within which a figure matches (default 1)"
     )
+
+
+# -- per call (``GET /v1/drift/calls``) ----------------------------------------------------------
+
+#: The parameters of ``GET /v1/drift/calls``.
+CALL_QUERY_PARAMETERS = ("since", "until", "provider", "tolerance_pct", "limit", "cursor")
+#: A call's statuses: ours unknown (unpriced), beyond the tolerance, within it.
+CALL_STATUSES = ("missing_ours", "drift", "match")
+MAX_CALLS_LIMIT = 1000
+DEFAULT_CALLS_LIMIT = 100
+
+
+@dataclass(frozen=True)
+class CallDriftQuery:
+    """The calls started in ``[since, until)`` (UTC; any instants: calls are not bucketed), of
+    one provider or all, ``limit`` a page after ``after`` (newest first)."""
+
+    since: datetime
+    until: datetime
+    provider: str | None = None
+    tolerance_pct: Decimal = DEFAULT_TOLERANCE_PCT
+    limit: int = DEFAULT_CALLS_LIMIT
+    after: Position | None = None
+
+
+def parse_call_query(items: Iterable[tuple[str, str]]) -> CallDriftQuery:
+    """The query string of ``GET /v1/drift/calls`` → ``CallDriftQuery``; ``ValidationFailed``
+    (422, ``query.<name>`` paths) listing every problem."""
+    reader = QueryReader(items, CALL_QUERY_PARAMETERS)
+    since = reader.parsed("since", parse_timestamp, "an RFC 3339 timestamp")
+    until = reader.parsed("until", parse_timestamp, "an RFC 3339 timestamp")
+    provider = reader.choice("provider", PROVIDERS)
+    tolerance = reader.parsed("tolerance_pct", _tolerance)
+    limit = reader.integer("limit", 1, MAX_CALLS_LIMIT) or DEFAULT_CALLS_LIMIT
+    after = reader.parsed("cursor", cursor.decode)
+    if since is not None and until is not None and until <= since:
+        reader.fail("until", UNTIL_AFTER_SINCE)
+    reader.done()
+    assert since is not None and until is not None
+    return CallDriftQuery(
+        since,
+        until,
+        provider,
+        DEFAULT_TOLERANCE_PCT if tolerance is None else tolerance,
+        limit,
+        after,
+    )
+
+
+class CallDriftRow(BaseModel):
+    """A call whose provider's own cost (``stream.usage.provider_cost_usd``) is not ours:
+    ``ours`` (``cost_usd``; null when unpriced), ``theirs`` (``provider_cost_usd``), ``delta``
+    (theirs − ours), ``delta_pct`` (delta / ours × 100, 4 decimal places; null when ours is
+    null, or 0 with theirs not), exact decimal strings, and ``status``: ``missing_ours``,
+    ``drift`` (|delta| beyond ``tolerance_pct`` of ours) or ``match``."""
+
+    request_id: str
+    started_at: str
+    provider: str | None
+    model: str | None
+    api_key_id: str | None
+    upstream_account: str | None
+    settled: bool
+    ours: str | None
+    theirs: str
+    delta: str | None
+    delta_pct: str | None
+    status: Literal["missing_ours", "drift", "match"]
+
+
+class CallDriftList(BaseModel):
+    """``{"data": [row, …], "next_cursor": …}``: newest first (``started_at``, then
+    ``request_id``); ``next_cursor`` null when no call follows."""
+
+    data: list[CallDriftRow] = Field(default_factory=list)
+    next_cursor: str | None = None
+
+
+class CallDriftParams(BaseModel):
+    """The query of ``GET /v1/drift/calls`` (read by ``parse_call_query``; for OpenAPI)."""
+
+    since: datetime = Field(description="calls started from (RFC 3339)")
+    until: datetime = Field(description="up to (exclusive), RFC 3339")
+    provider: Literal["openai", "anthropic"] | None = Field(None, description="one provider")
+    tolerance_pct: str | None = Field(
+        None, description="percent of ours within which a call matches (default 1)"
+    )
+    limit: int | None = Field(
+        None, description=f"calls a page, 1 to {MAX_CALLS_LIMIT} (default {DEFAULT_CALLS_LIMIT})"
+    )
+    cursor: str | None = Field(None, description="the next_cursor of the previous page")

@@ -65,6 +65,7 @@ EXAMPLES: dict[tuple[str, str], tuple[dict[str, Any], set[str]]] = {
         set(),
     ),
     ("GET", "/v1/drift"): ({"params": PERIOD}, {"read", "export"}),
+    ("GET", "/v1/drift/calls"): ({"params": PERIOD}, {"read", "export"}),
     ("GET", "/v1/exports/drift.csv"): ({"params": PERIOD}, {"read", "export"}),
     ("GET", "/v1/schema/events.json"): ({}, {"ingest", "read", "export"}),
     ("POST", "/v1/plans"): ({"json": {"plan_id": "auth-plan", **PLAN_TIME}}, set()),

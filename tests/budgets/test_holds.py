@@ -139,6 +139,27 @@ def test_a_hold_is_replaced_by_its_call_from_its_first_event(client: TestClient)
     assert held(client, "b1", T0 + timedelta(seconds=9)) == ("0.07", "0", "0", "0.07")
 
 
+def test_the_holds_read_are_those_that_still_count(client: TestClient) -> None:
+    # A hold stays live until its TTL though its call settled: it is not read then (an owner
+    # has thousands of those after thousands of calls); a hold without a call, or whose call
+    # is open, is.
+    price(client)
+    dollar_budget(client)
+    for rid in ("settles", "opens", "waits"):
+        assert auth_at(client, T0, rid=rid)["decision"] == "allow"
+    call(client, "settles", T0 + timedelta(seconds=1), 50_000, 10_000)
+    call(client, "opens", T0 + timedelta(seconds=1), 50_000, settled=False)
+    reconcile(client, T0 + timedelta(seconds=2))
+    at = T0 + timedelta(seconds=3)
+    found = read(client, lambda s: budgets_repository(s).live_holds(s, at, [KEY], [], False))
+    assert sorted((h.request_id, h.call, h.hold_pusd, h.beyond_call("cost")) for h in found) == [
+        ("opens", "open", 10**11, 5 * 10**10),
+        ("waits", None, 10**11, 0),
+    ]
+    # settled $0.07; the open call's $0.05 and the rest of its hold, $0.05; the waiting $0.10.
+    assert held(client, "b1", at) == ("0.07", "0.05", "0.15", "0.27")
+
+
 def test_expired_and_released_holds_stop_counting_at_once(client: TestClient) -> None:
     price(client)
     dollar_budget(client)

@@ -4,17 +4,17 @@ databases)."""
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import case, func, or_, select, text, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import Select, bindparam, case, func, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from billing.budgets.measure import AMOUNT_COLUMNS
-from billing.budgets.rows import CallAmount, LiveHold, StepCall, Unstepped
+from billing.budgets.rows import CallAmount, LiveHold, StepCall, StoredHold, Unstepped
 from billing.budgets.sql.common import DialectBase
 from billing.storage.models import BudgetHold, Call, Event
 
@@ -26,31 +26,115 @@ _E = Event.__table__.c
 #: states it (SQLite matches the predicate term by term: no bound value).
 _UNSTEPPED = text("calls.attempts = 0")
 
-#: A hold's call: none, not yet read by a reconciliation step (no attempt written, not
-#: settled: the hold stands for its figure), read by a step and still open (it counts at no
-#: less than its hold), or settled.
+#: A hold's call: none, not yet read by a reconciliation step (no attempt written: the hold
+#: stands for its figure), or read by a step and still open (it counts at no less than its
+#: hold). A hold whose call settled is not read at all (``_COUNTED``).
 _CALL_STATE = case(
     (_C.request_id.is_(None), None),
-    (_C.settled.is_(True), "settled"),
     (_C.attempts == 0, "unstepped"),
     else_="open",
 )
+
+#: The holds that still count: their call not stored yet, or not settled. A hold is live
+#: until its TTL (600 s by default) though its call settled long before: after thousands of
+#: calls an owner has thousands of such holds, which counted nothing, each a row through
+#: Python (a customer's 600 of them cost its authorization more than the rest together).
+_COUNTED = or_(_C.request_id.is_(None), _C.settled.is_(False))
+
+#: A stored authorization by its ``request_id`` (``hold``): Core, no ORM object to load.
+_STORED = select(
+    _H.request_id, _H.hold_pusd, _H.body_hash, _H.answer, _H.expires_at, _H.released_at
+).where(_H.request_id == bindparam("request_id"))
+
+
+@functools.cache
+def _live(keys: bool, customers: bool) -> Select[Any]:
+    """The live holds that still count (``live_holds``): every one, or those of the bound
+    ``keys`` and/or ``customers`` (expanding lists), built once per shape (a statement built
+    per authorization cost more CPU than the database's reading it)."""
+    query = (
+        select(
+            _H.request_id,
+            _H.api_key_id,
+            _H.customer_id,
+            _H.tags,
+            _H.model,
+            _H.hold_pusd,
+            _H.expires_at,
+            _CALL_STATE,
+            _H.created_at,
+            _C.cost_pusd,
+            _C.charge_pusd,
+        )
+        .select_from(BudgetHold.__table__.outerjoin(Call, _C.request_id == _H.request_id))
+        .where(_H.released_at.is_(None), _H.expires_at > bindparam("now"), _COUNTED)
+    )
+    owners = []
+    if keys:
+        owners.append(_H.api_key_id.in_(bindparam("keys", expanding=True)))
+    if customers:
+        owners.append(_H.customer_id.in_(bindparam("customers", expanding=True)))
+    return query.where(or_(*owners)) if owners else query
+
+
+def _unstepped(everything: bool) -> Select[Any]:
+    """The calls no step has read yet (``unstepped_calls``): every one, or those of the bound
+    ``keys`` (an expanding list)."""
+    started = (
+        select(_E.body)
+        .where(_E.call_no == _C.call_no, _E.type == "stream.started")
+        .order_by(_E.seq)
+        .limit(1)
+        .scalar_subquery()
+    )
+    generated = (
+        select(func.max(_E.output_tokens_generated))
+        .where(_E.call_no == _C.call_no)
+        .scalar_subquery()
+    )
+    query = select(
+        _C.request_id,
+        _C.api_key_id,
+        _C.model,
+        _C.started_at,
+        _C["metadata"],
+        started,
+        generated,
+    ).where(_UNSTEPPED)  # (the rest in Python: a term more may turn SQLite to a full index)
+    if everything:
+        return query
+    return query.where(_C.api_key_id.in_(bindparam("keys", expanding=True)))
+
+
+_UNSTEPPED_ALL = _unstepped(True)
+_UNSTEPPED_OF_KEYS = _unstepped(False)
 
 
 class Holds(DialectBase):
     """Holds: stored once per ``request_id``, released, read while live; the calls' amounts of
     a budget read at the time asked."""
 
-    def hold(self, session: Session, request_id: str) -> BudgetHold | None:
-        return session.get(BudgetHold, request_id)
+    def hold(self, session: Session, request_id: str) -> StoredHold | None:
+        row = session.connection().execute(_STORED, {"request_id": request_id}).first()
+        return None if row is None else StoredHold(*row)
 
     def insert_hold(self, session: Session, values: dict[str, Any]) -> bool:
-        try:
-            with session.begin_nested():
-                session.add(BudgetHold(**values))
-        except IntegrityError:  # a concurrent authorization of the same request_id
-            return False
-        return True
+        # One statement (no savepoint, no ORM flush): a concurrent authorization of the same
+        # request_id that committed first makes it insert nothing (PostgreSQL waits for it).
+        found = session.connection().execute(self._insert_hold_statement(), values).first()
+        return found is not None
+
+    def _insert_hold_statement(self) -> Any:
+        """``INSERT … ON CONFLICT (request_id) DO NOTHING RETURNING request_id``, built once."""
+        built = self.__dict__.get("_insert_hold")
+        if built is None:
+            built = (
+                self.insert(BudgetHold.__table__)
+                .on_conflict_do_nothing(index_elements=["request_id"])
+                .returning(_H.request_id)
+            )
+            self.__dict__["_insert_hold"] = built
+        return built
 
     def call_exists(self, session: Session, request_id: str) -> bool:
         found = session.scalar(select(_C.request_id).where(_C.request_id == request_id))
@@ -69,35 +153,22 @@ class Holds(DialectBase):
         customers: Collection[str],
         everything: bool,
     ) -> list[LiveHold]:
-        query = (
-            select(
-                _H.request_id,
-                _H.api_key_id,
-                _H.customer_id,
-                _H.tags,
-                _H.model,
-                _H.hold_pusd,
-                _H.expires_at,
-                _CALL_STATE,
-                _H.created_at,
-                _C.cost_pusd,
-                _C.charge_pusd,
-            )
-            .select_from(BudgetHold.__table__.outerjoin(Call, _C.request_id == _H.request_id))
-            .where(_H.released_at.is_(None), _H.expires_at > now)
-        )
-        if not everything:
-            owners = []
-            if keys:
-                owners.append(_H.api_key_id.in_(sorted(keys)))
-            if customers:
-                owners.append(_H.customer_id.in_(sorted(customers)))
-            if not owners:
+        params: dict[str, Any] = {"now": now}
+        if everything:
+            query = _live(False, False)
+        else:
+            if not keys and not customers:
                 return []
-            query = query.where(or_(*owners))
+            query = _live(bool(keys), bool(customers))
+            if keys:
+                params["keys"] = sorted(keys)
+            if customers:
+                params["customers"] = sorted(customers)
         return [
             LiveHold(rid, key, customer, tuple(json.loads(tags)), model, int(held), *rest)
-            for rid, key, customer, tags, model, held, *rest in session.execute(query)
+            for rid, key, customer, tags, model, held, *rest in session.connection().execute(
+                query, params
+            )
         ]
 
     def call_amounts(
@@ -172,33 +243,14 @@ class Holds(DialectBase):
     def unstepped_calls(
         self, session: Session, keys: Collection[str], everything: bool
     ) -> list[Unstepped]:
-        started = (
-            select(_E.body)
-            .where(_E.call_no == _C.call_no, _E.type == "stream.started")
-            .order_by(_E.seq)
-            .limit(1)
-            .scalar_subquery()
-        )
-        generated = (
-            select(func.max(_E.output_tokens_generated))
-            .where(_E.call_no == _C.call_no)
-            .scalar_subquery()
-        )
-        query = select(
-            _C.request_id,
-            _C.api_key_id,
-            _C.model,
-            _C.started_at,
-            _C["metadata"],
-            started,
-            generated,
-        ).where(_UNSTEPPED)  # (the rest in Python: a term more may turn SQLite to a full index)
-        if not everything:
-            if not keys:
-                return []
-            query = query.where(_C.api_key_id.in_(sorted(keys)))
+        if everything:
+            rows = session.connection().execute(_UNSTEPPED_ALL)
+        elif not keys:
+            return []
+        else:
+            rows = session.connection().execute(_UNSTEPPED_OF_KEYS, {"keys": sorted(keys)})
         found = []
-        for rid, key, model, at, metadata, body, output in session.execute(query):
+        for rid, key, model, at, metadata, body, output in rows:
             if at is None:  # no stream.started yet: no start, no estimate
                 continue
             start = json.loads(body) if body else {}

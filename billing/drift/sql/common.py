@@ -6,10 +6,14 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
-from billing.drift.rows import Grain, OursRow, Span
+from billing.drift.rows import CallCosts, Grain, OursRow, Span
 from billing.rollups.rows import DAY, HOUR
+from billing.storage.models import Call
+
+_C = Call.__table__.c
 
 
 def _floor(at: datetime, level: int) -> datetime:
@@ -75,3 +79,48 @@ class SqlDrift:
         for span in ragged:
             rows += self.read_calls(conn, grain, False, span, provider)
         return rows
+
+    def differing_calls(
+        self,
+        session: Session,
+        since: datetime,
+        until: datetime,
+        provider: str | None,
+        before: tuple[datetime, str] | None,
+        limit: int,
+    ) -> list[CallCosts]:
+        """The calls started in ``[since, until)`` (of ``provider``) whose provider reported a
+        cost that is not ours (ours unknown included), newest first (``started_at``, then
+        ``request_id``, descending), after ``before`` in that order, at most ``limit``. The
+        same statement on both databases (the calls' start index, then the filter)."""
+        query = select(
+            _C.request_id,
+            _C.started_at,
+            _C.provider,
+            _C.model,
+            _C.api_key_id,
+            _C.upstream_account,
+            _C.settled,
+            _C.cost_pusd,
+            _C.provider_cost_pusd,
+        ).where(
+            _C.started_at >= since,
+            _C.started_at < until,
+            _C.provider_cost_pusd.is_not(None),
+            or_(_C.cost_pusd.is_(None), _C.cost_pusd != _C.provider_cost_pusd),
+        )
+        if provider is not None:
+            query = query.where(_C.provider == provider)
+        if before is not None:
+            at, request_id = before
+            query = query.where(
+                or_(
+                    _C.started_at < at,
+                    and_(_C.started_at == at, _C.request_id < request_id),
+                )
+            )
+        query = query.order_by(_C.started_at.desc(), _C.request_id.desc()).limit(limit)
+        return [
+            CallCosts(*row[:6], bool(row[6]), row[7], int(row[8]))
+            for row in session.connection().execute(query)
+        ]
