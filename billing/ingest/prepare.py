@@ -50,8 +50,9 @@ class StartedFields(NamedTuple):
 class EventRow:
     """One event to store: the first occurrence of its ``event_id`` in its batch, with the
     column values of its ``events`` row computed up front, on the request's side (the writer
-    thread is the serial part of ingest: it only runs the statements). Each database's
-    statements read the attributes they bind (``billing.ingest.sql``)."""
+    thread is the serial part of ingest: it only runs the statements), but for SQLite's text of
+    ``occurred_at`` (``occurred_text``, made as it is read: PostgreSQL never reads it). Each
+    database's statements read the attributes they bind (``billing.ingest.sql``)."""
 
     __slots__ = (
         "attempt",
@@ -60,7 +61,6 @@ class EventRow:
         "event_id",
         "index",
         "occurred_at",
-        "occurred_text",
         "output_tokens_delivered",
         "output_tokens_generated",
         "plain_usage",
@@ -85,9 +85,8 @@ class EventRow:
         self.attempt = event.attempt
         self.type = event.type
         self.occurred_at = event.occurred_at
-        #: ``occurred_at`` and ``received`` as the fixed-format UTC text of ``sqlite_text``.
-        self.occurred_text = sqlite_text(event.occurred_at)
         self.received = received
+        #: ``received`` as the fixed-format UTC text of ``sqlite_text`` (once per batch).
         self.received_text = received_text
         #: The content hash (``content_hash``) and the index of the event in its batch.
         self.digest = digest
@@ -115,6 +114,12 @@ class EventRow:
             if isinstance(event, StreamStarted)
             else None
         )
+
+    @property
+    def occurred_text(self) -> str:
+        """``occurred_at`` as the fixed-format UTC text of ``sqlite_text``: made when SQLite's
+        statements read it (once per event), not up front, which PostgreSQL's never do."""
+        return sqlite_text(self.occurred_at)
 
 
 @dataclass(frozen=True)
