@@ -53,6 +53,12 @@ class CreditsRepository(Protocol):
         its ``grant_id`` was stored meanwhile."""
         ...
 
+    def lock_owner(self, session: Session, owner: Owner) -> None:
+        """Decide ``owner``'s authorizations one at a time: until the transaction ends, another
+        ``lock_owner`` of the same owner waits (PostgreSQL: an advisory lock; SQLite: its one
+        writer). Steps never take it: an authorization does not wait for their draws."""
+        ...
+
     def grants(
         self, session: Session, owners: Sequence[Owner], lock: bool = False
     ) -> list[GrantView]:

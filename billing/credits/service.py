@@ -249,13 +249,16 @@ def grant_json(session: Session, grant_id: str, now: datetime) -> dict[str, Any]
 
 
 def _figures(
-    session: Session, owner: Owner, now: datetime, lock: bool = False
+    session: Session, owner: Owner, now: datetime
 ) -> tuple[list[GrantView], dict[str, int]]:
     repo = repository(session)
-    grants = sorted(repo.grants(session, [owner], lock), key=draw_order)
-    balance_pusd = sum(_left(g, now) for g in grants if active(g, now))
+    # Holds and open calls first, the remainders after: a step that settles and draws a call
+    # in between (PostgreSQL reads each statement's latest commit) then counts it twice for
+    # this one read, pending and drawn, never not at all.
     held = held_for_owner(session, owner, now)
     pending = repo.pending(session, owner)
+    grants = sorted(repo.grants(session, [owner]), key=draw_order)
+    balance_pusd = sum(_left(g, now) for g in grants if active(g, now))
     figures = {
         "balance": balance_pusd,
         "held": held,
@@ -300,12 +303,14 @@ def credit_gate(
 ) -> bool:
     """Whether a hold of ``hold_pusd`` may be taken for a call of ``api_key_id`` (its customer
     ``customer_id``): always, unless the owner is a ``credit_required`` customer whose available
-    credit is below it. The owner's grants are locked first (PostgreSQL), so that concurrent
-    authorizations are decided one after another."""
+    credit is below it. The owner's authorizations are decided one after another
+    (``lock_owner``); the grants are read without their row locks, so a step drawing them does
+    not hold the authorization up."""
     owner = credit_owner(session, Owner.of(customer_id, api_key_id), now)
     if owner.customer_id is None or not credit_required(session, owner.customer_id):
         return True
-    return _figures(session, owner, now, lock=True)[1]["available"] >= hold_pusd
+    repository(session).lock_owner(session, owner)
+    return _figures(session, owner, now)[1]["available"] >= hold_pusd
 
 
 def available_for_owner(

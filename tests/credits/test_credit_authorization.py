@@ -5,9 +5,15 @@ customer without the flag is never refused for credit; a live hold takes from th
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.conftest import LiveServer
 from tests.credits.helpers import JAN, PRICE, balance, grant, ok
 
 
@@ -64,3 +70,40 @@ def test_a_customer_without_credit_required_is_not_refused_for_credit(client: Te
     answer = _authorize(client, "r-free", "0.10")
     assert (answer["decision"], answer["reason"]) == ("allow", None)
     assert balance(client)["held_usd"] == "0.1"
+
+
+def test_thirty_concurrent_tenths_against_a_dollar_of_credit_admit_exactly_ten(
+    live_server: LiveServer,
+) -> None:
+    """No budget serializes these: only the owner's authorization lock does (PostgreSQL: an
+    advisory lock per owner; the grants are read without row locks)."""
+    with httpx.Client(base_url=live_server.url, timeout=60) as admin:
+        ok(admin.post("/v1/prices", json=PRICE), 201)
+        ok(admin.put("/v1/keys/key_a", json={"customer_id": "acme", "effective_from": JAN}), 201)
+        ok(admin.put("/v1/customers/acme", json={"credit_required": True}))
+        ok(admin.post("/v1/credits/grants", json={"grant_id": "g-dollar", "customer_id": "acme",
+           "amount_usd": "1", "kind": "purchased", "effective_at": JAN}), 201)  # fmt: skip
+    start = threading.Barrier(30)
+
+    def one(rid: str) -> dict[str, Any]:
+        with httpx.Client(base_url=live_server.url, timeout=60) as gateway:
+            start.wait()
+            return ok(gateway.post("/v1/authorizations", json={"request_id": rid,
+                      "api_key_id": "key_a", "model": "m-credit",
+                      "estimate": {"amount_usd": "0.10"}}), 200)  # fmt: skip
+
+    with ThreadPoolExecutor(30) as pool:
+        answers = list(pool.map(one, [f"c-{i}" for i in range(30)]))
+    allowed = [a for a in answers if a["decision"] == "allow"]
+    assert len(allowed) == 10
+    assert {a["hold_usd"] for a in allowed} == {"0.1"}
+    assert {(a["reason"], a["retryable"]) for a in answers if a["decision"] == "deny"} == {
+        ("insufficient_credit", False)
+    }
+    with httpx.Client(base_url=live_server.url, timeout=60) as reader:
+        figures = ok(reader.get("/v1/credits/balance", params={"customer_id": "acme"}), 200)
+    assert (figures["balance_usd"], figures["held_usd"], figures["available_usd"]) == (
+        "1",
+        "1",
+        "0",
+    )

@@ -43,9 +43,9 @@ BUDGETS_LOCK = 0x6275_6467_6574  # "budget"
 HOLD_LOCKS = 0x686F_6C64 << 32
 
 #: The base of the locks under which the alerts of a budget no counter keeps are recorded
-#: (``lock_alerts``): "alrt" << 32, + the row id. Not the admission locks: an authorization
-#: holds its budgets' while it locks the owner's credit grants, which a step holds while it
-#: records alerts.
+#: (``lock_alerts``): "alrt" << 32, + the row id. Not the admission locks, which an
+#: authorization holds for its whole transaction: a step recording alerts does not wait for
+#: authorizations.
 ALERT_LOCKS = 0x616C_7274 << 32
 
 LOCK_SHARED = text("SELECT pg_advisory_xact_lock_shared(:key)")

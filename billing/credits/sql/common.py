@@ -5,7 +5,9 @@ by owner; credit entries are read by call and by booking time. What is left of a
 (``credit_grants.remaining_pusd``) and an owner's overdraft (``credit_overdrafts``) are the sums
 of their entries, kept by ``add`` / ``add_once`` in the statement's transaction: a balance reads
 them, never the draws. ``FOR UPDATE`` (PostgreSQL; SQLite has one writer at a time, and
-SQLAlchemy leaves it out there) locks an owner's grants while a step draws them."""
+SQLAlchemy leaves it out there) locks an owner's grants while a step draws them; authorizations
+of one owner are decided one at a time under an advisory lock of the owner's (``lock_owner``),
+not under the grants' row locks, so that an authorization never waits for a step's draws."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from sqlalchemy import (
     literal,
     or_,
     select,
+    text,
     union,
     update,
 )
@@ -121,6 +124,9 @@ class CoreCredits:
 
     def __init__(self, insert: _Insert) -> None:
         self._insert = insert
+
+    def lock_owner(self, session: Session, owner: Owner) -> None:
+        """SQLite: nothing to do, its one writer decides one authorization at a time."""
 
     def add_once(self, session: Session, move: Movement) -> bool:
         statement = self._insert(CreditEntry).values(entry_row(move)).on_conflict_do_nothing()
@@ -418,6 +424,23 @@ class CoreCredits:
         return list(session.scalars(query))
 
 
+#: The class of the owners' authorization locks ("cred"), the first of the two 32-bit keys of
+#: ``pg_advisory_xact_lock`` (a key space apart from the budgets' one-key locks).
+OWNER_LOCKS = 0x6372_6564
+
+
+class PostgresCredits(CoreCredits):
+    """``CoreCredits`` with PostgreSQL's advisory lock per owner."""
+
+    def lock_owner(self, session: Session, owner: Owner) -> None:
+        """Until the transaction ends, no other authorization of ``owner`` decides: a
+        transaction-level advisory lock on (``OWNER_LOCKS``, the hash of the owner's key)."""
+        session.execute(
+            text("SELECT pg_advisory_xact_lock(:kind, hashtext(:owner))"),
+            {"kind": OWNER_LOCKS, "owner": owner.account()},
+        )
+
+
 #: ``CoreCredits`` on SQLite and on PostgreSQL.
 SQLITE = CoreCredits(sqlite.insert)
-POSTGRES = CoreCredits(postgresql.insert)
+POSTGRES = PostgresCredits(postgresql.insert)
