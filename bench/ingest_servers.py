@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from common import free_port
+from common import free_port, tree_cpu_s
 
 HERE = Path(__file__).resolve().parent
 
@@ -31,6 +31,18 @@ def _wait_healthy(port: int, proc: subprocess.Popen[bytes], timeout: float = 60)
             pass
         time.sleep(0.1)
     raise RuntimeError("server did not become healthy")
+
+
+def _wait_idle(proc: subprocess.Popen[bytes], timeout: float = 20) -> None:
+    """Until the process tree uses under 5 % of a core over half a second: ``/healthz`` answers
+    as soon as one worker is up, and the others' start-up (their imports, 0.4–0.6 s of CPU
+    each) must not fall inside a measured window."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        before = tree_cpu_s(proc.pid)
+        time.sleep(0.5)
+        if tree_cpu_s(proc.pid) - before < 0.025:
+            return
 
 
 @dataclass
@@ -85,6 +97,7 @@ def billing_server(url: str, workers: int, reconciler: bool, cwd: str) -> Iterat
     server = Server(proc, port, token)
     try:
         _wait_healthy(port, proc)
+        _wait_idle(proc)
         yield server
     finally:
         server.stop()
