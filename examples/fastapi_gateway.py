@@ -47,7 +47,7 @@ def create_app(
     billing_url: str,
     *,
     drain: bool = True,
-    grace_s: float = 30,
+    grace_s: float = 10,
     authorize: bool = True,
 ) -> FastAPI:
     """The gateway app; the billing token is read from ``BILLING_TOKEN``."""
@@ -124,8 +124,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--grace-s",
         type=float,
-        default=30,
-        help="at shutdown, seconds given to the streams in flight before they are cut",
+        default=10,
+        help="at shutdown, seconds uvicorn waits for the responses in flight, then as long "
+        "for the meters' drains: keep twice this under the orchestrator's grace period",
     )
     args = parser.parse_args(argv)
     app = create_app(

@@ -46,7 +46,10 @@ class Meters:
             (an ``httpx`` read timeout counts as a stall too).
         max_attempts: attempts per call, retries of a stalled upstream included (>= 1).
         shutdown_grace_s: at the process's shutdown (:meth:`lifespan`), seconds given to the
-            upstreams still read before they are cut (:meth:`shutdown`).
+            upstreams still read before they are cut (:meth:`shutdown`). The lifespan runs
+            only after the server's own wait for the responses in flight (uvicorn's
+            ``timeout_graceful_shutdown``, unbounded unless set): both together must end
+            before the orchestrator's SIGKILL (Kubernetes: 30 s after SIGTERM by default).
         authorize: reserve each call's estimate before its upstream is opened (with an
             ``AsyncBillingClient``; :meth:`Meter.authorize`, :meth:`Meter.response`).
         fail_open: when the service is unavailable (503 or another 5xx, no answer): call
@@ -69,7 +72,7 @@ class Meters:
         progress_every: int = 64,
         stall_timeout_s: float | None = None,
         max_attempts: int = 2,
-        shutdown_grace_s: float = 30.0,
+        shutdown_grace_s: float = 15.0,
         authorize: bool = False,
         fail_open: bool = True,
         hold_usd: Decimal | None = None,
