@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import weakref
 from collections.abc import Generator, Mapping
 from types import TracebackType
 from typing import Any, Self, Unpack
@@ -34,6 +35,9 @@ class AsyncBillingClient(ClientBase[httpx.AsyncBaseTransport]):
         self._changed = asyncio.Event()  # set, and replaced, on every notify
         self._task: asyncio.Task[None] | None = None
         self._http: httpx.AsyncClient | None = None
+        # a client not closed before its loop ended (asyncio.run cancels the delivery task) is
+        # spooled synchronously when it is collected, or at interpreter exit
+        self._left_open = weakref.finalize(self, self._engine.abandon)
 
     def send(self, event: Mapping[str, Any]) -> str:
         """Queue one event; see :meth:`BillingClient.send`. Call it from the event loop."""
@@ -82,6 +86,7 @@ class AsyncBillingClient(ClientBase[httpx.AsyncBaseTransport]):
         if self._http is not None:
             await self._http.aclose()
         self._closed = ok
+        self._left_open.detach()
         return ok
 
     aclose = close
@@ -114,7 +119,7 @@ class AsyncBillingClient(ClientBase[httpx.AsyncBaseTransport]):
     def _notify(self) -> None:
         """Wake every waiter; the engine calls it after each change, maybe from another thread."""
         loop = self._loop
-        if loop is None:
+        if loop is None or loop.is_closed():  # the delivery task is gone with its loop
             return
         try:
             running = asyncio.get_running_loop()

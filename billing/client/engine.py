@@ -144,6 +144,24 @@ class Engine(Delivery):
             self.wake = True
             self.notify()
 
+    def abandon(self) -> int:
+        """The client was left open and its worker will not deliver any more (the interpreter
+        is exiting, or an asyncio client's loop is gone): take no more events, and write what
+        is still queued to the spool synchronously (or drop it, reported), with a WARNING that
+        gives the count. Returns that count. Events a still-running worker posts meanwhile may
+        be spooled too; the service answers them as duplicates when the spool is replayed."""
+        with self.lock:
+            self.closing = self.abort = True
+            self.wake = True
+            self.notify()
+            count = len(self._buffer) + len(self._inflight)
+        if count:
+            log.warning(
+                "billing client: the client was not closed: %d event(s) still queued", count
+            )
+            self._evacuate("the client was not closed")
+        return count
+
     def stats(self) -> ClientStats:
         with self.lock:
             return ClientStats(

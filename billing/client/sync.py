@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Generator, Mapping
 from types import TracebackType
 from typing import Any, Self, Unpack
@@ -13,6 +14,10 @@ from billing.client import authorizations as authz
 from billing.client.authorizations import Authorization, AuthorizationFields, Release, Request
 from billing.client.base import ClientBase, R
 from billing.client.delivery import Action, Post, log
+
+#: Seconds a client left open at interpreter exit may take to deliver what it holds before the
+#: rest goes to the spool (see :meth:`BillingClient._close_at_exit`).
+EXIT_FLUSH_S = 2.0
 
 
 class BillingClient(ClientBase[httpx.BaseTransport]):
@@ -58,6 +63,9 @@ class BillingClient(ClientBase[httpx.BaseTransport]):
             target=self._drive, args=(self._engine.run(),), name="billing-client", daemon=True
         )
         self._thread.start()
+        # the worker is a daemon thread, killed at interpreter exit with what it holds: a client
+        # left open is closed at exit (the thread keeps it alive until then)
+        self._left_open = weakref.finalize(self, self._close_at_exit)
 
     def send(self, event: Mapping[str, Any]) -> str:
         """Queue one contract event for delivery; returns its ``event_id``. Never blocks on I/O
@@ -132,7 +140,23 @@ class BillingClient(ClientBase[httpx.BaseTransport]):
             log.warning("billing client: the worker did not stop in time")
         self._http.close()
         self._closed = ok
+        self._left_open.detach()
         return ok
+
+    def _close_at_exit(self) -> None:
+        """The interpreter exits and the client was not closed: deliver what it holds for up
+        to :data:`EXIT_FLUSH_S` seconds, then write the rest to the spool (or drop it,
+        reported), logging a WARNING with the count."""
+        pending = self._engine.stats().pending
+        if pending:
+            log.warning(
+                "billing client: the process is exiting without close(): delivering %d queued "
+                "event(s) (up to %g s, then to the spool)",
+                pending,
+                EXIT_FLUSH_S,
+            )
+        self.close(timeout=EXIT_FLUSH_S)
+        self._engine.abandon()  # the worker is gone or stuck in a post: what it still holds
 
     def __enter__(self) -> Self:
         return self
