@@ -228,3 +228,15 @@ def test_the_console_drift_page_lists_the_calls_below_the_groups(client: TestCli
             "0.00001 (0.5 %)",
         ],
     ]
+
+
+def test_the_console_groups_show_a_dash_where_a_side_has_no_figures(client: TestClient) -> None:
+    """No report is imported: every group is ``missing_theirs``; its provider and delta cells
+    read "—", never Python's ``None``."""
+    seed(client)
+    response = client.get("/console/drift", params=PERIOD)
+    assert response.status_code == 200, response.text
+    groups = response.text.split('<table class="drift-calls">', 1)[0]
+    assert "missing_theirs" in groups
+    assert ">None<" not in groups
+    assert '<td class="num">—</td>' in groups
