@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from decimal import Decimal
 from typing import Any
 
-from billing.fields import printable_text
+from billing.fields import MAX_TOKENS, printable_text
 from billing.money import parse_usd
 from billing.taps.usage import is_unit_name
 
@@ -42,18 +42,21 @@ def opt_tokens(obj: Mapping[str, Any], key: str) -> int | None:
 
     A NEGATIVE count is returned as it is: the usage builder (:func:`billing.taps.usage.
     build_usage`) makes it 0 and flags the usage ``usage_inconsistent``, keeping every other
-    field (CONTRACT "Reading upstream usage (taps)"). A boolean, a non-integral number or a
-    non-number is malformed.
+    field (CONTRACT "Reading upstream usage (taps)"). A boolean, a non-integral number, a
+    non-number or a count beyond ``MAX_TOKENS`` (which no event may carry, and which the
+    client could not even serialize past 64 bits) is malformed.
     """
     value = obj.get(key)
     if value is None:
         return None
     if isinstance(value, bool):
         raise MalformedEventError(f"{key} is a boolean")
-    if isinstance(value, int):
-        return value
     if isinstance(value, float) and value.is_integer():
-        return int(value)
+        value = int(value)
+    if isinstance(value, int):
+        if value > MAX_TOKENS:
+            raise MalformedEventError(f"{key} is beyond {MAX_TOKENS:,}")
+        return value
     raise MalformedEventError(f"{key} is not a token count")
 
 
@@ -66,7 +69,8 @@ def opt_units(
 
     ``names``: only these counters (``None``: every counter whose name is a valid unit name).
     Lenient on purpose: a counters object that is not an object, or a counter that is not a
-    count, is left out rather than making the event (and the token usage it carries) unreadable.
+    count (or one beyond ``MAX_TOKENS``), is left out rather than making the event (and the
+    token usage it carries) unreadable.
     """
     counters = obj.get(key)
     if not isinstance(counters, dict):
@@ -78,10 +82,10 @@ def opt_units(
             continue
         if wanted is not None and name not in wanted:
             continue
-        if isinstance(value, int) and not isinstance(value, bool):
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) <= MAX_TOKENS:
             units[name] = value
-        elif isinstance(value, float) and value.is_integer():
-            units[name] = int(value)
     return units
 
 

@@ -633,3 +633,26 @@ def test_chat_events_always_pass_ingest(usage: dict[str, Any], tier: str | None,
     last = chunk(choices=[], usage=usage, service_tier=tier)
     tap = read("openai.chat_completions", chunk(choices=choice("x")) + ("" if cut else last))
     _post(tap)
+
+
+def test_a_counter_beyond_any_count_is_left_out_and_the_usage_kept() -> None:
+    """A counter past ``MAX_TOKENS`` (here past 64 bits, which the client could not post) is
+    left out as a counter that is not a count is; the tokens beside it are still billed."""
+    usage = {
+        "prompt_tokens": 100,
+        "completion_tokens": 10,
+        "server_tool_use_details": {"web_search_requests": 99999999999999999999999},
+    }
+    tap = read("openai.chat_completions", chunk(choices=[], usage=usage) + DONE)
+    assert tap.usage == Usage(input_tokens=100, output_tokens=10)
+    assert json.loads(json.dumps(tap.usage_payload()))["input_tokens"] == 100
+
+
+def test_a_token_count_beyond_any_count_makes_the_usage_unreadable() -> None:
+    """A token count past ``MAX_TOKENS`` is malformed: the tap skips that event (and counts
+    it) rather than posting a usage the service refuses or the client cannot serialize."""
+    usage = {"prompt_tokens": 10**23, "completion_tokens": 10}
+    sse = chunk(choices=choice("a")) + chunk(choices=[], usage=usage) + DONE
+    tap = read("openai.chat_completions", sse)
+    assert tap.usage is None
+    assert tap.usage_payload()["source"] == "estimate"
