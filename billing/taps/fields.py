@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from decimal import Decimal
+from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any
 
 from billing.fields import MAX_TOKENS, printable_text
-from billing.money import parse_usd
+from billing.money import MAX_USD_DECIMALS, parse_usd
 from billing.taps.usage import is_unit_name
 
 __all__ = [
@@ -105,8 +105,10 @@ def usd_at(raw: bytes, path: Iterable[str]) -> str | None:
     """The amount in USD at ``path`` of the JSON text ``raw`` (OpenRouter's ``usage.cost``),
     read exactly from its digits (as a :class:`~decimal.Decimal`, never through a float), as
     the canonical decimal string of ``stream.usage.provider_cost_usd``
-    (:func:`billing.money.parse_usd`); ``None`` when it is absent, not a number, negative, or
-    not exact to the picodollar (the usage is posted without it rather than refused)."""
+    (:func:`billing.money.parse_usd`), rounded half-even to the picodollar (a provider that
+    computes its cost in floating point sends digits such as ``0.00016949999999999999``);
+    ``None`` when it is absent, not a number, negative or too large (the usage is posted without
+    it rather than refused)."""
     try:
         node: object = json.loads(raw, parse_float=Decimal, parse_int=Decimal)
     except ValueError:
@@ -117,6 +119,8 @@ def usd_at(raw: bytes, path: Iterable[str]) -> str | None:
         node = node.get(key)
     if not isinstance(node, Decimal) or not node.is_finite():
         return None
+    if node.as_tuple().exponent < -MAX_USD_DECIMALS:  # type: ignore[operator]
+        node = node.quantize(Decimal(1).scaleb(-MAX_USD_DECIMALS), rounding=ROUND_HALF_EVEN)
     try:
         return parse_usd(format(node, "f"))
     except ValueError:

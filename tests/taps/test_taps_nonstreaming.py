@@ -153,6 +153,10 @@ OPENROUTER_USAGE = {
         ("0.000140", "0.00014"),
         ("1.5e-05", "0.000015"),
         ("0", "0"),
+        # Past the picodollar (a float's artefact): rounded half-even to 12 places.
+        ("0.00016949999999999999", "0.0001695"),
+        ("0.0000000000005", "0"),
+        ("0.0000000000015", "0.000000000002"),
     ],
 )
 def test_openrouter_cost_is_the_provider_cost_exactly_from_the_json_text(
@@ -171,7 +175,7 @@ def test_openrouter_cost_is_the_provider_cost_exactly_from_the_json_text(
     assert posted(streamed)[0]["provider_cost_usd"] == expected
 
 
-@pytest.mark.parametrize("cost_text", ["-0.5", "0.0000000000001", '"0.95"', "null", "true"])
+@pytest.mark.parametrize("cost_text", ["-0.5", "1e30", '"0.95"', "null", "true"])
 def test_a_cost_ingest_would_refuse_is_left_out_and_the_usage_kept(cost_text: str) -> None:
     usage_text = json.dumps(OPENROUTER_USAGE).replace('"cost": 0.95', f'"cost": {cost_text}')
     body_text = json.dumps({**CHAT_COMPLETION, "usage": "U"}).replace('"U"', usage_text)
