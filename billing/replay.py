@@ -141,6 +141,13 @@ def replay(
     if not whole:
         scout.feed(body)
     _read(scout, body, whole)
+    if (scout.model, scout.usage, scout.error, scout.output_tokens) == (None, None, None, 0):
+        # Nothing of the protocol was read: posting would bill an `unknown`, unpriced call.
+        what = "response" if whole else "stream event"
+        raise ReplayError(
+            f"{source} holds no {protocol} {what} that can be read "
+            f"({scout.malformed_events} unreadable); check the file and --protocol"
+        )
     if model is None:
         model = scout.model or "unknown"
     if progress_every is None:

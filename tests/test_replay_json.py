@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import httpx
@@ -52,6 +53,29 @@ def test_a_json_response_with_a_disconnect_is_refused(tmp_path: Path) -> None:
             url="http://127.0.0.1:9",
             disconnect_after=3,
         )
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "unreadable"),
+    [
+        ("bad.json", "not json", 1),
+        ("empty.json", "", 1),
+        ("list.json", "[1, 2]", 1),
+        ("other.json", '{"foo": 1}', 0),
+        ("garbage.sse", "garbage\n\n", 0),
+    ],
+)
+def test_a_file_with_nothing_of_the_protocol_is_refused_before_any_post(
+    tmp_path: Path, name: str, text: str, unreadable: int
+) -> None:
+    """Nothing is posted (the service's address is a closed port): an unreadable file would
+    otherwise bill an `unknown`, unpriced call."""
+    path = tmp_path / name
+    path.write_text(text)
+    what = "response" if name.endswith(".json") else "stream event"
+    expected = f"holds no openai.chat_completions {what} that can be read ({unreadable} unreadable)"
+    with pytest.raises(ReplayError, match=re.escape(expected)):
+        replay(path, protocol="openai.chat_completions", api_key_id="k", url="http://127.0.0.1:9")
 
 
 def test_cli_replay_of_a_json_message(serve: object, tmp_path: Path) -> None:  # noqa: F811
