@@ -86,6 +86,8 @@ def create_app(
         request_id = request.headers.get("x-request-id") or f"gw-{uuid.uuid4().hex}"
         streamed = body.get("stream") is True
         options = body.get("stream_options") or {}
+        if not isinstance(options, dict):
+            return _refuse("stream_options must be an object")
         client_wants_usage = bool(options.get("include_usage"))
         if streamed:  # the upstream's usage ends the stream (metered, hidden if not asked for)
             body["stream_options"] = {**options, "include_usage": True}

@@ -32,6 +32,11 @@ def test_the_openai_sdk_through_the_example_gateway(db_url: str, tmp_path: Path)
         keyed = anonymous.with_options(default_headers={"X-Api-Key-Id": "key_sdk"})
         with pytest.raises(openai.BadRequestError):
             keyed.chat.completions.create(model="", messages=MESSAGES)  # type: ignore[arg-type]
+        chat = url + "/v1/chat/completions"
+        for bad in (b"not json", b"[1, 2]", b'{"model": "fake-model", "stream_options": "x"}'):
+            answer = httpx.post(chat, content=bad, headers={"X-Api-Key-Id": "key_sdk"})
+            assert answer.status_code == 400, (bad, answer.text)
+            assert answer.json()["error"]["type"] == "invalid_request_error"
         assert fake.records == {}  # nothing was sent upstream, retries included
 
         raw = keyed.chat.completions.with_raw_response.create(
