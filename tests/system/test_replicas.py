@@ -30,6 +30,7 @@ from billing.client import BillingClient
 from tests.budgets.helpers import MODEL, PRICE
 from tests.client.test_client import ServeProcess
 from tests.conftest import PG_URL
+from tests.system.cluster import wait_for
 
 pytestmark = [
     pytest.mark.slow,
@@ -79,16 +80,6 @@ class SlowReceiver:
     def __exit__(self, *exc: Any) -> None:
         self.server.shutdown()
         self.server.server_close()
-
-
-def _wait(what: str, check: Any, timeout: float = 90.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _gateway(url: str, gateway: int, started: datetime) -> None:
@@ -180,8 +171,8 @@ def test_three_replicas_settle_each_call_once_and_deliver_each_alert_once_at_a_t
                         conn.scalar(text("SELECT count(*) FROM calls WHERE settled")) == calls
                     )
 
-            _wait("every call settled", settled)
-            alerts = _wait(
+            wait_for("every call settled", settled, timeout=90.0)
+            alerts = wait_for(
                 "every alert",
                 lambda: (
                     len(
@@ -194,6 +185,7 @@ def test_three_replicas_settle_each_call_once_and_deliver_each_alert_once_at_a_t
                     == 3 * KEYS
                     and found
                 ),
+                timeout=90.0,
             )
             with engine.connect() as conn:
                 entries = conn.execute(
