@@ -99,36 +99,24 @@ def kept_sums(url: str) -> tuple[dict[str, int], dict[str, int]]:
     engine = create_engine(url, poolclass=NullPool)
     try:
         with engine.connect() as conn:
-            kept = dict(
-                tuple(r)
-                for r in conn.execute(text("SELECT grant_id, remaining_pusd FROM credit_grants"))
+
+            def pairs(sql: str) -> dict[str, int]:
+                return {str(k): int(v) for k, v in conn.execute(text(sql))}
+
+            kept = pairs("SELECT grant_id, remaining_pusd FROM credit_grants")
+            summed = pairs(
+                "SELECT g.grant_id, coalesce(sum(CASE WHEN e.kind = 'grant' THEN "
+                "e.amount_pusd ELSE -e.amount_pusd END), 0) FROM credit_grants g "
+                "LEFT JOIN credit_entries e ON e.grant_id = g.grant_id GROUP BY g.grant_id"
             )
-            summed = dict(
-                tuple(r)
-                for r in conn.execute(
-                    text(
-                        "SELECT g.grant_id, coalesce(sum(CASE WHEN e.kind = 'grant' THEN "
-                        "e.amount_pusd ELSE -e.amount_pusd END), 0) FROM credit_grants g "
-                        "LEFT JOIN credit_entries e ON e.grant_id = g.grant_id GROUP BY g.grant_id"
-                    )
-                )
-            )
-            overdrafts = dict(
-                tuple(r)
-                for r in conn.execute(text("SELECT owner, overdraft_pusd FROM credit_overdrafts"))
-            )
-            owed = dict(
-                tuple(r)
-                for r in conn.execute(
-                    text(
-                        "SELECT CASE WHEN customer_id IS NOT NULL THEN 'customer:' || customer_id "
-                        "ELSE 'key:' || api_key_id END, sum(amount_pusd) FROM credit_entries "
-                        "WHERE grant_id IS NULL GROUP BY 1"
-                    )
-                )
+            overdrafts = pairs("SELECT owner, overdraft_pusd FROM credit_overdrafts")
+            owed = pairs(
+                "SELECT CASE WHEN customer_id IS NOT NULL THEN 'customer:' || customer_id "
+                "ELSE 'key:' || api_key_id END, sum(amount_pusd) FROM credit_entries "
+                "WHERE grant_id IS NULL GROUP BY 1"
             )
     finally:
         engine.dispose()
-    assert {g: int(v) for g, v in kept.items()} == {g: int(v) for g, v in summed.items()}
-    assert {o: int(v) for o, v in overdrafts.items()} == {o: int(v) for o, v in owed.items()}
-    return {g: int(v) for g, v in kept.items()}, {o: int(v) for o, v in overdrafts.items()}
+    assert kept == summed
+    assert overdrafts == owed
+    return kept, overdrafts
