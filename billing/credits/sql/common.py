@@ -336,11 +336,7 @@ class CoreCredits:
         return int(session.scalar(query) or 0)
 
     def pending(self, session: Session, owner: Owner) -> int:
-        figure = func.coalesce(Call.charge_pusd, Call.cost_pusd, 0)
-        query = select(func.coalesce(func.sum(figure), 0)).where(
-            owned_by(Call, owner), Call.settled.is_(False)
-        )
-        return int(session.scalar(query) or 0)
+        return self.pending_by_owner(session, [owner]).get(owner, 0)
 
     def pending_by_owner(self, session: Session, owners: Sequence[Owner]) -> dict[Owner, int]:
         if not owners:
