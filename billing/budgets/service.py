@@ -36,6 +36,7 @@ from billing.budgets.scopes import kept_by_counters, scope_json, span
 from billing.budgets.spent import Spent, over, spent, summed_spend
 from billing.errors import BillingError, NotFound
 from billing.money import PICO, format_usd
+from billing.paging import cut_page
 from billing.storage.models import Budget
 from billing.timefmt import rfc3339
 
@@ -265,10 +266,8 @@ def status_page(
     """A page of the statuses of the budgets in force, by ``budget_id`` after ``after``, and
     the ``budget_id`` the next page starts after (None: the last); only the page's are
     computed (the console's Budgets page)."""
-    budgets = _repo(session).budget_page(session, after, limit + 1)
-    more = len(budgets) > limit
-    budgets = budgets[:limit]
-    return _statuses(session, budgets, now), budgets[-1].budget_id if more and budgets else None
+    budgets, last = cut_page(_repo(session).budget_page(session, after, limit + 1), limit)
+    return _statuses(session, budgets, now), None if last is None else last.budget_id
 
 
 def customer_statuses(

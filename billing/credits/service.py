@@ -17,6 +17,7 @@ from billing.credits.rows import GRANT, VOID, GrantView, Movement, Owner
 from billing.credits.schemas import CustomerIn, GrantIn, to_pusd
 from billing.errors import FieldError, GrantConflict, NotFound, ValidationFailed
 from billing.money import pusd_to_decimal, pusd_to_str
+from billing.paging import cut_page
 from billing.plans.rating import assignment_at
 from billing.plans.repository import repository as plans_repository
 from billing.plans.service import decode_id_cursor, encode_id_cursor
@@ -72,10 +73,8 @@ def decode_customer_cursor(text: str) -> str:
 def customer_page(session: Session, after: str | None, limit: int) -> tuple[list[str], str | None]:
     """A page of customer ids as ``list_customers`` pages them (a record, a key or a grant
     names each), and the next page's cursor (None: the last); no balance is computed."""
-    ids = repository(session).customer_page(session, after, limit + 1)
-    more = len(ids) > limit
-    ids = ids[:limit]
-    return ids, encode_id_cursor("c", ids[-1]) if more and ids else None
+    ids, last = cut_page(repository(session).customer_page(session, after, limit + 1), limit)
+    return ids, None if last is None else encode_id_cursor("c", last)
 
 
 def list_customers(

@@ -45,6 +45,7 @@ from billing.drift.schemas import (
     DriftQuery,
 )
 from billing.money import format_usd, pusd_to_decimal
+from billing.paging import cut_page
 from billing.providers.repository import repository as providers_repository
 from billing.providers.rows import CurrentLine
 from billing.timefmt import rfc3339
@@ -254,11 +255,10 @@ def call_drift(session: Session, query: CallDriftQuery) -> dict[str, Any]:
     found = drift_repository(session).differing_calls(
         session, query.since, query.until, query.provider, before, query.limit + 1
     )
-    page = found[: query.limit]
-    next_cursor = None
-    if len(found) > query.limit:
-        last = page[-1]
-        next_cursor = cursor.encode(Position(last.started_at, last.request_id))
+    page, last = cut_page(found, query.limit)
+    next_cursor = (
+        None if last is None else cursor.encode(Position(last.started_at, last.request_id))
+    )
     return {
         "data": [_call_row(call, query.tolerance_pct) for call in page],
         "next_cursor": next_cursor,

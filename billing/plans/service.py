@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from billing.errors import FieldError, NotFound, PlanConflict, ValidationFailed
+from billing.paging import cut_page
 from billing.plans.rating import assignment_at, failure_charges_of, plan_price_row
 from billing.plans.repository import repository
 from billing.plans.schemas import FailureCharges, KeyIn, PlanIn, check_key_id
@@ -147,12 +148,10 @@ def list_keys(
     events, which have no customer and no plan), and the cursor of the next page (None: the
     last)."""
     repo = repository(session)
-    ids = repo.key_page(session, after, limit + 1)
-    more = len(ids) > limit
-    ids = ids[:limit]
+    ids, last = cut_page(repo.key_page(session, after, limit + 1), limit)
     history = repo.key_history(session, ids)
     page = [key_json(k, history.get(k, []), now) for k in ids]
-    return page, encode_key_cursor(ids[-1]) if more and ids else None
+    return page, None if last is None else encode_key_cursor(last)
 
 
 def keys_in_force_of(
