@@ -32,6 +32,7 @@ from billing.credits import alerts
 from billing.credits.holds import held_by_owner, held_for_owner
 from billing.credits.repository import repository
 from billing.credits.rows import DRAW, EXPIRY, OVERDRAFT, REVERSAL, VOID, GrantView, Movement, Owner
+from billing.reconcile.rows import CommonCharge
 
 
 class ChargedEntry(Protocol):
@@ -108,51 +109,71 @@ def after_step(
     session: Session,
     entries: Sequence[ChargedEntry],
     now: datetime,
-    settled_in_sql: Sequence[str] = (),
+    settled_in_sql: Sequence[CommonCharge] = (),
 ) -> None:
     """Book the draws of the ledger entries a reconciliation step booked (in its transaction):
-    ``entries``, the rule's, and those of the calls its fast path settled (``settled_in_sql``,
-    read back for the keys that hold grants: the fast path settles no call of a customer). A
-    handful of statements a step, whatever its size; nothing at all (one probe) while no grant
-    exists."""
+    ``entries``, the rule's, and those of the calls its fast path settled (``settled_in_sql``:
+    each one settlement entry, seq 1, charging its key its cost; the fast path settles no call
+    of a customer), taken as the fast path gave them, not read back. A handful of statements a
+    step, whatever its size; nothing at all (one probe) while no grant exists."""
     repo = repository(session)
     if not repo.any_grants(session):
         return
     book_expiries(session, now)
-    charged: dict[tuple[str, Owner], list[int]] = {}
-    every: list[ChargedEntry] = [*repo.charged_by_key_grants(session, settled_in_sql), *entries]
-    for entry in every:
-        if entry.api_key_id is None and entry.customer_id is None:
+    owners: dict[tuple[str | None, str | None], Owner] = {}
+    for entry in entries:
+        if entry.api_key_id is not None or entry.customer_id is not None:
+            pair = (entry.customer_id, entry.api_key_id)
+            if pair not in owners:
+                owners[pair] = Owner.of(*pair)
+    key_owners = {key: Owner(None, key) for _, key, _ in settled_in_sql}
+    candidates = {*owners.values(), *key_owners.values()}
+    holders = repo.owners_with_grants(session, sorted(candidates, key=Owner.sort_key))
+    if not holders:
+        return
+    # (call, owner) → [the owner's charge of the call's new entries, the last entry's seq]
+    work: dict[tuple[str, Owner], list[int]] = {}
+    for rid, key, charge in settled_in_sql:
+        owner = key_owners[key]
+        if owner in holders:
+            work[rid, owner] = [charge, 1]
+    for entry in entries:
+        charged = owners.get((entry.customer_id, entry.api_key_id))
+        if charged is None or charged not in holders:
             continue
-        owner = Owner.of(entry.customer_id, entry.api_key_id)
-        total = charged.setdefault((entry.request_id, owner), [0, entry.seq])
+        total = work.get((entry.request_id, charged))
+        if total is None:
+            total = work[entry.request_id, charged] = [0, entry.seq]
         total[0] += entry.charge_pusd or 0
         total[1] = max(total[1], entry.seq)
-    holders = repo.owners_with_grants(session, sorted({o for _, o in charged}, key=Owner.sort_key))
-    work = {key: value for key, value in charged.items() if key[1] in holders}
     if not work:
         return
     # A call the fast path settled was settled for the first time: it drew nothing before.
-    first = set(settled_in_sql)
+    first = {rid for rid, _, _ in settled_in_sql}
     drawn = repo.drawn(session, sorted({rid for rid, _ in work if rid not in first}))
     grants = repo.grants(session, sorted(holders, key=Owner.sort_key), lock=True)
     remaining = {g.grant_id: g.remaining_pusd for g in grants}
     by_owner: dict[Owner, list[GrantView]] = {}
     for grant in grants:
         by_owner.setdefault(grant.owner, []).append(grant)
+    # What each owner's draws take, in order: its active grants (the same all step long).
+    drawable = {
+        owner: [g for g in sorted(owned, key=draw_order) if active(g, now)]
+        for owner, owned in by_owner.items()
+    }
     moves: list[Movement] = []
-    for (rid, owner), (delta, seq) in sorted(
-        work.items(), key=lambda i: (i[0][0], i[0][1].sort_key())
-    ):
+    for (rid, owner), (delta, seq) in sorted(work.items(), key=_work_order):
         if not delta:
             continue
-        before = drawn.get((rid, owner), {})
-        owned = by_owner.get(owner, [])
-        booking = _Booking(rid, seq, owner, now, remaining)
-        if any(before.values()):
-            booking.reverse(before, {g.grant_id: g for g in owned})
-        booking.draw(sum(before.values()) + delta, owned)
-        moves.extend(booking.moves)
+        before = drawn.get((rid, owner))
+        if before and any(before.values()):
+            owned = {g.grant_id: g for g in by_owner.get(owner, [])}
+            _reverse(moves, Movement(REVERSAL, now, owner, None, 0, rid, seq), before, owned,
+                     remaining)  # fmt: skip
+            delta += sum(before.values())
+        if delta > 0:
+            _draw(moves, Movement(DRAW, now, owner, None, 0, rid, seq), delta,
+                  drawable.get(owner, ()), remaining)  # fmt: skip
     repo.add(session, moves)
     # Alerts reach only the owners with a webhook budget: the others' crossings store nothing,
     # so only those owners' holds and open calls are read (once for all of them).
@@ -162,12 +183,66 @@ def after_step(
     held = held_by_owner(session, watched, now)
     pending = repo.pending_by_owner(session, watched)
     for owner in watched:
-        owned = [g for g in by_owner.get(owner, []) if active(g, now)]
-        was = sum(g.remaining_pusd for g in owned)
-        left = sum(remaining[g.grant_id] for g in owned)
+        current = [g for g in by_owner.get(owner, []) if active(g, now)]
+        was = sum(g.remaining_pusd for g in current)
+        left = sum(remaining[g.grant_id] for g in current)
         # Holds and open calls are the same before and after the draws.
         others = held.get(owner, 0) + pending.get(owner, 0)
         alerts.crossings(session, owner, was - others, left - others, now)
+
+
+def _work_order(item: tuple[tuple[str, Owner], list[int]]) -> tuple[str, str, str]:
+    """The order a step draws in: by call, then owner (``Owner.sort_key``)."""
+    (rid, (customer_id, api_key_id)), _ = item
+    return (rid, customer_id or "", api_key_id or "")
+
+
+def _reverse(
+    moves: list[Movement],
+    like: Movement,
+    before: dict[str | None, int],
+    grants: dict[str, GrantView],
+    remaining: dict[str, int],
+) -> None:
+    """Take back what the call (``like``'s) drew of each grant and its overdraft, keeping
+    ``remaining`` up to date."""
+    for grant_id in sorted(before, key=lambda g: g or ""):
+        amount = before[grant_id]
+        if not amount:
+            continue
+        moves.append(like._replace(kind=REVERSAL, grant_id=grant_id, amount_pusd=-amount))
+        if grant_id is None:
+            continue
+        grant = grants.get(grant_id)
+        if grant is not None and not active(grant, like.booked_at):
+            # Given back to a grant that no longer counts: it ends again at once.
+            kind = VOID if grant.voided else EXPIRY
+            moves.append(like._replace(kind=kind, grant_id=grant_id, amount_pusd=amount))
+        else:
+            remaining[grant_id] += amount
+
+
+def _draw(
+    moves: list[Movement],
+    like: Movement,
+    amount: int,
+    drawable: Iterable[GrantView],
+    remaining: dict[str, int],
+) -> None:
+    """Draw ``amount`` (> 0) for the call (``like``'s) from the ``drawable`` grants in order
+    (active, in ``draw_order``), keeping ``remaining`` up to date; the rest is an overdraft."""
+    for grant in drawable:
+        grant_id = grant.grant_id
+        left = remaining.get(grant_id, 0)
+        if left <= 0:
+            continue
+        take = left if left < amount else amount
+        moves.append(like._replace(grant_id=grant_id, amount_pusd=take))
+        remaining[grant_id] = left - take
+        amount -= take
+        if amount <= 0:
+            return
+    moves.append(like._replace(kind=OVERDRAFT, amount_pusd=amount))
 
 
 def credits_exist(session: Session) -> bool:
@@ -180,50 +255,3 @@ def on_pass(session: Session, now: datetime) -> None:
     ``credits_exist``): the expiries due and the ``credits.expiring`` alerts."""
     book_expiries(session, now)
     alerts.expiring(session, now)
-
-
-class _Booking:
-    """The entries of one call's draw for one owner, keeping ``remaining`` up to date."""
-
-    def __init__(
-        self, rid: str, seq: int, owner: Owner, now: datetime, remaining: dict[str, int]
-    ) -> None:
-        self.rid, self.seq, self.owner, self.now = rid, seq, owner, now
-        self.remaining = remaining
-        self.moves: list[Movement] = []
-
-    def _book(self, kind: str, grant_id: str | None, amount: int) -> None:
-        self.moves.append(
-            Movement(kind, self.now, self.owner, grant_id, amount, self.rid, self.seq)
-        )
-
-    def reverse(self, before: dict[str | None, int], grants: dict[str, GrantView]) -> None:
-        """Take back what the call drew of each grant and its overdraft."""
-        for grant_id in sorted(before, key=lambda g: g or ""):
-            amount = before[grant_id]
-            if not amount:
-                continue
-            self._book(REVERSAL, grant_id, -amount)
-            if grant_id is None:
-                continue
-            grant = grants.get(grant_id)
-            if grant is not None and not active(grant, self.now):
-                # Given back to a grant that no longer counts: it ends again at once.
-                self._book(VOID if grant.voided else EXPIRY, grant_id, amount)
-            else:
-                self.remaining[grant_id] += amount
-
-    def draw(self, amount: int, grants: Iterable[GrantView]) -> None:
-        """Draw ``amount`` from the active grants in order; the rest is an overdraft."""
-        if amount <= 0:
-            return
-        for grant in sorted(grants, key=draw_order):
-            left = self.remaining.get(grant.grant_id, 0)
-            if amount <= 0 or left <= 0 or not active(grant, self.now):
-                continue
-            take = min(left, amount)
-            self._book(DRAW, grant.grant_id, take)
-            self.remaining[grant.grant_id] = left - take
-            amount -= take
-        if amount > 0:
-            self._book(OVERDRAFT, None, amount)

@@ -10,7 +10,7 @@ from typing import Protocol
 
 from sqlalchemy.orm import Session
 
-from billing.credits.rows import ChargedRow, Drawn, GrantView, Movement, Owner
+from billing.credits.rows import BalanceFigures, Drawn, GrantView, Movement, Owner
 from billing.credits.sql.common import POSTGRES, SQLITE
 from billing.storage.dialects import ByDialect
 from billing.storage.models import CreditEntry, CreditGrant, Customer
@@ -66,6 +66,11 @@ class CreditsRepository(Protocol):
         for this transaction (PostgreSQL), so that concurrent steps draw them one at a time."""
         ...
 
+    def balance_figures(self, session: Session, owner: Owner, now: datetime) -> BalanceFigures:
+        """The owner's live holds at ``now`` (``billing.credits.holds.held_for_owner``),
+        ``pending``, ``overdraft`` and ``grants``, in one statement (one snapshot)."""
+        ...
+
     def owners_with_grants(self, session: Session, owners: Sequence[Owner]) -> set[Owner]:
         """Those of ``owners`` that hold any grant."""
         ...
@@ -102,13 +107,6 @@ class CreditsRepository(Protocol):
 
     def pending_by_owner(self, session: Session, owners: Sequence[Owner]) -> dict[Owner, int]:
         """``pending`` of each of ``owners`` (one read; an owner without open calls: absent)."""
-        ...
-
-    def charged_by_key_grants(
-        self, session: Session, request_ids: Sequence[str]
-    ) -> list[ChargedRow]:
-        """The ledger entries of those calls whose key holds grants of its own (the calls the
-        reconciler's fast path settles are charged to their keys), by call and seq."""
         ...
 
     def entries_between(

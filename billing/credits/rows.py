@@ -67,11 +67,11 @@ class Movement(NamedTuple):
 Drawn = dict[tuple[str, Owner], dict[str | None, int]]
 
 
-class ChargedRow(NamedTuple):
-    """A ledger entry as a draw reads it (``billing.credits.draws.ChargedEntry``)."""
+class BalanceFigures(NamedTuple):
+    """What an owner's balance reads (picodollars), in one statement: its live holds, the
+    pending charges of its open calls, its overdraft and its grants (by ``grant_id``)."""
 
-    request_id: str
-    seq: int
-    api_key_id: str | None
-    customer_id: str | None
-    charge_pusd: int | None
+    held: int
+    pending: int
+    overdraft: int
+    grants: list[GrantView]
