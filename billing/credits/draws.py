@@ -24,14 +24,24 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from sqlalchemy.orm import Session
 
 from billing.credits import alerts
 from billing.credits.holds import held_by_owner, held_for_owner
 from billing.credits.repository import repository
-from billing.credits.rows import DRAW, EXPIRY, OVERDRAFT, REVERSAL, VOID, GrantView, Movement, Owner
+from billing.credits.rows import (
+    DRAW,
+    EXPIRY,
+    OVERDRAFT,
+    REVERSAL,
+    VOID,
+    EntryRow,
+    GrantView,
+    Movement,
+    Owner,
+)
 from billing.reconcile.rows import CommonCharge
 
 
@@ -131,26 +141,28 @@ def after_step(
     holders = repo.owners_with_grants(session, sorted(candidates, key=Owner.sort_key))
     if not holders:
         return
-    # (call, owner) → [the owner's charge of the call's new entries, the last entry's seq]
-    work: dict[tuple[str, Owner], list[int]] = {}
+    # (call, owner's sort key) → [the owner's charge of the call's new entries, the last
+    # entry's seq, the owner]: sorted as plain tuples, the order the step draws in.
+    work: dict[tuple[str, str, str], list[Any]] = {}
     for rid, key, charge in settled_in_sql:
         owner = key_owners[key]
         if owner in holders:
-            work[rid, owner] = [charge, 1]
+            work[rid, "", key] = [charge, 1, owner]
     for entry in entries:
         charged = owners.get((entry.customer_id, entry.api_key_id))
         if charged is None or charged not in holders:
             continue
-        total = work.get((entry.request_id, charged))
+        place = (entry.request_id, *charged.sort_key())
+        total = work.get(place)
         if total is None:
-            total = work[entry.request_id, charged] = [0, entry.seq]
+            total = work[place] = [0, entry.seq, charged]
         total[0] += entry.charge_pusd or 0
         total[1] = max(total[1], entry.seq)
     if not work:
         return
     # A call the fast path settled was settled for the first time: it drew nothing before.
     first = {rid for rid, _, _ in settled_in_sql}
-    drawn = repo.drawn(session, sorted({rid for rid, _ in work if rid not in first}))
+    drawn = repo.drawn(session, sorted({rid for rid, _, _ in work if rid not in first}))
     grants = repo.grants(session, sorted(holders, key=Owner.sort_key), lock=True)
     remaining = {g.grant_id: g.remaining_pusd for g in grants}
     by_owner: dict[Owner, list[GrantView]] = {}
@@ -161,23 +173,37 @@ def after_step(
         owner: [g for g in sorted(owned, key=draw_order) if active(g, now)]
         for owner, owned in by_owner.items()
     }
-    moves: list[Movement] = []
-    for (rid, owner), (delta, seq) in sorted(work.items(), key=_work_order):
+    # The entries as rows (thousands a step: no object a draw), in the order they are drawn.
+    at = repo.entry_time(now)
+    rows: list[EntryRow] = []
+    before_step = dict(remaining)
+    for place in sorted(work):
+        delta, seq, owner = work[place]
         if not delta:
             continue
-        before = drawn.get((rid, owner))
+        rid = place[0]
+        like = (DRAW, at, owner.customer_id, owner.api_key_id, None, 0, rid, seq, None)
+        before = drawn.get((rid, owner)) if drawn else None
         if before and any(before.values()):
             owned = {g.grant_id: g for g in by_owner.get(owner, [])}
-            _reverse(moves, Movement(REVERSAL, now, owner, None, 0, rid, seq), before, owned,
-                     remaining)  # fmt: skip
+            _reverse(rows, like, before, owned, remaining, now)
             delta += sum(before.values())
         if delta > 0:
-            _draw(moves, Movement(DRAW, now, owner, None, 0, rid, seq), delta,
-                  drawable.get(owner, ()), remaining)  # fmt: skip
-    repo.add(session, moves)
+            _draw(rows, like, delta, drawable.get(owner, ()), remaining)
+    repo.insert_entries(session, rows)
+    # A grant's remainder moved as its entries did (``remaining`` followed each of them); an
+    # owner's overdraft by its entries of no grant.
+    overdrafts: dict[Owner, int] = {}
+    for row in rows:
+        if row[4] is None:
+            owner = Owner(row[2], row[3])
+            overdrafts[owner] = overdrafts.get(owner, 0) + row[5]
+    changed = {g: left - before_step[g] for g, left in remaining.items()}
+    repo.add_to_sums(session, changed, overdrafts)
     # Alerts reach only the owners with a webhook budget: the others' crossings store nothing,
     # so only those owners' holds and open calls are read (once for all of them).
-    watched = sorted({o for _, o in work} & alerts.watched(session), key=Owner.sort_key)
+    mine = {owner for _, _, owner in work.values()}
+    watched = sorted(mine & alerts.watched(session), key=Owner.sort_key)
     if not watched:
         return
     held = held_by_owner(session, watched, now)
@@ -191,58 +217,55 @@ def after_step(
         alerts.crossings(session, owner, was - others, left - others, now)
 
 
-def _work_order(item: tuple[tuple[str, Owner], list[int]]) -> tuple[str, str, str]:
-    """The order a step draws in: by call, then owner (``Owner.sort_key``)."""
-    (rid, (customer_id, api_key_id)), _ = item
-    return (rid, customer_id or "", api_key_id or "")
-
-
 def _reverse(
-    moves: list[Movement],
-    like: Movement,
+    rows: list[EntryRow],
+    like: EntryRow,
     before: dict[str | None, int],
     grants: dict[str, GrantView],
     remaining: dict[str, int],
+    now: datetime,
 ) -> None:
     """Take back what the call (``like``'s) drew of each grant and its overdraft, keeping
     ``remaining`` up to date."""
+    _, at, customer_id, api_key_id, _, _, rid, seq, _ = like
     for grant_id in sorted(before, key=lambda g: g or ""):
         amount = before[grant_id]
         if not amount:
             continue
-        moves.append(like._replace(kind=REVERSAL, grant_id=grant_id, amount_pusd=-amount))
+        rows.append((REVERSAL, at, customer_id, api_key_id, grant_id, -amount, rid, seq, None))
         if grant_id is None:
             continue
         grant = grants.get(grant_id)
-        if grant is not None and not active(grant, like.booked_at):
+        if grant is not None and not active(grant, now):
             # Given back to a grant that no longer counts: it ends again at once.
-            kind = VOID if grant.voided else EXPIRY
-            moves.append(like._replace(kind=kind, grant_id=grant_id, amount_pusd=amount))
+            ended = VOID if grant.voided else EXPIRY
+            rows.append((ended, at, customer_id, api_key_id, grant_id, amount, rid, seq, None))
         else:
             remaining[grant_id] += amount
 
 
 def _draw(
-    moves: list[Movement],
-    like: Movement,
+    rows: list[EntryRow],
+    like: EntryRow,
     amount: int,
     drawable: Iterable[GrantView],
     remaining: dict[str, int],
 ) -> None:
     """Draw ``amount`` (> 0) for the call (``like``'s) from the ``drawable`` grants in order
     (active, in ``draw_order``), keeping ``remaining`` up to date; the rest is an overdraft."""
+    _, at, customer_id, api_key_id, _, _, rid, seq, _ = like
     for grant in drawable:
         grant_id = grant.grant_id
         left = remaining.get(grant_id, 0)
         if left <= 0:
             continue
         take = left if left < amount else amount
-        moves.append(like._replace(grant_id=grant_id, amount_pusd=take))
+        rows.append((DRAW, at, customer_id, api_key_id, grant_id, take, rid, seq, None))
         remaining[grant_id] = left - take
         amount -= take
         if amount <= 0:
             return
-    moves.append(like._replace(kind=OVERDRAFT, amount_pusd=amount))
+    rows.append((OVERDRAFT, at, customer_id, api_key_id, None, amount, rid, seq, None))
 
 
 def credits_exist(session: Session) -> bool:

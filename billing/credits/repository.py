@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from sqlalchemy.orm import Session
 
-from billing.credits.rows import BalanceFigures, Drawn, GrantView, Movement, Owner
+from billing.credits.rows import BalanceFigures, Drawn, EntryRow, GrantView, Movement, Owner
 from billing.credits.sql.common import POSTGRES, SQLITE
 from billing.storage.dialects import ByDialect
 from billing.storage.models import CreditEntry, CreditGrant, Customer
@@ -81,6 +81,22 @@ class CreditsRepository(Protocol):
 
     def add(self, session: Session, moves: Sequence[Movement]) -> None:
         """Book the entries."""
+        ...
+
+    def entry_time(self, at: datetime) -> Any:
+        """``at`` as ``insert_entries`` takes a ``booked_at`` (the driver's value)."""
+        ...
+
+    def insert_entries(self, session: Session, rows: Sequence[EntryRow]) -> None:
+        """Insert the rows as they are, in order (one statement), nothing read back; the
+        caller keeps the sums (``add_to_sums``)."""
+        ...
+
+    def add_to_sums(
+        self, session: Session, grants: dict[str, int], overdrafts: dict[Owner, int]
+    ) -> None:
+        """Add to the grants' remainders (grant id → change) and to the owners' overdrafts
+        what entries booked in this transaction changed of them."""
         ...
 
     def add_once(self, session: Session, move: Movement) -> bool:

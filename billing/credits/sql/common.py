@@ -48,6 +48,7 @@ from billing.credits.rows import (
     VOID,
     BalanceFigures,
     Drawn,
+    EntryRow,
     GrantView,
     Movement,
     Owner,
@@ -132,6 +133,13 @@ _ENTRY_COLUMNS = (
     "kind", "booked_at", "customer_id", "api_key_id", "grant_id", "amount_pusd", "request_id",
     "ledger_seq", "dedupe_key",
 )  # fmt: skip
+
+
+#: SQLite's insert of credit entries (``EntryRow``s, executemany).
+_SQLITE_INSERT_ENTRIES = (
+    f"INSERT INTO credit_entries ({', '.join(_ENTRY_COLUMNS)}) "
+    f"VALUES ({', '.join('?' * len(_ENTRY_COLUMNS))})"
+)
 
 
 @functools.cache
@@ -226,8 +234,7 @@ class CoreCredits:
         return True
 
     def _keep_sums(self, session: Session, moves: Sequence[Movement]) -> None:
-        """Add the booked ``moves`` to their grants' remainders and owners' overdrafts: one
-        ``UPDATE`` (executemany) for the grants, one upsert for the overdrafts."""
+        """Add the booked ``moves`` to their grants' remainders and owners' overdrafts."""
         grants: dict[str, int] = {}
         overdrafts: dict[Owner, int] = {}
         for move in moves:
@@ -236,6 +243,12 @@ class CoreCredits:
             else:
                 signed = move.amount_pusd if move.kind == GRANT else -move.amount_pusd
                 grants[move.grant_id] = grants.get(move.grant_id, 0) + signed
+        self.add_to_sums(session, grants, overdrafts)
+
+    def add_to_sums(
+        self, session: Session, grants: dict[str, int], overdrafts: dict[Owner, int]
+    ) -> None:
+        """One ``UPDATE`` (executemany) for the grants, one upsert for the overdrafts."""
         changed = [{"g": g, "d": d} for g, d in sorted(grants.items()) if d]
         if changed:
             session.execute(_ADD_TO_REMAINING, changed)
@@ -369,24 +382,23 @@ class CoreCredits:
 
     def add(self, session: Session, moves: Sequence[Movement]) -> None:
         if moves:
-            self._insert_entries(session, moves)
+            self.insert_entries(session, [self._row(m) for m in moves])
             self._keep_sums(session, moves)
 
-    def _insert_entries(self, session: Session, moves: Sequence[Movement]) -> None:
+    def _row(self, move: Movement) -> EntryRow:
+        kind, at, (customer_id, api_key_id), grant_id, amount, rid, seq, dedupe = move
+        return (kind, self.entry_time(at), customer_id, api_key_id, grant_id, amount, rid, seq,
+                dedupe)  # fmt: skip
+
+    def entry_time(self, at: datetime) -> Any:
+        """SQLite: ``UTCDateTime``'s text."""
+        return sqlite_text(at)
+
+    def insert_entries(self, session: Session, rows: Sequence[EntryRow]) -> None:
         """SQLite: one executemany of the driver (thousands of draws a step: SQLAlchemy's bind
         processing of each row's values cost more than the insert), nothing read back."""
-        times: dict[datetime, str] = {}
-        rows = []
-        for kind, at, (customer_id, api_key_id), grant_id, amount, rid, seq, dedupe in moves:
-            booked = times.get(at)
-            if booked is None:
-                booked = times[at] = sqlite_text(at)
-            rows.append((kind, booked, customer_id, api_key_id, grant_id, amount, rid, seq, dedupe))
-        columns = ", ".join(_ENTRY_COLUMNS)
-        marks = ", ".join("?" * len(_ENTRY_COLUMNS))
-        session.connection().exec_driver_sql(
-            f"INSERT INTO credit_entries ({columns}) VALUES ({marks})", rows
-        )
+        if rows:
+            session.connection().exec_driver_sql(_SQLITE_INSERT_ENTRIES, list(rows))
 
     def due_expiries(self, session: Session, now: datetime) -> list[CreditGrant]:
         booked = select(CreditEntry.entry_id).where(
@@ -498,13 +510,15 @@ _PG_INSERT_ENTRIES = (
 class PostgresCredits(CoreCredits):
     """``CoreCredits`` with PostgreSQL's advisory lock per owner and its array insert."""
 
-    def _insert_entries(self, session: Session, moves: Sequence[Movement]) -> None:
+    def entry_time(self, at: datetime) -> Any:
+        """PostgreSQL: the instant itself."""
+        return at
+
+    def insert_entries(self, session: Session, rows: Sequence[EntryRow]) -> None:
         """One ``INSERT … SELECT FROM unnest(…)``: the rows in array order, one round trip."""
-        (kinds, times, owners, grant_ids, amounts, rids, seqs, dedupes) = zip(*moves, strict=True)
-        customers = [customer_id for customer_id, _ in owners]
-        keys = [api_key_id for _, api_key_id in owners]
-        columns = (kinds, times, customers, keys, grant_ids, amounts, rids, seqs, dedupes)
-        session.connection().exec_driver_sql(_PG_INSERT_ENTRIES, tuple(map(list, columns)))
+        if rows:
+            columns = tuple(map(list, zip(*rows, strict=True)))
+            session.connection().exec_driver_sql(_PG_INSERT_ENTRIES, columns)
 
     def lock_owner(self, session: Session, owner: Owner) -> None:
         """Until the transaction ends, no other authorization of ``owner`` decides: a
