@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any, Protocol, cast
 
+import orjson
 from sqlalchemy import (
     ColumnElement,
     CursorResult,
@@ -499,11 +500,14 @@ class CoreCredits:
 OWNER_LOCKS = 0x6372_6564
 
 
-#: PostgreSQL's insert of credit entries: one statement over one array a column.
+#: PostgreSQL's insert of credit entries: one statement over one JSON array of the rows (each an
+#: array of ``EntryRow``'s values), inserted in its order. (Arrays a column cost psycopg more CPU
+#: to write than the insert cost the server: every text element escaped through a regex.)
 _PG_INSERT_ENTRIES = (
-    f"INSERT INTO credit_entries ({', '.join(_ENTRY_COLUMNS)}) SELECT * FROM unnest("
-    "%s::varchar[], %s::timestamptz[], %s::varchar[], %s::varchar[], %s::varchar[], "
-    "%s::bigint[], %s::varchar[], %s::integer[], %s::text[])"
+    f"INSERT INTO credit_entries ({', '.join(_ENTRY_COLUMNS)}) "
+    "SELECT r->>0, (r->>1)::timestamptz, r->>2, r->>3, r->>4, (r->>5)::bigint, r->>6, "
+    "(r->>7)::integer, r->>8 "
+    "FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS t(r, n) ORDER BY n"
 )
 
 
@@ -511,14 +515,17 @@ class PostgresCredits(CoreCredits):
     """``CoreCredits`` with PostgreSQL's advisory lock per owner and its array insert."""
 
     def entry_time(self, at: datetime) -> Any:
-        """PostgreSQL: the instant itself."""
-        return at
+        """PostgreSQL: the instant in RFC 3339 with its offset (``insert_entries`` casts it)."""
+        if at.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        return at.isoformat()
 
     def insert_entries(self, session: Session, rows: Sequence[EntryRow]) -> None:
-        """One ``INSERT … SELECT FROM unnest(…)``: the rows in array order, one round trip."""
+        """One ``INSERT … SELECT FROM jsonb_array_elements(…)``: the rows in their order, one
+        parameter, one round trip."""
         if rows:
-            columns = tuple(map(list, zip(*rows, strict=True)))
-            session.connection().exec_driver_sql(_PG_INSERT_ENTRIES, columns)
+            body = orjson.dumps(rows).decode()
+            session.connection().exec_driver_sql(_PG_INSERT_ENTRIES, (body,))
 
     def lock_owner(self, session: Session, owner: Owner) -> None:
         """Until the transaction ends, no other authorization of ``owner`` decides: a
