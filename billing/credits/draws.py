@@ -182,8 +182,17 @@ def after_step(
         if not delta:
             continue
         rid = place[0]
-        like = (DRAW, at, owner.customer_id, owner.api_key_id, None, 0, rid, seq, None)
         before = drawn.get((rid, owner)) if drawn else None
+        if delta > 0 and not (before and any(before.values())):
+            # The common draw: the first grant in order covers it all (``_draw``'s first take).
+            order = drawable.get(owner)
+            grant_id = order[0].grant_id if order else None
+            if grant_id is not None and remaining.get(grant_id, 0) >= delta:
+                customer_id, api_key_id = owner
+                rows.append((DRAW, at, customer_id, api_key_id, grant_id, delta, rid, seq, None))
+                remaining[grant_id] -= delta
+                continue
+        like = (DRAW, at, owner.customer_id, owner.api_key_id, None, 0, rid, seq, None)
         if before and any(before.values()):
             owned = {g.grant_id: g for g in by_owner.get(owner, [])}
             _reverse(rows, like, before, owned, remaining, now)
