@@ -24,14 +24,25 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from sqlalchemy.orm import Session
 
 from billing.credits import alerts
 from billing.credits.holds import held_by_owner, held_for_owner
 from billing.credits.repository import repository
-from billing.credits.rows import DRAW, EXPIRY, OVERDRAFT, REVERSAL, VOID, GrantView, Movement, Owner
+from billing.credits.rows import (
+    DRAW,
+    EXPIRY,
+    OVERDRAFT,
+    REVERSAL,
+    VOID,
+    EntryRow,
+    GrantView,
+    Movement,
+    Owner,
+)
+from billing.reconcile.rows import CommonCharge
 
 
 class ChargedEntry(Protocol):
@@ -108,66 +119,162 @@ def after_step(
     session: Session,
     entries: Sequence[ChargedEntry],
     now: datetime,
-    settled_in_sql: Sequence[str] = (),
+    settled_in_sql: Sequence[CommonCharge] = (),
 ) -> None:
     """Book the draws of the ledger entries a reconciliation step booked (in its transaction):
-    ``entries``, the rule's, and those of the calls its fast path settled (``settled_in_sql``,
-    read back for the keys that hold grants: the fast path settles no call of a customer). A
-    handful of statements a step, whatever its size; nothing at all (one probe) while no grant
-    exists."""
+    ``entries``, the rule's, and those of the calls its fast path settled (``settled_in_sql``:
+    each one settlement entry, seq 1, charging its key its cost; the fast path settles no call
+    of a customer), taken as the fast path gave them, not read back. A handful of statements a
+    step, whatever its size; nothing at all (one probe) while no grant exists."""
     repo = repository(session)
     if not repo.any_grants(session):
         return
     book_expiries(session, now)
-    charged: dict[tuple[str, Owner], list[int]] = {}
-    every: list[ChargedEntry] = [*repo.charged_by_key_grants(session, settled_in_sql), *entries]
-    for entry in every:
-        if entry.api_key_id is None and entry.customer_id is None:
+    owners: dict[tuple[str | None, str | None], Owner] = {}
+    for entry in entries:
+        if entry.api_key_id is not None or entry.customer_id is not None:
+            pair = (entry.customer_id, entry.api_key_id)
+            if pair not in owners:
+                owners[pair] = Owner.of(*pair)
+    key_owners = {key: Owner(None, key) for _, key, _ in settled_in_sql}
+    candidates = {*owners.values(), *key_owners.values()}
+    holders = repo.owners_with_grants(session, sorted(candidates, key=Owner.sort_key))
+    if not holders:
+        return
+    # (call, owner's sort key) → [the owner's charge of the call's new entries, the last
+    # entry's seq, the owner]: sorted as plain tuples, the order the step draws in.
+    work: dict[tuple[str, str, str], list[Any]] = {}
+    for rid, key, charge in settled_in_sql:
+        owner = key_owners[key]
+        if owner in holders:
+            work[rid, "", key] = [charge, 1, owner]
+    for entry in entries:
+        charged = owners.get((entry.customer_id, entry.api_key_id))
+        if charged is None or charged not in holders:
             continue
-        owner = Owner.of(entry.customer_id, entry.api_key_id)
-        total = charged.setdefault((entry.request_id, owner), [0, entry.seq])
+        place = (entry.request_id, *charged.sort_key())
+        total = work.get(place)
+        if total is None:
+            total = work[place] = [0, entry.seq, charged]
         total[0] += entry.charge_pusd or 0
         total[1] = max(total[1], entry.seq)
-    holders = repo.owners_with_grants(session, sorted({o for _, o in charged}, key=Owner.sort_key))
-    work = {key: value for key, value in charged.items() if key[1] in holders}
     if not work:
         return
     # A call the fast path settled was settled for the first time: it drew nothing before.
-    first = set(settled_in_sql)
-    drawn = repo.drawn(session, sorted({rid for rid, _ in work if rid not in first}))
+    first = {rid for rid, _, _ in settled_in_sql}
+    drawn = repo.drawn(session, sorted({rid for rid, _, _ in work if rid not in first}))
     grants = repo.grants(session, sorted(holders, key=Owner.sort_key), lock=True)
     remaining = {g.grant_id: g.remaining_pusd for g in grants}
     by_owner: dict[Owner, list[GrantView]] = {}
     for grant in grants:
         by_owner.setdefault(grant.owner, []).append(grant)
-    moves: list[Movement] = []
-    for (rid, owner), (delta, seq) in sorted(
-        work.items(), key=lambda i: (i[0][0], i[0][1].sort_key())
-    ):
+    # What each owner's draws take, in order: its active grants (the same all step long).
+    drawable = {
+        owner: [g for g in sorted(owned, key=draw_order) if active(g, now)]
+        for owner, owned in by_owner.items()
+    }
+    # The entries as rows (thousands a step: no object a draw), in the order they are drawn.
+    at = repo.entry_time(now)
+    rows: list[EntryRow] = []
+    before_step = dict(remaining)
+    for place in sorted(work):
+        delta, seq, owner = work[place]
         if not delta:
             continue
-        before = drawn.get((rid, owner), {})
-        owned = by_owner.get(owner, [])
-        booking = _Booking(rid, seq, owner, now, remaining)
-        if any(before.values()):
-            booking.reverse(before, {g.grant_id: g for g in owned})
-        booking.draw(sum(before.values()) + delta, owned)
-        moves.extend(booking.moves)
-    repo.add(session, moves)
+        rid = place[0]
+        before = drawn.get((rid, owner)) if drawn else None
+        if delta > 0 and not (before and any(before.values())):
+            # The common draw: the first grant in order covers it all (``_draw``'s first take).
+            order = drawable.get(owner)
+            grant_id = order[0].grant_id if order else None
+            if grant_id is not None and remaining.get(grant_id, 0) >= delta:
+                customer_id, api_key_id = owner
+                rows.append((DRAW, at, customer_id, api_key_id, grant_id, delta, rid, seq, None))
+                remaining[grant_id] -= delta
+                continue
+        like = (DRAW, at, owner.customer_id, owner.api_key_id, None, 0, rid, seq, None)
+        if before and any(before.values()):
+            owned = {g.grant_id: g for g in by_owner.get(owner, [])}
+            _reverse(rows, like, before, owned, remaining, now)
+            delta += sum(before.values())
+        if delta > 0:
+            _draw(rows, like, delta, drawable.get(owner, ()), remaining)
+    repo.insert_entries(session, rows)
+    # A grant's remainder moved as its entries did (``remaining`` followed each of them); an
+    # owner's overdraft by its entries of no grant.
+    overdrafts: dict[Owner, int] = {}
+    for row in rows:
+        if row[4] is None:
+            owner = Owner(row[2], row[3])
+            overdrafts[owner] = overdrafts.get(owner, 0) + row[5]
+    changed = {g: left - before_step[g] for g, left in remaining.items()}
+    repo.add_to_sums(session, changed, overdrafts)
     # Alerts reach only the owners with a webhook budget: the others' crossings store nothing,
     # so only those owners' holds and open calls are read (once for all of them).
-    watched = sorted({o for _, o in work} & alerts.watched(session), key=Owner.sort_key)
+    mine = {owner for _, _, owner in work.values()}
+    watched = sorted(mine & alerts.watched(session), key=Owner.sort_key)
     if not watched:
         return
     held = held_by_owner(session, watched, now)
     pending = repo.pending_by_owner(session, watched)
     for owner in watched:
-        owned = [g for g in by_owner.get(owner, []) if active(g, now)]
-        was = sum(g.remaining_pusd for g in owned)
-        left = sum(remaining[g.grant_id] for g in owned)
+        current = [g for g in by_owner.get(owner, []) if active(g, now)]
+        was = sum(g.remaining_pusd for g in current)
+        left = sum(remaining[g.grant_id] for g in current)
         # Holds and open calls are the same before and after the draws.
         others = held.get(owner, 0) + pending.get(owner, 0)
         alerts.crossings(session, owner, was - others, left - others, now)
+
+
+def _reverse(
+    rows: list[EntryRow],
+    like: EntryRow,
+    before: dict[str | None, int],
+    grants: dict[str, GrantView],
+    remaining: dict[str, int],
+    now: datetime,
+) -> None:
+    """Take back what the call (``like``'s) drew of each grant and its overdraft, keeping
+    ``remaining`` up to date."""
+    _, at, customer_id, api_key_id, _, _, rid, seq, _ = like
+    for grant_id in sorted(before, key=lambda g: g or ""):
+        amount = before[grant_id]
+        if not amount:
+            continue
+        rows.append((REVERSAL, at, customer_id, api_key_id, grant_id, -amount, rid, seq, None))
+        if grant_id is None:
+            continue
+        grant = grants.get(grant_id)
+        if grant is not None and not active(grant, now):
+            # Given back to a grant that no longer counts: it ends again at once.
+            ended = VOID if grant.voided else EXPIRY
+            rows.append((ended, at, customer_id, api_key_id, grant_id, amount, rid, seq, None))
+        else:
+            remaining[grant_id] += amount
+
+
+def _draw(
+    rows: list[EntryRow],
+    like: EntryRow,
+    amount: int,
+    drawable: Iterable[GrantView],
+    remaining: dict[str, int],
+) -> None:
+    """Draw ``amount`` (> 0) for the call (``like``'s) from the ``drawable`` grants in order
+    (active, in ``draw_order``), keeping ``remaining`` up to date; the rest is an overdraft."""
+    _, at, customer_id, api_key_id, _, _, rid, seq, _ = like
+    for grant in drawable:
+        grant_id = grant.grant_id
+        left = remaining.get(grant_id, 0)
+        if left <= 0:
+            continue
+        take = left if left < amount else amount
+        rows.append((DRAW, at, customer_id, api_key_id, grant_id, take, rid, seq, None))
+        remaining[grant_id] = left - take
+        amount -= take
+        if amount <= 0:
+            return
+    rows.append((OVERDRAFT, at, customer_id, api_key_id, None, amount, rid, seq, None))
 
 
 def credits_exist(session: Session) -> bool:
@@ -180,50 +287,3 @@ def on_pass(session: Session, now: datetime) -> None:
     ``credits_exist``): the expiries due and the ``credits.expiring`` alerts."""
     book_expiries(session, now)
     alerts.expiring(session, now)
-
-
-class _Booking:
-    """The entries of one call's draw for one owner, keeping ``remaining`` up to date."""
-
-    def __init__(
-        self, rid: str, seq: int, owner: Owner, now: datetime, remaining: dict[str, int]
-    ) -> None:
-        self.rid, self.seq, self.owner, self.now = rid, seq, owner, now
-        self.remaining = remaining
-        self.moves: list[Movement] = []
-
-    def _book(self, kind: str, grant_id: str | None, amount: int) -> None:
-        self.moves.append(
-            Movement(kind, self.now, self.owner, grant_id, amount, self.rid, self.seq)
-        )
-
-    def reverse(self, before: dict[str | None, int], grants: dict[str, GrantView]) -> None:
-        """Take back what the call drew of each grant and its overdraft."""
-        for grant_id in sorted(before, key=lambda g: g or ""):
-            amount = before[grant_id]
-            if not amount:
-                continue
-            self._book(REVERSAL, grant_id, -amount)
-            if grant_id is None:
-                continue
-            grant = grants.get(grant_id)
-            if grant is not None and not active(grant, self.now):
-                # Given back to a grant that no longer counts: it ends again at once.
-                self._book(VOID if grant.voided else EXPIRY, grant_id, amount)
-            else:
-                self.remaining[grant_id] += amount
-
-    def draw(self, amount: int, grants: Iterable[GrantView]) -> None:
-        """Draw ``amount`` from the active grants in order; the rest is an overdraft."""
-        if amount <= 0:
-            return
-        for grant in sorted(grants, key=draw_order):
-            left = self.remaining.get(grant.grant_id, 0)
-            if amount <= 0 or left <= 0 or not active(grant, self.now):
-                continue
-            take = min(left, amount)
-            self._book(DRAW, grant.grant_id, take)
-            self.remaining[grant.grant_id] = left - take
-            amount -= take
-        if amount > 0:
-            self._book(OVERDRAFT, None, amount)

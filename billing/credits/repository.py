@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from sqlalchemy.orm import Session
 
-from billing.credits.rows import ChargedRow, Drawn, GrantView, Movement, Owner
+from billing.credits.rows import BalanceFigures, Drawn, EntryRow, GrantView, Movement, Owner
 from billing.credits.sql.common import POSTGRES, SQLITE
 from billing.storage.dialects import ByDialect
 from billing.storage.models import CreditEntry, CreditGrant, Customer
@@ -66,6 +66,11 @@ class CreditsRepository(Protocol):
         for this transaction (PostgreSQL), so that concurrent steps draw them one at a time."""
         ...
 
+    def balance_figures(self, session: Session, owner: Owner, now: datetime) -> BalanceFigures:
+        """The owner's live holds at ``now`` (``billing.credits.holds.held_for_owner``),
+        ``pending``, ``overdraft`` and ``grants``, in one statement (one snapshot)."""
+        ...
+
     def owners_with_grants(self, session: Session, owners: Sequence[Owner]) -> set[Owner]:
         """Those of ``owners`` that hold any grant."""
         ...
@@ -76,6 +81,22 @@ class CreditsRepository(Protocol):
 
     def add(self, session: Session, moves: Sequence[Movement]) -> None:
         """Book the entries."""
+        ...
+
+    def entry_time(self, at: datetime) -> Any:
+        """``at`` as ``insert_entries`` takes a ``booked_at`` (the driver's value)."""
+        ...
+
+    def insert_entries(self, session: Session, rows: Sequence[EntryRow]) -> None:
+        """Insert the rows as they are, in order (one statement), nothing read back; the
+        caller keeps the sums (``add_to_sums``)."""
+        ...
+
+    def add_to_sums(
+        self, session: Session, grants: dict[str, int], overdrafts: dict[Owner, int]
+    ) -> None:
+        """Add to the grants' remainders (grant id → change) and to the owners' overdrafts
+        what entries booked in this transaction changed of them."""
         ...
 
     def add_once(self, session: Session, move: Movement) -> bool:
@@ -102,13 +123,6 @@ class CreditsRepository(Protocol):
 
     def pending_by_owner(self, session: Session, owners: Sequence[Owner]) -> dict[Owner, int]:
         """``pending`` of each of ``owners`` (one read; an owner without open calls: absent)."""
-        ...
-
-    def charged_by_key_grants(
-        self, session: Session, request_ids: Sequence[str]
-    ) -> list[ChargedRow]:
-        """The ledger entries of those calls whose key holds grants of its own (the calls the
-        reconciler's fast path settles are charged to their keys), by call and seq."""
         ...
 
     def entries_between(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 #: The kinds of a credit entry (``CreditEntry.kind``).
 GRANT = "grant"
@@ -63,15 +63,22 @@ class Movement(NamedTuple):
     dedupe_key: str | None = None
 
 
+#: A ``credit_entries`` row to insert: ``(kind, booked_at (the driver's value:
+#: ``CreditsRepository.entry_time``), customer_id, api_key_id, grant_id, amount_pusd, request_id,
+#: ledger_seq, dedupe_key)``.
+EntryRow = tuple[
+    str, Any, str | None, str | None, str | None, int, str | None, int | None, str | None
+]
+
 #: (call, owner) → grant id (None: the overdraft) → the net amount the call drew of it so far.
 Drawn = dict[tuple[str, Owner], dict[str | None, int]]
 
 
-class ChargedRow(NamedTuple):
-    """A ledger entry as a draw reads it (``billing.credits.draws.ChargedEntry``)."""
+class BalanceFigures(NamedTuple):
+    """What an owner's balance reads (picodollars), in one statement: its live holds, the
+    pending charges of its open calls, its overdraft and its grants (by ``grant_id``)."""
 
-    request_id: str
-    seq: int
-    api_key_id: str | None
-    customer_id: str | None
-    charge_pusd: int | None
+    held: int
+    pending: int
+    overdraft: int
+    grants: list[GrantView]

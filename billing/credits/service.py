@@ -11,7 +11,6 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from billing.credits.draws import active, book_expiries, draw_order, ended
-from billing.credits.holds import held_for_owner
 from billing.credits.repository import repository
 from billing.credits.rows import GRANT, VOID, GrantView, Movement, Owner
 from billing.credits.schemas import CustomerIn, GrantIn, to_pusd
@@ -250,20 +249,16 @@ def grant_json(session: Session, grant_id: str, now: datetime) -> dict[str, Any]
 def _figures(
     session: Session, owner: Owner, now: datetime
 ) -> tuple[list[GrantView], dict[str, int]]:
-    repo = repository(session)
-    # Holds and open calls first, the remainders after: a step that settles and draws a call
-    # in between (PostgreSQL reads each statement's latest commit) then counts it twice for
-    # this one read, pending and drawn, never not at all.
-    held = held_for_owner(session, owner, now)
-    pending = repo.pending(session, owner)
-    grants = sorted(repo.grants(session, [owner]), key=draw_order)
+    # One statement: holds, open calls, remainders and overdraft read in one snapshot.
+    read = repository(session).balance_figures(session, owner, now)
+    grants = sorted(read.grants, key=draw_order)
     balance_pusd = sum(_left(g, now) for g in grants if active(g, now))
     figures = {
         "balance": balance_pusd,
-        "held": held,
-        "pending": pending,
-        "available": balance_pusd - held - pending,
-        "overdraft": repo.overdraft(session, owner),
+        "held": read.held,
+        "pending": read.pending,
+        "available": balance_pusd - read.held - read.pending,
+        "overdraft": read.overdraft,
     }
     return grants, figures
 

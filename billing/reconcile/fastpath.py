@@ -71,6 +71,7 @@ from billing.ingest.schemas import (
 )
 from billing.reconcile.ledger import SETTLED_COMPLETE, settled_timed_out
 from billing.reconcile.repository import repository
+from billing.reconcile.rows import CommonCharge
 from billing.rollups.rows import BOOKED, CALL_START, PICO, Contributions
 from billing.rollups.service import Deltas, Placed, Totals
 
@@ -172,6 +173,7 @@ def settle_common(
     settle_after_s: float,
     deltas: Deltas,
     drift: Contributions | None = None,
+    charged: list[CommonCharge] | None = None,
 ) -> list[str]:
     """Settle, inside the caller's transaction, those of the (locked) ``request_ids`` that have
     the common shape (see the module docstring) and settle now: their ``calls`` row and
@@ -180,16 +182,19 @@ def settle_common(
     added to ``deltas`` for the step to write, and their contributions to ``drift_rollups`` (which
     holds every call settled here: each has a ``stream.started``) to ``drift`` when given (keyed
     and summed as ``billing.rollups.drift.Contributions``), so that the step need not read them
-    back from ``calls``. Returns the calls settled (in no particular
-    order); the others are untouched, for the rule. ``now`` (aware UTC) is the step's clock
-    (``booked_at``, ``settled_at``); a call with an estimate settles once its last event arrived
-    ``settle_after_s`` seconds before ``now`` or earlier. Raises the driver's error for a body
-    PostgreSQL cannot read as JSON (as the rule raises for it: the caller's step fails)."""
+    back from ``calls``, and each call's key and charge (``CommonCharge``) to ``charged`` when
+    given (the step's credit draws take them from there). Returns the calls settled (in no
+    particular order); the others are untouched, for the rule. ``now`` (aware UTC) is the step's
+    clock (``booked_at``, ``settled_at``); a call with an estimate settles once its last event
+    arrived ``settle_after_s`` seconds before ``now`` or earlier. Raises the driver's error for a
+    body PostgreSQL cannot read as JSON (as the rule raises for it: the caller's step fails)."""
     if not request_ids:
         return []
     cutoff = now - timedelta(seconds=settle_after_s)
     reasons = (SETTLED_COMPLETE, settled_timed_out(settle_after_s))
     settled, groups = repository(session).settle_common(session, request_ids, now, cutoff, reasons)
+    if charged is not None:
+        charged.extend(settled)
     for api_key_id, model, quarter, hour, provider, account, calls, *sums in groups:
         *tokens, whole_usd, pico = (int(value) for value in sums)
         # Charged at cost (the statements settle no call whose key has a customer or a plan).
@@ -205,7 +210,7 @@ def settle_common(
             if summed is not None:
                 row = [a + b for a, b in zip(summed, row, strict=True)]
             drift[key] = row
-    return settled
+    return [rid for rid, _, _ in settled]
 
 
 #: The positions in ``TOKEN_FIELDS`` of the token sums ``drift_rollups`` keeps (its input, cache

@@ -34,5 +34,9 @@ FoldRow = tuple[str, int, DriverTime, DriverTime, int, int, DriverTime]
 GroupRow = tuple[Any, ...]
 #: The reasons of a settlement with upstream usage and of one on the clock.
 Reasons = tuple[str, str]
-#: The calls the fast path settled, and their ``GroupRow``s.
-Settled = tuple[list[str], list[GroupRow]]
+#: ``(request_id, api_key_id, charge_pusd)`` of a call the fast path settled: its one
+#: settlement entry (seq 1) charges its key, no customer, its cost (``billing.credits.draws``
+#: draws it without reading the entry back).
+CommonCharge = tuple[str, str, int]
+#: The calls the fast path settled (``CommonCharge``), and their ``GroupRow``s.
+Settled = tuple[list[CommonCharge], list[GroupRow]]

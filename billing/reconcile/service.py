@@ -27,7 +27,7 @@ from billing.reconcile.fastpath import settle_common
 from billing.reconcile.ledger import SETTLED_COMPLETE, plan_entries, settled_timed_out
 from billing.reconcile.reads import load_booked, load_events, load_states
 from billing.reconcile.repository import repository
-from billing.reconcile.rows import Update
+from billing.reconcile.rows import CommonCharge, Update
 from billing.reconcile.rule import CallFigures, check_figures, reconcile_call
 from billing.reconcile.state import NOTHING_BOOKED, CallState, new_state, other_models_json
 from billing.rollups import drift as drift_rollup
@@ -140,15 +140,19 @@ def reconcile_calls(
     common: list[str] = []
     # Their contributions to the drift rollup, summed by the fast path.
     common_drift: Contributions = {}
+    # Their keys and charges, for the credit draws.
+    common_charged: list[CommonCharge] = []
     if common_in_sql:
-        common = settle_common(session, request_ids, now, settle_after_s, deltas, common_drift)
+        common = settle_common(
+            session, request_ids, now, settle_after_s, deltas, common_drift, common_charged
+        )
         if common:
             result.settled += len(common)
             result.settled_ids.extend(common)
             done = set(common)
             request_ids = [rid for rid in request_ids if rid not in done]
             if not request_ids:
-                credit_draws.after_step(session, [], now, common)
+                credit_draws.after_step(session, [], now, common_charged)
                 rollups.after_step(session, {}, [], [], deltas)
                 drift_rollup.after_writes(session, {}, [], common_drift)
                 budget_counters.after_step(session, every, now)
@@ -217,7 +221,7 @@ def reconcile_calls(
     repo.write_calls(session, updates, now)
     repo.write_attempts(session, updates)
     repo.write_entries(session, entries)
-    credit_draws.after_step(session, entries, now, common)
+    credit_draws.after_step(session, entries, now, common_charged)
     rollups.after_step(session, rolled_up, after, entries, deltas)
     held = [new.request_id for _, new, _ in updates if drift_rollup.holds(new)]
     drift_rollup.after_writes(session, drift_before, held, common_drift)

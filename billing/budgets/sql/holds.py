@@ -77,6 +77,32 @@ def _live(keys: bool, customers: bool) -> Select[Any]:
     return query.where(or_(*owners)) if owners else query
 
 
+@functools.cache
+def held_total(of_customer: bool) -> Select[Any]:
+    """What the live holds of one owner take from its credit, as a scalar ``SELECT`` (0 for
+    none): a customer's holds (``of_customer``), else a key's, bound as ``owner_id``, live at
+    ``now``. The sum of ``billing.credits.holds.held_by_owner``'s amounts in SQL: a hold whose
+    call is not stored or no step has read counts whole; one whose call is open counts what it
+    adds to the call's figure so far (``LiveHold.beyond_call("charge")``)."""
+    figure = func.coalesce(_C.charge_pusd, _C.cost_pusd, 0)
+    amount = case(
+        (or_(_C.request_id.is_(None), _C.attempts == 0), _H.hold_pusd),
+        (_H.hold_pusd > figure, _H.hold_pusd - figure),
+        else_=0,
+    )
+    owner = _H.customer_id if of_customer else _H.api_key_id
+    return (
+        select(func.coalesce(func.sum(amount), 0))
+        .select_from(BudgetHold.__table__.outerjoin(Call, _C.request_id == _H.request_id))
+        .where(
+            owner == bindparam("owner_id"),
+            _H.released_at.is_(None),
+            _H.expires_at > bindparam("now"),
+            _COUNTED,
+        )
+    )
+
+
 def _unstepped(everything: bool) -> Select[Any]:
     """The calls no step has read yet (``unstepped_calls``): every one, or those of the bound
     ``keys`` (an expanding list)."""

@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from billing.reconcile.rows import Reasons, Settled
+from billing.reconcile.rows import CommonCharge, Reasons, Settled
 from billing.reconcile.sql import fastpath as shared
 
 # Room to group the step's events in a hash table (with the default 4 MB PostgreSQL sorts them
@@ -121,7 +121,7 @@ SELECT api_key_id, model,
     date_trunc('hour', started_at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' AS hour,
     coalesce(provider, '') AS provider_key, coalesce(upstream_account, '') AS account_key,
     {shared.ROLLUP_SUMS},
-    array_agg(request_id)
+    array_agg(request_id ORDER BY request_id), array_agg(cost_pusd ORDER BY request_id)
 FROM f GROUP BY api_key_id, model, quarter, hour, provider_key, account_key
 """
 
@@ -156,10 +156,10 @@ class PostgresSettleCommon:
                 "timed_out": why[1],
             },
         ).all()
-        settled: list[str] = []
+        settled: list[CommonCharge] = []
         groups: list[Any] = []
-        for key, model, quarter, *sums, members in rows:
-            settled.extend(members)
+        for key, model, quarter, *sums, members, costs in rows:
+            settled.extend((rid, key, int(cost)) for rid, cost in zip(members, costs, strict=True))
             if quarter.tzinfo is not UTC:
                 quarter = quarter.astimezone(UTC)
             groups.append((key, model, quarter, *sums))

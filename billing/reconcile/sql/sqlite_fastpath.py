@@ -103,7 +103,7 @@ GATHER = {
     for case in shared.PROBE_CASES
 }
 
-SETTLED = "SELECT request_id FROM scratch.reconcile_common"
+SETTLED = "SELECT request_id, api_key_id, cost_pusd FROM scratch.reconcile_common"
 
 #: One settlement entry per call, in request_id order; parameters: the reasons of an upstream
 #: and of an estimate's settlement, and booked_at.
@@ -177,9 +177,7 @@ class SqliteSettleCommon:
             chunk = tuple(ids[start : start + CHUNK])
             conn.exec_driver_sql(with_ids(gather, len(chunk)), (*chunk, cutoff_text))
         # (the driver's cursor: SQLAlchemy's result would wrap each of thousands of rows)
-        settled = [
-            rid for rows in fetch_chunks(conn, _cursor, SETTLED, (), CHUNK) for (rid,) in rows
-        ]
+        settled = [row for rows in fetch_chunks(conn, _cursor, SETTLED, (), CHUNK) for row in rows]
         if not settled:
             return [], []
         conn.exec_driver_sql(INSERT_ENTRIES, (*why, now_text))

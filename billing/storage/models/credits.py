@@ -96,9 +96,11 @@ class CreditEntry(Base):
     ledger_seq: Mapped[int | None] = mapped_column(Integer)
     dedupe_key: Mapped[str | None] = mapped_column(Text, unique=True)
 
+    # Each index is read: by booking time (the credits export), by call (a redraw reads what
+    # the call drew), by owner (its latest entries). None by grant (0022): a grant's remainder
+    # is kept on its row, and every draw would pay for it.
     __table_args__ = (
         Index(None, "booked_at", "entry_id"),
-        Index(None, "grant_id"),
         Index(None, "request_id"),
         Index(None, "customer_id", "api_key_id"),
     )
