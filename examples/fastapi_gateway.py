@@ -7,24 +7,25 @@ not) in front of an upstream, metered by :mod:`billing.gateway`.
 
 The customer's key id comes from the ``X-Api-Key-Id`` header (a stand-in for the gateway's own
 key lookup); a request without it, or without a ``model``, is refused (400) before anything is
-sent upstream: no upstream call without a call record. The call's id comes from
-``X-Request-Id`` (else a new one); it is passed on upstream and comes back to the client as
-``X-Request-Id`` (the upstream's own as ``X-Upstream-Request-Id``, beside its rate-limit
-headers). Each call is authorized against the budgets before the upstream is opened (a refusal
-answers 402 or 429 in OpenAI's error shape) unless ``--no-authorize``; an upstream that fails
-before a byte gives the hold back, and its error is the answer. A streamed call always asks the
-upstream for its usage; a client that did not ask for it does not get the usage chunk. After a
-client disconnect the upstream is drained (read on to its final usage) unless ``--no-drain``.
-At shutdown the meters settle what is in flight (``Meters.shutdown``: a grace period, then
-flagged estimates) and the billing client delivers or spools what it holds. The billing lines
-are marked ``# billing``.
+sent upstream: no upstream call without a call record. The call's id is the gateway's own
+(``gw-`` and 32 hex digits, minted by ``meters.call``), never the client's: a client's
+``X-Request-Id`` is kept as the call's metadata ``client_request_id`` only (a reused one would
+otherwise bill several generations as one call). The call's id is passed on upstream and comes
+back to the client as ``X-Request-Id`` (the upstream's own as ``X-Upstream-Request-Id``, beside
+its rate-limit headers). Each call is authorized against the budgets before the upstream is
+opened (a refusal answers 402 or 429 in OpenAI's error shape) unless ``--no-authorize``; an
+upstream that fails before a byte gives the hold back, and its error is the answer. A streamed
+call always asks the upstream for its usage; a client that did not ask for it does not get the
+usage chunk. After a client disconnect the upstream is drained (read on to its final usage)
+unless ``--no-drain``. At shutdown the meters settle what is in flight (``Meters.shutdown``: a
+grace period, then flagged estimates) and the billing client delivers or spools what it holds.
+The billing lines are marked ``# billing``.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -39,7 +40,8 @@ from billing.gateway import DrainPolicy, Meters  # billing
 
 
 def _refuse(message: str) -> Response:
-    return JSONResponse({"error": {"message": message, "type": "invalid_request_error"}}, 400)
+    error = {"message": message, "type": "invalid_request_error", "param": None, "code": None}
+    return JSONResponse({"error": error}, 400)
 
 
 def create_app(
@@ -83,7 +85,6 @@ def create_app(
             or not body["model"]
         ):
             return _refuse("model is required")
-        request_id = request.headers.get("x-request-id") or f"gw-{uuid.uuid4().hex}"
         streamed = body.get("stream") is True
         options = body.get("stream_options") or {}
         if not isinstance(options, dict):
@@ -91,15 +92,15 @@ def create_app(
         client_wants_usage = bool(options.get("include_usage"))
         if streamed:  # the upstream's usage ends the stream (metered, hidden if not asked for)
             body["stream_options"] = {**options, "include_usage": True}
-        meter = meters.call(  # billing
-            request_id=request_id,  # billing
+        meter = meters.call(  # billing: the call's id is the gateway's (meter.request_id)
             api_key_id=key_id,  # billing
             model=body["model"],  # billing
             protocol="openai.chat_completions",  # billing
             body=body,  # billing
+            client_request_id=request.headers.get("x-request-id"),  # billing: metadata only
         )  # billing
         upstream = http.build_request(
-            "POST", "/v1/chat/completions", json=body, headers={"X-Request-Id": request_id}
+            "POST", "/v1/chat/completions", json=body, headers={"X-Request-Id": meter.request_id}
         )
         # authorized, the upstream is opened: a stream relayed, a whole response (or the
         # provider's error) metered and answered as it came, no answer a 502

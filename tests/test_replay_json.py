@@ -13,7 +13,7 @@ import pytest
 from billing.replay import ReplayError, replay
 from tests.conftest import LiveServer
 from tests.taps.test_taps_nonstreaming import CHAT_COMPLETION as COMPLETION
-from tests.taps.test_taps_nonstreaming import MESSAGE
+from tests.taps.test_taps_nonstreaming import MESSAGE, RESPONSE
 from tests.test_replay import run_cli, serve, settle_and_get  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.slow
@@ -99,3 +99,16 @@ def test_cli_replay_of_a_json_message(serve: object, tmp_path: Path) -> None:  #
     [usage] = [e for e in call["events"] if e["type"] == "stream.usage"]
     assert (usage["source"], usage["counters"]) == ("upstream", {"web_fetch_requests": 2})
     assert usage["units"] == {"web_search_requests": 1}
+
+
+def test_a_responses_body_replayed_as_anthropic_is_refused_before_any_post(
+    tmp_path: Path,
+) -> None:
+    """A Responses body is not a Messages body although both carry ``usage.input_tokens`` and
+    ``output_tokens``: nothing of it is read (no cost from guessed fields), so nothing is
+    posted (the service's address is a closed port)."""
+    path = tmp_path / "response.json"
+    path.write_text(json.dumps(RESPONSE))
+    expected = "holds no anthropic.messages response that can be read (1 unreadable)"
+    with pytest.raises(ReplayError, match=re.escape(expected)):
+        replay(path, protocol="anthropic.messages", api_key_id="k", url="http://127.0.0.1:9")

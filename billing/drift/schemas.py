@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -204,6 +205,19 @@ class CallDriftQuery:
     limit: int = DEFAULT_CALLS_LIMIT
     after: Position | None = None
 
+    @property
+    def scope(self) -> str:
+        """The stamp its cursors carry (:func:`call_scope`)."""
+        return call_scope(self.since, self.until, self.provider)
+
+
+def call_scope(since: datetime, until: datetime, provider: str | None) -> str:
+    """The stamp of a per-call drift query that its cursors carry: a cursor of one range or
+    provider is refused (422, ``query.cursor``) with another, whose list it is not a page of
+    (``tolerance_pct`` only grades the rows: a cursor keeps across it)."""
+    text = f"{rfc3339(since)}|{rfc3339(until)}|{provider or ''}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
 
 def parse_call_query(items: Iterable[tuple[str, str]]) -> CallDriftQuery:
     """The query string of ``GET /v1/drift/calls`` → ``CallDriftQuery``; ``ValidationFailed``
@@ -214,7 +228,8 @@ def parse_call_query(items: Iterable[tuple[str, str]]) -> CallDriftQuery:
     provider = reader.choice("provider", PROVIDERS)
     tolerance = reader.parsed("tolerance_pct", _tolerance)
     limit = reader.integer("limit", 1, MAX_CALLS_LIMIT) or DEFAULT_CALLS_LIMIT
-    after = reader.parsed("cursor", cursor.decode)
+    scope = None if since is None or until is None else call_scope(since, until, provider)
+    after = reader.parsed("cursor", lambda text: cursor.decode(text, scope))
     if since is not None and until is not None and until <= since:
         reader.fail("until", UNTIL_AFTER_SINCE)
     reader.done()

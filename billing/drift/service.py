@@ -257,7 +257,9 @@ def call_drift(session: Session, query: CallDriftQuery) -> dict[str, Any]:
     )
     page, last = cut_page(found, query.limit)
     next_cursor = (
-        None if last is None else cursor.encode(Position(last.started_at, last.request_id))
+        None
+        if last is None
+        else cursor.encode(Position(last.started_at, last.request_id), query.scope)
     )
     return {
         "data": [_call_row(call, query.tolerance_pct) for call in page],
@@ -275,4 +277,4 @@ def every_call_drift(session: Session, query: CallDriftQuery) -> list[dict[str, 
         rows += page["data"]
         if page["next_cursor"] is None:
             return rows
-        query = replace(query, after=cursor.decode(page["next_cursor"]))
+        query = replace(query, after=cursor.decode(page["next_cursor"], query.scope))

@@ -6,9 +6,15 @@ Typical use in a FastAPI / Starlette gateway (asyncio)::
     meters = Meters(billing)                      # drains after disconnects by default
 
     upstream = await http.send(http.build_request("POST", url, json=body), stream=True)
-    meter = meters.call(request_id=rid, api_key_id=key_id, model=body["model"],
-                        protocol="openai.chat_completions")
+    meter = meters.call(api_key_id=key_id, model=body["model"],
+                        protocol="openai.chat_completions",
+                        client_request_id=request.headers.get("x-request-id"))
     return meter.response(upstream)
+
+The call's id is the gateway's own (``meter.request_id``: ``gw-`` and 32 hex digits, unless
+the gateway's code passes ``request_id=``), never a header the client chose: a reused one would
+make several generations one billed call. The client's ``X-Request-Id`` is only the call's
+metadata ``client_request_id``; the response's ``X-Request-Id`` is the call's id.
 
 (or ``StreamingResponse(meter.relay(upstream))``, the generator form), and in a sync gateway,
 ``meter.relay_sync(response)`` with a :class:`billing.client.BillingClient`. The meter reads

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from billing.gateway.account import CallAccount
 from billing.gateway.authorize import DEFAULT_MAX_OUTPUT_TOKENS, Authorizer, Reserver
+from billing.gateway.headers import client_request_metadata, new_call_id
 from billing.gateway.meter import Meter
 from billing.gateway.policy import DrainPolicy
 from billing.gateway.pump import Pump
@@ -104,16 +105,22 @@ class Meters:
     def call(
         self,
         *,
-        request_id: str,
         api_key_id: str,
         model: str,
         protocol: str,
+        request_id: str | None = None,
+        client_request_id: str | None = None,
         input_tokens: int | None = None,
         metadata: Mapping[str, str] | None = None,
         body: Mapping[str, Any] | None = None,
     ) -> Meter:
         """The meter of one call (CONTRACT "Events": ``stream.started``'s fields).
 
+        ``request_id`` is the call's id, the gateway's own (default: a new ``gw-<hex>``,
+        :func:`~billing.gateway.headers.new_call_id`; ``meter.request_id``), never a value the
+        client chose: events are idempotent by it, so two requests under one id would be
+        billed as one call. ``client_request_id`` (the client's ``X-Request-Id``) is kept as
+        the metadata ``client_request_id`` only (printable, at most 256 characters).
         ``input_tokens`` is the gateway's own count of the input (used when the upstream
         reports none, and in the authorization's estimate); ``metadata`` is added to the drain
         policy's entries; ``body`` is the request sent upstream, whose output limit
@@ -126,12 +133,16 @@ class Meters:
             self,
             CallAccount(
                 self.client.send,
-                request_id=request_id,
+                request_id=request_id or new_call_id(),
                 api_key_id=api_key_id,
                 model=model,
                 protocol=protocol,
                 input_tokens=input_tokens,
-                metadata={**self.policy.metadata(), **(metadata or {})},
+                metadata={
+                    **self.policy.metadata(),
+                    **(metadata or {}),
+                    **client_request_metadata(client_request_id),
+                },
                 progress_every=self.progress_every,
             ),
             body,

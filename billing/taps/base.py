@@ -21,7 +21,39 @@ from billing.taps.fields import MalformedEventError
 from billing.taps.sse import SSEDecoder
 from billing.taps.state import Reads, TapState
 
-__all__ = ["Tap"]
+__all__ = ["BODY_KINDS", "Tap", "foreign_body"]
+
+#: What names a protocol's whole response body, documented as always present: (key, value).
+#: OpenAI "The chat completion object" (``object``: "always ``chat.completion``") and "The
+#: response object" (``object``: "always ``response``"); Anthropic Messages (``type``: "always
+#: ``message``"; an error body: ``type: "error"``).
+BODY_KINDS: dict[str, tuple[str, str]] = {
+    "openai.chat_completions": ("object", "chat.completion"),
+    "openai.responses": ("object", "response"),
+    "anthropic.messages": ("type", "message"),
+}
+#: Protocols whose every body names its kind (Anthropic's ``type``: ``message``, ``error``);
+#: an OpenAI body may name none (an error body ``{"error": {...}}``, some compatible servers).
+_KIND_REQUIRED = {"anthropic.messages": ("message", "error")}
+
+
+def foreign_body(protocol: str, body: dict[str, Any]) -> str | None:
+    """Why ``body`` (a whole response, a JSON object) is not one of ``protocol``'s, or None.
+
+    The rule: a body that names another protocol's kind at its top level (``object:
+    "response"``, ``object: "chat.completion"``, ``type: "message"``) is that protocol's,
+    whatever fields it shares with this one (Responses and Messages both have
+    ``usage.input_tokens`` and ``output_tokens``, with other meanings: Responses' input
+    includes its cached part); and an Anthropic body names its kind (``message``, ``error``)
+    unless it is an error object (``{"error": {...}}``, as a proxy may answer)."""
+    for other, (key, kind) in BODY_KINDS.items():
+        if other != protocol and body.get(key) == kind:
+            return f"the body is an {other} response ({key}: {kind!r}), not an {protocol} one"
+    required = _KIND_REQUIRED.get(protocol)
+    key = BODY_KINDS[protocol][0]
+    if required is not None and body.get(key) not in required and not body.get("error"):
+        return f"the body names no {protocol} kind ({key}: {body.get(key)!r})"
+    return None
 
 
 class Tap(TapState, ABC):
@@ -119,6 +151,10 @@ class Tap(TapState, ABC):
         reason are read as from a stream's last events, its generated content counted as the
         stream's deltas would be (the estimate when it carries no usage).
 
+        A body of another protocol (:func:`foreign_body`) is unreadable too: none of its
+        figures is read (the same field names mean other things in another protocol), so the
+        attempt is an estimate without usage and the call is flagged ``usage_missing``.
+
         Never raises on the body's content (an unreadable body is one malformed event); after
         :meth:`feed` or :meth:`close` it is ignored.
         """
@@ -132,6 +168,9 @@ class Tap(TapState, ABC):
             self._events = 1
             if not isinstance(payload, dict):
                 raise MalformedEventError("the response body is not a JSON object")
+            foreign = foreign_body(self.protocol, payload)
+            if foreign is not None:
+                raise MalformedEventError(foreign)
             self._on_body(payload)
         except Exception:  # never raise on the body's content: count it
             self._events = 1

@@ -152,6 +152,43 @@ def test_pages_follow_each_other_by_cursor(client: TestClient) -> None:
     assert second["next_cursor"] is None
 
 
+def test_a_cursor_of_another_range_or_provider_is_a_422(client: TestClient) -> None:
+    seed(client)
+    first = calls(client, limit=2)
+    assert [r["request_id"] for r in first["data"]] == ["unpriced", "far"]
+    cut = first["next_cursor"]
+    message = (
+        "was issued for another query (since, until or a filter differ); pass the next_cursor "
+        "of the previous page with the same query, or leave cursor out for the first page"
+    )
+    others = (
+        {"since": "2026-11-10T09:00:00Z"},  # another range, the cursor's row within it
+        {"until": "2026-11-11T00:00:01Z"},
+        {"provider": "openai"},  # the same rows, but another query
+    )
+    for other in others:
+        response = client.get(
+            "/v1/drift/calls", params={**PERIOD, "limit": 2, **other, "cursor": cut}
+        )
+        assert response.status_code == 422, (other, response.text)
+        assert response.json() == {
+            "errors": [{"index": None, "path": "query.cursor", "message": message}]
+        }
+    # the same instants written another way are the same query; tolerance only grades rows
+    same = calls(
+        client,
+        since=PERIOD["since"].replace("Z", "+00:00"),
+        limit=2,
+        tolerance_pct="30",
+        cursor=cut,
+    )
+    assert [(r["request_id"], r["status"]) for r in same["data"]] == [("near", "match")]
+    # a call log cursor (no stamp) is not one of this endpoint's
+    log_cursor = client.get("/v1/calls", params={"limit": 1}).json()["next_cursor"]
+    response = client.get("/v1/drift/calls", params={**PERIOD, "cursor": log_cursor})
+    assert response.status_code == 422 and "is not a cursor from this endpoint" in response.text
+
+
 def test_bad_parameters_are_a_422_naming_each(client: TestClient) -> None:
     response = client.get(
         "/v1/drift/calls",

@@ -24,8 +24,9 @@ the call's id) and ``x-ratelimit-remaining-requests``.
 Like a real provider, generation runs in its own task, independent of the connection: when the
 client disconnects the model goes on until the request's total, and every generated token is
 recorded (what the provider would bill). :attr:`FakeUpstream.records` maps the request's id
-(header ``X-Request-Id``, else the body's ``user`` / ``metadata.user_id``, else a new one) to
-one :class:`Generation` per upstream request (a retried call has several).
+(header ``X-Request-Id``: the call's id a gateway passes on; else the body's ``user`` /
+``metadata.user_id``, else a new one) to one :class:`Generation` per upstream request (a
+retried call has several).
 
 Per-request settings, as headers, or in the body's ``x_fake`` object by the constructor's names
 (``{"x_fake": {"total": 300}}``: what a gateway passes on untouched); defaults from the
@@ -81,6 +82,7 @@ class Generation:
     sent_chunks: int = 0  # content chunks the connection accepted
     finished: bool = False  # generation reached its end (total, or the stall point)
     client_left: bool = False  # the connection went away before the end
+    body: dict[str, Any] = field(default_factory=dict, repr=False)  # the request's body
     done: threading.Event = field(default_factory=threading.Event, repr=False)
 
 
@@ -460,7 +462,9 @@ class FakeUpstream:
 
         rid = h.get("x-request-id") or _body_user(body) or f"up-{uuid.uuid4().hex}"
         stall = h.get("x-fake-stall-after")
-        gen = Generation(rid, protocol, settings("total", int), settings("input_tokens", int))
+        gen = Generation(
+            rid, protocol, settings("total", int), settings("input_tokens", int), body=body
+        )
         with self._lock:
             self.records.setdefault(rid, []).append(gen)
         if self.fail_status is not None:

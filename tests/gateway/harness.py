@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -176,13 +175,16 @@ async def client_call(
 ) -> Read:
     """One streaming call through a gateway; leaves (closes the connection) once
     ``leave_after`` output tokens were read."""
-    rid = request_id or f"e2e-{uuid.uuid4().hex[:12]}"
     tap = open_tap(protocol)
     body: dict[str, Any] = {"model": "fake-model", "stream": True, "messages": []}
-    headers = {"X-Request-Id": rid, "X-Api-Key-Id": key}
+    headers = {"X-Api-Key-Id": key}
+    if request_id is not None:  # the client's own id: the call's metadata, never its id
+        headers["X-Request-Id"] = request_id
     left = False
     async with http.stream("POST", url + PATHS[protocol], json=body, headers=headers) as response:
         assert response.status_code == 200, await response.aread()
+        rid = response.headers["x-request-id"]  # the call's id, the gateway's own
+        assert rid.startswith("gw-") and rid != request_id, rid
         async for chunk in response.aiter_raw():
             tap.feed(chunk)
             if leave_after is not None and tap.output_tokens >= leave_after:

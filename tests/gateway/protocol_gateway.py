@@ -6,7 +6,8 @@ Responses returns ``meter.response`` as the example does, Anthropic Messages the
     BILLING_TOKEN=... python -m tests.gateway.protocol_gateway --port P --upstream URL \
         --billing URL [--no-drain]
 
-The call's id comes from ``X-Request-Id`` (passed on upstream), the key id from
+The call's id is the gateway's own (passed on upstream, and to the client as ``X-Request-Id``;
+a client's ``X-Request-Id`` is the metadata ``client_request_id``), the key id comes from
 ``X-Api-Key-Id``.
 """
 
@@ -48,20 +49,23 @@ def create_app(upstream: str, billing_url: str, *, drain: bool = True) -> FastAP
 
     async def relay(request: Request, protocol: str) -> Response:
         body = await request.json()
-        rid = request.headers["x-request-id"]
-        upstream_request = http.build_request(
-            "POST", PATHS[protocol], json=body, headers={"X-Request-Id": rid}
-        )
-        response = await http.send(upstream_request, stream=True)
-        meter = meters.call(
-            request_id=rid,
+        meter = meters.call(  # the call's id is the gateway's own (meter.request_id)
             api_key_id=request.headers["x-api-key-id"],
             model=body["model"],
             protocol=protocol,
+            client_request_id=request.headers.get("x-request-id"),
         )
+        upstream_request = http.build_request(
+            "POST", PATHS[protocol], json=body, headers={"X-Request-Id": meter.request_id}
+        )
+        response = await http.send(upstream_request, stream=True)
         if protocol == "openai.responses":
             return meter.response(response)
-        return StreamingResponse(meter.relay(response), media_type="text/event-stream")
+        return StreamingResponse(
+            meter.relay(response),
+            media_type="text/event-stream",
+            headers={"X-Request-Id": meter.request_id},
+        )
 
     @app.post("/v1/responses")
     async def responses(request: Request) -> Response:

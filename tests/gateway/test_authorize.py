@@ -33,9 +33,18 @@ LIMIT = {
 
 
 @contextmanager
-def gateway(upstream: str, billing_url: str, token: str | None, **options: Any) -> Iterator[str]:
+def gateway(
+    upstream: str,
+    billing_url: str,
+    token: str | None,
+    *,
+    reused_id: str | None = None,
+    **options: Any,
+) -> Iterator[str]:
     """A gateway for the three protocols' paths: ``meter.response(opener)`` with
-    ``Meters(..., authorize=True, **options)``; the key id from ``X-Api-Key-Id``."""
+    ``Meters(..., authorize=True, **options)``; the key id from ``X-Api-Key-Id``. Each call's
+    id is the gateway's own (the response's ``X-Request-Id``); ``reused_id``: the gateway's
+    code names every call so (a bug of the gateway's, which the service answers 409)."""
     client = AsyncBillingClient(billing_url, token=token, spool_path=None, max_retries=0)
     meters = Meters(client, authorize=True, **options)
     http = httpx.AsyncClient(base_url=upstream, timeout=30)
@@ -44,16 +53,16 @@ def gateway(upstream: str, billing_url: str, token: str | None, **options: Any) 
     def route(protocol: str) -> None:
         async def relay(request: Request) -> Response:
             body = await request.json()
-            rid = request.headers["x-request-id"]
-            built = http.build_request(
-                "POST", PATHS[protocol], json=body, headers={"X-Request-Id": rid}
-            )
             meter = meters.call(
-                request_id=rid,
+                request_id=reused_id,  # None: a new id of the gateway's own
                 api_key_id=request.headers["x-api-key-id"],
                 model="fake-model",
                 protocol=protocol,
                 body=body,
+                client_request_id=request.headers.get("x-request-id"),
+            )
+            built = http.build_request(
+                "POST", PATHS[protocol], json=body, headers={"X-Request-Id": meter.request_id}
             )
             return meter.response(lambda: http.send(built, stream=True))
 
@@ -66,11 +75,20 @@ def gateway(upstream: str, billing_url: str, token: str | None, **options: Any) 
 
 
 def _call(url: str, protocol: str, rid: str, key: str, limit: int) -> httpx.Response:
+    """One call; ``rid`` is the client's X-Request-Id (metadata only: the call's id is the
+    response's ``x-request-id``, :func:`_id`)."""
     body: dict[str, Any] = {"model": "fake-model", "stream": True, LIMIT[protocol]: limit}
     if protocol == "openai.chat_completions":
         body["stream_options"] = {"include_usage": True}
     headers = {"X-Request-Id": rid, "X-Api-Key-Id": key}
     return httpx.post(url + PATHS[protocol], json=body, headers=headers, timeout=30)
+
+
+def _id(answer: httpx.Response) -> str:
+    """The call's id: the gateway's own, never the client's X-Request-Id."""
+    rid = answer.headers["x-request-id"]
+    assert rid.startswith("gw-") or rid == "rej-409", rid
+    return rid
 
 
 #: The service's answers (to 401, 422 and 409) as the ERROR lines carry them.
@@ -113,11 +131,12 @@ def test_a_denied_call_gets_its_protocols_error_shape_and_never_reaches_the_upst
     assert denied["openai.chat_completions"].json() == openai
     assert denied["openai.responses"].json() == openai
     assert denied["anthropic.messages"].json() == anthropic
-    for protocol, answer in denied.items():
+    for answer in denied.values():
         assert answer.status_code == 402 and "retry-after" not in answer.headers
-        assert fake.requests(f"deny-{protocol}") == 0
     assert allowed.status_code == 200 and b"message_stop" in allowed.content
-    assert fake.requests("allow-a") == 1
+    # the upstream: never called for a denied call, once for the allowed one
+    assert {rid: len(gens) for rid, gens in fake.records.items()} == {_id(allowed): 1}
+    assert len({_id(a) for a in denied.values()} | {_id(allowed)}) == 4
 
 
 def _unavailable() -> FastAPI:
@@ -146,8 +165,13 @@ def test_without_a_decision_fail_open_decides_and_each_call_is_logged(
             closed_a = _call(url, "anthropic.messages", "closed-a", "key_u", 100)
         with gateway(fake.url, nowhere, None, fail_open=False) as url:
             closed_none = _call(url, "openai.responses", "closed-none", "key_u", 100)
-    assert (opened.status_code, fake.requests("open-503")) == (200, 1)
-    assert (unreachable.status_code, fake.requests("open-none")) == (200, 1)
+    opened_id, unreachable_id = _id(opened), _id(unreachable)
+    assert (opened.status_code, unreachable.status_code) == (200, 200)
+    # the upstream: once for each call opened, never for a refused one
+    assert {rid: len(gens) for rid, gens in fake.records.items()} == {
+        opened_id: 1,
+        unreachable_id: 1,
+    }
     assert (closed.status_code, closed.headers["retry-after"]) == (503, "7")
     assert closed.json() == {
         "error": {
@@ -158,18 +182,16 @@ def test_without_a_decision_fail_open_decides_and_each_call_is_logged(
     }
     assert closed_a.status_code == 503
     assert closed_a.json()["error"]["type"] == "overloaded_error"
-    assert fake.requests("closed-503") == fake.requests("closed-a") == 0
     # unreachable and fail_open off: refused (no Retry-After: nothing said when to come back)
     assert closed_none.status_code == 503 and "retry-after" not in closed_none.headers
     assert closed_none.json()["error"]["code"] == "authorization_unavailable"
-    assert fake.requests("closed-none") == 0
     lines = [r.getMessage() for r in caplog.records if r.name == "billing.gateway"]
     assert len(lines) == 5, lines
-    assert lines[0].startswith("authorization of open-503 unavailable (authorization: HTTP 503")
+    assert lines[0].startswith(f"authorization of {opened_id} unavailable (authorization: HTTP 503")
     assert lines[0].endswith(": calling the upstream (fail_open)")
-    assert lines[1].startswith("authorization of open-none unavailable (authorization: no answer")
-    assert lines[2].endswith(": refusing the call") and "closed-503" in lines[2]
-    assert lines[4].startswith("authorization of closed-none unavailable (authorization: no ans")
+    assert lines[1].startswith(f"authorization of {unreachable_id} unavailable (authorization: no")
+    assert lines[2].endswith(": refusing the call") and _id(closed) in lines[2]
+    assert lines[4].startswith(f"authorization of {_id(closed_none)} unavailable (authorization")
     assert lines[4].endswith(": refusing the call")
     assert all(r.levelno == logging.WARNING for r in caplog.records if r.name == "billing.gateway")
 
@@ -187,7 +209,7 @@ def test_a_refused_authorization_request_is_refused_whatever_fail_open_says(
             bad_token = _call(url, "openai.chat_completions", "rej-401", "key_x", 100)
         with gateway(fake.url, billing.url, billing.ingest_token, hold_ttl_s=5) as url:
             bad_ttl = _call(url, "anthropic.messages", "rej-422", "key_x", 100)
-        with gateway(fake.url, billing.url, billing.ingest_token) as url:
+        with gateway(fake.url, billing.url, billing.ingest_token, reused_id="rej-409") as url:
             first = _call(url, "openai.responses", "rej-409", "key_x", 100)
             reused = _call(url, "openai.responses", "rej-409", "key_x", 200)  # another estimate
     assert bad_token.status_code == 500 and "retry-after" not in bad_token.headers
@@ -212,18 +234,17 @@ def test_a_refused_authorization_request_is_refused_whatever_fail_open_says(
     assert reused.json()["error"]["code"] == "authorization_rejected"
     assert "(HTTP 409)" in reused.json()["error"]["message"]
     # the upstream: never called for a refused request; once for the first rej-409
-    assert (fake.requests("rej-401"), fake.requests("rej-422"), fake.requests("rej-409")) == (
-        0,
-        0,
-        1,
-    )
+    assert {rid: len(gens) for rid, gens in fake.records.items()} == {"rej-409": 1}
+    assert (_id(first), _id(reused)) == ("rej-409", "rej-409")
     records = [r for r in caplog.records if r.name == "billing.gateway"]
     assert [r.levelno for r in records] == [logging.ERROR] * 3, [r.getMessage() for r in records]
     lines = [r.getMessage() for r in records]
     tail = ": refusing the call (fail_open applies only to an unavailable service)"
     assert all(line.endswith(tail) for line in lines), lines
-    assert lines[0].startswith("authorization of rej-401 rejected (authorization: HTTP 401")
-    assert lines[1].startswith("authorization of rej-422 rejected (authorization: HTTP 422")
+    assert lines[0].startswith(
+        f"authorization of {_id(bad_token)} rejected (authorization: HTTP 401"
+    )
+    assert lines[1].startswith(f"authorization of {_id(bad_ttl)} rejected (authorization: HTTP 422")
     assert lines[2].startswith("authorization of rej-409 rejected (authorization: HTTP 409")
     # each with the service's own answer
     for line, answer in zip(lines, SERVICE_ANSWERS, strict=True):
@@ -236,10 +257,11 @@ def test_an_upstream_that_cannot_be_opened_releases_the_hold(db_url: str) -> Non
         _budget(billing, "key_r")
         with gateway(nowhere, billing.url, billing.ingest_token) as url:
             failed = _call(url, "openai.responses", "gone-1", "key_r", 1_000)
+        gone_id = _id(failed)
         admin = {"Authorization": f"Bearer {billing.admin_token}"}
         status = httpx.get(billing.url + "/v1/budgets/b_key_r", headers=admin).json()
         again = httpx.delete(
-            billing.url + "/v1/authorizations/gone-1",
+            billing.url + f"/v1/authorizations/{gone_id}",
             headers={"Authorization": f"Bearer {billing.ingest_token}"},
         )
     assert failed.status_code == 502

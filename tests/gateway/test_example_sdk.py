@@ -43,25 +43,27 @@ def test_the_openai_sdk_through_the_example_gateway(db_url: str, tmp_path: Path)
             model="fake-model",
             messages=MESSAGES,  # type: ignore[arg-type]
             stream=True,
-            extra_headers={"X-Request-Id": "sdk-quiet"},
+            extra_headers={"X-Request-Id": "sdk-same"},  # the client's id: metadata only
         )
-        assert raw.headers["x-request-id"] == "sdk-quiet"
-        assert raw.headers["x-upstream-request-id"] == "req_sdk-quiet"
+        quiet_id = raw.headers["x-request-id"]  # the call's id, the gateway's own
+        assert quiet_id.startswith("gw-") and len(quiet_id) == 35
+        assert raw.headers["x-upstream-request-id"] == f"req_{quiet_id}"
         assert raw.headers["x-ratelimit-remaining-requests"] == "99"
         quiet = list(raw.parse())
         assert [c.usage for c in quiet] == [None] * len(quiet)
         assert all(c.choices for c in quiet)  # no usage chunk (choices: []) reached the client
         assert "".join(c.choices[0].delta.content or "" for c in quiet) == " t" * 12
 
-        asked = list(
-            keyed.chat.completions.create(
-                model="fake-model",
-                messages=MESSAGES,  # type: ignore[arg-type]
-                stream=True,
-                stream_options={"include_usage": True},
-                extra_headers={"X-Request-Id": "sdk-asked"},
-            )
+        asked_stream = keyed.chat.completions.create(
+            model="fake-model",
+            messages=MESSAGES,  # type: ignore[arg-type]
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_headers={"X-Request-Id": "sdk-same"},  # reused: still a call of its own
         )
+        asked_id = asked_stream.response.headers["x-request-id"]
+        asked = list(asked_stream)
+        assert asked_id.startswith("gw-") and asked_id != quiet_id
         assert asked[-1].choices == [] and asked[-1].usage is not None
         assert (asked[-1].usage.prompt_tokens, asked[-1].usage.completion_tokens) == (5, 12)
 
@@ -71,7 +73,7 @@ def test_the_openai_sdk_through_the_example_gateway(db_url: str, tmp_path: Path)
         whole_id = whole._request_id  # the SDK reads X-Request-Id: the call's id
         assert whole_id is not None and whole_id.startswith("gw-")
 
-        ids = ["sdk-quiet", "sdk-asked", whole_id]
+        ids = [quiet_id, asked_id, whole_id]
         calls = asyncio.run(wait_calls(billing, ids))
         answer = httpx.get(
             f"{billing.url}/v1/calls?api_key_id=key_sdk",
@@ -88,4 +90,6 @@ def test_the_openai_sdk_through_the_example_gateway(db_url: str, tmp_path: Path)
         )
         assert (call["status"], call["output_tokens_delivered"]) == ("completed", 12)
         assert call["api_key_id"] == "key_sdk"
+    same = [calls[rid]["metadata"].get("client_request_id") for rid in ids]
+    assert same == ["sdk-same", "sdk-same", None]
     assert [len(fake.records[rid]) for rid in ids] == [1, 1, 1]

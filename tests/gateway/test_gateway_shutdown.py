@@ -36,16 +36,20 @@ def _env(billing: Billing, cache: Path, token: str | None = None) -> dict[str, s
     }
 
 
-async def _stream(http: httpx.AsyncClient, url: str, rid: str, total: int) -> int:
-    """One streamed call of ``total`` tokens; the bytes read until the stream ends or breaks."""
+async def _stream(
+    http: httpx.AsyncClient, url: str, name: str, total: int, ids: dict[str, str]
+) -> int:
+    """One streamed call of ``total`` tokens (its id, the gateway's, put in ``ids[name]``); the
+    bytes read until the stream ends or breaks."""
     body = {"model": "fake-model", "stream": True, "messages": [], "x_fake": {"total": total}}
-    headers = {"X-Request-Id": rid, "X-Api-Key-Id": "key_sd"}
+    headers = {"X-Api-Key-Id": "key_sd"}
     read = 0
     try:
         async with http.stream(
             "POST", url + "/v1/chat/completions", json=body, headers=headers
         ) as r:
             assert r.status_code == 200
+            ids[name] = r.headers["x-request-id"]
             async for chunk in r.aiter_raw():
                 read += len(chunk)
     except httpx.HTTPError:  # the gateway cut the stream at its shutdown
@@ -57,6 +61,7 @@ async def _stream(http: httpx.AsyncClient, url: str, rid: str, total: int) -> in
 def test_sigterm_with_streams_in_flight_settles_every_call(db_url: str, tmp_path: Path) -> None:
     port = _free_port()
     totals = {"sd-short": 100, "sd-drained": 350, "sd-cut": 3000}
+    ids: dict[str, str] = {}  # name: the call's id
     with (
         FakeUpstream(delay_s=0.01, input_tokens=6) as fake,
         billing_server(db_url) as billing,
@@ -69,13 +74,17 @@ def test_sigterm_with_streams_in_flight_settles_every_call(db_url: str, tmp_path
 
         async def run() -> None:
             async with httpx.AsyncClient(timeout=30) as http:
-                calls = [asyncio.create_task(_stream(http, url, r, n)) for r, n in totals.items()]
+                calls = [
+                    asyncio.create_task(_stream(http, url, name, n, ids))
+                    for name, n in totals.items()
+                ]
                 # every stream is in flight (each authorized first: a round trip more under load)
                 for _ in range(100):
-                    if sum(len(fake.records.get(rid, [])) for rid in totals) == 3:
+                    opened = sum(len(fake.records.get(i, [])) for i in ids.values())
+                    if len(ids) == 3 and opened == 3:
                         break
                     await asyncio.sleep(0.1)
-                assert sum(len(fake.records.get(rid, [])) for rid in totals) == 3
+                assert sum(len(fake.records.get(i, [])) for i in ids.values()) == 3
                 proc.send_signal(signal.SIGTERM)
                 await asyncio.gather(*calls)
 
@@ -83,8 +92,8 @@ def test_sigterm_with_streams_in_flight_settles_every_call(db_url: str, tmp_path
         asyncio.run(run())
         assert proc.wait(timeout=30) in (0, -signal.SIGTERM)  # uvicorn raises it again at exit
         assert time.monotonic() - started < 15  # 3 s for the streams, 3 s for the drains
-        calls = asyncio.run(wait_calls(billing, list(totals)))
-    short, drained, cut = (calls[rid] for rid in totals)
+        calls = asyncio.run(wait_calls(billing, [ids[name] for name in totals]))
+    short, drained, cut = (calls[ids[name]] for name in totals)
     assert (short["status"], short["usage_source"], short["output_tokens_billed"]) == (
         "completed",
         "upstream",
@@ -130,23 +139,25 @@ def test_a_killed_gateways_spool_is_delivered_by_the_next_process(
                 json=body,
                 headers={"X-Api-Key-Id": "key_kill", "X-Request-Id": "killed-1"},
             )
-            assert answer.status_code == 200 and answer.headers["x-request-id"] == "killed-1"
+            killed = answer.headers["x-request-id"]  # the call's id, the gateway's own
+            assert answer.status_code == 200 and killed.startswith("gw-")
             deadline = time.monotonic() + 30
             while len(_spooled(tmp_path)) < 3:
                 assert time.monotonic() < deadline, "the events never reached the spool"
                 time.sleep(0.1)
             proc.send_signal(signal.SIGKILL)
             proc.wait(timeout=10)
-        assert [line.count('"request_id":"killed-1"') for line in _spooled(tmp_path)] == [1, 1, 1]
+        assert [line.count(f'"request_id":"{killed}"') for line in _spooled(tmp_path)] == [1, 1, 1]
         port = _free_port()
         argv = example_argv(fake.url, billing, port)
         with server_process(argv, _env(billing, tmp_path), port):  # no request at all
-            calls = asyncio.run(wait_calls(billing, ["killed-1"]))
+            calls = asyncio.run(wait_calls(billing, [killed]))
             deadline = time.monotonic() + 10
             while _spooled(tmp_path):  # acknowledged, then removed
                 assert time.monotonic() < deadline, "the spool was not emptied"
                 time.sleep(0.1)
-    call = calls["killed-1"]
+    call = calls[killed]
+    assert call["metadata"]["client_request_id"] == "killed-1"
     assert (call["usage_source"], call["input_tokens"], call["output_tokens_billed"]) == (
         "upstream",
         4,

@@ -108,6 +108,37 @@ def test_a_whole_response_is_billed_the_upstream_usage_delivered_in_full(
     assert call["cost_usd"] == "0.00013"
 
 
+def test_a_body_of_another_protocol_is_flagged_not_billed_from_guessed_fields(
+    client: TestClient,
+) -> None:
+    """A Responses body metered as Anthropic Messages (the same ``usage.input_tokens`` and
+    ``output_tokens`` names) is not read: the call is an estimate flagged ``usage_missing``
+    (and ``input_unknown``: the gateway gave no count of its own), not 30 input tokens billed
+    as if Anthropic had reported them."""
+    rec = Recorder()
+    meter = Meters(rec).call(
+        request_id="foreign", api_key_id="key_1", model="fake-model", protocol="anthropic.messages"
+    )
+    body = json.dumps(RESPONSE).encode()
+    response = meter.json(httpx.Response(200, content=body))
+    assert (response.status_code, response.body) == (200, body)  # the client gets it as it came
+    [usage] = rec.of("foreign", "stream.usage")
+    assert usage == {
+        "type": "stream.usage",
+        "output_tokens": 0,
+        "reasoning_tokens": 0,
+        "source": "estimate",
+        "request_id": "foreign",
+        "attempt": 1,
+    }
+    _post(client, rec.events)
+    call = _call(client, "foreign")
+    # an estimate: open until settle_after, as a stream cut before its usage would be
+    assert (call["status"], call["usage_source"], call["cost_usd"]) == ("open", "estimate", "0")
+    assert (call["input_tokens"], call["output_tokens_billed"]) == (0, 0)
+    assert call["anomalies"] == ["input_unknown", "usage_missing"]
+
+
 def test_an_error_body_and_an_unopened_upstream_are_recorded_calls(client: TestClient) -> None:
     rec = Recorder()
     meters = Meters(rec)

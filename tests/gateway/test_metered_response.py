@@ -39,8 +39,14 @@ def gateway(upstream: str, meters: Meters) -> Iterator[str]:
     def route(protocol: str) -> None:
         async def relay(request: Request) -> Response:
             body = await request.json()
+            meter = meters.call(  # the call's id is the gateway's own (meter.request_id)
+                api_key_id="key_1",
+                model="fake-model",
+                protocol=protocol,
+                client_request_id=request.headers.get("x-request-id"),
+            )
             headers = {k: v for k, v in request.headers.items() if k.startswith("x-fake-")}
-            headers["X-Request-Id"] = rid = request.headers["x-request-id"]
+            headers["X-Request-Id"] = meter.request_id
 
             async def open_(headers: dict[str, str]) -> httpx.Response:
                 built = http.build_request("POST", PATHS[protocol], json=body, headers=headers)
@@ -50,9 +56,6 @@ def gateway(upstream: str, meters: Meters) -> Iterator[str]:
                 return await open_({k: v for k, v in headers.items() if k != "x-fake-stall-after"})
 
             upstream = await open_(headers)
-            meter = meters.call(
-                request_id=rid, api_key_id="key_1", model="fake-model", protocol=protocol
-            )
             retry = again if request.headers.get("x-retry") == "1" else None
             return meter.response(upstream, retry=retry, headers={"X-Metered": "1"})
 
@@ -72,10 +75,12 @@ def _body(protocol: str) -> dict[str, Any]:
 
 
 async def _read(
-    url: str, protocol: str, rid: str, *, leave_after: int | None = None, **headers: str
+    url: str, protocol: str, rid: str | None, *, leave_after: int | None = None, **headers: str
 ) -> tuple[int, bytes, httpx.Headers]:
-    """One call through the gateway: (output tokens read by the tap, the bytes, the headers);
-    the client closes the connection once ``leave_after`` tokens were read."""
+    """One call through the gateway: (output tokens read by the tap, the bytes, the headers:
+    its ``x-request-id`` is the call's id); ``rid`` is the client's own X-Request-Id (the
+    call's metadata only); the client closes the connection once ``leave_after`` tokens were
+    read."""
     tap = open_tap(protocol)
     read = b""
     limits = httpx.Limits(max_keepalive_connections=0)
@@ -85,7 +90,7 @@ async def _read(
             "POST",
             url + PATHS[protocol],
             json=_body(protocol),
-            headers={"X-Request-Id": rid, **headers},
+            headers={**headers, **({} if rid is None else {"X-Request-Id": rid})},
         ) as response,
     ):
         assert response.status_code == 200
@@ -107,14 +112,16 @@ def test_the_response_relays_every_byte_and_sends_the_upstream_usage(
         FakeUpstream(total=40, delay_s=0.001, input_tokens=9) as fake,
         gateway(fake.url, meters) as url,
     ):
-        read, body, headers = asyncio.run(_read(url, protocol, "full"))
+        read, body, headers = asyncio.run(_read(url, protocol, None))
         frames = FakeUpstream.frames(protocol, total=40, input_tokens=9)
+    rid = headers["x-request-id"]  # the call's id: the gateway's own
+    assert rid.startswith("gw-")
     assert read == 40
     assert headers["content-type"].startswith("text/event-stream")
     assert headers["x-metered"] == "1" and "content-length" not in headers
     # the same frames as the fake's (its ids and times differ by call: compare their count)
     assert body.count(b"\n\n") == sum(frame.count(b"\n\n") for frame in frames)
-    check_full(rec, client, "full")
+    check_full(rec, client, rid)
 
 
 @pytest.mark.parametrize("drain", [True, False], ids=["drain", "no-drain"])
@@ -123,15 +130,16 @@ def test_a_client_that_leaves_is_drained_or_flagged(drain: bool, client: TestCli
     meters = Meters(rec, drain=DrainPolicy(enabled=drain), progress_every=1000)
     protocol = "openai.chat_completions"
     with FakeUpstream(total=80, delay_s=0.01) as fake, gateway(fake.url, meters) as url:
-        read, _, _ = asyncio.run(_read(url, protocol, "left", leave_after=6))
-        fake.wait_finished(["left"])
+        read, _, head = asyncio.run(_read(url, protocol, "left", leave_after=6))
+        rid = head["x-request-id"]  # the call's id
+        fake.wait_finished([rid])
         assert asyncio.run(meters.wait_drains(10))
-        generated = fake.generated("left")  # the fake model goes on, as a provider does
+        generated = fake.generated(rid)  # the fake model goes on, as a provider does
     assert generated == 80
-    [left] = rec.of("left", "stream.client_disconnected")
+    [left] = rec.of(rid, "stream.client_disconnected")
     # a chunk counts once the server wrote it: the client may not have read the last one
     assert read <= left["output_tokens_delivered"] <= read + 1
-    [usage] = rec.of("left", "stream.usage")
+    [usage] = rec.of(rid, "stream.usage")
     if drain:
         assert (usage["source"], usage["output_tokens"]) == ("upstream", 80)
         assert "anomalies" not in usage
@@ -140,7 +148,8 @@ def test_a_client_that_leaves_is_drained_or_flagged(drain: bool, client: TestCli
         assert (usage["source"], usage["anomalies"]) == ("estimate", ["drain_skipped"])
         assert left["output_tokens_delivered"] <= usage["output_tokens"] < 80
     _post(client, rec.events)
-    call = _call(client, "left")
+    call = _call(client, rid)
+    assert call["metadata"]["client_request_id"] == "left"
     # an estimate settles only once the call is quiet (settle_after_s): its figures show now
     assert call["status"] == ("client_disconnected" if drain else "open")
     assert call["output_tokens_billed"] == usage["output_tokens"]
@@ -157,12 +166,13 @@ def test_a_stalled_upstream_is_retried_as_a_second_attempt(client: TestClient) -
     meters = Meters(rec, stall_timeout_s=0.3, progress_every=1000)
     protocol = "anthropic.messages"
     with FakeUpstream(total=20, delay_s=0.001) as fake, gateway(fake.url, meters) as url:
-        read, _, _ = asyncio.run(
+        read, _, head = asyncio.run(
             _read(url, protocol, "retry", **{"X-Fake-Stall-After": "0", "X-Retry": "1"})
         )
-        assert [g.generated for g in fake.records["retry"]] == [0, 20]
+        rid = head["x-request-id"]  # the call's id, the same for both attempts
+        assert [g.generated for g in fake.records[rid]] == [0, 20]
     assert read == 20
-    check_retried(rec, client, "retry")
+    check_retried(rec, client, rid)
 
 
 def test_a_stall_after_bytes_reached_the_client_ends_its_stream() -> None:
@@ -170,14 +180,15 @@ def test_a_stall_after_bytes_reached_the_client_ends_its_stream() -> None:
     meters = Meters(rec, stall_timeout_s=0.3, progress_every=1000)
     protocol = "openai.responses"
     with FakeUpstream(total=20, delay_s=0.001) as fake, gateway(fake.url, meters) as url:
-        read, _, _ = asyncio.run(
+        read, _, head = asyncio.run(
             _read(url, protocol, "mid", **{"X-Fake-Stall-After": "4", "X-Retry": "1"})
         )
-        assert len(fake.records["mid"]) == 1  # no retry once the client had bytes
+        rid = head["x-request-id"]  # the call's id
+        assert len(fake.records[rid]) == 1  # no retry once the client had bytes
     assert read == 4
-    [failed] = rec.of("mid", "stream.failed")
+    [failed] = rec.of(rid, "stream.failed")
     assert failed["error_type"] == "stalled" and failed["output_tokens_generated"] == 4
-    [usage] = rec.of("mid", "stream.usage")
+    [usage] = rec.of(rid, "stream.usage")
     assert (usage["source"], usage["output_tokens"]) == ("estimate", 4)
 
 

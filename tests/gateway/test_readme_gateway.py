@@ -110,11 +110,12 @@ def test_the_readme_gateway_runs_as_written(db_url: str, tmp_path: Path) -> None
         whole = httpx.post(
             chat, json=body, headers={"X-Api-Key-Id": "key_c", "X-Request-Id": "readme-whole"}
         )
-        assert whole.status_code == 200 and whole.headers["x-request-id"] == "readme-whole"
+        whole_id = whole.headers["x-request-id"]  # the call's id: the gateway's, not the client's
+        assert whole.status_code == 200 and re.fullmatch("gw-[0-9a-f]{32}", whole_id)
         assert whole.json()["usage"]["completion_tokens"] == 30
-        assert sorted(fake.records) == sorted([full.request_id, left.request_id, "readme-whole"])
+        assert sorted(fake.records) == sorted([full.request_id, left.request_id, whole_id])
         fake.wait_finished([full.request_id, left.request_id])
-        ids = [full.request_id, left.request_id, "readme-whole"]
+        ids = [full.request_id, left.request_id, whole_id]
         calls = asyncio.run(wait_calls(billing, ids))
     for read in (full, left):
         call = calls[read.request_id]
@@ -124,15 +125,18 @@ def test_the_readme_gateway_runs_as_written(db_url: str, tmp_path: Path) -> None
     assert calls[full.request_id]["output_tokens_delivered"] == 30 == full.read
     assert calls[left.request_id]["api_key_id"] == "key_b"
     assert calls[left.request_id]["status"] == "client_disconnected"
-    assert (calls["readme-whole"]["status"], calls["readme-whole"]["output_tokens_delivered"]) == (
+    assert (calls[whole_id]["status"], calls[whole_id]["output_tokens_delivered"]) == (
         "completed",
         30,
     )
+    assert calls[whole_id]["metadata"]["client_request_id"] == "readme-whole"
+    assert "client_request_id" not in calls[full.request_id]["metadata"]
     assert left.read <= calls[left.request_id]["output_tokens_delivered"] <= left.read + 1
 
 
 def _chat(url: str, rid: str, key: str, max_tokens: int) -> httpx.Response:
-    """One streaming chat completion through the gateway, read to its end."""
+    """One streaming chat completion through the gateway, read to its end (``rid``: the
+    client's X-Request-Id; the call's id is the response's)."""
     body = {"model": "fake-model", "stream": True, "messages": [], "max_tokens": max_tokens}
     headers = {"X-Request-Id": rid, "X-Api-Key-Id": key}
     return httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=30)
@@ -178,10 +182,11 @@ def test_the_readme_gateway_enforces_a_budget(db_url: str, tmp_path: Path) -> No
             failed = _chat(url, "rg-fail", "key_fail", 1_000)
             fake.fail_status = None
             held_during = _budget(billing, "key_busy")["held_usd"]
-            calls = asyncio.run(wait_calls(billing, ["rg-ok", "rg-fail"]))
+            ok_id, fail_id = allowed.headers["x-request-id"], failed.headers["x-request-id"]
+            calls = asyncio.run(wait_calls(billing, [ok_id, fail_id]))
             budgets = {key: _budget(billing, key) for key in keys}
             again = httpx.delete(
-                billing.url + "/v1/authorizations/rg-fail",
+                billing.url + f"/v1/authorizations/{fail_id}",
                 headers={"Authorization": f"Bearer {billing.ingest_token}"},
             )
     # Denied: in OpenAI's error shape, and the upstream never called.
@@ -195,18 +200,85 @@ def test_the_readme_gateway_enforces_a_budget(db_url: str, tmp_path: Path) -> No
     kind, code = "rate_limit_exceeded", "insufficient_headroom"
     assert busy.json() == {"error": {"message": message, "type": kind, "code": code}}
     assert 1 <= int(busy.headers["retry-after"]) <= 60
-    assert (fake.requests("rg-over"), fake.requests("rg-busy")) == (0, 0)
+    over_id, busy_id = over.headers["x-request-id"], busy.headers["x-request-id"]
+    assert len({over_id, busy_id, ok_id, fail_id} - {"rg-over", "rg-busy", "rg-ok", "rg-fail"}) == 4
+    assert sorted(fake.records) == sorted([ok_id, fail_id])  # never called for the refused
     assert held_during == "0.95"  # the refused call held nothing
     # Allowed: streamed, and its hold ($0.01) became the call: 7 input, 30 output tokens.
-    assert allowed.status_code == 200 and fake.requests("rg-ok") == 1
-    assert calls["rg-ok"]["cost_usd"] == "0.0003175"
+    assert allowed.status_code == 200 and fake.requests(ok_id) == 1
+    assert calls[ok_id]["cost_usd"] == "0.0003175"
+    assert calls[ok_id]["metadata"]["client_request_id"] == "rg-ok"
     ok = budgets["key_ok"]
     assert (ok["settled_usd"], ok["held_usd"], ok["spent_usd"]) == ("0.0003175", "0", "0.0003175")
     # The upstream failed before a byte: its error passed on (and metered), the hold released.
-    assert calls["rg-fail"]["status"] == "failed", calls["rg-fail"]
-    assert failed.headers["x-request-id"] == "rg-fail"
-    assert failed.status_code == 503 and fake.requests("rg-fail") == 1
+    assert calls[fail_id]["status"] == "failed", calls[fail_id]
+    assert fail_id.startswith("gw-")
+    assert failed.status_code == 503 and fake.requests(fail_id) == 1
     assert failed.json()["error"]["message"] == "the fake upstream fails"
     assert (budgets["key_fail"]["held_usd"], budgets["key_fail"]["spent_usd"]) == ("0", "0")
     assert again.status_code == 200 and again.json()["state"] == "released", again.text
     assert budgets["key_over"]["spent_usd"] == "0"
+
+
+@pytest.mark.slow  # a gateway process
+def test_the_readme_gateway_names_calls_itself_and_refuses_bad_bodies(
+    db_url: str, tmp_path: Path
+) -> None:
+    """A client that reuses one X-Request-Id gets two calls, each billed its own usage (the
+    client's id only as metadata); a body that is not a JSON object is a 400 in OpenAI's
+    shape; the client's stream_options go upstream beside include_usage, and a client that
+    did not ask for usage gets no usage chunk."""
+    with (
+        FakeUpstream(total=30, delay_s=0.0, input_tokens=7) as fake,
+        billing_server(db_url) as billing,
+        readme_app(tmp_path, billing, fake.url) as url,
+    ):
+        chat = url + "/v1/chat/completions"
+        headers = {"X-Api-Key-Id": "key_same", "X-Request-Id": "same-id"}
+        answers = []
+        for total in (30, 12):  # the same client id twice: two generations upstream
+            body = {
+                "model": "fake-model",
+                "stream": True,
+                "messages": [],
+                "stream_options": {"include_obfuscation": False},
+                "x_fake": {"total": total},
+            }
+            answers.append(httpx.post(chat, json=body, headers=headers, timeout=30))
+        first, second = (a.headers["x-request-id"] for a in answers)
+        assert [a.status_code for a in answers] == [200, 200]
+        assert first != second and first.startswith("gw-") and second.startswith("gw-")
+        assert sorted(fake.records) == sorted([first, second])
+        sent = [fake.records[rid][0].body["stream_options"] for rid in (first, second)]
+        assert sent == [{"include_obfuscation": False, "include_usage": True}] * 2
+        for answer in answers:  # the client did not ask for usage: no chunk with usage
+            frames = [f for f in answer.text.split("\n\n") if f.startswith("data: {")]
+            assert frames and all('"usage"' not in f for f in frames), answer.text
+        calls = asyncio.run(wait_calls(billing, [first, second]))
+
+        not_json = httpx.post(
+            chat, content=b"{not json", headers={"X-Api-Key-Id": "key_same"}, timeout=10
+        )
+        a_list = httpx.post(chat, json=[1], headers={"X-Api-Key-Id": "key_same"}, timeout=10)
+        bad_options = httpx.post(
+            chat,
+            json={"model": "fake-model", "stream": True, "stream_options": "yes"},
+            headers={"X-Api-Key-Id": "key_same"},
+            timeout=10,
+        )
+        upstream_requests = len(fake.records)
+    for rid, total, cost in ((first, 30, "0.0003175"), (second, 12, "0.0001375")):
+        call = calls[rid]
+        assert (call["status"], call["usage_source"]) == ("completed", "upstream"), call
+        assert (call["input_tokens"], call["output_tokens_billed"]) == (7, total)
+        assert call["cost_usd"] == cost
+        assert call["metadata"]["client_request_id"] == "same-id"
+    assert not_json.status_code == 400
+    message = "the body is not JSON"
+    error = {"message": message, "type": "invalid_request_error", "param": None, "code": None}
+    assert not_json.json() == {"error": error}
+    message = "the body must be an object, its stream_options too"
+    for refused in (a_list, bad_options):
+        assert refused.status_code == 400
+        assert refused.json() == {"error": {**error, "message": message}}
+    assert upstream_requests == 2

@@ -439,3 +439,38 @@ def test_an_anthropic_error_body_is_a_failed_attempt() -> None:
         "message": "Overloaded",
         "output_tokens_generated": 0,
     }
+
+
+# -- A body of another protocol --------------------------------------------------------------------
+
+BODIES = {
+    "openai.chat_completions": CHAT_COMPLETION,
+    "openai.responses": RESPONSE,
+    "anthropic.messages": MESSAGE,
+}
+
+
+@pytest.mark.parametrize(
+    ("protocol", "other"),
+    [(p, o) for p in BODIES for o in BODIES if o != p],
+)
+def test_a_body_of_another_protocol_is_unreadable_not_billed_from_shared_fields(
+    protocol: str, other: str
+) -> None:
+    """A Responses body read as Anthropic Messages (both say ``usage.input_tokens``) would
+    bill Responses' input, cached part included, at the full rate: no figure of it is read."""
+    tap = body_tap(protocol, BODIES[other])
+    assert (tap.malformed_events, tap.usage, tap.model, tap.output_tokens) == (1, None, None, 0)
+    assert posted(tap) == [
+        {"type": "stream.usage", "output_tokens": 0, "reasoning_tokens": 0, "source": "estimate"}
+    ]
+    own = body_tap(protocol, BODIES[protocol])  # its own protocol's body is read
+    assert own.malformed_events == 0 and own.usage is not None
+
+
+def test_an_anthropic_body_names_its_type() -> None:
+    untyped = {k: v for k, v in MESSAGE.items() if k != "type"}
+    tap = body_tap("anthropic.messages", untyped)
+    assert (tap.malformed_events, tap.usage) == (1, None)
+    proxy_error = {"error": {"message": "upstream down", "type": "api_error"}}
+    assert posted(body_tap("anthropic.messages", proxy_error))[1]["error_type"] == "api_error"
