@@ -35,7 +35,7 @@ from billing.budgets.repository import BudgetsRepository, repository
 from billing.budgets.rows import LiveHold, Unstepped
 from billing.budgets.scopes import Scoped, applies, kept_by_counters, span, tags_of
 from billing.plans.rating import Rating
-from billing.pricing.service import price_book
+from billing.pricing.cache import price_book
 
 
 class Budgeted(Scoped, Protocol):
