@@ -155,9 +155,9 @@ def authorize(
     "Prepaid credits (v3)")."""
     repo = _repo(session)
     digest = body_hash(body)
-    stored = repo.hold(session, body.request_id)
-    if stored is not None:
-        return _again(stored, digest)
+    # A repeated ``request_id`` is rare: its stored answer is read only when this one would
+    # store nothing (a denial) or finds it stored (the insert), one statement less for the
+    # others. Either way it gets the first answer, and nothing is stored again.
     priced = estimate_pusd(session, body, now)
     hold = priced or 0
     generation, customer, rows = repo.spend_check_rows(session, body.api_key_id, now)
@@ -194,6 +194,9 @@ def authorize(
         "as_of": rfc3339(now),
     }
     if not decision.allow:
+        stored = repo.hold(session, body.request_id)
+        if stored is not None:  # allowed before: its first answer
+            return _again(stored, digest)
         return answer  # nothing stored: a retry decides again
     values = {
         "request_id": body.request_id,
@@ -207,7 +210,7 @@ def authorize(
         "created_at": now,
         "expires_at": expires,
     }
-    if not repo.insert_hold(session, values):  # the same request_id, concurrently
+    if not repo.insert_hold(session, values):  # a repeat, or the same one concurrently
         raced = repo.hold(session, body.request_id)
         assert raced is not None
         return _again(raced, digest)
