@@ -32,11 +32,11 @@ from billing.budgets import cache
 from billing.budgets.repository import BudgetsRepository, repository
 from billing.budgets.rows import BudgetDef, LiveHold, StoredHold
 from billing.budgets.schemas import AmountEstimate, AuthorizationIn
-from billing.budgets.service import statuses
+from billing.budgets.service import counters_of, statuses
 from billing.budgets.spent import Spent, over, spent
 from billing.errors import BillingError, NotFound
 from billing.money import format_usd, pusd_to_decimal, usd_to_pusd
-from billing.pricing.service import price_book
+from billing.pricing.cache import price_book
 from billing.timefmt import rfc3339
 
 #: ``retry_after_s`` is at most this (holds may end sooner: released, converted).
@@ -155,17 +155,21 @@ def authorize(
     "Prepaid credits (v3)")."""
     repo = _repo(session)
     digest = body_hash(body)
-    stored = repo.hold(session, body.request_id)
-    if stored is not None:
-        return _again(stored, digest)
+    # A repeated ``request_id`` is rare: its stored answer is read only when this one would
+    # store nothing (a denial) or finds it stored (the insert), one statement less for the
+    # others. Either way it gets the first answer, and nothing is stored again.
     priced = estimate_pusd(session, body, now)
     hold = priced or 0
-    generation, customer, _ = repo.spend_check_rows(session, body.api_key_id, now)
+    generation, customer, rows = repo.spend_check_rows(session, body.api_key_id, now)
     in_force = cache.in_force_at(session, generation)
     near = in_force.near(body.api_key_id, customer, body.tags)
     budgets = over(near, body.api_key_id, customer, body.tags, body.model)
     repo.lock_budgets(session, [b.id for b in budgets])
-    figures = spent(session, budgets, now)
+    # The counters the statement read are those after the lock too when the transaction is
+    # the one writer (SQLite); under read committed (PostgreSQL) ``spent`` reads them after
+    # the holds, once the budgets are locked.
+    counters = counters_of(rows) if repo.one_writer else None
+    figures = spent(session, budgets, now, counters)
     decision = decide(budgets, figures, hold, priced is None, now)
     if (
         decision.allow
@@ -190,6 +194,9 @@ def authorize(
         "as_of": rfc3339(now),
     }
     if not decision.allow:
+        stored = repo.hold(session, body.request_id)
+        if stored is not None:  # allowed before: its first answer
+            return _again(stored, digest)
         return answer  # nothing stored: a retry decides again
     values = {
         "request_id": body.request_id,
@@ -203,7 +210,7 @@ def authorize(
         "created_at": now,
         "expires_at": expires,
     }
-    if not repo.insert_hold(session, values):  # the same request_id, concurrently
+    if not repo.insert_hold(session, values):  # a repeat, or the same one concurrently
         raced = repo.hold(session, body.request_id)
         assert raced is not None
         return _again(raced, digest)

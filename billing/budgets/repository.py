@@ -42,6 +42,12 @@ class BudgetsRepository(Protocol):
         """Held by an authorization over the budget versions ``rows`` until its transaction
         ends (PostgreSQL: an advisory lock each, in ascending order; SQLite: its one writer)."""
 
+    #: Whether a write transaction reads one snapshot in which nobody else writes (SQLite: its
+    #: one writer, taken at ``BEGIN IMMEDIATE``), so that what an authorization read before
+    #: ``lock_budgets`` is still what it would read after it (PostgreSQL: read committed, each
+    #: statement sees what committed before it).
+    one_writer: bool
+
     def lock_alerts(self, session: Session, rows: Sequence[int]) -> None:
         """Held while the alerts of the budget versions ``rows`` (no counter keeps them) are
         recorded, until the transaction ends (PostgreSQL: an advisory lock each, in ascending

@@ -19,7 +19,7 @@ import functools
 import json
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from decimal import ROUND_FLOOR, Decimal
 from typing import Any
@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 from billing.budgets import cache
 from billing.budgets.periods import period_bounds
 from billing.budgets.repository import BudgetsRepository, repository
-from billing.budgets.rows import BudgetDef, Scope
+from billing.budgets.rows import BudgetDef, CounterRow, Scope
 from billing.budgets.schemas import BudgetChange, BudgetIn
 from billing.budgets.scopes import kept_by_counters, scope_json, span
 from billing.budgets.spent import Spent, over, spent, summed_spend
@@ -297,6 +297,16 @@ def budget_status(session: Session, budget_id: str, now: datetime) -> dict[str, 
     return _statuses(session, [_live(session, budget_id)], now)[0]
 
 
+def counters_of(rows: Iterable[CounterRow]) -> dict[tuple[int, datetime], tuple[int, int]]:
+    """``spend_check_rows``' counters as ``billing.budgets.spent.spent`` takes them: (settled,
+    provisional) by (budget row, period start)."""
+    return {
+        (c.budget_row, c.period_start): (c.settled_pusd, c.provisional_pusd)
+        for c in rows
+        if c.period_start is not None
+    }
+
+
 def spend_check(session: Session, api_key_id: str, now: datetime) -> dict[str, Any]:
     """``GET /v1/spend``: every budget in force over the key, its customer (the key's
     assignment in force now) or every call (v3: ``{"all": true}``; a tag budget is over no
@@ -313,12 +323,7 @@ def spend_check(session: Session, api_key_id: str, now: datetime) -> dict[str, A
     budgets = cache.in_force_at(session, generation)
     # (A version ended between the statement and a reload of the copy is left out.)
     found = over(budgets.near(api_key_id, customer, ()), api_key_id, customer, (), None)
-    counters = {
-        (c.budget_row, c.period_start): (c.settled_pusd, c.provisional_pusd)
-        for c in rows
-        if c.period_start is not None
-    }
-    statuses_ = statuses(found, spent(session, found, now, counters), now)
+    statuses_ = statuses(found, spent(session, found, now, counters_of(rows)), now)
     return {
         "api_key_id": api_key_id,
         "allowed": all(s["state"] != "exceeded" for s in statuses_),

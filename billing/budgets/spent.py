@@ -35,7 +35,7 @@ from billing.budgets.repository import BudgetsRepository, repository
 from billing.budgets.rows import LiveHold, Unstepped
 from billing.budgets.scopes import Scoped, applies, kept_by_counters, span, tags_of
 from billing.plans.rating import Rating
-from billing.pricing.service import price_book
+from billing.pricing.cache import price_book
 
 
 class Budgeted(Scoped, Protocol):
@@ -112,11 +112,16 @@ def _in_span(budget: Budgeted, started_at: datetime, now: datetime) -> bool:
 
 
 def _estimates(
-    session: Session, keys: Collection[str], everything: bool, skip: Collection[str]
+    session: Session,
+    keys: Collection[str],
+    everything: bool,
+    skip: Collection[str],
+    customers: bool,
 ) -> list[tuple[Unstepped, str | None, int]]:
     """The calls not yet stepped (but those in ``skip``: their holds stand for them), each with
-    its key's customer at its start and its estimate in picodollars (unpriced: left out, as a
-    step would price it at nothing)."""
+    its key's customer at its start when ``customers`` (a customer budget asks; else None: no
+    other scope reads it, and the keys' assignments and plans are not loaded) and its estimate
+    in picodollars (unpriced: left out, as a step would price it at nothing)."""
     calls = [
         c
         for c in _repo(session).unstepped_calls(session, keys, everything)
@@ -125,12 +130,14 @@ def _estimates(
     if not calls:
         return []
     book = price_book(session, {c.model for c in calls if c.model is not None})
-    rating = Rating.load(session, (c.api_key_id for c in calls))
+    rating = Rating.load(session, (c.api_key_id for c in calls)) if customers else None
     found = []
     for c in calls:
         price = book.at(c.model, c.started_at, None, c.input_tokens)
         if price is not None:
-            customer = rating.terms(c.api_key_id, c.started_at).customer_id
+            customer = None
+            if rating is not None:
+                customer = rating.terms(c.api_key_id, c.started_at).customer_id
             estimate = c.input_tokens * price.input + c.output_tokens * price.output
             found.append((c, customer, estimate))
     return found
@@ -158,7 +165,7 @@ def spent(
     holds = repo.live_holds(session, now, keys, customers, everything)
     standing = {h.request_id for h in holds if h.call == "unstepped"}
     # A customer's calls not yet stepped have no customer on their row: every one is read.
-    estimates = _estimates(session, keys, everything or bool(customers), standing)
+    estimates = _estimates(session, keys, everything or bool(customers), standing, bool(customers))
     if counters is None:
         kept = [b for b in budgets if kept_by_counters(b)]
         counters = repo.spend(session, [(b.id, span(b, now)[0]) for b in kept])

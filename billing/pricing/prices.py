@@ -11,6 +11,8 @@ from datetime import datetime
 from operator import attrgetter, mul
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from sqlalchemy import Row
+
 from billing.dimensions import Tokens
 from billing.money import uusd_per_mtok_to_str
 from billing.pricing.schemas import PriceIn
@@ -180,8 +182,8 @@ def _unit_prices(text: str | None) -> dict[str, int]:
     return {str(k): int(v) for k, v in json.loads(text).items()} if text else {}
 
 
-def price_row(price: Price) -> PriceRow:
-    """A stored ``Price`` as a ``PriceRow``."""
+def price_row(price: Price | Row[Any]) -> PriceRow:
+    """A stored ``Price`` (or a Core row of ``prices``) as a ``PriceRow``."""
     return PriceRow(
         price.id,
         price.model,

@@ -52,6 +52,13 @@ class PricingRepository(Protocol):
         """Every row of the given models."""
         ...
 
+    def model_versions(self, session: Session, models: Sequence[str]) -> dict[str, tuple[int, int]]:
+        """Per model of ``models`` with prices: (how many rows, the highest id), one statement.
+        Prices are only ever inserted (a new ``effective_from``, never a change or a
+        deletion), so a row committed since, in any order of ids, changes its model's pair
+        (``billing.pricing.cache``)."""
+        ...
+
     def mark_model_pending(self, session: Session, model: str, effective_from: datetime) -> int:
         """Mark pending the calls with an attempt on ``model``, or tokens billed at its rates
         (``other_models``, v2), started at or after ``effective_from``; returns how many."""

@@ -383,3 +383,29 @@ def test_a_hold_survives_a_restart_of_the_service(settings: Settings) -> None:
     with TestClient(create_app(settings), base_url="http://127.0.0.1") as second:
         assert second.get("/v1/budgets/b1").json()["held_usd"] == "0.1"
         assert second.post("/v1/authorizations", json=body("r-restart")).json() == out.json()
+
+
+def test_a_repeat_gets_its_first_answer_though_it_would_now_be_denied(
+    client: TestClient,
+) -> None:
+    price(client)
+    dollar_budget(client)
+    whole = {"input_tokens": 1_000_000, "max_output_tokens": 0}  # $1: the whole budget
+    first = client.post("/v1/authorizations", json=body("r-all", whole))
+    assert (first.status_code, first.json()["decision"], first.json()["hold_usd"]) == (
+        200,
+        "allow",
+        "1",
+    )
+    # Decided again now it would be denied (no headroom left): the first answer instead.
+    again = client.post("/v1/authorizations", json=body("r-all", whole))
+    assert (again.status_code, again.json()) == (200, first.json())
+    other = client.post("/v1/authorizations", json=body("r-all", TENTH))
+    assert other.status_code == 409, other.text
+    denied = client.post("/v1/authorizations", json=body("r-next", TENTH)).json()
+    assert (denied["decision"], denied["reason"], denied["retryable"]) == (
+        "deny",
+        "insufficient_headroom",
+        True,
+    )
+    assert holds_stored(client) == 1

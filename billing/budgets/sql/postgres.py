@@ -56,6 +56,7 @@ class PostgresBudgets(BudgetVersions, Counters, Alerts, Holds):
     """``BudgetsRepository`` on PostgreSQL."""
 
     insert = staticmethod(insert)
+    one_writer = False
     quarter = staticmethod(partial(floor_sql, QUARTER))
 
     def among(self, column: Any, ids: Sequence[str]) -> ColumnElement[bool]:

@@ -49,6 +49,7 @@ class SqliteBudgets(BudgetVersions, Counters, Alerts, Holds):
     """``BudgetsRepository`` on SQLite."""
 
     insert = staticmethod(insert)
+    one_writer = True
     quarter = staticmethod(partial(floor_sql, QUARTER))
 
     def among(self, column: Any, ids: Sequence[str]) -> ColumnElement[bool]:
