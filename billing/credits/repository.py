@@ -28,6 +28,11 @@ class CreditsRepository(Protocol):
         """The customer's settings row, if it was put."""
         ...
 
+    def credit_required(self, session: Session, customer_id: str) -> bool:
+        """Whether the customer was put with ``credit_required`` (one column, no ORM row: the
+        authorization path asks it for every call of a customer)."""
+        ...
+
     def customers(self, session: Session, ids: Sequence[str]) -> dict[str, Customer]:
         """The settings rows of these customers that have one."""
         ...

@@ -87,8 +87,7 @@ def list_customers(
 
 def credit_required(session: Session, customer_id: str) -> bool:
     """Whether the customer must hold credit to be admitted (for the authorization check)."""
-    row = repository(session).customer(session, customer_id)
-    return bool(row and row.credit_required)
+    return repository(session).credit_required(session, customer_id)
 
 
 # --- grants --------------------------------------------------------------------------------------

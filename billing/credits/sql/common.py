@@ -278,6 +278,13 @@ class CoreCredits:
     def customer(self, session: Session, customer_id: str) -> Customer | None:
         return session.get(Customer, customer_id)
 
+    def credit_required(self, session: Session, customer_id: str) -> bool:
+        return bool(
+            session.scalar(
+                select(Customer.credit_required).where(Customer.customer_id == customer_id)
+            )
+        )
+
     def customers(self, session: Session, ids: Sequence[str]) -> dict[str, Customer]:
         if not ids:
             return {}
