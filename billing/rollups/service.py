@@ -10,7 +10,8 @@ Two bases (CONTRACT "Call log and usage queries"):
 
 Each contribution lands once per level (15 minutes, hour, day, month; UTC) in ``usage_rollups``
 (by key and model), in ``usage_rollups_all_keys`` (by model) and (0021) in
-``usage_rollups_by_key`` (by key and customer, every model summed); a settled call also counts
+``usage_rollups_by_key`` (by key and customer, every model summed) and
+``usage_rollups_by_customer`` (by customer, every key and model summed); a settled call also counts
 under its status in ``call_status_rollups`` (call_start only). A reconciliation step sums its
 deltas in memory and writes each table with one upsert (``x = x + excluded.x``), rows in key
 order so that concurrent reconcilers lock them in the same order, inside the step's transaction:
@@ -40,6 +41,7 @@ from billing.storage.models import (
     CallStatusRollup,
     UsageRollup,
     UsageRollupAllKeys,
+    UsageRollupByCustomer,
     UsageRollupByKey,
     UsageRollupKeyless,
 )
@@ -213,6 +215,7 @@ class Deltas:
         keyed: dict[tuple[Any, ...], list[int]] = {}
         all_keys: dict[tuple[Any, ...], list[int]] = {}
         by_key: dict[tuple[Any, ...], list[int]] = {}
+        by_customer: dict[tuple[Any, ...], list[int]] = {}
         starts: dict[datetime, list[tuple[int, datetime]]] = {}
         add = operator.add
 
@@ -238,6 +241,9 @@ class Deltas:
                 row = (basis, key, level, start, customer)
                 summed = by_key.get(row)
                 by_key[row] = values if summed is None else list(map(add, summed, values))
+                row = (basis, level, start, customer)
+                summed = by_customer.get(row)
+                by_customer[row] = values if summed is None else list(map(add, summed, values))
         statuses: dict[tuple[Any, ...], int] = {}
         for (quarter, status), count in self.statuses.items():
             for level, start in levels_of(quarter):
@@ -247,6 +253,7 @@ class Deltas:
             _rows(keyed),
             _rows(all_keys),
             _rows(by_key),
+            _rows(by_customer),
             [(*row, statuses[row]) for row in sorted(statuses) if statuses[row]],
         )
 
@@ -332,7 +339,7 @@ def rebuild(session: Session) -> None:
 def dump(session: Session) -> dict[str, set[tuple[Any, ...]]]:
     """Every rollup row that counts something (for checks: incremental == rebuilt)."""
     result: dict[str, set[tuple[Any, ...]]] = {}
-    for model in (UsageRollup, UsageRollupAllKeys, UsageRollupByKey):
+    for model in (UsageRollup, UsageRollupAllKeys, UsageRollupByKey, UsageRollupByCustomer):
         rows = session.execute(select(model.__table__).where(model.members != 0))
         result[model.__tablename__] = {tuple(row) for row in rows}
     table = CallStatusRollup.__table__

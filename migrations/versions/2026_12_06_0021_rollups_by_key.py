@@ -8,11 +8,12 @@ The console's Overview and Customers pages (CONTRACT "Observability and standard
 read every day-level row of ``usage_rollups`` in their range (key × model × customer × day) and
 the Overview counted the calls of the range by status from ``calls``: 0.5–1 s at 1,000,000
 calls. ``usage_rollups_by_key`` holds ``usage_rollups`` summed over every model (per basis, key,
-level, UTC bucket, customer), what a query that neither filters nor groups by model reads, and
+level, UTC bucket, customer), what a query that neither filters nor groups by model reads,
+``usage_rollups_by_customer`` the same over every key (a query about customers only), and
 ``call_status_rollups`` the settled calls per level, UTC bucket of their start and status. Both
 are kept by the reconciler with the other rollups (``billing.rollups.service.Deltas``); here they
 are filled from what is stored, set-based: the first from ``usage_rollups`` (the cost's carry
-moved), the second from ``calls`` per quarter hour, then the quarters into the coarser levels, as
+moved), the second from the first, the third from ``calls`` per quarter hour, then the quarters into the coarser levels, as
 ``billing rollups rebuild`` does.
 """
 
@@ -104,6 +105,18 @@ def upgrade() -> None:
         sqlite_with_rowid=False,
     )
     op.create_table(
+        "usage_rollups_by_customer",
+        sa.Column("basis", sa.String(length=16), nullable=False),
+        sa.Column("level", sa.SmallInteger(), nullable=False),
+        sa.Column("bucket_start", UTC_DATETIME, nullable=False),
+        sa.Column("customer_id", sa.String(length=128), nullable=False),
+        *(_counter(name) for name in SUMMED),
+        sa.PrimaryKeyConstraint(
+            "basis", "level", "bucket_start", "customer_id", name="pk_usage_rollups_by_customer"
+        ),
+        sqlite_with_rowid=False,
+    )
+    op.create_table(
         "call_status_rollups",
         sa.Column("level", sa.SmallInteger(), nullable=False),
         sa.Column("bucket_start", UTC_DATETIME, nullable=False),
@@ -129,6 +142,12 @@ def upgrade() -> None:
         f"SELECT {', '.join(key)}, {sums} FROM usage_rollups "
         f"GROUP BY {', '.join(key)}"
     )
+    by_customer = ("basis", "level", "bucket_start", "customer_id")
+    _run(
+        f"INSERT INTO usage_rollups_by_customer ({', '.join(by_customer)}, {columns}) "
+        f"SELECT {', '.join(by_customer)}, {sums} FROM usage_rollups_by_key "
+        f"GROUP BY {', '.join(by_customer)}"
+    )
     into = "INSERT INTO call_status_rollups (level, bucket_start, status, calls) "
     # A settled call with a start, at its start: where the call_start rollups hold it.
     _run(
@@ -150,8 +169,14 @@ def upgrade() -> None:
         "usage_rollups_by_key",
         ["basis", "customer_id", "level", "bucket_start"],
     )
+    op.create_index(
+        "ix_usage_rollups_by_customer_customer_id",
+        "usage_rollups_by_customer",
+        ["basis", "customer_id", "level", "bucket_start"],
+    )
 
 
 def downgrade() -> None:
     op.drop_table("call_status_rollups")
+    op.drop_table("usage_rollups_by_customer")
     op.drop_table("usage_rollups_by_key")

@@ -21,7 +21,7 @@ from billing.dimensions import TOKEN_FIELDS
 from billing.rollups.buckets import LEVELS, floor
 from billing.rollups.rows import PICO
 from billing.rollups.service import dump
-from billing.storage.models import Call, LedgerEntry, UsageRollupByKey
+from billing.storage.models import Call, LedgerEntry, UsageRollupByCustomer, UsageRollupByKey
 from tests.calllog.test_calls_query import call_events, post, reconcile_at
 from tests.calllog.test_usage import busy, priced, session  # noqa: F401  (fixtures)
 
@@ -81,29 +81,58 @@ def _by_key_dumped(db: Session) -> set[tuple[Any, ...]]:
     for row in dump(db)["usage_rollups_by_key"]:
         named = dict(zip(_BY_KEY_COLUMNS, row, strict=True))
         named["bucket_start"] = named["bucket_start"].astimezone(UTC)
-        order = (
-            "basis",
-            "api_key_id",
-            "level",
-            "bucket_start",
-            "customer_id",
-            "members",
-            "calls",
-            *TOKEN_FIELDS,
-            "cost_whole_usd",
-            "cost_frac_pusd",
-            "charge_whole_usd",
-            "charge_frac_pusd",
-            "leakage_whole_usd",
-            "leakage_frac_pusd",
-            "unpriced",
-            "uncharged",
-        )
-        rows.add(tuple(named[name] for name in order))
+        rows.add(tuple(named[name] for name in _ORDER))
     return rows
 
 
+#: The columns in ``_by_key_from_scratch``'s order.
+_ORDER = (
+    "basis",
+    "api_key_id",
+    "level",
+    "bucket_start",
+    "customer_id",
+    "members",
+    "calls",
+    *TOKEN_FIELDS,
+    "cost_whole_usd",
+    "cost_frac_pusd",
+    "charge_whole_usd",
+    "charge_frac_pusd",
+    "leakage_whole_usd",
+    "leakage_frac_pusd",
+    "unpriced",
+    "uncharged",
+)
 _BY_KEY_COLUMNS = [column.name for column in UsageRollupByKey.__table__.columns]
+
+
+def _by_customer_of(by_key: set[tuple[Any, ...]]) -> set[tuple[Any, ...]]:
+    """``usage_rollups_by_customer``'s rows from ``usage_rollups_by_key``'s (as
+    ``_by_key_from_scratch`` gives them): every key summed, the picodollars carried."""
+    sums: dict[tuple[Any, ...], list[int]] = {}
+    for basis, _key, level, start, customer, *values in by_key:
+        width = 2 + len(TOKEN_FIELDS)
+        counts = values[:width] + values[width + 6 :]
+        money = [values[width + i] * PICO + values[width + i + 1] for i in (0, 2, 4)]
+        _add(sums, (basis, level, start, customer), [*counts, *money])
+    rows = set()
+    for row, values in sums.items():
+        *counts, cost, charge, leakage = values
+        split = (part for amount in (cost, charge, leakage) for part in divmod(amount, PICO))
+        rows.add((*row, *counts[: 2 + len(TOKEN_FIELDS)], *split, *counts[-2:]))
+    return rows
+
+
+def _by_customer_dumped(db: Session) -> set[tuple[Any, ...]]:
+    columns = [column.name for column in UsageRollupByCustomer.__table__.columns]
+    order = ("basis", "level", "bucket_start", "customer_id", *_ORDER[5:])
+    rows = set()
+    for row in dump(db)["usage_rollups_by_customer"]:
+        named = dict(zip(columns, row, strict=True))
+        named["bucket_start"] = named["bucket_start"].astimezone(UTC)
+        rows.add(tuple(named[name] for name in order))
+    return rows
 
 
 def _statuses_from_scratch(db: Session) -> set[tuple[Any, ...]]:
@@ -145,7 +174,9 @@ def test_the_rollups_by_key_and_by_status_equal_the_source_rows(
     reconcile_at(busy, datetime(2026, 11, 2, 6, 0, tzinfo=UTC))
     session.expire_all()
     assert session.scalar(select(func.count()).where(Call.customer_id == "beta")) > 10
-    assert _by_key_dumped(session) == _by_key_from_scratch(session)
+    by_key = _by_key_from_scratch(session)
+    assert _by_key_dumped(session) == by_key
+    assert _by_customer_dumped(session) == _by_customer_of(by_key)
     statuses = _statuses_dumped(session)
     assert statuses == _statuses_from_scratch(session)
     assert {status for _, _, status, _ in statuses} == {

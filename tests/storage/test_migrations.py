@@ -278,7 +278,7 @@ def test_0021_fills_the_rollups_by_key_and_by_status_from_what_is_stored(fresh_u
         reconcile_at(client, start + timedelta(days=3))
         with client.app.state.billing.sessions() as session:  # type: ignore[attr-defined]
             kept = dump(session)
-    new = ("usage_rollups_by_key", "call_status_rollups")
+    new = ("usage_rollups_by_key", "usage_rollups_by_customer", "call_status_rollups")
     assert all(kept[name] for name in new)
     assert "acme" in {row[4] for row in kept["usage_rollups_by_key"]}
     assert {row[2] for row in kept["call_status_rollups"]} == {

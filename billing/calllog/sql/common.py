@@ -20,24 +20,28 @@ from billing.storage.models import (
     LedgerEntry,
     UsageRollup,
     UsageRollupAllKeys,
+    UsageRollupByCustomer,
     UsageRollupByKey,
 )
 
 _KEYED: Table = UsageRollup.__table__  # type: ignore[assignment]
 _ALL_KEYS: Table = UsageRollupAllKeys.__table__  # type: ignore[assignment]
 _BY_KEY: Table = UsageRollupByKey.__table__  # type: ignore[assignment]
+_BY_CUSTOMER: Table = UsageRollupByCustomer.__table__  # type: ignore[assignment]
 
 
 def rollup_slice(rows: RollupSlice) -> tuple[Table, list[ColumnElement[Any]]]:
-    """The rollup table ``rows`` reads and its conditions other than the bucket range: by key
-    without a model (no model filter nor dimension), ``usage_rollups_by_key`` (every model
-    summed: the fewest rows)."""
+    """The rollup table ``rows`` reads and its conditions other than the bucket range: the one
+    with the fewest rows that has what ``rows`` filters and groups by (0021: without a model,
+    ``usage_rollups_by_key``; without a key either, ``usage_rollups_by_customer``)."""
     if not rows.by_key:
         table = _ALL_KEYS
-    elif rows.model is None and "model" not in rows.dims:
-        table = _BY_KEY
-    else:
+    elif rows.model is not None or "model" in rows.dims:
         table = _KEYED
+    elif rows.api_key_id is None and rows.api_key_ids is None and "api_key_id" not in rows.dims:
+        table = _BY_CUSTOMER
+    else:
+        table = _BY_KEY
     where = [table.c.basis == rows.basis]
     if rows.api_key_id is not None:
         where.append(table.c.api_key_id == rows.api_key_id)

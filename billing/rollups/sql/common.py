@@ -41,10 +41,10 @@ def rebuild_statements(mod: str, true: str, floor: Callable[[int, str], str]) ->
     """``RollupsRepository.rebuild``'s statements in a database's dialect: empty the usage
     rollups, then sum the settled calls (call_start) and the ledger entries (booked) per quarter
     hour, the quarters into the coarser levels, the levels over every key and (0021) over every
-    model, count the settled calls by status per quarter and level, and remember the key-less
-    calls. ``mod``: SQL's ``%`` as the driver wants it written; ``true``: the boolean
-    true of ``calls.settled``; ``floor(level, column)``: the SQL of the UTC bucket of a timestamp
-    column (``billing.rollups.buckets.floor``)."""
+    model (and every key), count the settled calls by status per quarter and level, and
+    remember the key-less calls. ``mod``: SQL's ``%`` as the driver wants it written;
+    ``true``: the boolean true of ``calls.settled``; ``floor(level, column)``: the SQL of the
+    UTC bucket of a timestamp column (``billing.rollups.buckets.floor``)."""
     keyless = f"CAST(anomalies AS TEXT) LIKE '{mod}\"{STARTED_MISSING}\"{mod}'"
 
     def split(column: str) -> str:
@@ -103,6 +103,12 @@ def rebuild_statements(mod: str, true: str, floor: Callable[[int, str], str]) ->
         f"{carried('cost')}, {carried('charge')}, {carried('leakage')} FROM usage_rollups "
         "GROUP BY basis, api_key_id, level, bucket_start, customer_id"
     )
+    by_customer = (
+        f"INSERT INTO usage_rollups_by_customer (basis, level, bucket_start, customer_id, "
+        f"{summed}) SELECT basis, level, bucket_start, customer_id, {COUNT_SUMS}, "
+        f"{carried('cost')}, {carried('charge')}, {carried('leakage')} FROM usage_rollups_by_key "
+        "GROUP BY basis, level, bucket_start, customer_id"
+    )
     statuses = "INSERT INTO call_status_rollups (level, bucket_start, status, calls) "
     status_quarters = (
         statuses + f"SELECT {QUARTER}, {floor(QUARTER, 'started_at')}, status, count(*) "
@@ -122,11 +128,13 @@ def rebuild_statements(mod: str, true: str, floor: Callable[[int, str], str]) ->
         "DELETE FROM usage_rollups_all_keys",
         "DELETE FROM usage_rollup_keyless",
         "DELETE FROM usage_rollups_by_key",
+        "DELETE FROM usage_rollups_by_customer",
         "DELETE FROM call_status_rollups",
         quarters,
         *levels,
         all_keys,
         by_key,
+        by_customer,
         status_quarters,
         *status_levels,
         keyless_calls,

@@ -52,6 +52,9 @@ ADD_ALL_KEYS = _add("usage_rollups_all_keys", ("basis", "level", "bucket_start",
 ADD_BY_KEY = _add(
     "usage_rollups_by_key", ("basis", "api_key_id", "level", "bucket_start", "customer_id")
 )
+ADD_BY_CUSTOMER = _add(
+    "usage_rollups_by_customer", ("basis", "level", "bucket_start", "customer_id")
+)
 ADD_STATUSES = (
     "INSERT INTO call_status_rollups (level, bucket_start, status, calls) "
     "SELECT * FROM unnest(%s::int2[], %s::timestamptz[], %s::varchar[], %s::int8[]) "
@@ -161,13 +164,20 @@ class PostgresRollups(DriftCore):
         return floor_sql(level, column)
 
     def add(
-        self, session: Session, keyed: Rows, all_keys: Rows, by_key: Rows, statuses: Rows
+        self,
+        session: Session,
+        keyed: Rows,
+        all_keys: Rows,
+        by_key: Rows,
+        by_customer: Rows,
+        statuses: Rows,
     ) -> None:
         conn = session.connection()
         for statement, rows in (
             (ADD_KEYED, keyed),
             (ADD_ALL_KEYS, all_keys),
             (ADD_BY_KEY, by_key),
+            (ADD_BY_CUSTOMER, by_customer),
             (ADD_STATUSES, statuses),
         ):
             if rows:

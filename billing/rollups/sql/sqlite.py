@@ -48,6 +48,7 @@ def _add(table: str, key: str) -> str:
 ADD_KEYED = _add("usage_rollups", "basis, api_key_id, level, bucket_start, model, customer_id")
 ADD_ALL_KEYS = _add("usage_rollups_all_keys", "basis, level, bucket_start, model")
 ADD_BY_KEY = _add("usage_rollups_by_key", "basis, api_key_id, level, bucket_start, customer_id")
+ADD_BY_CUSTOMER = _add("usage_rollups_by_customer", "basis, level, bucket_start, customer_id")
 ADD_STATUSES = (
     "INSERT INTO call_status_rollups (level, bucket_start, status, calls) VALUES (?, ?, ?, ?) "
     "ON CONFLICT (level, bucket_start, status) DO UPDATE SET calls = calls + excluded.calls"
@@ -162,7 +163,13 @@ class SqliteRollups(DriftCore):
         return floor_sql(level, column)
 
     def add(
-        self, session: Session, keyed: Rows, all_keys: Rows, by_key: Rows, statuses: Rows
+        self,
+        session: Session,
+        keyed: Rows,
+        all_keys: Rows,
+        by_key: Rows,
+        by_customer: Rows,
+        statuses: Rows,
     ) -> None:
         conn = session.connection()
         if keyed:
@@ -174,6 +181,9 @@ class SqliteRollups(DriftCore):
         if by_key:
             params = [(b, k, lv, cached_sqlite_text(t), *rest) for b, k, lv, t, *rest in by_key]
             conn.exec_driver_sql(ADD_BY_KEY, params)
+        if by_customer:
+            params = [(b, lv, cached_sqlite_text(t), *rest) for b, lv, t, *rest in by_customer]
+            conn.exec_driver_sql(ADD_BY_CUSTOMER, params)
         if statuses:
             params = [(lv, cached_sqlite_text(t), *rest) for lv, t, *rest in statuses]
             conn.exec_driver_sql(ADD_STATUSES, params)

@@ -31,6 +31,7 @@ from billing.storage.models.rollups import (
     DriftRollup,
     UsageRollup,
     UsageRollupAllKeys,
+    UsageRollupByCustomer,
     UsageRollupByKey,
     UsageRollupKeyless,
 )
@@ -67,6 +68,7 @@ __all__ = [
     "TokenColumns",
     "UsageRollup",
     "UsageRollupAllKeys",
+    "UsageRollupByCustomer",
     "UsageRollupByKey",
     "UsageRollupKeyless",
     "WebhookOutbox",

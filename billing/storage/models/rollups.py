@@ -112,6 +112,32 @@ class UsageRollupByKey(_RollupTotals, Base):
     )
 
 
+class UsageRollupByCustomer(_RollupTotals, Base):
+    """(0021) ``UsageRollupByKey`` summed over every key: per (basis, level, UTC bucket,
+    customer), what the queries about customers only read (the Overview's top customers, the
+    Customers page): a customer's day is one row, however many keys it has. The key's order and
+    ``WITHOUT ROWID`` as ``UsageRollupByKey``'s; ``''`` for no customer."""
+
+    __tablename__ = "usage_rollups_by_customer"
+
+    basis: Mapped[str] = mapped_column(String(16), primary_key=True)
+    level: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
+    bucket_start: Mapped[datetime] = mapped_column(UTCDateTime, primary_key=True)
+    customer_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+
+    __table_args__ = (
+        # (Named: the convention's name is longer than PostgreSQL's 63 characters.)
+        Index(
+            "ix_usage_rollups_by_customer_customer_id",
+            "basis",
+            "customer_id",
+            "level",
+            "bucket_start",
+        ),
+        {"sqlite_with_rowid": False},
+    )
+
+
 class CallStatusRollup(Base):
     """(0021) The settled calls by status (``completed``, ``client_disconnected``, ``failed``)
     per UTC bucket of their start, placed as the call_start rollups place them (``level`` and
