@@ -33,8 +33,13 @@ class CalllogRepository(Protocol):
         """(v3) The ``limit`` values of ``rows``' one dimension with the greatest cost summed
         over the ``runs``, greatest first (compared in floating point: a ranking; ties by
         value), each as ``rollup_sums`` gives it without the ``seg``: ``(value,
-        *COUNT_FIELDS, cost_whole_usd, ...)``, ``''`` for a null key, model or customer. Every
-        rollup row of the runs is read once; only the ranked come back."""
+        *COUNT_FIELDS, cost_whole_usd, ...)``, ``''`` for a null key, model or customer. The
+        cost of every rollup row of the runs is read once, then every sum of the ranked keys or
+        customers only (their index)."""
+        ...
+
+    def status_sums(self, session: Session, runs: Sequence[Run]) -> dict[str, int]:
+        """(0021) The settled calls by status in the ``runs`` (``call_status_rollups``)."""
         ...
 
     def units_in(

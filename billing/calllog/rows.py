@@ -11,8 +11,9 @@ from typing import Any
 class RollupSlice:
     """Which rollup rows a usage query sums, and by what.
 
-    ``by_key``: read ``usage_rollups`` (needed for a key filter or an ``api_key_id`` dimension),
-    else ``usage_rollups_all_keys``; ``basis``: ``call_start`` or ``booked``; ``api_key_id`` and
+    ``by_key``: read ``usage_rollups`` (needed for a key filter or an ``api_key_id`` dimension;
+    (0021) ``usage_rollups_by_key`` when no model is filtered or grouped by), else
+    ``usage_rollups_all_keys``; ``basis``: ``call_start`` or ``booked``; ``api_key_id`` and
     ``model``: filters, when not None; ``dims``: the group-by dimensions among ``api_key_id`` and
     ``model``, in order.
     """

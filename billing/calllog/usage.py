@@ -247,6 +247,19 @@ def usage_top(session: Session, query: UsageQuery, dim: str, limit: int) -> list
     return groups.rows(grouped, segments, ())
 
 
+def settled_statuses(session: Session, since: datetime, until: datetime) -> dict[str, int]:
+    """(0021, the console's Overview) The settled calls that started in ``[since, until)`` by
+    status, placed as the call_start rollups place them: ``call_status_rollups`` over the
+    period's cover, the minutes off the 15-minute grid from ``calls`` (an open call is never
+    rolled up: its caller counts those from ``calls``)."""
+    runs, windows = cover([(since, until)])
+    counts = repository(session).status_sums(session, runs)
+    for placed in _read_raw(session, UsageQuery(since, until), windows):
+        for status, count in placed.statuses:
+            counts[status] = counts.get(status, 0) + count
+    return counts
+
+
 def _units_of(value: Any) -> dict[str, int]:
     """Units as stored: a JSON object (a dict on ``calls``, JSON text on ``ledger_entries``)."""
     if isinstance(value, str):

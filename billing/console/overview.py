@@ -6,7 +6,8 @@ over their limit and the alert webhooks that failed.
 
 The figures are ``GET /v1/usage``'s (``billing.calllog.usage.usage_rows``: the rollups) for the
 same ``since`` / ``until``, written for people (``billing.console.people``) with the exact value
-beside each; the call counts by status and the webhooks come from the observability room.
+beside each; the settled calls by status from their rollup (``call_status_rollups``), the open
+ones and the webhooks from the observability room.
 """
 
 from __future__ import annotations
@@ -21,7 +22,13 @@ from sqlalchemy.orm import Session
 
 from billing.budgets.service import fullest_statuses
 from billing.calllog.queries import STATUSES
-from billing.calllog.usage import UsageQuery, parse_usage_query, usage_rows, usage_top
+from billing.calllog.usage import (
+    UsageQuery,
+    parse_usage_query,
+    settled_statuses,
+    usage_rows,
+    usage_top,
+)
 from billing.console.people import change, share
 from billing.money import format_usd
 from billing.observe.repository import repository as observe
@@ -138,7 +145,10 @@ def overview_view(session: Session, items: Items, now: datetime) -> dict[str, An
     totals = _totals([row.as_json() for row in current])
     previous = _totals(_rows(session, before))
     repo = observe(session)
-    statuses = repo.calls_by_status(session, STATUSES, query.since, query.until)
+    # Settled calls from the rollups; the open ones (in flight: few) from ``calls``.
+    settled = settled_statuses(session, query.since, query.until)
+    opened = repo.calls_by_status(session, ("open",), query.since, query.until)
+    statuses = {status: settled.get(status, 0) + opened.get(status, 0) for status in STATUSES}
     started = sum(statuses.values())
     fullest = fullest_statuses(session, now, BUDGETS_READ)
     budgets = [b for b in fullest if b["state"] in ("warning", "exceeded")][:BUDGETS_SHOWN]

@@ -122,6 +122,10 @@ class CreditsRepository(Protocol):
         """The owner's overdraft: its overdrafts less their reversals."""
         ...
 
+    def overdrafts(self, session: Session, owners: Sequence[Owner]) -> dict[Owner, int]:
+        """``overdraft`` of each of ``owners`` in one statement (an owner without: absent)."""
+        ...
+
     def pending(self, session: Session, owner: Owner) -> int:
         """The provisional charges (else costs) of the owner's unsettled calls."""
         ...

@@ -4,6 +4,7 @@ by ``billing.credits.draws``; every figure here is a sum of booked credit entrie
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from billing.credits.draws import active, book_expiries, draw_order, ended
+from billing.credits.holds import held_by_owner
 from billing.credits.repository import repository
 from billing.credits.rows import GRANT, VOID, GrantView, Movement, Owner
 from billing.credits.schemas import CustomerIn, GrantIn, to_pusd
@@ -27,15 +29,24 @@ from billing.timefmt import rfc3339
 
 
 def customer_json(
-    session: Session, customer_id: str, row: Customer | None, now: datetime
+    session: Session,
+    customer_id: str,
+    row: Customer | None,
+    now: datetime,
+    balance_json: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The API form of a customer: its settings (the defaults without a row) and balance."""
+    """The API form of a customer: its settings (the defaults without a row) and balance
+    (``balance_json`` when the caller read it already, ``list_customers``)."""
     return {
         "customer_id": customer_id,
         "name": row.name if row else None,
         "credit_required": bool(row.credit_required) if row else False,
         "low_balance_usd": pusd_to_str(row.low_balance_pusd) if row else None,
-        "balance": balance(session, Owner(customer_id, None), now),
+        "balance": (
+            balance(session, Owner(customer_id, None), now)
+            if balance_json is None
+            else balance_json
+        ),
     }
 
 
@@ -79,10 +90,16 @@ def customer_page(session: Session, after: str | None, limit: int) -> tuple[list
 def list_customers(
     session: Session, after: str | None, limit: int, now: datetime
 ) -> tuple[list[dict[str, Any]], str | None]:
-    """A page of customers by ``customer_id`` and the next page's cursor (None: the last)."""
+    """A page of customers by ``customer_id`` and the next page's cursor (None: the last): the
+    page's balances read together, a few statements whatever its size (``_figures_of``)."""
     ids, cursor = customer_page(session, after, limit)
     rows = repository(session).customers(session, ids)
-    return [customer_json(session, c, rows.get(c), now) for c in ids], cursor
+    owners = [Owner(c, None) for c in ids]
+    figured = _figures_of(session, owners, now)
+    return [
+        customer_json(session, c, rows.get(c), now, _balance_json(o, *figured[o], now))
+        for c, o in zip(ids, owners, strict=True)
+    ], cursor
 
 
 def credit_required(session: Session, customer_id: str) -> bool:
@@ -262,6 +279,44 @@ def _figures(
     return grants, figures
 
 
+def _figures_of(
+    session: Session, owners: Sequence[Owner], now: datetime
+) -> dict[Owner, tuple[list[GrantView], dict[str, int]]]:
+    """Each of ``owners``' grants (in draw order) and figures, read for all of them at once:
+    one statement each for the holds, the open calls, the grants (and their voids) and the
+    overdrafts."""
+    if not owners:
+        return {}
+    repo = repository(session)
+    # Holds and open calls first, the remainders after: a step that settles and draws a call
+    # in between (PostgreSQL reads each statement's latest commit) then counts it twice for
+    # this one read, pending and drawn, never not at all.
+    held = held_by_owner(session, owners, now)
+    pending = repo.pending_by_owner(session, owners)
+    grants: dict[Owner, list[GrantView]] = {owner: [] for owner in owners}
+    for grant in repo.grants(session, owners):
+        mine = grants.get(Owner.of(grant.owner.customer_id, grant.owner.api_key_id))
+        if mine is not None:
+            mine.append(grant)
+    overdrafts = repo.overdrafts(session, owners)
+    figured = {}
+    for owner in owners:
+        mine = sorted(grants[owner], key=draw_order)
+        balance_pusd = sum(_left(g, now) for g in mine if active(g, now))
+        held_pusd, pending_pusd = held.get(owner, 0), pending.get(owner, 0)
+        figured[owner] = (
+            mine,
+            {
+                "balance": balance_pusd,
+                "held": held_pusd,
+                "pending": pending_pusd,
+                "available": balance_pusd - held_pusd - pending_pusd,
+                "overdraft": overdrafts.get(owner, 0),
+            },
+        )
+    return figured
+
+
 def _key_customer(session: Session, api_key_id: str, now: datetime) -> str | None:
     """The customer of the key's assignment in force at ``now``, if any."""
     history = plans_repository(session).key_history(session, [api_key_id])
@@ -281,7 +336,12 @@ def balance(session: Session, owner: Owner, now: datetime) -> dict[str, Any]:
     holds, pending charges of open calls, what is available, its overdraft and its grants. A
     key with a customer answers its customer's (``customer_id`` says so)."""
     owner = credit_owner(session, owner, now)
-    grants, figures = _figures(session, owner, now)
+    return _balance_json(owner, *_figures(session, owner, now), now)
+
+
+def _balance_json(
+    owner: Owner, grants: list[GrantView], figures: dict[str, int], now: datetime
+) -> dict[str, Any]:
     return {
         "customer_id": owner.customer_id,
         "api_key_id": owner.api_key_id,

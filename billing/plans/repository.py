@@ -30,6 +30,14 @@ class PlansRepository(Protocol):
         ``customer_id`` index), by ``api_key_id``."""
         ...
 
+    def versions_of_customers_keys(
+        self, session: Session, customer_ids: Sequence[str]
+    ) -> list[tuple[str, str | None, str | None, datetime]]:
+        """``(api_key_id, customer_id, plan_id, effective_from)`` of every assignment of the
+        keys ``keys_ever_of`` finds, by key then oldest first: the columns only (a page of
+        customers may have thousands of keys)."""
+        ...
+
     def add_key_version(self, session: Session, row: KeyAssignment) -> None:
         """Insert one assignment (its identity (key, effective_from) is not stored yet)."""
         ...

@@ -157,14 +157,21 @@ def list_keys(
 def keys_in_force_of(
     session: Session, customer_ids: Sequence[str], now: datetime
 ) -> list[dict[str, Any]]:
-    """The keys (``key_json``) whose assignment in force at ``now`` names one of
-    ``customer_ids``, by ``api_key_id`` (the console's Customers page)."""
-    repo = repository(session)
+    """The keys whose assignment in force at ``now`` (``assignment_at``: the latest at or
+    before it) names one of ``customer_ids``, by ``api_key_id``, each as ``{api_key_id,
+    customer_id, plan_id}`` (the console's Customers page; read as columns, not rows)."""
     wanted = set(customer_ids)
-    ids = repo.keys_ever_of(session, customer_ids)
-    history = repo.key_history(session, ids)
-    keys = [key_json(k, history.get(k, []), now) for k in ids]
-    return [key for key in keys if key["customer_id"] in wanted]
+    current: dict[str, tuple[str | None, str | None]] = {}
+    for api_key_id, customer_id, plan_id, effective_from in repository(
+        session
+    ).versions_of_customers_keys(session, customer_ids):
+        if effective_from <= now:
+            current[api_key_id] = (customer_id, plan_id)
+    return [
+        {"api_key_id": key, "customer_id": customer, "plan_id": plan}
+        for key, (customer, plan) in sorted(current.items())
+        if customer in wanted
+    ]
 
 
 # --- plans ---------------------------------------------------------------------------------------

@@ -196,11 +196,12 @@ def settle_common(
     if charged is not None:
         charged.extend(settled)
     for api_key_id, model, quarter, hour, provider, account, calls, *sums in groups:
-        *tokens, whole_usd, pico = (int(value) for value in sums)
+        *tokens, whole_usd, pico, disconnected = (int(value) for value in sums)
         # Charged at cost (the statements settle no call whose key has a customer or a plan).
         cost = whole_usd * PICO + pico
         totals = Totals([calls, calls, *tokens, 0, 0], cost, cost)
-        deltas.add(CALL_START, Placed(quarter, api_key_id, model, totals))
+        statuses = (("completed", calls - disconnected), ("client_disconnected", disconnected))
+        deltas.add(CALL_START, Placed(quarter, api_key_id, model, totals, None, statuses))
         deltas.add(BOOKED, Placed(now, api_key_id, model, totals))
         if drift is not None:
             # One attempt each, priced, no served tier (the statements decline a usage with one).

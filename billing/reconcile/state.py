@@ -18,6 +18,7 @@ from billing.reconcile.rule import CallFigures
 STATE_COLUMNS = (
     "request_id",
     "settled",
+    "status",
     "last_received_at",
     "started_at",
     "api_key_id",
@@ -46,6 +47,7 @@ class CallState:
 
     request_id: str
     settled: bool
+    status: str
     last_received_at: datetime
     started_at: datetime | None
     api_key_id: str | None
@@ -80,6 +82,8 @@ def new_state(
     new = CallState()
     new.request_id = old.request_id
     new.settled = old.settled or settle
+    # As the step writes it (``billing.reconcile.sql.common``): the figures' once settled.
+    new.status = fig.status if new.settled else "open"
     new.settling = settle and not old.settled
     new.stored = old.stored
     new.started_at = fig.started_at

@@ -2,8 +2,10 @@
 SQLite or the PostgreSQL implementation (``billing.rollups.sql``).
 
 Tables (``billing.storage.models``): ``usage_rollups`` (by basis, key, level, UTC bucket, model),
-``usage_rollups_all_keys`` (the same summed over every key), ``usage_rollup_keyless`` (where a
-settled call without ``stream.started`` sits in the call_start rollups) and ``drift_rollups`` (the
+``usage_rollups_all_keys`` (the same summed over every key), ``usage_rollups_by_key`` (summed
+over every model), ``usage_rollups_by_customer`` (and every key), ``call_status_rollups``
+(settled calls by status), ``usage_rollup_keyless`` (where a settled call without
+``stream.started`` sits in the call_start rollups) and ``drift_rollups`` (the
 drift's "ours" per UTC hour and day). A usage rollup row's summed columns are ``COUNT_FIELDS``
 then ``cost_whole_usd`` and ``cost_frac_pusd`` (the exact cost in picodollars split as ``whole *
 PICO + frac``, ``0 <= frac < PICO``), then the charge likewise (``billing.rollups.rows``).
@@ -36,9 +38,21 @@ class RollupsRepository(Protocol):
     all zero.
     """
 
-    def add(self, session: Session, keyed: Rows, all_keys: Rows) -> None:
+    def add(
+        self,
+        session: Session,
+        keyed: Rows,
+        all_keys: Rows,
+        by_key: Rows,
+        by_customer: Rows,
+        statuses: Rows,
+    ) -> None:
         """Add the rows into their tables, one statement per table: ``x = x + excluded.x``, the
-        cost with its carry."""
+        cost with its carry. (0021) ``by_key``: rows ``(basis, api_key_id, level,
+        bucket_start, customer_id, *summed)`` for ``usage_rollups_by_key``; ``by_customer``:
+        ``(basis, level, bucket_start, customer_id, *summed)`` for
+        ``usage_rollups_by_customer``; ``statuses``: ``(level, bucket_start, status, calls)``
+        for ``call_status_rollups``."""
 
     def keyless_starts(self, session: Session, request_ids: Sequence[str]) -> dict[str, datetime]:
         """The start each of the key-less ``request_ids`` was rolled up under (those known)."""
@@ -51,8 +65,8 @@ class RollupsRepository(Protocol):
         """Forget the ``request_ids`` (not empty)."""
 
     def rebuild(self, session: Session) -> None:
-        """Empty the three tables and recompute them from ``calls`` (settled, with a start) and
-        ``ledger_entries``, set-based."""
+        """Empty the usage rollup tables (the drift's aside) and recompute them from ``calls``
+        (settled, with a start) and ``ledger_entries``, set-based."""
 
     def floor_sql(self, level: int, column: Any) -> ColumnElement[Any]:
         """SQL for ``billing.rollups.buckets.floor(level, column)`` of a UTC timestamp column."""

@@ -32,6 +32,12 @@ ROLLUP_SUMMED = (
     "leakage_frac_pusd",
 )
 
+#: (0021) The statuses of a settled call, which ``call_status_rollups`` counts (an open call is
+#: never rolled up).
+SETTLED_STATUSES = ("completed", "client_disconnected", "failed")
+#: A contribution's calls by status: ``(status, count)`` pairs.
+Statuses = tuple[tuple[str, int], ...]
+
 #: ``drift_rollups.level``: UTC hours, UTC days.
 HOUR, DAY = 0, 1
 #: A ``drift_rollups`` row's key, as the database returns it: the hour (the driver's value),

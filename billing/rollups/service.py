@@ -9,7 +9,10 @@ Two bases (CONTRACT "Call log and usage queries"):
   model; ``calls`` counts settlement entries. Entries are only ever added, and so are these.
 
 Each contribution lands once per level (15 minutes, hour, day, month; UTC) in ``usage_rollups``
-(by key and model) and in ``usage_rollups_all_keys`` (by model). A reconciliation step sums its
+(by key and model), in ``usage_rollups_all_keys`` (by model) and (0021) in
+``usage_rollups_by_key`` (by key and customer, every model summed) and
+``usage_rollups_by_customer`` (by customer, every key and model summed); a settled call also counts
+under its status in ``call_status_rollups`` (call_start only). A reconciliation step sums its
 deltas in memory and writes each table with one upsert (``x = x + excluded.x``), rows in key
 order so that concurrent reconcilers lock them in the same order, inside the step's transaction:
 the rollups always agree with the ledger and the calls they were committed with. ``rebuild``
@@ -33,8 +36,15 @@ from billing.dimensions import TOKEN_FIELDS
 from billing.rollups import drift as drift_rollup
 from billing.rollups.buckets import LEVELS, QUARTER, floor
 from billing.rollups.repository import repository
-from billing.rollups.rows import BOOKED, CALL_START, COUNT_FIELDS, PICO
-from billing.storage.models import UsageRollup, UsageRollupAllKeys, UsageRollupKeyless
+from billing.rollups.rows import BOOKED, CALL_START, COUNT_FIELDS, PICO, Statuses
+from billing.storage.models import (
+    CallStatusRollup,
+    UsageRollup,
+    UsageRollupAllKeys,
+    UsageRollupByCustomer,
+    UsageRollupByKey,
+    UsageRollupKeyless,
+)
 
 #: A row's buckets, in ``TOKEN_FIELDS`` order.
 _tokens = operator.attrgetter(*TOKEN_FIELDS)
@@ -91,6 +101,9 @@ class Placed:
     model: str | None
     totals: Totals
     customer_id: str | None = None
+    #: (0021) A settled call's status, counted once (``call_status_rollups``); the fast path's
+    #: groups count several. Entries count none.
+    statuses: Statuses = ()
 
 
 def _totals(row: Any, calls: int, cost: int | None, charge: int | None) -> Totals:
@@ -106,6 +119,7 @@ class CallLike(Protocol):
 
     request_id: str
     settled: bool
+    status: str
     started_at: datetime | None
     api_key_id: str | None
     model: str | None
@@ -138,9 +152,10 @@ def place_call(call: CallLike, keyless_start: datetime | None = None) -> Placed 
     if not call.settled or call.started_at is None:
         return None
     totals = _totals(call, 1, call.cost_pusd, call.charge_pusd)
+    statuses = ((call.status, 1),)
     if STARTED_MISSING in (call.anomalies or ()):
-        return Placed(keyless_start or call.started_at, None, None, totals)
-    return Placed(call.started_at, call.api_key_id, call.model, totals, call.customer_id)
+        return Placed(keyless_start or call.started_at, None, None, totals, None, statuses)
+    return Placed(call.started_at, call.api_key_id, call.model, totals, call.customer_id, statuses)
 
 
 def place_entry(entry: EntryLike) -> Placed:
@@ -165,6 +180,8 @@ class Deltas:
 
     def __init__(self) -> None:
         self.quarters: dict[tuple[str, str, datetime, str, str], list[int]] = {}
+        #: (0021) Settled calls per (quarter, status): ``call_status_rollups``.
+        self.statuses: dict[tuple[datetime, str], int] = {}
         self._floors: dict[datetime, datetime] = {}
 
     def add(self, basis: str, placed: Placed, sign: int = 1) -> None:
@@ -178,6 +195,11 @@ class Deltas:
             placed.model or "",
             placed.customer_id or "",
         )
+        if placed.statuses and basis == CALL_START:
+            for status, count in placed.statuses:
+                self.statuses[quarter, status] = (
+                    self.statuses.get((quarter, status), 0) + sign * count
+                )
         totals = placed.totals
         values = [*totals.values, *totals.amounts()]
         summed = self.quarters.get(row)
@@ -192,25 +214,48 @@ class Deltas:
         """Apply the deltas: one upsert into each rollup table."""
         keyed: dict[tuple[Any, ...], list[int]] = {}
         all_keys: dict[tuple[Any, ...], list[int]] = {}
+        by_key: dict[tuple[Any, ...], list[int]] = {}
+        by_customer: dict[tuple[Any, ...], list[int]] = {}
         starts: dict[datetime, list[tuple[int, datetime]]] = {}
         add = operator.add
-        # Every quarter's values go to its row at each level, in both tables, in one loop (it
-        # runs for each of a step's groups and levels). The lists are never changed in place,
-        # so a row may start as the quarter's own list.
-        for (basis, key, quarter, model, customer), values in self.quarters.items():
+
+        def levels_of(quarter: datetime) -> list[tuple[int, datetime]]:
             levels = starts.get(quarter)
             if levels is None:
                 levels = starts[quarter] = list(
                     zip(LEVELS, [quarter, *(floor(lv, quarter) for lv in LEVELS[1:])], strict=True)
                 )
-            for level, start in levels:
+            return levels
+
+        # Every quarter's values go to its row at each level, in the three tables, in one loop
+        # (it runs for each of a step's groups and levels). The lists are never changed in
+        # place, so a row may start as the quarter's own list.
+        for (basis, key, quarter, model, customer), values in self.quarters.items():
+            for level, start in levels_of(quarter):
                 row: tuple[Any, ...] = (basis, key, level, start, model, customer)
                 summed = keyed.get(row)
                 keyed[row] = values if summed is None else list(map(add, summed, values))
                 row = (basis, level, start, model)
                 summed = all_keys.get(row)
                 all_keys[row] = values if summed is None else list(map(add, summed, values))
-        repository(session).add(session, _rows(keyed), _rows(all_keys))
+                row = (basis, key, level, start, customer)
+                summed = by_key.get(row)
+                by_key[row] = values if summed is None else list(map(add, summed, values))
+                row = (basis, level, start, customer)
+                summed = by_customer.get(row)
+                by_customer[row] = values if summed is None else list(map(add, summed, values))
+        statuses: dict[tuple[Any, ...], int] = {}
+        for (quarter, status), count in self.statuses.items():
+            for level, start in levels_of(quarter):
+                statuses[level, start, status] = statuses.get((level, start, status), 0) + count
+        repository(session).add(
+            session,
+            _rows(keyed),
+            _rows(all_keys),
+            _rows(by_key),
+            _rows(by_customer),
+            [(*row, statuses[row]) for row in sorted(statuses) if statuses[row]],
+        )
 
 
 def _rows(rows: Mapping[tuple[Any, ...], list[int]]) -> list[tuple[Any, ...]]:
@@ -294,9 +339,12 @@ def rebuild(session: Session) -> None:
 def dump(session: Session) -> dict[str, set[tuple[Any, ...]]]:
     """Every rollup row that counts something (for checks: incremental == rebuilt)."""
     result: dict[str, set[tuple[Any, ...]]] = {}
-    for model in (UsageRollup, UsageRollupAllKeys):
+    for model in (UsageRollup, UsageRollupAllKeys, UsageRollupByKey, UsageRollupByCustomer):
         rows = session.execute(select(model.__table__).where(model.members != 0))
         result[model.__tablename__] = {tuple(row) for row in rows}
+    table = CallStatusRollup.__table__
+    rows = session.execute(select(table).where(CallStatusRollup.calls != 0))
+    result[CallStatusRollup.__tablename__] = {tuple(row) for row in rows}
     rows = session.execute(select(UsageRollupKeyless.__table__))
     result[UsageRollupKeyless.__tablename__] = {tuple(row) for row in rows}
     return result

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from alembic import op
 
 revision: str = "0022_credit_entries_grant_index"
-down_revision: str | None = "0020_credit_remainders"
+down_revision: str | None = "0021_rollups_by_key"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

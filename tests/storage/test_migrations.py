@@ -8,6 +8,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from alembic.runtime.migration import MigrationContext
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 from billing.server.app import create_app
@@ -235,3 +237,59 @@ def test_0020_fills_the_kept_remainders_and_overdrafts_from_the_entries(fresh_ur
             ]
     finally:
         engine.dispose()
+
+
+def test_0021_fills_the_rollups_by_key_and_by_status_from_what_is_stored(fresh_url: str) -> None:
+    """The rollups 0021 adds, filled by the migration from the calls and rollups stored before
+    it, are the rows the reconciler keeps: calls settled by the fast path and by the rule, of
+    each status, a key with a customer, a late usage (an adjustment) and a late price."""
+    from billing.rollups.service import dump
+    from tests.calllog.test_calls_query import M1_PRICE, call_events, post, reconcile_at
+
+    config = alembic_config(fresh_url)
+    command.upgrade(config, "head")
+    start = datetime(2026, 3, 1, 9, 58, tzinfo=UTC)
+    with TestClient(
+        create_app(Settings(database_url=fresh_url)), base_url="http://127.0.0.1"
+    ) as client:
+        assert client.post("/v1/prices", json=M1_PRICE).status_code == 201
+        assert (
+            client.put(
+                "/v1/keys/key_c",
+                json={"customer_id": "acme", "effective_from": "2026-01-01T00:00:00Z"},
+            ).status_code
+            == 201
+        )
+        events = []
+        for i in range(40):
+            key = ("key_a", "key_b", "key_c")[i % 3]
+            status = ("completed", "failed", "client_disconnected", "completed")[i % 4]
+            model = ("m1", "m9")[i % 5 == 0]  # m9: priced late
+            at = start + timedelta(minutes=7 * i, microseconds=i)
+            events += call_events(f"r{i:02d}", at, key=key, model=model, status=status)
+        post(client, events)
+        reconcile_at(client, start + timedelta(days=1))
+        late = {"event_id": "r03-late", "request_id": "r03", "type": "stream.usage",
+                "occurred_at": (start + timedelta(minutes=22)).isoformat(),
+                "input_tokens": 9000, "output_tokens": 900, "source": "upstream"}  # fmt: skip
+        post(client, [late])
+        m9 = {**M1_PRICE, "model": "m9", "effective_from": "2026-01-01T00:00:00Z"}
+        assert client.post("/v1/prices", json=m9).status_code == 201
+        reconcile_at(client, start + timedelta(days=3))
+        with client.app.state.billing.sessions() as session:  # type: ignore[attr-defined]
+            kept = dump(session)
+    new = ("usage_rollups_by_key", "usage_rollups_by_customer", "call_status_rollups")
+    assert all(kept[name] for name in new)
+    assert "acme" in {row[4] for row in kept["usage_rollups_by_key"]}
+    assert {row[2] for row in kept["call_status_rollups"]} == {
+        "completed", "failed", "client_disconnected"}  # fmt: skip
+    command.downgrade(config, "0020_credit_remainders")
+    command.upgrade(config, "head")
+    engine = create_engine(fresh_url, poolclass=NullPool)
+    try:
+        with Session(engine) as session:
+            filled = dump(session)
+    finally:
+        engine.dispose()
+    for name in new:
+        assert filled[name] == kept[name], name

@@ -42,7 +42,7 @@ class PostgresCalllog(UnitsIn, Ranking):
         return session.execute(*self.sums_statement(runs, rows))
 
     def sums_statement(
-        self, runs: Sequence[Run], rows: RollupSlice
+        self, runs: Sequence[Run], rows: RollupSlice, summed: Sequence[str] = ROLLUP_SUMMED
     ) -> tuple[Select[Any], dict[str, Any]]:
         # A plain join is hashed over every rollup row of the key; an aggregating LATERAL (one
         # PostgreSQL cannot flatten) reads one index range per run.
@@ -50,7 +50,7 @@ class PostgresCalllog(UnitsIn, Ranking):
         table, where = rollup_slice(rows)
         c = table.c
         matched = (
-            select(*(c[d] for d in rows.dims), *(func.sum(c[n]).label(n) for n in ROLLUP_SUMMED))
+            select(*(c[d] for d in rows.dims), *(func.sum(c[n]).label(n) for n in summed))
             .where(*where, c.level == p.lvl, c.bucket_start >= p.lo, c.bucket_start < p.hi)
             .group_by(*(c[d] for d in rows.dims))
             .lateral()
@@ -60,7 +60,7 @@ class PostgresCalllog(UnitsIn, Ranking):
             select(
                 p.seg,
                 *(m[d] for d in rows.dims),
-                *(func.sum(m[n]).label(n) for n in ROLLUP_SUMMED),
+                *(func.sum(m[n]).label(n) for n in summed),
             )
             .select_from(PIECES.join(matched, true()))
             .group_by(p.seg, *(m[d] for d in rows.dims))

@@ -38,7 +38,7 @@ class SqliteCalllog(UnitsIn, Ranking):
         return session.execute(*self.sums_statement(runs, rows))
 
     def sums_statement(
-        self, runs: Sequence[Run], rows: RollupSlice
+        self, runs: Sequence[Run], rows: RollupSlice, summed: Sequence[str] = ROLLUP_SUMMED
     ) -> tuple[Select[Any], dict[str, Any]]:
         table, where = rollup_slice(rows)
         c = table.c
@@ -46,7 +46,7 @@ class SqliteCalllog(UnitsIn, Ranking):
         in_run = [c.level == p.lvl, c.bucket_start >= p.lo, c.bucket_start < p.hi]
         keys = [c[d] for d in rows.dims]
         statement = (
-            select(p.seg, *keys, *(func.sum(c[n]).label(n) for n in ROLLUP_SUMMED))
+            select(p.seg, *keys, *(func.sum(c[n]).label(n) for n in summed))
             .select_from(PIECES.join(table, and_(*where, *in_run)))
             # ``+column``: grouped without its index. Else SQLite walks the whole primary key
             # (basis, api_key_id, ...) in order, the runs inside, to skip a sort: every rollup

@@ -73,7 +73,17 @@ def owned_by(table: Any, owner: Owner) -> ColumnElement[bool]:
 
 
 def _any_owner(table: Any, owners: Iterable[Owner]) -> ColumnElement[bool]:
-    return or_(false(), *(owned_by(table, owner) for owner in owners))
+    """The rows of ``table`` that belong to any of ``owners`` (``owned_by`` each): the
+    customers' and the keys' each as one ``IN`` list."""
+    owners = list(owners)
+    customers = sorted({o.customer_id for o in owners if o.customer_id is not None})
+    keys = sorted({o.api_key_id for o in owners if o.customer_id is None and o.api_key_id})
+    parts: list[ColumnElement[bool]] = []
+    if customers:
+        parts.append(table.customer_id.in_(customers))
+    if keys:
+        parts.append(and_(table.api_key_id.in_(keys), table.customer_id.is_(None)))
+    return or_(false(), *parts)
 
 
 def _owners_in(table: Any) -> ColumnElement[bool]:
@@ -436,10 +446,16 @@ class CoreCredits:
         return found
 
     def overdraft(self, session: Session, owner: Owner) -> int:
-        query = select(CreditOverdraft.overdraft_pusd).where(
-            CreditOverdraft.owner == owner.account()
+        return self.overdrafts(session, [owner]).get(owner, 0)
+
+    def overdrafts(self, session: Session, owners: Sequence[Owner]) -> dict[Owner, int]:
+        if not owners:
+            return {}
+        by_account = {owner.account(): owner for owner in owners}
+        query = select(CreditOverdraft.owner, CreditOverdraft.overdraft_pusd).where(
+            CreditOverdraft.owner.in_(list(by_account))
         )
-        return int(session.scalar(query) or 0)
+        return {by_account[account]: int(amount) for account, amount in session.execute(query)}
 
     def pending(self, session: Session, owner: Owner) -> int:
         return self.pending_by_owner(session, [owner]).get(owner, 0)

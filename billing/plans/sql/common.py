@@ -53,6 +53,28 @@ class CorePlans:
             found.update(session.scalars(query))
         return sorted(found)
 
+    def versions_of_customers_keys(
+        self, session: Session, customer_ids: Sequence[str]
+    ) -> list[tuple[str, str | None, str | None, datetime]]:
+        found: list[tuple[str, str | None, str | None, datetime]] = []
+        ids = sorted(set(customer_ids))
+        for start in range(0, len(ids), CHUNK):
+            keys = select(KeyAssignment.api_key_id).where(
+                KeyAssignment.customer_id.in_(ids[start : start + CHUNK])
+            )
+            query = (
+                select(
+                    KeyAssignment.api_key_id,
+                    KeyAssignment.customer_id,
+                    KeyAssignment.plan_id,
+                    KeyAssignment.effective_from,
+                )
+                .where(KeyAssignment.api_key_id.in_(keys))
+                .order_by(KeyAssignment.api_key_id, KeyAssignment.effective_from)
+            )
+            found.extend(tuple(row) for row in session.execute(query))  # type: ignore[misc]
+        return found
+
     def key_history(
         self, session: Session, api_key_ids: Sequence[str]
     ) -> dict[str, list[KeyAssignment]]:

@@ -261,12 +261,14 @@ SET_TOKENS_AND_COST = ", ".join(
 #: The anomalies of an estimate's call, as JSON text.
 USAGE_MISSING_JSON = json.dumps([USAGE_MISSING])
 
-#: A rollup group's sums: the calls, their buckets, and their cost as whole dollars and
-#: picodollars.
+#: A rollup group's sums: the calls, their buckets, their cost as whole dollars and
+#: picodollars, and (0021, ``call_status_rollups``) the calls the client disconnected from (the
+#: others completed: the fast path settles no failed call).
 ROLLUP_SUMS = ", ".join(
     (
         "count(*)",
         *(f"sum({name})" for name in TOKEN_FIELDS),
         f"sum(cost_pusd / {PICO}), sum(cost_pusd - cost_pusd / {PICO} * {PICO})",
+        "sum(CASE WHEN status = 'client_disconnected' THEN 1 ELSE 0 END)",
     )
 )

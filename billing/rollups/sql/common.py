@@ -40,10 +40,11 @@ def added_on_conflict(table: str, mod: str) -> str:
 def rebuild_statements(mod: str, true: str, floor: Callable[[int, str], str]) -> tuple[str, ...]:
     """``RollupsRepository.rebuild``'s statements in a database's dialect: empty the usage
     rollups, then sum the settled calls (call_start) and the ledger entries (booked) per quarter
-    hour, the quarters into the coarser levels, the levels over every key, and remember the
-    key-less calls. ``mod``: SQL's ``%`` as the driver wants it written; ``true``: the boolean
-    true of ``calls.settled``; ``floor(level, column)``: the SQL of the UTC bucket of a timestamp
-    column (``billing.rollups.buckets.floor``)."""
+    hour, the quarters into the coarser levels, the levels over every key and (0021) over every
+    model (and every key), count the settled calls by status per quarter and level, and
+    remember the key-less calls. ``mod``: SQL's ``%`` as the driver wants it written;
+    ``true``: the boolean true of ``calls.settled``; ``floor(level, column)``: the SQL of the
+    UTC bucket of a timestamp column (``billing.rollups.buckets.floor``)."""
     keyless = f"CAST(anomalies AS TEXT) LIKE '{mod}\"{STARTED_MISSING}\"{mod}'"
 
     def split(column: str) -> str:
@@ -96,6 +97,28 @@ def rebuild_statements(mod: str, true: str, floor: Callable[[int, str], str]) ->
         f"{carried('charge')}, {carried('leakage')} FROM usage_rollups "
         "GROUP BY basis, level, bucket_start, model"
     )
+    by_key = (
+        f"INSERT INTO usage_rollups_by_key (basis, api_key_id, level, bucket_start, customer_id, "
+        f"{summed}) SELECT basis, api_key_id, level, bucket_start, customer_id, {COUNT_SUMS}, "
+        f"{carried('cost')}, {carried('charge')}, {carried('leakage')} FROM usage_rollups "
+        "GROUP BY basis, api_key_id, level, bucket_start, customer_id"
+    )
+    by_customer = (
+        f"INSERT INTO usage_rollups_by_customer (basis, level, bucket_start, customer_id, "
+        f"{summed}) SELECT basis, level, bucket_start, customer_id, {COUNT_SUMS}, "
+        f"{carried('cost')}, {carried('charge')}, {carried('leakage')} FROM usage_rollups_by_key "
+        "GROUP BY basis, level, bucket_start, customer_id"
+    )
+    statuses = "INSERT INTO call_status_rollups (level, bucket_start, status, calls) "
+    status_quarters = (
+        statuses + f"SELECT {QUARTER}, {floor(QUARTER, 'started_at')}, status, count(*) "
+        f"FROM calls WHERE settled IS {true} AND started_at IS NOT NULL GROUP BY 2, status"
+    )
+    status_levels = [
+        statuses + f"SELECT {level}, {floor(level, 'bucket_start')}, status, sum(calls) "
+        f"FROM call_status_rollups WHERE level = {QUARTER} GROUP BY 2, status"
+        for level in (HOUR, DAY, MONTH)
+    ]
     keyless_calls = (
         "INSERT INTO usage_rollup_keyless (request_id, started_at) SELECT request_id, started_at "
         f"FROM calls WHERE settled IS {true} AND started_at IS NOT NULL AND {keyless}"
@@ -104,9 +127,16 @@ def rebuild_statements(mod: str, true: str, floor: Callable[[int, str], str]) ->
         "DELETE FROM usage_rollups",
         "DELETE FROM usage_rollups_all_keys",
         "DELETE FROM usage_rollup_keyless",
+        "DELETE FROM usage_rollups_by_key",
+        "DELETE FROM usage_rollups_by_customer",
+        "DELETE FROM call_status_rollups",
         quarters,
         *levels,
         all_keys,
+        by_key,
+        by_customer,
+        status_quarters,
+        *status_levels,
         keyless_calls,
     )
 

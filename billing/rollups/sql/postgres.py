@@ -49,6 +49,18 @@ ADD_KEYED = _add(
     "usage_rollups", ("basis", "api_key_id", "level", "bucket_start", "model", "customer_id")
 )
 ADD_ALL_KEYS = _add("usage_rollups_all_keys", ("basis", "level", "bucket_start", "model"))
+ADD_BY_KEY = _add(
+    "usage_rollups_by_key", ("basis", "api_key_id", "level", "bucket_start", "customer_id")
+)
+ADD_BY_CUSTOMER = _add(
+    "usage_rollups_by_customer", ("basis", "level", "bucket_start", "customer_id")
+)
+ADD_STATUSES = (
+    "INSERT INTO call_status_rollups (level, bucket_start, status, calls) "
+    "SELECT * FROM unnest(%s::int2[], %s::timestamptz[], %s::varchar[], %s::int8[]) "
+    "ON CONFLICT (level, bucket_start, status) "
+    "DO UPDATE SET calls = call_status_rollups.calls + excluded.calls"
+)
 
 KEYLESS_STARTS = (
     "SELECT request_id, started_at FROM usage_rollup_keyless WHERE request_id = ANY(%s)"
@@ -151,9 +163,23 @@ class PostgresRollups(DriftCore):
     def floor_sql(self, level: int, column: Any) -> ColumnElement[Any]:
         return floor_sql(level, column)
 
-    def add(self, session: Session, keyed: Rows, all_keys: Rows) -> None:
+    def add(
+        self,
+        session: Session,
+        keyed: Rows,
+        all_keys: Rows,
+        by_key: Rows,
+        by_customer: Rows,
+        statuses: Rows,
+    ) -> None:
         conn = session.connection()
-        for statement, rows in ((ADD_KEYED, keyed), (ADD_ALL_KEYS, all_keys)):
+        for statement, rows in (
+            (ADD_KEYED, keyed),
+            (ADD_ALL_KEYS, all_keys),
+            (ADD_BY_KEY, by_key),
+            (ADD_BY_CUSTOMER, by_customer),
+            (ADD_STATUSES, statuses),
+        ):
             if rows:
                 conn.exec_driver_sql(statement, _columns(rows))
 

@@ -47,6 +47,12 @@ def _add(table: str, key: str) -> str:
 
 ADD_KEYED = _add("usage_rollups", "basis, api_key_id, level, bucket_start, model, customer_id")
 ADD_ALL_KEYS = _add("usage_rollups_all_keys", "basis, level, bucket_start, model")
+ADD_BY_KEY = _add("usage_rollups_by_key", "basis, api_key_id, level, bucket_start, customer_id")
+ADD_BY_CUSTOMER = _add("usage_rollups_by_customer", "basis, level, bucket_start, customer_id")
+ADD_STATUSES = (
+    "INSERT INTO call_status_rollups (level, bucket_start, status, calls) VALUES (?, ?, ?, ?) "
+    "ON CONFLICT (level, bucket_start, status) DO UPDATE SET calls = calls + excluded.calls"
+)
 
 KEYLESS_STARTS = (
     "SELECT request_id, started_at FROM usage_rollup_keyless "
@@ -156,7 +162,15 @@ class SqliteRollups(DriftCore):
     def floor_sql(self, level: int, column: Any) -> ColumnElement[Any]:
         return floor_sql(level, column)
 
-    def add(self, session: Session, keyed: Rows, all_keys: Rows) -> None:
+    def add(
+        self,
+        session: Session,
+        keyed: Rows,
+        all_keys: Rows,
+        by_key: Rows,
+        by_customer: Rows,
+        statuses: Rows,
+    ) -> None:
         conn = session.connection()
         if keyed:
             params = [(b, k, lv, cached_sqlite_text(t), *rest) for b, k, lv, t, *rest in keyed]
@@ -164,6 +178,15 @@ class SqliteRollups(DriftCore):
         if all_keys:
             params = [(b, lv, cached_sqlite_text(t), *rest) for b, lv, t, *rest in all_keys]
             conn.exec_driver_sql(ADD_ALL_KEYS, params)
+        if by_key:
+            params = [(b, k, lv, cached_sqlite_text(t), *rest) for b, k, lv, t, *rest in by_key]
+            conn.exec_driver_sql(ADD_BY_KEY, params)
+        if by_customer:
+            params = [(b, lv, cached_sqlite_text(t), *rest) for b, lv, t, *rest in by_customer]
+            conn.exec_driver_sql(ADD_BY_CUSTOMER, params)
+        if statuses:
+            params = [(lv, cached_sqlite_text(t), *rest) for lv, t, *rest in statuses]
+            conn.exec_driver_sql(ADD_STATUSES, params)
 
     def keyless_starts(self, session: Session, request_ids: Sequence[str]) -> dict[str, datetime]:
         rows = session.connection().exec_driver_sql(KEYLESS_STARTS, (_json_list(request_ids),))

@@ -27,9 +27,12 @@ from billing.storage.models.ledger import LedgerEntry, Price
 from billing.storage.models.plans import KeyAssignment, PlanPrice, PlanVersion
 from billing.storage.models.providers import ProviderReportLine, ProviderReportVersion
 from billing.storage.models.rollups import (
+    CallStatusRollup,
     DriftRollup,
     UsageRollup,
     UsageRollupAllKeys,
+    UsageRollupByCustomer,
+    UsageRollupByKey,
     UsageRollupKeyless,
 )
 
@@ -45,6 +48,7 @@ __all__ = [
     "BudgetSpend",
     "Call",
     "CallAttempt",
+    "CallStatusRollup",
     "CreditEntry",
     "CreditGrant",
     "CreditOverdraft",
@@ -64,6 +68,8 @@ __all__ = [
     "TokenColumns",
     "UsageRollup",
     "UsageRollupAllKeys",
+    "UsageRollupByCustomer",
+    "UsageRollupByKey",
     "UsageRollupKeyless",
     "WebhookOutbox",
     "row_dict",

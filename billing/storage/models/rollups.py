@@ -86,6 +86,73 @@ class UsageRollupAllKeys(_RollupTotals, Base):
     model: Mapped[str] = mapped_column(String(256), primary_key=True)
 
 
+class UsageRollupByKey(_RollupTotals, Base):
+    """(0021) ``UsageRollup`` summed over every model: per (basis, api key, level, UTC bucket,
+    customer). What the queries that neither filter nor group by model read (the console's
+    Overview ranks keys and customers by it, the Customers page sums a page of customers):
+    about a model count fewer rows than ``usage_rollups``. Kept with the others by
+    ``billing.rollups.service.Deltas``; a null key or customer is ``''``."""
+
+    __tablename__ = "usage_rollups_by_key"
+
+    #: The key in this order: a period's rows are one range of it (the Overview's rankings read
+    #: every row of a period), and on SQLite the table is that key's b-tree (``WITHOUT
+    #: ROWID``): a range is read in place, not looked up row by row from an index.
+    basis: Mapped[str] = mapped_column(String(16), primary_key=True)
+    level: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
+    bucket_start: Mapped[datetime] = mapped_column(UTCDateTime, primary_key=True)
+    api_key_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    customer_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+
+    __table_args__ = (
+        # A page of keys, or of customers (and ``GET /v1/usage``'s key or customer filter).
+        Index(None, "basis", "api_key_id", "level", "bucket_start"),
+        Index(None, "basis", "customer_id", "level", "bucket_start"),
+        {"sqlite_with_rowid": False},
+    )
+
+
+class UsageRollupByCustomer(_RollupTotals, Base):
+    """(0021) ``UsageRollupByKey`` summed over every key: per (basis, level, UTC bucket,
+    customer), what the queries about customers only read (the Overview's top customers, the
+    Customers page): a customer's day is one row, however many keys it has. The key's order and
+    ``WITHOUT ROWID`` as ``UsageRollupByKey``'s; ``''`` for no customer."""
+
+    __tablename__ = "usage_rollups_by_customer"
+
+    basis: Mapped[str] = mapped_column(String(16), primary_key=True)
+    level: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
+    bucket_start: Mapped[datetime] = mapped_column(UTCDateTime, primary_key=True)
+    customer_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+
+    __table_args__ = (
+        # (Named: the convention's name is longer than PostgreSQL's 63 characters.)
+        Index(
+            "ix_usage_rollups_by_customer_customer_id",
+            "basis",
+            "customer_id",
+            "level",
+            "bucket_start",
+        ),
+        {"sqlite_with_rowid": False},
+    )
+
+
+class CallStatusRollup(Base):
+    """(0021) The settled calls by status (``completed``, ``client_disconnected``, ``failed``)
+    per UTC bucket of their start, placed as the call_start rollups place them (``level`` and
+    ``bucket_start`` as ``UsageRollup``'s): the console's Overview counts the statuses of a
+    period from it (the open calls, never rolled up, from ``calls``). Kept by
+    ``billing.rollups.service.Deltas``."""
+
+    __tablename__ = "call_status_rollups"
+
+    level: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
+    bucket_start: Mapped[datetime] = mapped_column(UTCDateTime, primary_key=True)
+    status: Mapped[str] = mapped_column(String(32), primary_key=True)
+    calls: Mapped[int] = counter()
+
+
 class UsageRollupKeyless(Base):
     """Where a settled call without ``stream.started`` sits in the call_start rollups.
 
