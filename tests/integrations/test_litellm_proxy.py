@@ -244,6 +244,7 @@ def test_through_litellm_billed_is_generated_and_delivered_is_read(
         calls = _billed_calls(billing, [r.request_id for r in reads] + ["ll-down"])
     assert down.status_code >= 500, down.text
     failed = calls["ll-down"]
+    assert down.headers["x-billing-request-id"] == failed["request_id"]  # the call's own id
     assert (failed["status"], failed["error_type"]) == ("failed", "upstream_disconnect"), failed
     assert (failed["model"], failed["api_key_id"]) == ("down-model", "litellm_proxy_master_key")
     assert failed["output_tokens_billed"] == 0
@@ -373,6 +374,8 @@ def test_through_litellm_an_over_budget_key_is_refused_before_the_upstream(
     assert (fake.requests("ll-over"), fake.requests("ll-busy")) == (0, 0)
     # Allowed: its hold became the call (12 input and 40 output tokens: $0.00043).
     assert allowed.status_code == 200 and fake.requests("ll-ok") == 1
+    assert allowed.headers["x-billing-request-id"] == calls["ll-ok"]["request_id"]
+    assert failed.headers["x-billing-request-id"] == fail_id  # its hold's id
     assert calls["ll-ok"]["cost_usd"] == "0.00043"
     # The failed call gave its hold back: only the allowed call is spent.
     assert failed.status_code >= 500 and fake.requests("ll-fail") >= 1
@@ -524,6 +527,12 @@ def test_through_litellm_one_client_call_id_is_never_one_billed_call(
     assert {k: fake.generated(k) for k in totals} == {k: t for k, (_, t) in totals.items()}
     assert len(ids) == 4 and len(set(ids)) == 4, ids
     assert all(re.fullmatch(r"llm-[0-9a-f]{32}", rid) for rid in ids), ids
+    # each answer names its own call (x-billing-request-id), LiteLLM's id is the client's
+    named = {k: a.headers["x-billing-request-id"] for k, a in answers.items()}
+    assert sorted(named.values()) == sorted(ids)
+    assert {a.headers["x-litellm-call-id"] for a in answers.values()} == {"ll-same"}
+    for upstream_id, (_, total) in totals.items():
+        assert calls[named[upstream_id]]["output_tokens_billed"] == total, upstream_id
     billed = sorted(
         (
             c["output_tokens_billed"],

@@ -57,6 +57,9 @@ The package: the hooks (:mod:`~billing.integrations.litellm.callback`), the call
 (:mod:`~billing.integrations.litellm.holds`) and the settings
 (:mod:`~billing.integrations.litellm.settings`).
 
+``async_post_call_response_headers_hook`` names the call's id to the client in the proxy's
+answer (header ``x-billing-request-id``, streamed or not, a failure too).
+
 A call that never went through the pre-call hook (LiteLLM used as a library, through
 ``litellm.callbacks``) gets its own id at its first logging hook; the iterator hook relays such a
 stream untouched, and the success hook bills it.

@@ -40,7 +40,11 @@ from billing.integrations.litellm.settings import (
 )
 from billing.integrations.litellm.stream import Pumps
 
-__all__ = ["BillingCallback"]
+__all__ = ["CALL_ID_HEADER", "BillingCallback"]
+
+#: The response header that carries the call's ``request_id`` (the callback's own id) to the
+#: client.
+CALL_ID_HEADER = "x-billing-request-id"
 
 
 class BillingCallback(CustomLogger):  # type: ignore[misc]
@@ -123,6 +127,20 @@ class BillingCallback(CustomLogger):  # type: ignore[misc]
         follows (a client's own value under that key is none)."""
         request_id = own_call_id(data)
         return None if request_id is None else self._calls.get(request_id)
+
+    async def async_post_call_response_headers_hook(
+        self,
+        data: dict[str, Any],
+        user_api_key_dict: Any,
+        response: Any,
+        request_headers: dict[str, str] | None = None,
+    ) -> dict[str, str] | None:
+        """The call's id to the client, as :data:`CALL_ID_HEADER` (``x-billing-request-id``),
+        on the proxy's answer (streamed or not, a failure too): the id to quote for the
+        call's bill. LiteLLM's own ``x-litellm-call-id`` goes on as LiteLLM sends it. (LiteLLM
+        versions without this hook send no such header.)"""
+        call = self._own_call(data)
+        return None if call is None else {CALL_ID_HEADER: call.request_id}
 
     async def async_post_call_failure_hook(
         self,
