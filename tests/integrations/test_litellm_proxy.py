@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -33,6 +34,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -149,7 +151,7 @@ async def _client(http: httpx.AsyncClient, url: str, rid: str, leave_after: int 
     }
     headers = {
         "Authorization": f"Bearer {MASTER_KEY}",
-        "x-litellm-call-id": rid,  # LiteLLM's call id: the billing request_id
+        "x-litellm-call-id": rid,  # LiteLLM's call id: the call's metadata litellm_call_id
         "X-Request-Id": rid,  # forwarded: the fake upstream's record of the generation
     }
     read, left = 0, False
@@ -180,6 +182,48 @@ def _run(url: str, tag: str) -> list[Read]:
     return asyncio.run(main())
 
 
+def _ids_by_litellm_id(
+    billing: Billing, litellm_ids: list[str], *, timeout: float = 60.0
+) -> dict[str, list[str]]:
+    """The billing ``request_id`` of every call whose metadata ``litellm_call_id`` (LiteLLM's
+    call id, set by the client's ``x-litellm-call-id``) is one of ``litellm_ids``, once each
+    of them names a call (the call log, every page)."""
+    headers = {"Authorization": f"Bearer {billing.admin_token}"}
+    deadline = time.monotonic() + timeout
+    while True:
+        found: dict[str, list[str]] = {}
+        cursor: str | None = None
+        while True:
+            params: dict[str, str | int] = {"limit": 200}
+            if cursor is not None:
+                params["cursor"] = cursor
+            page = httpx.get(billing.url + "/v1/calls", params=params, headers=headers).json()
+            for call in page["data"]:
+                litellm_id = call["metadata"].get("litellm_call_id")
+                if litellm_id in litellm_ids:
+                    found.setdefault(litellm_id, []).append(call["request_id"])
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+        if set(found) == set(litellm_ids):
+            return found
+        assert time.monotonic() < deadline, sorted(set(litellm_ids) - set(found))[:5]
+        time.sleep(0.5)
+
+
+def _billed_calls(
+    billing: Billing, litellm_ids: list[str], *, timeout: float = 90.0
+) -> dict[str, dict[str, Any]]:
+    """The settled call of each of ``litellm_ids`` (one call each: asserted), by that id; each
+    call's ``request_id`` is the callback's own (``llm-`` and 32 hex digits), never LiteLLM's."""
+    ids = _ids_by_litellm_id(billing, litellm_ids)
+    for litellm_id, request_ids in ids.items():
+        assert len(request_ids) == 1, (litellm_id, request_ids)
+        assert re.fullmatch(r"llm-[0-9a-f]{32}", request_ids[0]), request_ids
+    calls = asyncio.run(wait_calls(billing, [ids[i][0] for i in litellm_ids], timeout=timeout))
+    return {i: calls[ids[i][0]] for i in litellm_ids}
+
+
 def test_through_litellm_billed_is_generated_and_delivered_is_read(
     db_url: str, tmp_path: Path
 ) -> None:
@@ -197,11 +241,10 @@ def test_through_litellm_billed_is_generated_and_delivered_is_read(
             timeout=120,
         )
         fake.wait_finished([r.request_id for r in reads])
-        calls = asyncio.run(
-            wait_calls(billing, [r.request_id for r in reads] + ["ll-down"], timeout=90)
-        )
+        calls = _billed_calls(billing, [r.request_id for r in reads] + ["ll-down"])
     assert down.status_code >= 500, down.text
     failed = calls["ll-down"]
+    assert down.headers["x-billing-request-id"] == failed["request_id"]  # the call's own id
     assert (failed["status"], failed["error_type"]) == ("failed", "upstream_disconnect"), failed
     assert (failed["model"], failed["api_key_id"]) == ("down-model", "litellm_proxy_master_key")
     assert failed["output_tokens_billed"] == 0
@@ -238,7 +281,7 @@ def test_through_litellm_without_drain_the_calls_are_flagged(db_url: str, tmp_pa
     ):
         reads = _run(proxy, "off")
         fake.wait_finished([r.request_id for r in reads])
-        calls = asyncio.run(wait_calls(billing, [r.request_id for r in reads], timeout=90))
+        calls = _billed_calls(billing, [r.request_id for r in reads])
     for r in reads:
         call = calls[r.request_id]
         generated = fake.generated(r.request_id)
@@ -307,14 +350,15 @@ def test_through_litellm_an_over_budget_key_is_refused_before_the_upstream(
         fake.fail_status = 500
         failed = _chat(proxy, "ll-fail", 1_000)
         fake.fail_status = None
-        calls = asyncio.run(wait_calls(billing, ["ll-ok"], timeout=90))
+        calls = _billed_calls(billing, ["ll-ok"])
         deadline = time.monotonic() + 30
         while True:  # the failed call's hold: released by the failure hooks
             status = httpx.get(billing.url + "/v1/budgets/b_ll", headers=admin).json()
             if status["held_usd"] == "0" or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
-        released = httpx.delete(billing.url + "/v1/authorizations/ll-fail", headers=ingest)
+        (fail_id,) = _ids_by_litellm_id(billing, ["ll-fail"])["ll-fail"]  # the call's own id
+        released = httpx.delete(billing.url + f"/v1/authorizations/{fail_id}", headers=ingest)
     # Refused with the proxy's budget-exceeded error, and the upstream never called.
     assert over.status_code == 402, over.text
     assert over.json()["error"] == {
@@ -330,6 +374,8 @@ def test_through_litellm_an_over_budget_key_is_refused_before_the_upstream(
     assert (fake.requests("ll-over"), fake.requests("ll-busy")) == (0, 0)
     # Allowed: its hold became the call (12 input and 40 output tokens: $0.00043).
     assert allowed.status_code == 200 and fake.requests("ll-ok") == 1
+    assert allowed.headers["x-billing-request-id"] == calls["ll-ok"]["request_id"]
+    assert failed.headers["x-billing-request-id"] == fail_id  # its hold's id
     assert calls["ll-ok"]["cost_usd"] == "0.00043"
     # The failed call gave its hold back: only the allowed call is spent.
     assert failed.status_code >= 500 and fake.requests("ll-fail") >= 1
@@ -341,22 +387,27 @@ def test_through_litellm_an_over_budget_key_is_refused_before_the_upstream(
     )
 
 
-#: What the scripted billing service answers an authorization, by its request_id's last part.
+#: What the scripted billing service answers an authorization, by its estimate's
+#: ``max_output_tokens`` (the request's ``max_tokens``).
 SCRIPTED = {
-    "503": ({"error": "the database is unavailable; retry after Retry-After seconds"}, 503),
-    "401": ({"error": "the bearer token is unknown, revoked or expired"}, 401),
-    "422": ({"errors": [{"index": None, "path": "body.model", "message": "bad model"}]}, 422),
+    503: ({"error": "the database is unavailable; retry after Retry-After seconds"}, 503),
+    401: ({"error": "the bearer token is unknown, revoked or expired"}, 401),
+    422: ({"errors": [{"index": None, "path": "body.model", "message": "bad model"}]}, 422),
 }
 
 
-def _scripted_billing() -> FastAPI:
-    """A billing service that answers each authorization as its request_id ends (``-503``,
-    ``-401``, ``-422``: :data:`SCRIPTED`) and accepts any events."""
+def _scripted_billing(seen: dict[int, str]) -> FastAPI:
+    """A billing service that answers each authorization as its estimate's
+    ``max_output_tokens`` says (:data:`SCRIPTED`), recording its ``request_id`` in ``seen``
+    under that number, and accepts any events."""
     app = FastAPI()
 
     @app.post("/v1/authorizations")
     async def authorize(request: Request) -> JSONResponse:
-        body, code = SCRIPTED[(await request.json())["request_id"].rsplit("-", 1)[1]]
+        asked = await request.json()
+        limit = asked["estimate"]["max_output_tokens"]
+        seen[limit] = asked["request_id"]
+        body, code = SCRIPTED[limit]
         return JSONResponse(body, code, {"Retry-After": "7"} if code == 503 else None)
 
     @app.post("/v1/events")
@@ -374,28 +425,33 @@ def test_through_litellm_fail_open_covers_only_an_unavailable_service(tmp_path: 
     service's answer), the upstream never called. ``off`` with no service listening: refused
     (503), the upstream never called."""
     nowhere = Billing(f"http://127.0.0.1:{_free_port()}", "ingest-token", "")
+    seen: dict[int, str] = {}  # the authorizations' request ids, by max_output_tokens
     (tmp_path / "open").mkdir()
     (tmp_path / "closed").mkdir()
     with (
         FakeUpstream(total=TOTAL, tokens_per_chunk=PER_CHUNK, delay_s=0.005) as fake,
-        LiveServer(_scripted_billing()) as scripted,
+        LiveServer(_scripted_billing(seen)) as scripted,
     ):
         service = Billing(scripted.url, "ingest-token", "")
         with litellm_proxy(
             fake.url, service, tmp_path / "open", drain=True, authorize=True
         ) as proxy:
-            unavailable = _chat(proxy, "ll-fo-503", 100)
-            bad_token = _chat(proxy, "ll-fo-401", 100)
-            bad_body = _chat(proxy, "ll-fo-422", 100)
+            unavailable = _chat(proxy, "ll-fo-503", 503)
+            bad_token = _chat(proxy, "ll-fo-401", 401)
+            bad_body = _chat(proxy, "ll-fo-422", 422)
         opened_log = _proxy_log(tmp_path / "open")
         with litellm_proxy(
             fake.url, nowhere, tmp_path / "closed", drain=True, authorize=True, fail_open=False
         ) as proxy:
             unreachable = _chat(proxy, "ll-fc-none", 100)
         closed_log = _proxy_log(tmp_path / "closed")
+    # each authorization under the call's own id, never the client's x-litellm-call-id
+    assert sorted(seen) == [401, 422, 503]
+    assert all(re.fullmatch(r"llm-[0-9a-f]{32}", rid) for rid in seen.values()), seen
+    assert len(set(seen.values())) == 3
     assert unavailable.status_code == 200, unavailable.text
     assert fake.requests("ll-fo-503") == 1
-    assert "authorization of ll-fo-503 unavailable (authorization: HTTP 503" in opened_log
+    assert f"authorization of {seen[503]} unavailable (authorization: HTTP 503" in opened_log
     for refused, status in ((bad_token, "401"), (bad_body, "422")):
         assert refused.status_code == 500, refused.text
         assert refused.json()["error"] == {
@@ -407,12 +463,12 @@ def test_through_litellm_fail_open_covers_only_an_unavailable_service(tmp_path: 
         }
         assert fake.requests(f"ll-fo-{status}") == 0
     assert (
-        "authorization of ll-fo-401 rejected (authorization: HTTP 401: the bearer token is "
+        f"authorization of {seen[401]} rejected (authorization: HTTP 401: the bearer token is "
         'unknown, revoked or expired); the service answered {"error": "the bearer token is '
         'unknown, revoked or expired"}: refusing the call'
     ) in opened_log
     assert (
-        "authorization of ll-fo-422 rejected (authorization: HTTP 422); the service answered "
+        f"authorization of {seen[422]} rejected (authorization: HTTP 422); the service answered "
         '{"errors": [{"index": null, "path": "body.model", "message": "bad model"}]}'
     ) in opened_log
     assert unreachable.status_code == 503, unreachable.text
@@ -420,9 +476,79 @@ def test_through_litellm_fail_open_covers_only_an_unavailable_service(tmp_path: 
         "the billing service cannot authorize the call now"
     )
     assert fake.requests("ll-fc-none") == 0
-    assert "authorization of ll-fc-none unavailable (authorization: no answer" in closed_log
+    assert re.search(
+        r"authorization of llm-[0-9a-f]{32} unavailable \(authorization: no answer", closed_log
+    ), closed_log[-2000:]
 
 
 def _proxy_log(directory: Path) -> str:
     """The text the proxy of ``directory`` wrote (stdout and stderr)."""
     return "\n".join(path.read_text(errors="replace") for path in directory.glob("litellm-*.log"))
+
+
+def test_through_litellm_one_client_call_id_is_never_one_billed_call(
+    db_url: str, tmp_path: Path
+) -> None:
+    """Four requests, streamed and not, all with the client's ``x-litellm-call-id: ll-same``
+    (LiteLLM takes it as its ``litellm_call_id``): four calls, each billed its own upstream
+    usage under an id of the callback's own, LiteLLM's id kept as the metadata
+    ``litellm_call_id``. Were the calls keyed on LiteLLM's id, the events being idempotent by
+    ``request_id``, they would make one call billed once."""
+    totals = {"same-s1": (True, 30), "same-s2": (True, 12), "same-w1": (False, 20)}
+    totals["same-w2"] = (False, 8)
+    with (
+        FakeUpstream(total=TOTAL, tokens_per_chunk=PER_CHUNK, delay_s=0.005) as fake,
+        billing_server(db_url) as billing,
+        litellm_proxy(fake.url, billing, tmp_path, drain=True) as proxy,
+    ):
+        answers = {}
+        for upstream_id, (stream, total) in totals.items():
+            answers[upstream_id] = httpx.post(
+                proxy + "/v1/chat/completions",
+                json={"model": "fake-model", "stream": stream, "messages": [{"role": "user",
+                      "content": "Count to forty."}]},
+                headers={
+                    "Authorization": f"Bearer {MASTER_KEY}",
+                    "x-litellm-call-id": "ll-same",  # the client's choice, four times
+                    "X-Request-Id": upstream_id,  # forwarded: the fake's record
+                    "X-Fake-Total": str(total),  # forwarded: what the fake generates
+                },
+                timeout=120,
+            )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while True:  # the four calls, once each has its usage
+            ids = _ids_by_litellm_id(billing, ["ll-same"])["ll-same"]
+            if len(ids) >= 4 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        calls = asyncio.run(wait_calls(billing, ids, timeout=90))
+    assert {k: a.status_code for k, a in answers.items()} == dict.fromkeys(totals, 200)
+    assert answers["same-w1"].json()["choices"][0]["message"]["content"] == " t" * 20
+    assert {k: fake.generated(k) for k in totals} == {k: t for k, (_, t) in totals.items()}
+    assert len(ids) == 4 and len(set(ids)) == 4, ids
+    assert all(re.fullmatch(r"llm-[0-9a-f]{32}", rid) for rid in ids), ids
+    # each answer names its own call (x-billing-request-id), LiteLLM's id is the client's
+    named = {k: a.headers["x-billing-request-id"] for k, a in answers.items()}
+    assert sorted(named.values()) == sorted(ids)
+    assert {a.headers["x-litellm-call-id"] for a in answers.values()} == {"ll-same"}
+    for upstream_id, (_, total) in totals.items():
+        assert calls[named[upstream_id]]["output_tokens_billed"] == total, upstream_id
+    billed = sorted(
+        (
+            c["output_tokens_billed"],
+            c["output_tokens_delivered"],
+            c["input_tokens"],
+            c["cost_usd"],
+            c["status"],
+            c["usage_source"],
+            c["metadata"]["litellm_call_id"],
+            c["anomalies"],
+        )
+        for c in calls.values()
+    )
+    assert billed == [  # 12 input tokens at $2.50/M, output at $10/M
+        (8, 8, 12, "0.00011", "completed", "upstream", "ll-same", []),
+        (12, 12, 12, "0.00015", "completed", "upstream", "ll-same", []),
+        (20, 20, 12, "0.00023", "completed", "upstream", "ll-same", []),
+        (30, 30, 12, "0.00033", "completed", "upstream", "ll-same", []),
+    ]

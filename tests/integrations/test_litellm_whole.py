@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -51,20 +52,27 @@ def test_a_non_streamed_call_is_billed_the_upstream_usage(
                 deadline = time.monotonic() + 10
                 while True:  # LiteLLM logs the success in a task of the loop
                     await asyncio.to_thread(client.flush, 5)
-                    answer = await asyncio.to_thread(http.get, "/v1/calls/ll-whole-1")
-                    if answer.status_code == 200 and len(answer.json()["events"]) == 3:
-                        return response
-                    assert time.monotonic() < deadline, answer.text
+                    listed = await asyncio.to_thread(http.get, "/v1/calls")
+                    ids = [c["request_id"] for c in listed.json()["data"]]
+                    if ids:
+                        answer = await asyncio.to_thread(http.get, f"/v1/calls/{ids[0]}")
+                        if len(answer.json()["events"]) == 3:
+                            return response, ids
+                    assert time.monotonic() < deadline, listed.text
                     await asyncio.sleep(0.1)
 
-            response = asyncio.run(run())
+            response, ids = asyncio.run(run())
             assert response.choices[0].message.content == " t" * 14
             assert len(fake.records) == 1
     finally:
         litellm.callbacks = saved
         client.close(1)
     assert http.post("/v1/reconcile", json={}).status_code == 200
-    call = http.get("/v1/calls/ll-whole-1").json()
+    # Without LiteLLM's proxy (no pre-call hook) the call gets its id at the logging hook: the
+    # callback's own, never LiteLLM's litellm_call_id, which is kept as metadata.
+    assert len(ids) == 1 and re.fullmatch(r"llm-[0-9a-f]{32}", ids[0]), ids
+    call = http.get(f"/v1/calls/{ids[0]}").json()
+    assert call["metadata"]["litellm_call_id"] == "ll-whole-1"
     assert [e["type"] for e in call["events"]] == [
         "stream.started",
         "stream.tokens",
@@ -131,5 +139,16 @@ def test_an_unattributable_request_is_refused_before_the_upstream() -> None:
     assert asyncio.run(strict.async_pre_call_hook(keyed, None, data, "completion")) is data
     lenient = BillingCallback(BillingClient("http://127.0.0.1:9", spool_path=None))
     assert asyncio.run(lenient.async_pre_call_hook(anonymous, None, data, "completion")) is data
+    # The call's id is the callback's own, in the request's LiteLLM metadata: a client's value
+    # under that key is replaced; on a route with litellm_metadata (/v1/messages, /v1/responses)
+    # it goes there, the provider's own metadata untouched (LiteLLM sends that upstream).
+    forged = {"model": "m", "litellm_call_id": "mine", "metadata": {"billing_call_id": "mine"}}
+    asyncio.run(lenient.async_pre_call_hook(keyed, None, forged, "completion"))
+    assert re.fullmatch(r"llm-[0-9a-f]{32}", forged["metadata"]["billing_call_id"]), forged
+    messages = {"model": "m", "metadata": {"user_id": "u"}, "litellm_metadata": {}}
+    asyncio.run(lenient.async_pre_call_hook(keyed, None, messages, "anthropic_messages"))
+    assert messages["metadata"] == {"user_id": "u"}
+    assert re.fullmatch(r"llm-[0-9a-f]{32}", messages["litellm_metadata"]["billing_call_id"])
+    assert messages["litellm_metadata"] != forged["metadata"]
     strict.client.close(0.1)
     lenient.client.close(0.1)

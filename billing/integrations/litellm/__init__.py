@@ -15,9 +15,13 @@ a call over budget with the proxy's budget-exceeded error (``BILLING_FAIL_OPEN``
 when the service cannot decide; :mod:`~billing.integrations.litellm.holds`).
 
 What each of LiteLLM's hooks sends, for a streamed ``/v1/chat/completions`` call (``request_id``
-= LiteLLM's ``litellm_call_id``, which a client may set with the ``x-litellm-call-id`` header;
-``api_key_id`` = the virtual key's alias, else its hash, else ``default_api_key_id``; ``model``
-= the model name the client asked for, as prices are named):
+= an id of the callback's own, ``llm-`` and 32 hex digits, minted in ``async_pre_call_hook``
+and carried to the later hooks in the request's LiteLLM metadata, never LiteLLM's
+``litellm_call_id``: a client sets that one with the ``x-litellm-call-id`` header, and one id
+sent with several requests would make them one call billed once; LiteLLM's id is the call's
+metadata ``litellm_call_id``, :mod:`~billing.integrations.litellm.calls`; ``api_key_id`` = the
+virtual key's alias, else its hash, else ``default_api_key_id``; ``model`` = the model name the
+client asked for, as prices are named):
 
 * ``async_post_call_streaming_iterator_hook`` (it wraps the stream LiteLLM relays):
   ``stream.started`` when the stream opens (with the gateway's input count: LiteLLM's
@@ -52,6 +56,13 @@ The package: the hooks (:mod:`~billing.integrations.litellm.callback`), the call
 (:mod:`~billing.integrations.litellm.reading`), the authorizations
 (:mod:`~billing.integrations.litellm.holds`) and the settings
 (:mod:`~billing.integrations.litellm.settings`).
+
+``async_post_call_response_headers_hook`` names the call's id to the client in the proxy's
+answer (header ``x-billing-request-id``, streamed or not, a failure too).
+
+A call that never went through the pre-call hook (LiteLLM used as a library, through
+``litellm.callbacks``) gets its own id at its first logging hook; the iterator hook relays such a
+stream untouched, and the success hook bills it.
 
 Not covered: LiteLLM retries inside one call (router ``num_retries``, fallbacks) are one
 attempt here; the iterator hook runs for ``/v1/chat/completions`` (LiteLLM's documented scope

@@ -14,7 +14,15 @@ from billing.client import BillingClient
 from billing.fields import printable_text
 from billing.gateway.policy import DrainPolicy
 from billing.gateway.slots import DrainSlots
-from billing.integrations.litellm.calls import Call, Calls, logged_call, streamed_call
+from billing.integrations.litellm.calls import (
+    Call,
+    Calls,
+    carry_call_id,
+    logged_call,
+    new_call_id,
+    own_call_id,
+    streamed_call,
+)
 from billing.integrations.litellm.holds import Holds
 from billing.integrations.litellm.reading import (
     chunk_tokens,
@@ -32,7 +40,11 @@ from billing.integrations.litellm.settings import (
 )
 from billing.integrations.litellm.stream import Pumps
 
-__all__ = ["BillingCallback"]
+__all__ = ["CALL_ID_HEADER", "BillingCallback"]
+
+#: The response header that carries the call's ``request_id`` (the callback's own id) to the
+#: client.
+CALL_ID_HEADER = "x-billing-request-id"
 
 
 class BillingCallback(CustomLogger):  # type: ignore[misc]
@@ -67,7 +79,7 @@ class BillingCallback(CustomLogger):  # type: ignore[misc]
         self._pumps = Pumps(self._sender, policy)
         self._calls = Calls()
         settings = authorize if authorize is not None else authorize_from_env()
-        self._holds = Holds(lambda: self._sender.client, settings, self._default_key)
+        self._holds = Holds(lambda: self._sender.client, settings)
 
     @property
     def client(self) -> BillingClient:
@@ -90,18 +102,45 @@ class BillingCallback(CustomLogger):  # type: ignore[misc]
     ) -> dict[str, Any]:
         """Before LiteLLM calls the upstream: refuse (400) a request no call can be recorded
         for (no ``model``, or no key, neither the virtual key's alias nor its hash, when there
-        is no ``default_api_key_id``); then reserve the call's estimate, a refusal raising the
-        proxy's budget-exceeded error (:mod:`billing.integrations.litellm.holds`). Else
-        ``data`` as it is."""
+        is no ``default_api_key_id``); then give the call its id (:func:`~billing.integrations.
+        litellm.calls.new_call_id`, carried to the later hooks in the request's metadata:
+        :mod:`billing.integrations.litellm.calls`) and reserve its estimate, a refusal raising
+        the proxy's budget-exceeded error (:mod:`billing.integrations.litellm.holds`). Returns
+        ``data``."""
         if not isinstance(data.get("model"), str) or not data["model"]:
             raise HTTPException(status_code=400, detail={"error": "model is required"})
-        key = streamed_call(user_api_key_dict, data, "").api_key_id
-        if not key and not self.default_api_key_id:
-            raise HTTPException(
-                status_code=400, detail={"error": "a key is required to bill this call"}
-            )
-        await self._holds.reserve(user_api_key_dict, data)
+        call = streamed_call(user_api_key_dict, data, "", new_call_id())
+        if not call.api_key_id:
+            if not self.default_api_key_id:
+                raise HTTPException(
+                    status_code=400, detail={"error": "a key is required to bill this call"}
+                )
+            call.api_key_id = self._default_key
+        carry_call_id(data, call.request_id)
+        self._calls.remember(call)
+        await self._holds.reserve(call, data)
         return data
+
+    def _own_call(self, data: dict[str, Any] | None) -> Call | None:
+        """The call whose id :meth:`async_pre_call_hook` carried in ``data`` (a hook's request
+        data, or a logging hook's ``kwargs``); ``None`` when it carries none this callback
+        follows (a client's own value under that key is none)."""
+        request_id = own_call_id(data)
+        return None if request_id is None else self._calls.get(request_id)
+
+    async def async_post_call_response_headers_hook(
+        self,
+        data: dict[str, Any],
+        user_api_key_dict: Any,
+        response: Any,
+        request_headers: dict[str, str] | None = None,
+    ) -> dict[str, str] | None:
+        """The call's id to the client, as :data:`CALL_ID_HEADER` (``x-billing-request-id``),
+        on the proxy's answer (streamed or not, a failure too): the id to quote for the
+        call's bill. LiteLLM's own ``x-litellm-call-id`` goes on as LiteLLM sends it. (LiteLLM
+        versions without this hook send no such header.)"""
+        call = self._own_call(data)
+        return None if call is None else {CALL_ID_HEADER: call.request_id}
 
     async def async_post_call_failure_hook(
         self,
@@ -111,7 +150,9 @@ class BillingCallback(CustomLogger):  # type: ignore[misc]
         traceback_str: str | None = None,
     ) -> None:
         """A call that failed in the proxy gives its hold back."""
-        await self._holds.release(request_data.get("litellm_call_id"))
+        call = self._own_call(request_data)
+        if call is not None:
+            await self._holds.release(call.request_id)
 
     # LiteLLM runs a callback's streaming iterator hook only when the callback's own class
     # defines it (it reads ``type(callback).__dict__``): it stays here, on the leaf class.
@@ -121,12 +162,13 @@ class BillingCallback(CustomLogger):  # type: ignore[misc]
         """Relay ``response`` (LiteLLM's chunks) to the client, reading it in a task of its
         own; count what is handed over; on a disconnect, drain or cancel
         (:mod:`billing.integrations.litellm.stream`)."""
-        call = streamed_call(user_api_key_dict, request_data, self._default_key)
-        if not call.request_id:  # not a call LiteLLM logs: relay it untouched
+        call = self._own_call(request_data)
+        if call is None or call.started:
+            # not a call the pre-call hook saw: relay it untouched, the logging hooks bill it
             async for chunk in response:
                 yield chunk
             return
-        self._calls.remember(call)
+        call.streamed = True
         self._sender.started(call, input_count(request_data))
         handoff = self._pumps.start(call, response)
         try:
@@ -137,17 +179,16 @@ class BillingCallback(CustomLogger):  # type: ignore[misc]
             self._pumps.client_left(call, handoff)
             raise
 
-    def _logged_call(self, kwargs: dict[str, Any]) -> Call | None:
-        """The call of a logging event's ``kwargs``, or ``None`` without a ``litellm_call_id``.
-        A call not seen before (a non-streamed call, a failure before the stream) is kept and
-        its ``stream.started`` sent."""
-        request_id = kwargs.get("litellm_call_id")
-        if not isinstance(request_id, str) or not request_id:
-            return None
-        call = self._calls.get(request_id)
+    def _logged_call(self, kwargs: dict[str, Any]) -> Call:
+        """The call of a logging event's ``kwargs``, its ``stream.started`` sent if it was not
+        (a non-streamed call, a failure before the stream). A call the pre-call hook did not
+        give an id (LiteLLM used as a library, not as a proxy) gets a new one here, kept while
+        the call is followed."""
+        call = self._own_call(kwargs)
         if call is None:
-            call = logged_call(request_id, kwargs, self._default_key)
+            call = logged_call(new_call_id(), kwargs, self._default_key)
             self._calls.remember(call)
+        if not call.started:
             self._sender.started(call, None)
         return call
 
@@ -156,7 +197,7 @@ class BillingCallback(CustomLogger):  # type: ignore[misc]
     ) -> None:
         """The usage of a call that ran to its end (:mod:`billing.integrations.litellm`)."""
         call = self._logged_call(kwargs)
-        if call is None or call.disconnected or call.usage_sent:
+        if call.disconnected or call.usage_sent:
             return  # a call the client left: the drain reports its usage
         if not call.streamed:  # a whole response: read as a gateway's meter reads it
             fields = whole_usage(response_obj, call.protocol)
@@ -182,9 +223,11 @@ class BillingCallback(CustomLogger):  # type: ignore[misc]
     ) -> None:
         """``stream.failed`` for the call (:mod:`billing.integrations.litellm`), after its hold
         is released (before any event of the call: an event would make the hold the call's)."""
-        await self._holds.release(kwargs.get("litellm_call_id"))
+        held = self._own_call(kwargs)
+        if held is not None:
+            await self._holds.release(held.request_id)
         call = self._logged_call(kwargs)
-        if call is None or call.failed:
+        if call.failed:
             return
         call.failed = True
         error = kwargs.get("exception")

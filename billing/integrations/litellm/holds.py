@@ -3,7 +3,9 @@ proxy's pre-call hook, the call's estimate is reserved against the budgets befor
 the upstream; a denial is the proxy's own budget-exceeded error (a ``ProxyException`` of type
 ``budget_exceeded``: 402 when final, 429 with ``Retry-After`` when retryable), an authorization
 request the service refuses (401, 409, 422) its ``internal_server_error`` (500) whatever
-``fail_open`` says; a call that fails gives its hold back.
+``fail_open`` says; a call that fails gives its hold back. The authorization's ``request_id``
+is the call's own id (:func:`billing.integrations.litellm.calls.new_call_id`), never LiteLLM's
+``litellm_call_id`` (a client's choice).
 
 The estimate is :func:`billing.gateway.authorize.estimate_of`'s (the request's ``max_tokens`` /
 ``max_completion_tokens``, and LiteLLM's count of the input), the decision
@@ -20,7 +22,7 @@ from typing import Any
 from billing.client import BillingClient
 from billing.client.errors import ServiceError
 from billing.gateway.authorize import Admission, admission, estimate_of, release_quietly
-from billing.integrations.litellm.calls import MAX_OPEN_CALLS, streamed_call
+from billing.integrations.litellm.calls import MAX_OPEN_CALLS, Call
 from billing.integrations.litellm.reading import input_count
 from billing.integrations.litellm.settings import AuthorizeSettings
 
@@ -57,29 +59,24 @@ class Holds:
     Args:
         client: the billing client, when the first call needs it.
         settings: on or off, and ``fail_open``.
-        default_api_key_id: the ``api_key_id`` of calls made without a virtual key.
     """
 
     def __init__(
         self,
         client: Callable[[], BillingClient],
         settings: AuthorizeSettings,
-        default_api_key_id: str,
     ) -> None:
         self._client = client
         self.settings = settings
-        self._default_key = default_api_key_id
         self._held: OrderedDict[str, None] = OrderedDict()  # request ids with a live hold
 
-    async def reserve(self, user_api_key_dict: Any, data: dict[str, Any]) -> None:
-        """Authorize the call of the pre-call hook's arguments (when on, and LiteLLM gave it a
-        call id).
+    async def reserve(self, call: Call, data: dict[str, Any]) -> None:
+        """Authorize ``call`` (when on), under its own id, from the pre-call hook's ``data``.
 
         Raises:
             ProxyException: the call is refused (see :func:`refusal`).
         """
-        call = streamed_call(user_api_key_dict, data, self._default_key)
-        if not self.settings.enabled or not call.request_id:
+        if not self.settings.enabled:
             return
         estimate = estimate_of(call.protocol, data, input_tokens=input_count(data))
         client = self._client()

@@ -9,7 +9,7 @@ from typing import Any
 
 from billing.client import BillingClient
 from billing.gateway.policy import DRAIN_SKIPPED, DrainPolicy
-from billing.integrations.litellm.calls import Call
+from billing.integrations.litellm.calls import Call, litellm_call_metadata
 from billing.integrations.litellm.reading import usage_fields
 from billing.integrations.litellm.settings import client_from_env
 
@@ -46,15 +46,22 @@ class Sender:
         self.client.send({"request_id": call.request_id, "type": kind, **fields})
 
     def started(self, call: Call, input_tokens: int | None) -> None:
-        """``stream.started``, with the gateway's input count (tokens) when it has one."""
+        """``stream.started``, with the gateway's input count (tokens) when it has one, and
+        LiteLLM's ``litellm_call_id`` in the metadata."""
+        metadata = {
+            "billing.gateway": "litellm",
+            **self._policy.metadata(),
+            **litellm_call_metadata(call.litellm_call_id),
+        }
         fields: dict[str, Any] = {
             "api_key_id": call.api_key_id,
             "model": call.model,
             "protocol": call.protocol,
-            "metadata": {"billing.gateway": "litellm", **self._policy.metadata()},
+            "metadata": metadata,
         }
         if input_tokens is not None:
             fields["input_tokens"] = input_tokens
+        call.started = True
         self.send(call, "stream.started", fields)
 
     def usage(self, call: Call, usage: Any, source: str, stop_reason: str | None = None) -> None:
