@@ -46,9 +46,16 @@ class Meter:
     :meth:`relay_sync`."""
 
     def __init__(
-        self, meters: Meters, account: CallAccount, body: Mapping[str, Any] | None = None
+        self,
+        meters: Meters,
+        account: CallAccount,
+        body: Mapping[str, Any] | None = None,
+        *,
+        invalid: str | None = None,
     ) -> None:
         self._meters = meters
+        #: why the call's ``api_key_id`` or ``model`` would be refused by the service, if so
+        self.invalid = invalid
         self.account = account
         self._body = body
         self.admission: Admission | None = None  # the authorization's outcome, once asked
@@ -60,11 +67,17 @@ class Meter:
     async def authorize(self) -> Response | None:
         """Reserve the call's estimate (once; with ``Meters(authorize=True)``, else nothing):
         ``None`` when the upstream may be called, else the refusal to answer the client with,
-        in the protocol's error shape (402 final, 429 with ``Retry-After`` retryable, 503 when
-        the service is unavailable and ``fail_open`` is off, 500 when it refused the request
-        itself, see :func:`~billing.gateway.authorize.admission`). :meth:`response` given an opener
-        calls it; a gateway that opens the upstream itself calls it first."""
+        in the protocol's error shape (400 ``invalid_request_error`` when the call's
+        ``api_key_id`` or ``model`` is one the service would refuse, :attr:`invalid`, checked
+        with ``authorize=False`` too and before anything is sent; 402 final, 429 with
+        ``Retry-After`` retryable, 503 when the service is unavailable and ``fail_open`` is off,
+        400 when the service refused the request's fields (422), 500 when it refused the
+        request otherwise, see :func:`~billing.gateway.authorize.admission`). :meth:`response`
+        given an opener calls it; a gateway that opens the upstream itself calls it first."""
         authorizer, account = self._meters.authorizer, self.account
+        if self.invalid is not None:
+            bad = Admission(False, status=400, reason="invalid_request", message=self.invalid)
+            return refusal(account.protocol, bad)
         if authorizer is None:
             return None
         if self.admission is None:
