@@ -287,9 +287,9 @@ class Meter:
                 rest = b"" if hide is None else hide.finish()
                 await send({"type": "http.response.body", "body": rest, "more_body": False})
                 return
-        except _CLIENT_GONE:
+        except _CLIENT_GONE as gone:
             if not account.settled:  # (the last write may fail after a complete stream)
-                pump.leave()
+                pump.leave(shutdown=self._shutting_down(gone))
             raise
         finally:
             left.cancel()
@@ -354,9 +354,19 @@ class Meter:
                 if next_pump is None:
                     return  # stalled or broken: the attempt is settled; the client's stream ends
                 pump = next_pump
-        except _CLIENT_GONE:
-            pump.leave()
+        except _CLIENT_GONE as gone:
+            pump.leave(shutdown=self._shutting_down(gone))
             raise
+
+    def _shutting_down(self, gone: BaseException) -> bool:
+        """Whether the stream was cut by the gateway's shutdown rather than by the client: the
+        response's task cancelled by the server at the end of its graceful shutdown (uvicorn's
+        ``timeout_graceful_shutdown``: its cancel message says so), or while
+        :meth:`Meters.shutdown` runs."""
+        if not isinstance(gone, asyncio.CancelledError):
+            return False
+        said = " ".join(str(arg) for arg in gone.args)
+        return self._meters.shutting_down or "graceful shutdown" in said
 
     def relay_sync(
         self,
@@ -365,7 +375,8 @@ class Meter:
         retry: Callable[[], SyncSource] | None = None,
     ) -> Iterator[bytes]:
         """The synchronous twin of :meth:`relay` (a WSGI body, a thread per stream): the same
-        events; the upstream is read in line, and after a disconnect (the server closes the
+        events (but a cut by the gateway's shutdown is a client disconnect here); the upstream
+        is read in line, and after a disconnect (the server closes the
         generator, or a write fails) drained in a daemon thread. Stall detection is the
         upstream client's read timeout (``httpx.ReadTimeout``)."""
         meters, account = self._meters, self.account

@@ -117,6 +117,8 @@ class Meters:
         self.slots = DrainSlots(self.policy.max_concurrent)
         #: the asyncio attempts reading an upstream now (relayed or drained)
         self.pumps: set[Pump] = set()
+        #: :meth:`shutdown` has begun: a response cancelled now was cut by the gateway
+        self.shutting_down = False
         self.authorizer: Authorizer | None = None
         if authorize:
             if not inspect.iscoroutinefunction(getattr(client, "authorize", None)):
@@ -202,9 +204,10 @@ class Meters:
         """End the process's metering without losing a call: wait at most ``grace_s`` seconds
         for the upstreams still read (streams in flight, drains) to end; settle those left on
         what their taps counted (an estimate flagged ``drain_skipped``, and ``stream.failed``
-        ``upstream_disconnect`` for a stream the client still read), closing their upstreams;
+        ``gateway_shutdown`` for a stream the client still read), closing their upstreams;
         then close the billing client within ``flush_s`` seconds (what the service did not
         take by then stays in the client's spool, delivered by the next process)."""
+        self.shutting_down = True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace_s
         while (self.pumps or self.slots.running) and loop.time() < deadline:
