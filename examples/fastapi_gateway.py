@@ -6,8 +6,10 @@ not) in front of an upstream, metered by :mod:`billing.gateway`.
         [--no-authorize]
 
 The customer's key id comes from the ``X-Api-Key-Id`` header (a stand-in for the gateway's own
-key lookup); a request without it, or without a ``model``, is refused (400) before anything is
-sent upstream: no upstream call without a call record. The call's id is the gateway's own
+key lookup); a request without it, without a string ``model``, with a ``stream`` that is not a
+boolean, or with a key id or model the billing service would refuse (``meters.call``: too long,
+control characters) is refused (400) before anything is sent upstream: no upstream call
+without a call record. The call's id is the gateway's own
 (``gw-`` and 32 hex digits, minted by ``meters.call``), never the client's: a client's
 ``X-Request-Id`` is kept as the call's metadata ``client_request_id`` only (a reused one would
 otherwise bill several generations as one call). The call's id is passed on upstream and comes
@@ -15,10 +17,11 @@ back to the client as ``X-Request-Id`` (the upstream's own as ``X-Upstream-Reque
 its rate-limit headers). Each call is authorized against the budgets before the upstream is
 opened (a refusal answers 402 or 429 in OpenAI's error shape) unless ``--no-authorize``; an
 upstream that fails before a byte gives the hold back, and its error is the answer. A streamed
-call always asks the upstream for its usage; a client that did not ask for it does not get the
-usage chunk. After a client disconnect the upstream is drained (read on to its final usage)
-unless ``--no-drain``. At shutdown the meters settle what is in flight (``Meters.shutdown``: a
-grace period, then flagged estimates) and the billing client delivers or spools what it holds.
+call always asks the upstream for its usage; a client that did not ask for it
+(``stream_options.include_usage`` not ``true``) does not get the usage chunk. After a client
+disconnect the upstream is drained (read on to its final usage) unless ``--no-drain``. At
+shutdown the meters settle what is in flight (``Meters.shutdown``: a grace period, then flagged
+estimates) and the billing client delivers or spools what it holds.
 The billing lines are marked ``# billing``.
 """
 
@@ -85,11 +88,13 @@ def create_app(
             or not body["model"]
         ):
             return _refuse("model is required")
+        if not isinstance(body.get("stream", False), bool):  # "true" (a string) would bill $0
+            return _refuse("stream must be true or false")
         streamed = body.get("stream") is True
         options = body.get("stream_options") or {}
         if not isinstance(options, dict):
             return _refuse("stream_options must be an object")
-        client_wants_usage = bool(options.get("include_usage"))
+        client_wants_usage = options.get("include_usage") is True  # the README's rule
         if streamed:  # the upstream's usage ends the stream (metered, hidden if not asked for)
             body["stream_options"] = {**options, "include_usage": True}
         meter = meters.call(  # billing: the call's id is the gateway's (meter.request_id)

@@ -17,6 +17,10 @@ from billing.fields import printable_text
 from billing.gateway.policy import DRAIN_SKIPPED
 from billing.taps import Tap, open_tap
 
+#: ``stream.failed``'s ``error_type`` for a stream the gateway's own shutdown cut (the server
+#: cancelled the response, or :meth:`billing.gateway.Meters.shutdown` gave the upstream up).
+GATEWAY_SHUTDOWN = "gateway_shutdown"
+
 __all__ = ["CallAccount"]
 
 Send = Callable[[Mapping[str, Any]], object]
@@ -59,6 +63,9 @@ class CallAccount:
         self.delivered = 0  # output tokens handed to the client, this attempt
         self.bytes_relayed = 0  # bytes handed to the client, all attempts
         self.disconnected = False
+        #: the gateway's shutdown cut the client's stream (not the client): the attempt ends
+        #: in ``stream.failed`` ``gateway_shutdown``, no ``stream.client_disconnected``
+        self.shut_down = False
         self.settled = False  # the attempt's closing events are sent
         self.next_progress = progress_every
 
@@ -137,12 +144,15 @@ class CallAccount:
 
         ``skipped``: the upstream was cancelled after a disconnect, before its final usage
         (the usage then carries the anomaly ``drain_skipped``). ``error_type``: the attempt
-        failed on the gateway's side (``stalled``, ``upstream_disconnect``); an error the
-        stream itself carried is reported by the tap.
+        failed on the gateway's side (``stalled``, ``upstream_disconnect``,
+        ``gateway_shutdown``, the last also when :attr:`shut_down`); an error the stream itself
+        carried is reported by the tap.
         """
         if self.settled:
             return
         self.settled = True
+        if error_type is None and self.shut_down:
+            error_type, message = GATEWAY_SHUTDOWN, "the gateway shut down"
         tap = self.tap
         tap.close()
         generated = tap.output_tokens

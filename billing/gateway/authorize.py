@@ -49,12 +49,14 @@ Opener = Callable[[], Awaitable[AsyncSource]]
 
 #: The error ``type`` of a refusal, by status: OpenAI's and Anthropic's.
 _OPENAI_TYPES = {
+    400: "invalid_request_error",
     402: "insufficient_quota",
     429: "rate_limit_exceeded",
     500: "server_error",
     502: "upstream_error",
 }
 _ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
     402: "billing_error",
     429: "rate_limit_error",
     500: "api_error",
@@ -191,9 +193,10 @@ def _answer_text(detail: Any) -> str:
 
 def error_body(protocol: str, refused: Admission) -> dict[str, Any]:
     """The refusal in the protocol's error shape: Anthropic's ``{"type": "error", "error":
-    {"type", "message"}}`` (``billing_error`` 402, ``rate_limit_error`` 429, ``api_error``
-    500 and 502, ``overloaded_error`` 503), else OpenAI's ``{"error": {"message", "type",
-    "code"}}`` (``insufficient_quota`` 402, ``rate_limit_exceeded`` 429, ``server_error`` 500,
+    {"type", "message"}}`` (``invalid_request_error`` 400, ``billing_error`` 402,
+    ``rate_limit_error`` 429, ``api_error`` 500 and 502, ``overloaded_error`` 503), else
+    OpenAI's ``{"error": {"message", "type", "code"}}`` (``invalid_request_error`` 400,
+    ``insufficient_quota`` 402, ``rate_limit_exceeded`` 429, ``server_error`` 500,
     ``upstream_error`` 502, ``service_unavailable`` 503; ``code``: the reason)."""
     if protocol == "anthropic.messages":
         kind = _ANTHROPIC_TYPES.get(refused.status, "overloaded_error")
@@ -224,7 +227,8 @@ class Authorizer:
 
     async def admit(self, call: CallAccount, body: Mapping[str, Any] | None) -> Admission:
         """Ask the service about ``call`` (``body``: its request, for the output limit) and
-        decide."""
+        decide (:func:`admission`; but a 422, the service refusing a field, is a 400
+        ``invalid_request_error``: an SDK retries a 500)."""
         estimate = estimate_of(
             call.protocol,
             body,
@@ -243,7 +247,17 @@ class Authorizer:
             )
         except ServiceError as error:
             answer = error
-        return admission(answer, request_id=call.request_id, fail_open=self.fail_open)
+        decided = admission(answer, request_id=call.request_id, fail_open=self.fail_open)
+        if isinstance(answer, ServiceError) and answer.status == 422:
+            # a field the service refuses: a 400 the client's SDK does not retry, not a 500
+            return Admission(
+                False,
+                status=400,
+                reason="authorization_rejected",
+                message="the billing service refused a field of the gateway's authorization "
+                "request (HTTP 422); see the gateway's log",
+            )
+        return decided
 
     async def release(self, request_id: str) -> None:
         """Give the hold back (see :func:`release_quietly`)."""

@@ -46,9 +46,16 @@ class Meter:
     :meth:`relay_sync`."""
 
     def __init__(
-        self, meters: Meters, account: CallAccount, body: Mapping[str, Any] | None = None
+        self,
+        meters: Meters,
+        account: CallAccount,
+        body: Mapping[str, Any] | None = None,
+        *,
+        invalid: str | None = None,
     ) -> None:
         self._meters = meters
+        #: why the call's ``api_key_id`` or ``model`` would be refused by the service, if so
+        self.invalid = invalid
         self.account = account
         self._body = body
         self.admission: Admission | None = None  # the authorization's outcome, once asked
@@ -60,11 +67,17 @@ class Meter:
     async def authorize(self) -> Response | None:
         """Reserve the call's estimate (once; with ``Meters(authorize=True)``, else nothing):
         ``None`` when the upstream may be called, else the refusal to answer the client with,
-        in the protocol's error shape (402 final, 429 with ``Retry-After`` retryable, 503 when
-        the service is unavailable and ``fail_open`` is off, 500 when it refused the request
-        itself, see :func:`~billing.gateway.authorize.admission`). :meth:`response` given an opener
-        calls it; a gateway that opens the upstream itself calls it first."""
+        in the protocol's error shape (400 ``invalid_request_error`` when the call's
+        ``api_key_id`` or ``model`` is one the service would refuse, :attr:`invalid`, checked
+        with ``authorize=False`` too and before anything is sent; 402 final, 429 with
+        ``Retry-After`` retryable, 503 when the service is unavailable and ``fail_open`` is off,
+        400 when the service refused the request's fields (422), 500 when it refused the
+        request otherwise, see :func:`~billing.gateway.authorize.admission`). :meth:`response`
+        given an opener calls it; a gateway that opens the upstream itself calls it first."""
         authorizer, account = self._meters.authorizer, self.account
+        if self.invalid is not None:
+            bad = Admission(False, status=400, reason="invalid_request", message=self.invalid)
+            return refusal(account.protocol, bad)
         if authorizer is None:
             return None
         if self.admission is None:
@@ -274,9 +287,9 @@ class Meter:
                 rest = b"" if hide is None else hide.finish()
                 await send({"type": "http.response.body", "body": rest, "more_body": False})
                 return
-        except _CLIENT_GONE:
+        except _CLIENT_GONE as gone:
             if not account.settled:  # (the last write may fail after a complete stream)
-                pump.leave()
+                pump.leave(shutdown=self._shutting_down(gone))
             raise
         finally:
             left.cancel()
@@ -341,9 +354,19 @@ class Meter:
                 if next_pump is None:
                     return  # stalled or broken: the attempt is settled; the client's stream ends
                 pump = next_pump
-        except _CLIENT_GONE:
-            pump.leave()
+        except _CLIENT_GONE as gone:
+            pump.leave(shutdown=self._shutting_down(gone))
             raise
+
+    def _shutting_down(self, gone: BaseException) -> bool:
+        """Whether the stream was cut by the gateway's shutdown rather than by the client: the
+        response's task cancelled by the server at the end of its graceful shutdown (uvicorn's
+        ``timeout_graceful_shutdown``: its cancel message says so), or while
+        :meth:`Meters.shutdown` runs."""
+        if not isinstance(gone, asyncio.CancelledError):
+            return False
+        said = " ".join(str(arg) for arg in gone.args)
+        return self._meters.shutting_down or "graceful shutdown" in said
 
     def relay_sync(
         self,
@@ -352,7 +375,8 @@ class Meter:
         retry: Callable[[], SyncSource] | None = None,
     ) -> Iterator[bytes]:
         """The synchronous twin of :meth:`relay` (a WSGI body, a thread per stream): the same
-        events; the upstream is read in line, and after a disconnect (the server closes the
+        events (but a cut by the gateway's shutdown is a client disconnect here); the upstream
+        is read in line, and after a disconnect (the server closes the
         generator, or a write fails) drained in a daemon thread. Stall detection is the
         upstream client's read timeout (``httpx.ReadTimeout``)."""
         meters, account = self._meters, self.account

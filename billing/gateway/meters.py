@@ -14,6 +14,9 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from decimal import Decimal
 from typing import Any, Protocol
 
+from pydantic import TypeAdapter, ValidationError
+
+from billing.fields import ModelName, PublicId
 from billing.gateway.account import CallAccount
 from billing.gateway.authorize import DEFAULT_MAX_OUTPUT_TOKENS, Authorizer, Reserver
 from billing.gateway.headers import client_request_metadata, new_call_id
@@ -21,8 +24,28 @@ from billing.gateway.meter import Meter
 from billing.gateway.policy import DrainPolicy
 from billing.gateway.pump import Pump
 from billing.gateway.slots import DrainSlots
+from billing.ingest.validation import plain_message
 
 __all__ = ["EventSink", "Meters"]
+
+
+#: ``stream.started``'s own rules for the call's fields (CONTRACT "Events"; the types the
+#: service validates it with, :class:`billing.ingest.schemas.StreamStarted`).
+_CALL_FIELDS: dict[str, TypeAdapter[str]] = {
+    "api_key_id": TypeAdapter(PublicId),
+    "model": TypeAdapter(ModelName),
+}
+
+
+def invalid_call_fields(api_key_id: object, model: object) -> str | None:
+    """Why the service would refuse a call's ``stream.started`` for its ``api_key_id`` or
+    ``model`` (too long, control characters, blank, a secret, not a string), else ``None``."""
+    for name, value in (("api_key_id", api_key_id), ("model", model)):
+        try:
+            _CALL_FIELDS[name].validate_python(value)
+        except ValidationError as error:
+            return f"{name} {plain_message(error.errors()[0])}"
+    return None
 
 
 class EventSink(Protocol):
@@ -55,8 +78,9 @@ class Meters:
             ``AsyncBillingClient``; :meth:`Meter.authorize`, :meth:`Meter.response`).
         fail_open: when the service is unavailable (503 or another 5xx, no answer): call
             the upstream (``True``) or answer 503; logged at WARNING. A request the service
-            refuses (401, 409, 422, ...) is a misconfiguration: the call is refused with 500
-            either way, logged at ERROR.
+            refuses (401, 409, ...) is a misconfiguration: the call is refused with 500
+            either way (400 ``invalid_request_error`` for a 422, a field refused, which a
+            client's SDK does not retry), logged at ERROR.
         hold_usd, max_output_tokens, hold_ttl_s: a fixed estimate per call, else the output
             limit of ``call(body=...)`` (``max_output_tokens`` without one); the hold's TTL.
 
@@ -93,6 +117,8 @@ class Meters:
         self.slots = DrainSlots(self.policy.max_concurrent)
         #: the asyncio attempts reading an upstream now (relayed or drained)
         self.pumps: set[Pump] = set()
+        #: :meth:`shutdown` has begun: a response cancelled now was cut by the gateway
+        self.shutting_down = False
         self.authorizer: Authorizer | None = None
         if authorize:
             if not inspect.iscoroutinefunction(getattr(client, "authorize", None)):
@@ -126,6 +152,12 @@ class Meters:
         policy's entries; ``body`` is the request sent upstream, whose output limit
         (``max_tokens``, ``max_completion_tokens``, ``max_output_tokens``) bounds the hold.
 
+        An ``api_key_id`` or ``model`` the service would refuse in ``stream.started`` (the same
+        rule: at most 128 and 256 printable characters, not blank, not a secret key) makes no
+        call: :meth:`Meter.authorize` (and so :meth:`Meter.response` given an opener) answers
+        400 ``invalid_request_error`` in the protocol's shape, before anything is sent to the
+        service or the upstream (``meter.invalid`` says why).
+
         Raises:
             ValueError: ``protocol`` is not one of :data:`billing.taps.PROTOCOLS`.
         """
@@ -146,6 +178,7 @@ class Meters:
                 progress_every=self.progress_every,
             ),
             body,
+            invalid=invalid_call_fields(api_key_id, model),
         )
 
     @property
@@ -171,9 +204,10 @@ class Meters:
         """End the process's metering without losing a call: wait at most ``grace_s`` seconds
         for the upstreams still read (streams in flight, drains) to end; settle those left on
         what their taps counted (an estimate flagged ``drain_skipped``, and ``stream.failed``
-        ``upstream_disconnect`` for a stream the client still read), closing their upstreams;
+        ``gateway_shutdown`` for a stream the client still read), closing their upstreams;
         then close the billing client within ``flush_s`` seconds (what the service did not
         take by then stays in the client's spool, delivered by the next process)."""
+        self.shutting_down = True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace_s
         while (self.pumps or self.slots.running) and loop.time() < deadline:

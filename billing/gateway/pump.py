@@ -106,17 +106,24 @@ class Pump:
             if not arrival.done():  # the relay may have been cancelled meanwhile
                 arrival.set_result(None)
 
-    def leave(self) -> None:
+    def leave(self, *, shutdown: bool = False) -> None:
         """The client left (whoever saw it: the relay, the response's task, a failed write):
         ``stream.client_disconnected`` once, then drain within the policy or cancel the
         upstream now; a relay or response waiting on :meth:`arrival` wakes. When the upstream
         already ended, the attempt is settled at once. Calling it again does nothing (the
-        response's task and a failed write may both see the disconnect)."""
+        response's task and a failed write may both see the disconnect).
+
+        ``shutdown``: the gateway's own shutdown cut the client's stream, not the client: no
+        ``stream.client_disconnected``; the attempt settles (after the same drain) with
+        ``stream.failed`` ``gateway_shutdown`` (:attr:`CallAccount.shut_down`)."""
         if self.detached:
             return
         self.detached = True
         account = self.account
-        account.client_left()
+        if shutdown:
+            account.shut_down = True
+        else:
+            account.client_left()
         self.ready.clear()  # the chunks were counted; a pump waiting for room goes on
         self.taken()
         self._arrived()
@@ -136,7 +143,8 @@ class Pump:
     def abandon(self) -> None:
         """The gateway shuts down (:meth:`billing.gateway.meters.Meters.shutdown`): the upstream
         is given up now, the attempt settled on the tap's count, flagged ``drain_skipped``
-        (and ``stream.failed`` ``upstream_disconnect`` while a client still read it)."""
+        (and ``stream.failed`` ``gateway_shutdown`` while a client still read it, or when the
+        shutdown cut the client's stream)."""
         if self.ended:
             return
         self._abandoned = True
@@ -150,9 +158,8 @@ class Pump:
         if self.detached:
             self.account.settle(skipped=True)
         else:
-            self.account.settle(
-                skipped=True, error_type="upstream_disconnect", message="the gateway shut down"
-            )
+            self.account.shut_down = True
+            self.account.settle(skipped=True)
 
     def _reschedule(self) -> None:
         if self._timeout is None:

@@ -46,7 +46,7 @@ def gateway(
     id is the gateway's own (the response's ``X-Request-Id``); ``reused_id``: the gateway's
     code names every call so (a bug of the gateway's, which the service answers 409)."""
     client = AsyncBillingClient(billing_url, token=token, spool_path=None, max_retries=0)
-    meters = Meters(client, authorize=True, **options)
+    meters = Meters(client, authorize=options.pop("authorize", True), **options)
     http = httpx.AsyncClient(base_url=upstream, timeout=30)
     app = FastAPI()
 
@@ -201,8 +201,8 @@ def test_a_refused_authorization_request_is_refused_whatever_fail_open_says(
 ) -> None:
     """401 (a bad token), 422 (a TTL out of range) and 409 (a request_id reused with another
     body) from the real service are no outage: ``fail_open`` on, the call is still refused
-    (500 in the protocol's shape), the upstream never called, the service's answer logged at
-    ERROR."""
+    (500 in the protocol's shape; 400 ``invalid_request_error`` for the 422, which an SDK does
+    not retry), the upstream never called, the service's answer logged at ERROR."""
     caplog.set_level(logging.WARNING, logger="billing.gateway")
     with FakeUpstream(total=5) as fake, billing_server(db_url) as billing:
         with gateway(fake.url, billing.url, "not-a-token", fail_open=True) as url:
@@ -221,13 +221,13 @@ def test_a_refused_authorization_request_is_refused_whatever_fail_open_says(
             "code": "authorization_rejected",
         }
     }
-    assert bad_ttl.status_code == 500
+    assert bad_ttl.status_code == 400
     assert bad_ttl.json() == {
         "type": "error",
         "error": {
-            "type": "api_error",
-            "message": "the billing service refused the gateway's authorization request "
-            "(HTTP 422); see the gateway's log",
+            "type": "invalid_request_error",
+            "message": "the billing service refused a field of the gateway's authorization "
+            "request (HTTP 422); see the gateway's log",
         },
     }
     assert (first.status_code, reused.status_code) == (200, 500)
@@ -249,6 +249,40 @@ def test_a_refused_authorization_request_is_refused_whatever_fail_open_says(
     # each with the service's own answer
     for line, answer in zip(lines, SERVICE_ANSWERS, strict=True):
         assert f"; the service answered {answer}: refusing" in line, line
+
+
+@pytest.mark.parametrize("authorize", [True, False])
+def test_a_key_id_or_model_the_service_would_refuse_is_a_400_before_anything_is_sent(
+    db_url: str, authorize: bool
+) -> None:
+    """An ``X-Api-Key-Id`` of 300 characters, or with a control character (a tab), is refused
+    by the meter with ``stream.started``'s own rule: 400 ``invalid_request_error`` in each
+    protocol's shape, with or without ``authorize``; the upstream gets no request and the
+    service no event and no authorization."""
+    with FakeUpstream(total=5) as fake, billing_server(db_url) as billing:
+        with gateway(fake.url, billing.url, billing.ingest_token, authorize=authorize) as url:
+            long_key = _call(url, "openai.chat_completions", "bad-long", "k" * 300, 100)
+            tab_key = _call(url, "anthropic.messages", "bad-tab", "key\tx", 100)
+        admin = {"Authorization": f"Bearer {billing.admin_token}"}
+        calls = httpx.get(billing.url + "/v1/calls", headers=admin)
+    assert long_key.status_code == 400, long_key.text
+    assert long_key.json() == {
+        "error": {
+            "message": "api_key_id is too long: at most 128 characters",
+            "type": "invalid_request_error",
+            "code": "invalid_request",
+        }
+    }
+    assert tab_key.status_code == 400, tab_key.text
+    assert tab_key.json() == {
+        "type": "error",
+        "error": {
+            "type": "invalid_request_error",
+            "message": "api_key_id must be printable text (no control characters)",
+        },
+    }
+    assert fake.records == {}  # the upstream: not a request
+    assert calls.status_code == 200 and calls.json()["data"] == []
 
 
 def test_an_upstream_that_cannot_be_opened_releases_the_hold(db_url: str) -> None:

@@ -33,10 +33,25 @@ def test_the_openai_sdk_through_the_example_gateway(db_url: str, tmp_path: Path)
         with pytest.raises(openai.BadRequestError):
             keyed.chat.completions.create(model="", messages=MESSAGES)  # type: ignore[arg-type]
         chat = url + "/v1/chat/completions"
-        for bad in (b"not json", b"[1, 2]", b'{"model": "fake-model", "stream_options": "x"}'):
+        for bad in (
+            b"not json",
+            b"[1, 2]",
+            b'{"model": "fake-model", "stream_options": "x"}',
+            b'{"model": 5, "stream": true}',
+            b'{"model": "fake-model", "stream": "true"}',
+        ):
             answer = httpx.post(chat, content=bad, headers={"X-Api-Key-Id": "key_sdk"})
             assert answer.status_code == 400, (bad, answer.text)
             assert answer.json()["error"]["type"] == "invalid_request_error"
+        for key in ("k" * 300, "key\tsdk"):  # ids stream.started would refuse: the meter's 400
+            with pytest.raises(openai.BadRequestError) as refused:
+                anonymous.with_options(
+                    default_headers={"X-Api-Key-Id": key}
+                ).chat.completions.create(
+                    model="fake-model",
+                    messages=MESSAGES,  # type: ignore[arg-type]
+                )
+            assert refused.value.status_code == 400
         assert fake.records == {}  # nothing was sent upstream, retries included
 
         raw = keyed.chat.completions.with_raw_response.create(

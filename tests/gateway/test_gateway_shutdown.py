@@ -57,6 +57,14 @@ async def _stream(
     return read
 
 
+def _events(billing: Billing, request_id: str) -> list[dict[str, Any]]:
+    """The call's events as the service stored them."""
+    headers = {"Authorization": f"Bearer {billing.admin_token}"}
+    answer = httpx.get(f"{billing.url}/v1/calls/{request_id}", headers=headers, timeout=30)
+    events: list[dict[str, Any]] = answer.json()["events"]
+    return events
+
+
 @pytest.mark.slow  # a gateway process
 def test_sigterm_with_streams_in_flight_settles_every_call(db_url: str, tmp_path: Path) -> None:
     port = _free_port()
@@ -93,6 +101,7 @@ def test_sigterm_with_streams_in_flight_settles_every_call(db_url: str, tmp_path
         assert proc.wait(timeout=30) in (0, -signal.SIGTERM)  # uvicorn raises it again at exit
         assert time.monotonic() - started < 15  # 3 s for the streams, 3 s for the drains
         calls = asyncio.run(wait_calls(billing, [ids[name] for name in totals]))
+        events = _events(billing, ids["sd-drained"]) + _events(billing, ids["sd-cut"])
     short, drained, cut = (calls[ids[name]] for name in totals)
     assert (short["status"], short["usage_source"], short["output_tokens_billed"]) == (
         "completed",
@@ -102,10 +111,18 @@ def test_sigterm_with_streams_in_flight_settles_every_call(db_url: str, tmp_path
     assert short["output_tokens_delivered"] == 100
     # cut off by the server's grace, drained to its end within the meters' grace
     assert (drained["usage_source"], drained["output_tokens_billed"]) == ("upstream", 350)
-    assert drained["status"] == "client_disconnected"
+    # the gateway cut the stream, not the client: failed gateway_shutdown, no disconnect
+    assert (drained["status"], drained["error_type"]) == ("failed", "gateway_shutdown")
+    assert 0 < drained["output_tokens_delivered"] < 350
     # still generating when the grace ran out: the tap's count, flagged
     assert cut["usage_source"] == "estimate" and "drain_skipped" in cut["anomalies"]
     assert 0 < cut["output_tokens_delivered"] <= cut["output_tokens_billed"] < 3000
+    assert (cut["status"], cut["error_type"]) == ("failed", "gateway_shutdown")
+    kinds = [e["type"] for e in events]
+    assert "stream.client_disconnected" not in kinds, kinds
+    failed = [e for e in events if e["type"] == "stream.failed"]
+    assert [e["error_type"] for e in failed] == ["gateway_shutdown"] * 2
+    assert all(e["output_tokens_generated"] > 0 for e in failed), failed
     for call in calls.values():
         assert call["settled"] and call["api_key_id"] == "key_sd"
 

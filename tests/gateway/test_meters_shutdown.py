@@ -81,8 +81,9 @@ def test_a_stream_in_flight_at_shutdown_settles_flagged_and_the_client_closes() 
     }
     assert {k: usage[k] for k in expected} == expected
     [failed] = rec.of("sd", "stream.failed")
-    assert (failed["error_type"], failed["message"]) == (
-        "upstream_disconnect",
+    assert (failed["error_type"], failed["message"], failed["output_tokens_generated"]) == (
+        "gateway_shutdown",
         "the gateway shut down",
+        3,
     )
     assert rec.closed_with == 10.0

@@ -225,9 +225,10 @@ def test_the_readme_gateway_names_calls_itself_and_refuses_bad_bodies(
     db_url: str, tmp_path: Path
 ) -> None:
     """A client that reuses one X-Request-Id gets two calls, each billed its own usage (the
-    client's id only as metadata); a body that is not a JSON object is a 400 in OpenAI's
-    shape; the client's stream_options go upstream beside include_usage, and a client that
-    did not ask for usage gets no usage chunk."""
+    client's id only as metadata); a body that is not a JSON object, a ``model`` not a string,
+    a ``stream`` not a boolean or a key id of 300 characters is a 400 in OpenAI's shape, with
+    no upstream request; the client's stream_options go upstream beside include_usage, and a
+    client that did not ask for usage gets no usage chunk."""
     with (
         FakeUpstream(total=30, delay_s=0.0, input_tokens=7) as fake,
         billing_server(db_url) as billing,
@@ -266,6 +267,17 @@ def test_the_readme_gateway_names_calls_itself_and_refuses_bad_bodies(
             headers={"X-Api-Key-Id": "key_same"},
             timeout=10,
         )
+        key = {"X-Api-Key-Id": "key_same"}
+        model_5 = httpx.post(chat, json={"model": 5, "stream": True}, headers=key, timeout=10)
+        stream_text = httpx.post(
+            chat, json={"model": "fake-model", "stream": "true"}, headers=key, timeout=10
+        )
+        long_key = httpx.post(
+            chat,
+            json={"model": "fake-model", "stream": True},
+            headers={"X-Api-Key-Id": "k" * 300},
+            timeout=10,
+        )
         upstream_requests = len(fake.records)
     for rid, total, cost in ((first, 30, "0.0003175"), (second, 12, "0.0001375")):
         call = calls[rid]
@@ -281,4 +293,17 @@ def test_the_readme_gateway_names_calls_itself_and_refuses_bad_bodies(
     for refused in (a_list, bad_options):
         assert refused.status_code == 400
         assert refused.json() == {"error": {**error, "message": message}}
+    required = "X-Api-Key-Id and model are required"
+    assert model_5.status_code == 400
+    assert model_5.json() == {"error": {**error, "message": required}}
+    assert stream_text.status_code == 400
+    assert stream_text.json() == {"error": {**error, "message": "stream must be true or false"}}
+    assert long_key.status_code == 400  # the meter's own refusal: stream.started's rule
+    assert long_key.json() == {
+        "error": {
+            "message": "api_key_id is too long: at most 128 characters",
+            "type": "invalid_request_error",
+            "code": "invalid_request",
+        }
+    }
     assert upstream_requests == 2
