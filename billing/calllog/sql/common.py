@@ -142,15 +142,19 @@ class Ranking:
         coarse = bounding_run(runs)
         if coarse is None:
             return None
-        statement, bound = self.sums_statement([coarse], rows, _COST)
-        bounds = sorted(
-            (
-                (int(whole or 0) * PICO + int(frac or 0), value)
-                for _seg, value, whole, frac in session.execute(statement, bound)
-            ),
-            key=itemgetter(0),
-            reverse=True,
+        table, where = rollup_slice(rows)
+        c = table.c
+        # Each row as it is (a few a value), summed here: cheaper than the database's grouping.
+        read = select(c[dim], c.cost_whole_usd, c.cost_frac_pusd).where(
+            *where,
+            c.level == coarse.level,
+            c.bucket_start >= coarse.start,
+            c.bucket_start < coarse.end,
         )
+        summed: dict[Any, int] = {}
+        for value, whole, frac in session.execute(read):
+            summed[value] = summed.get(value, 0) + whole * PICO + frac
+        bounds = sorted(((b, v) for v, b in summed.items()), key=itemgetter(0), reverse=True)
         most = min(PRUNED_MOST, len(bounds) // 2)
         taken = PRUNED_FIRST * limit
         while taken <= most:
