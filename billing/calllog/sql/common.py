@@ -6,13 +6,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
+from fractions import Fraction
+from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import ColumnElement, Float, Select, Table, and_, cast, func, or_, select
 from sqlalchemy.orm import Session
 
 from billing.calllog.rows import RollupSlice, Sums
-from billing.rollups.buckets import Run
+from billing.rollups.buckets import DAY, HOUR, MONTH, Run, ceil, floor, step
 from billing.rollups.rows import CALL_START, PICO, ROLLUP_SUMMED
 from billing.storage.models import (
     Call,
@@ -69,31 +71,17 @@ class Ranking:
         self, session: Session, runs: Sequence[Run], rows: RollupSlice, limit: int
     ) -> Sums:
         (dim,) = rows.dims
-        # The ranking sums the cost only; the ranked values' every sum is read after, by their
-        # index (a key's or a customer's rows), not summed for every value of the period.
-        statement, bound = self.sums_statement(runs, rows, _COST)
-        sums = statement.subquery("sums")
-        # Floating point ranks only; the sums returned are exact integers.
-        cost = cast(func.sum(sums.c.cost_whole_usd), Float) + cast(
-            func.sum(sums.c.cost_frac_pusd), Float
-        ) / float(PICO)
-        query = (
-            select(sums.c[dim])
-            .group_by(sums.c[dim])
-            .order_by(cost.desc(), sums.c[dim])
-            .limit(limit)
-        )
-        ranked = [value for (value,) in session.execute(query, bound)]
+        ranked = self.pruned_ranking(session, runs, rows, limit)
+        if ranked is None:
+            ranked = self.full_ranking(session, runs, rows, limit)
         if not ranked:
             return []
         if dim not in ("api_key_id", "customer_id"):
             return self._ranked_sums(session, runs, rows, ranked)
-        if dim == "api_key_id":
-            only = replace(rows, api_key_ids=tuple(ranked))
-        else:
-            only = replace(rows, customer_ids=tuple(ranked))
+        # The ranked values' every sum is read after, by their index (a key's or a customer's
+        # rows), not summed for every value of the period.
         exact: dict[Any, list[int]] = {}
-        statement, bound = self.sums_statement(runs, only)
+        statement, bound = self.sums_statement(runs, _only(rows, ranked))
         for _seg, value, *values in session.execute(statement, bound):
             known = exact.get(value)
             values = [int(v or 0) for v in values]
@@ -101,6 +89,82 @@ class Ranking:
                 values if known is None else [a + b for a, b in zip(known, values, strict=True)]
             )
         return [(value, *exact[value]) for value in ranked if value in exact]
+
+    def full_ranking(
+        self, session: Session, runs: Sequence[Run], rows: RollupSlice, limit: int
+    ) -> list[Any]:
+        """The ``limit`` values of ``rows``' one dimension with the greatest cost over the
+        ``runs`` (every rollup row of the runs read once, the cost only): ``_scored``'s."""
+        return [value for value, _score in self._scored(session, runs, rows, limit)]
+
+    def _scored(
+        self, session: Session, runs: Sequence[Run], rows: RollupSlice, limit: int
+    ) -> list[tuple[Any, float]]:
+        """The ranking's statement: the cost summed per value over the ``runs``, compared in
+        floating point (``score``: the whole dollars' sum plus the picodollars' sum over
+        ``PICO``), greatest first, ties by value in the database's order; ``(value, score)``."""
+        (dim,) = rows.dims
+        statement, bound = self.sums_statement(runs, rows, _COST)
+        sums = statement.subquery("sums")
+        # Floating point ranks only; the sums returned are exact integers.
+        cost = cast(func.sum(sums.c.cost_whole_usd), Float) + cast(
+            func.sum(sums.c.cost_frac_pusd), Float
+        ) / float(PICO)
+        query = (
+            select(sums.c[dim], cost)
+            .group_by(sums.c[dim])
+            .order_by(cost.desc(), sums.c[dim])
+            .limit(limit)
+        )
+        return [(value, float(score or 0)) for value, score in session.execute(query, bound)]
+
+    def pruned_ranking(
+        self, session: Session, runs: Sequence[Run], rows: RollupSlice, limit: int
+    ) -> list[Any] | None:
+        """``full_ranking``'s answer, the same values in the same order, without reading every
+        row of the ``runs`` (a threshold algorithm); None where it does not apply (then
+        ``full_ranking`` answers).
+
+        Applies to the ``call_start`` keys and customers only: a settled call's cost is never
+        negative there (non-negative rates of non-negative token and unit counts, a part of a
+        bucket no larger than the bucket), so every rollup row holds a cost >= 0 in whole
+        dollars >= 0 and picodollars in ``[0, PICO)``, and a value's cost over coarser buckets
+        that cover the runs (``bounding_run``: a few rows per value) bounds its cost over the
+        runs from above. (``booked`` is not pruned: an adjustment's cost is negative.) The
+        values are taken by that bound, greatest first, in growing batches; their exact
+        ranking (``_scored``, restricted to them) is final once its ``limit``-th score beats
+        every value not taken: greater than the next bound, by a margin for the float
+        rounding (``_beats``). A value not taken then ranks after ``limit`` values, ties
+        included, so the ranking of the taken values is the ranking of all."""
+        (dim,) = rows.dims
+        if rows.basis != CALL_START or dim not in ("api_key_id", "customer_id") or not runs:
+            return None
+        coarse = bounding_run(runs)
+        if coarse is None:
+            return None
+        table, where = rollup_slice(rows)
+        c = table.c
+        # Each row as it is (a few a value), summed here: cheaper than the database's grouping.
+        read = select(c[dim], c.cost_whole_usd, c.cost_frac_pusd).where(
+            *where,
+            c.level == coarse.level,
+            c.bucket_start >= coarse.start,
+            c.bucket_start < coarse.end,
+        )
+        summed: dict[Any, int] = {}
+        for value, whole, frac in session.execute(read):
+            summed[value] = summed.get(value, 0) + whole * PICO + frac
+        bounds = sorted(((b, v) for v, b in summed.items()), key=itemgetter(0), reverse=True)
+        most = min(PRUNED_MOST, len(bounds) // 2)
+        taken = PRUNED_FIRST * limit
+        while taken <= most:
+            scored = self._scored(
+                session, runs, _only(rows, [v for _b, v in bounds[:taken]]), limit
+            )
+            if len(scored) == limit and _beats(scored[-1][1], bounds[taken][0]):
+                return [value for value, _score in scored]
+            taken *= 4
+        return None
 
     def _ranked_sums(
         self, session: Session, runs: Sequence[Run], rows: RollupSlice, ranked: list[Any]
@@ -115,6 +179,47 @@ class Ranking:
         )
         found = {row[0]: row for row in session.execute(query, bound)}
         return [found[value] for value in ranked if value in found]
+
+
+def _only(rows: RollupSlice, values: Sequence[Any]) -> RollupSlice:
+    """``rows`` restricted to these keys or customers (``rows``' one dimension)."""
+    if rows.dims == ("api_key_id",):
+        return replace(rows, api_key_ids=tuple(values))
+    return replace(rows, customer_ids=tuple(values))
+
+
+#: The pruned ranking's first batch, per value ranked (each next batch is 4 times larger), and
+#: the most values it takes (a larger batch, or half of the values: the full ranking).
+PRUNED_FIRST = 4
+PRUNED_MOST = 4000
+#: The levels of a bound, finest first (a quarter hour is no coarser than any cover).
+_BOUND_LEVELS = (HOUR, DAY, MONTH)
+
+
+def bounding_run(runs: Sequence[Run]) -> Run | None:
+    """The buckets whose sum bounds a value's sum over ``runs`` (values >= 0): those of the
+    finest level among ``_BOUND_LEVELS`` of which at most two cover every run (else the
+    months covering them); None when those are the runs themselves (the bound is the sum)."""
+    lo = min(r.start for r in runs)
+    hi = max(r.end for r in runs)
+    for level in _BOUND_LEVELS:
+        start, end = floor(level, lo), ceil(level, hi)
+        if step(level, step(level, start)) >= end or level == MONTH:
+            if len(runs) == 1 and runs[0].level == level:
+                return None
+            return Run(0, level, start, end)
+    return None  # pragma: no cover (the month level always answers)
+
+
+def _beats(score: float, bound_pusd: int) -> bool:
+    """Whether a ranking's ``score`` (``_scored``: ``fl(fl(W) + fl(fl(F) / 1e12))`` of a
+    value's sums ``W`` >= 0 and ``F`` >= 0) is greater than any score of a value whose exact
+    cost is at most ``bound_pusd``: three roundings of non-negative terms make a score at most
+    ``cost / PICO * (1 + 2**-53) ** 3``, under the margin ``1 + 10**-15``, compared exactly."""
+    return Fraction(score) > Fraction(bound_pusd, PICO) * _MARGIN
+
+
+_MARGIN = 1 + Fraction(1, 10**15)
 
 
 #: What the ranking sums.
