@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, Boolean, Index, Integer, String, Text
+from sqlalchemy import BigInteger, Boolean, Index, Integer, String, Text, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from billing.storage.models.base import Base, BigId, counter
@@ -97,10 +97,27 @@ class CreditEntry(Base):
     dedupe_key: Mapped[str | None] = mapped_column(Text, unique=True)
 
     # Each index is read: by booking time (the credits export), by call (a redraw reads what
-    # the call drew), by owner (its latest entries). None by grant (0022): a grant's remainder
-    # is kept on its row, and every draw would pay for it.
+    # the call drew), by owner in booking order (its latest entries: the index's last rows
+    # rather than a sort of all of them), a customer's and a key's own apart, so that each
+    # entry still pays one owner index. None by grant (0022): a grant's remainder is kept on
+    # its row, and every draw would pay for it.
     __table_args__ = (
         Index(None, "booked_at", "entry_id"),
         Index(None, "request_id"),
-        Index(None, "customer_id", "api_key_id"),
+        Index(
+            "ix_credit_entries_customer_booked",
+            "customer_id",
+            "booked_at",
+            "entry_id",
+            postgresql_where=text("customer_id IS NOT NULL"),
+            sqlite_where=text("customer_id IS NOT NULL"),
+        ),
+        Index(
+            "ix_credit_entries_key_booked",
+            "api_key_id",
+            "booked_at",
+            "entry_id",
+            postgresql_where=text("customer_id IS NULL"),
+            sqlite_where=text("customer_id IS NULL"),
+        ),
     )
