@@ -172,21 +172,18 @@ class SqliteRollups(DriftCore):
         statuses: Rows,
     ) -> None:
         conn = session.connection()
-        if keyed:
-            params = [(b, k, lv, cached_sqlite_text(t), *rest) for b, k, lv, t, *rest in keyed]
-            conn.exec_driver_sql(ADD_KEYED, params)
-        if all_keys:
-            params = [(b, lv, cached_sqlite_text(t), *rest) for b, lv, t, *rest in all_keys]
-            conn.exec_driver_sql(ADD_ALL_KEYS, params)
-        if by_key:
-            params = [(b, k, lv, cached_sqlite_text(t), *rest) for b, k, lv, t, *rest in by_key]
-            conn.exec_driver_sql(ADD_BY_KEY, params)
-        if by_customer:
-            params = [(b, lv, cached_sqlite_text(t), *rest) for b, lv, t, *rest in by_customer]
-            conn.exec_driver_sql(ADD_BY_CUSTOMER, params)
-        if statuses:
-            params = [(lv, cached_sqlite_text(t), *rest) for lv, t, *rest in statuses]
-            conn.exec_driver_sql(ADD_STATUSES, params)
+        # Each table's rows carry their bucket_start at their own position (``at``): SQLite's
+        # text of it is put there, the rest of each row passed as it is.
+        for statement, rows, at in (
+            (ADD_KEYED, keyed, 3),
+            (ADD_ALL_KEYS, all_keys, 2),
+            (ADD_BY_KEY, by_key, 3),
+            (ADD_BY_CUSTOMER, by_customer, 2),
+            (ADD_STATUSES, statuses, 1),
+        ):
+            if rows:
+                params = [(*r[:at], cached_sqlite_text(r[at]), *r[at + 1 :]) for r in rows]
+                conn.exec_driver_sql(statement, params)
 
     def keyless_starts(self, session: Session, request_ids: Sequence[str]) -> dict[str, datetime]:
         rows = session.connection().exec_driver_sql(KEYLESS_STARTS, (_json_list(request_ids),))
