@@ -195,14 +195,17 @@ def error_body(protocol: str, refused: Admission) -> dict[str, Any]:
     """The refusal in the protocol's error shape: Anthropic's ``{"type": "error", "error":
     {"type", "message"}}`` (``invalid_request_error`` 400, ``billing_error`` 402,
     ``rate_limit_error`` 429, ``api_error`` 500 and 502, ``overloaded_error`` 503), else
-    OpenAI's ``{"error": {"message", "type", "code"}}`` (``invalid_request_error`` 400,
-    ``insufficient_quota`` 402, ``rate_limit_exceeded`` 429, ``server_error`` 500,
-    ``upstream_error`` 502, ``service_unavailable`` 503; ``code``: the reason)."""
+    OpenAI's ``{"error": {"message", "type", "param": null, "code"}}``
+    (``invalid_request_error`` 400, ``insufficient_quota`` 402, ``rate_limit_exceeded`` 429,
+    ``server_error`` 500, ``upstream_error`` 502, ``service_unavailable`` 503; ``code``: the
+    reason)."""
     if protocol == "anthropic.messages":
         kind = _ANTHROPIC_TYPES.get(refused.status, "overloaded_error")
         return {"type": "error", "error": {"type": kind, "message": refused.message}}
     kind = _OPENAI_TYPES.get(refused.status, "service_unavailable")
-    return {"error": {"message": refused.message, "type": kind, "code": refused.reason}}
+    return {
+        "error": {"message": refused.message, "type": kind, "param": None, "code": refused.reason}
+    }
 
 
 def refusal(protocol: str, refused: Admission) -> JSONResponse:

@@ -124,6 +124,7 @@ def test_a_denied_call_gets_its_protocols_error_shape_and_never_reaches_the_upst
         "error": {
             "message": message,
             "type": "insufficient_quota",
+            "param": None,
             "code": "estimate_exceeds_limit",
         }
     }
@@ -177,6 +178,7 @@ def test_without_a_decision_fail_open_decides_and_each_call_is_logged(
         "error": {
             "message": "the billing service cannot authorize the call now",
             "type": "service_unavailable",
+            "param": None,
             "code": "authorization_unavailable",
         }
     }
@@ -218,6 +220,7 @@ def test_a_refused_authorization_request_is_refused_whatever_fail_open_says(
             "message": "the billing service refused the gateway's authorization request "
             "(HTTP 401); see the gateway's log",
             "type": "server_error",
+            "param": None,
             "code": "authorization_rejected",
         }
     }
@@ -270,6 +273,7 @@ def test_a_key_id_or_model_the_service_would_refuse_is_a_400_before_anything_is_
         "error": {
             "message": "api_key_id is too long: at most 128 characters",
             "type": "invalid_request_error",
+            "param": None,
             "code": "invalid_request",
         }
     }

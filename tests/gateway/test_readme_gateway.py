@@ -193,12 +193,12 @@ def test_the_readme_gateway_enforces_a_budget(db_url: str, tmp_path: Path) -> No
     assert over.status_code == 402, over.text
     message = "budget b_key_over: estimate_exceeds_limit"
     kind, code = "insufficient_quota", "estimate_exceeds_limit"
-    assert over.json() == {"error": {"message": message, "type": kind, "code": code}}
+    assert over.json() == {"error": {"message": message, "type": kind, "param": None, "code": code}}
     assert "retry-after" not in over.headers
     assert busy.status_code == 429, busy.text
     message = "budget b_key_busy: insufficient_headroom; retry later"
     kind, code = "rate_limit_exceeded", "insufficient_headroom"
-    assert busy.json() == {"error": {"message": message, "type": kind, "code": code}}
+    assert busy.json() == {"error": {"message": message, "type": kind, "param": None, "code": code}}
     assert 1 <= int(busy.headers["retry-after"]) <= 60
     over_id, busy_id = over.headers["x-request-id"], busy.headers["x-request-id"]
     assert len({over_id, busy_id, ok_id, fail_id} - {"rg-over", "rg-busy", "rg-ok", "rg-fail"}) == 4
@@ -303,6 +303,7 @@ def test_the_readme_gateway_names_calls_itself_and_refuses_bad_bodies(
         "error": {
             "message": "api_key_id is too long: at most 128 characters",
             "type": "invalid_request_error",
+            "param": None,
             "code": "invalid_request",
         }
     }
