@@ -98,23 +98,13 @@ def render(template: str, values: dict[str, str]) -> str:
     return string.Template((DEPLOY / template).read_text()).substitute(values)
 
 
-def wait_for(what: str, check: Callable[[], T], timeout: float = 60.0) -> T:
-    """The first truthy answer of ``check``, asked every 0.1 s for ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def wait_until(what: str, timeout: float, probe: Callable[[], T | None]) -> T:
-    """The first non-None answer of ``probe``, asked every ``POLL`` seconds for ``timeout``."""
+def wait_for(what: str, check: Callable[[], T | None], timeout: float = 60.0) -> T:
+    """The first truthy answer of ``check``, asked every ``POLL`` seconds for ``timeout``
+    seconds; ``TimeoutError`` naming ``what`` after that."""
     deadline = time.monotonic() + timeout
     while True:
-        answer = probe()
-        if answer is not None:
+        answer = check()
+        if answer:
             return answer
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what}: not within {timeout:.0f} s")
@@ -292,7 +282,7 @@ class PatroniCluster:
         self._etcd = self._spawn(
             ["etcd", "--config-file", str(etcd_dir / "etcd.yml")], etcd_dir / "etcd.log"
         )
-        wait_until("etcd answers", 30, self._etcd_healthy)
+        wait_for("etcd answers", self._etcd_healthy, 30)
         for node in self.nodes:
             self.start_node(node.name)
         self.wait_ready(self.start_timeout)
@@ -382,7 +372,7 @@ class PatroniCluster:
                 return leader[0], sync[0]
             return None
 
-        return wait_until("a leader and a synchronous standby", timeout, probe)
+        return wait_for("a leader and a synchronous standby", probe, timeout)
 
     def primary(self) -> Node:
         """The node whose PostgreSQL is the read-write primary now (asks each node's Patroni)."""
@@ -418,7 +408,7 @@ class PatroniCluster:
                     return node
             return None
 
-        new = wait_until(f"a primary after {old} was killed", timeout, probe)
+        new = wait_for(f"a primary after {old} was killed", probe, timeout)
         return Failover(old, new.name, killed_at, time.monotonic() - killed_at)
 
     # -- URLs -----------------------------------------------------------------------------
@@ -548,10 +538,10 @@ class PatroniCluster:
         for pid in [*children, postmaster]:
             _kill(pid)
         killed_at = time.monotonic()
-        wait_until(
+        wait_for(
             f"{node.name}'s PostgreSQL exits",
+            lambda: all(_is_gone(p) for p in [postmaster, *children]),
             10,
-            lambda: True if all(_is_gone(p) for p in [postmaster, *children]) else None,
         )
         return killed_at
 
