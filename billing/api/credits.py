@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
@@ -146,6 +146,23 @@ async def get_balance(
     request: Request, state: Annotated[AppState, Depends(get_state)]
 ) -> JSONResponse:
     """``?customer_id=`` or ``?api_key_id=`` (exactly one)."""
+    return JSONResponse(await _balance(request, state))
+
+
+#: The route answered by ``serve_balance`` ahead of the framework (``billing.api.direct``).
+BALANCE_PATH = "/v1/credits/balance"
+
+_allow_balance = allow("read", "ingest")
+
+
+async def serve_balance(request: Request, state: AppState) -> dict[str, Any]:
+    """``get_balance`` ahead of the framework (``billing.api.direct.serve``): the same guard,
+    query and answer."""
+    _allow_balance(request)
+    return await _balance(request, state)
+
+
+async def _balance(request: Request, state: AppState) -> dict[str, Any]:
     reader = QueryReader(request.query_params.multi_items(), ("customer_id", "api_key_id"))
     customer_id = reader.text("customer_id", 128)
     api_key_id = reader.text("api_key_id", 128)
@@ -156,4 +173,4 @@ async def get_balance(
         )
     owner = Owner(customer_id, api_key_id)
     now = datetime.now(UTC)
-    return JSONResponse(await read(state, lambda s: balance(s, owner, now)))
+    return await read(state, lambda s: balance(s, owner, now))
