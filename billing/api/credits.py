@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from billing.api.errors import answers
-from billing.api.state import AppState, get_state, read, write
+from billing.api.state import AppState, get_state, read, read_single, write
 from billing.auth.guard import allow
 from billing.calllog.params import QueryReader
 from billing.credits.rows import Owner
@@ -173,4 +173,7 @@ async def _balance(request: Request, state: AppState) -> dict[str, Any]:
         )
     owner = Owner(customer_id, api_key_id)
     now = datetime.now(UTC)
-    return await read(state, lambda s: balance(s, owner, now))
+    # A customer's balance is one statement (``CoreCredits.balance_figures``); a key's reads
+    # its customer first, the two in one snapshot.
+    reading = read_single if customer_id is not None else read
+    return await reading(state, lambda s: balance(s, owner, now))

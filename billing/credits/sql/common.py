@@ -559,11 +559,12 @@ class PostgresCredits(CoreCredits):
     def lock_owner(self, session: Session, owner: Owner) -> None:
         """Until the transaction ends, no other authorization of ``owner`` decides: a
         transaction-level advisory lock on (``OWNER_LOCKS``, the hash of the owner's key)."""
-        session.execute(
-            text("SELECT pg_advisory_xact_lock(:kind, hashtext(:owner))"),
-            {"kind": OWNER_LOCKS, "owner": owner.account()},
-        )
+        # On the connection, the text built once (each authorization of a ``credit_required``
+        # customer): the ORM session's execution of it cost more than the lock.
+        session.connection().execute(_LOCK_OWNER, {"kind": OWNER_LOCKS, "owner": owner.account()})
 
+
+_LOCK_OWNER = text("SELECT pg_advisory_xact_lock(:kind, hashtext(:owner))")
 
 #: ``CoreCredits`` on SQLite and on PostgreSQL.
 SQLITE = CoreCredits(sqlite.insert)
