@@ -4,12 +4,15 @@ write transaction (with the prepaid-credit check of ``billing.credits``), answer
 
 from __future__ import annotations
 
-from typing import Annotated
+import json
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
+from billing.api.direct import ROUTE
 from billing.api.errors import answers
+from billing.api.limits import admitted_body
 from billing.api.state import AppState, get_state, write
 from billing.auth.guard import allow
 from billing.budgets import authorize
@@ -17,6 +20,11 @@ from billing.budgets.schemas import AuthorizationIn, AuthorizationOut, HoldOut
 from billing.credits.service import credit_gate
 
 router = APIRouter()
+
+#: The route answered by ``serve_authorization`` ahead of the framework (``billing.api.direct``).
+PATH = "/v1/authorizations"
+
+_allow_ingest = allow("ingest")
 
 
 @router.post(
@@ -38,9 +46,25 @@ async def post_authorization(
 ) -> JSONResponse:
     """The decision; a repeated ``request_id`` with the same body gets the first answer and
     never holds twice."""
-    return JSONResponse(
-        await write(state, lambda s, now: authorize.authorize(s, body, now, credit_gate))
-    )
+    return JSONResponse(await _decide(state, body))
+
+
+async def _decide(state: AppState, body: AuthorizationIn) -> dict[str, Any]:
+    return await write(state, lambda s, now: authorize.authorize(s, body, now, credit_gate))
+
+
+async def serve_authorization(request: Request, state: AppState) -> Any:
+    """``post_authorization`` ahead of the framework (``billing.api.direct.serve``): the same
+    guard, body and answer. A body that is not JSON or that ``AuthorizationIn`` refuses is
+    handed back (``ROUTE``): FastAPI's validation answers it, in its words (422)."""
+    _allow_ingest(request)
+    try:
+        # As FastAPI reads a JSON body (the limits admitted only application/json): json.loads,
+        # then the model's validation of the value.
+        body = AuthorizationIn.model_validate(json.loads(admitted_body(request)))
+    except (ValueError, TypeError, RecursionError):  # pydantic's ValidationError is a ValueError
+        return ROUTE
+    return await _decide(state, body)
 
 
 @router.delete(

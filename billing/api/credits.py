@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from billing.api.errors import answers
-from billing.api.state import AppState, get_state, read, write
+from billing.api.state import AppState, get_state, read, read_single, write
 from billing.auth.guard import allow
 from billing.calllog.params import QueryReader
 from billing.credits.rows import Owner
@@ -146,6 +146,23 @@ async def get_balance(
     request: Request, state: Annotated[AppState, Depends(get_state)]
 ) -> JSONResponse:
     """``?customer_id=`` or ``?api_key_id=`` (exactly one)."""
+    return JSONResponse(await _balance(request, state))
+
+
+#: The route answered by ``serve_balance`` ahead of the framework (``billing.api.direct``).
+BALANCE_PATH = "/v1/credits/balance"
+
+_allow_balance = allow("read", "ingest")
+
+
+async def serve_balance(request: Request, state: AppState) -> dict[str, Any]:
+    """``get_balance`` ahead of the framework (``billing.api.direct.serve``): the same guard,
+    query and answer."""
+    _allow_balance(request)
+    return await _balance(request, state)
+
+
+async def _balance(request: Request, state: AppState) -> dict[str, Any]:
     reader = QueryReader(request.query_params.multi_items(), ("customer_id", "api_key_id"))
     customer_id = reader.text("customer_id", 128)
     api_key_id = reader.text("api_key_id", 128)
@@ -156,4 +173,7 @@ async def get_balance(
         )
     owner = Owner(customer_id, api_key_id)
     now = datetime.now(UTC)
-    return JSONResponse(await read(state, lambda s: balance(s, owner, now)))
+    # A customer's balance is one statement (``CoreCredits.balance_figures``); a key's reads
+    # its customer first, the two in one snapshot.
+    reading = read_single if customer_id is not None else read
+    return await reading(state, lambda s: balance(s, owner, now))

@@ -71,6 +71,18 @@ async def read(state: AppState, work: Callable[[Session], T]) -> T:
     return await run_in_threadpool(run)
 
 
+async def read_single(state: AppState, work: Callable[[Session], T]) -> T:
+    """``read`` for ``work`` that reads one statement (its own consistent snapshot): on
+    PostgreSQL in autocommit, without the ``BEGIN``, isolation level and ``ROLLBACK`` round
+    trips of a read transaction (``billing.storage.db.single_reads``)."""
+
+    def run() -> T:
+        with single_reads(state.sessions) as session:
+            return work(session)
+
+    return await run_in_threadpool(run)
+
+
 async def write(state: AppState, work: Callable[[Session, datetime], T]) -> T:
     """``work(session, now)`` in a write transaction (SQLite: ``BEGIN IMMEDIATE``), in the
     thread pool."""

@@ -51,8 +51,9 @@ class AuthorizationConflict(BillingError):
 
 #: The prepaid-credit check an authorization also passes (``billing.credits.service.credit_gate``,
 #: given by the API so that budgets need not know credits): ``(session, api_key_id, customer_id,
-#: hold_pusd, now)`` → whether the owner's available credit covers the hold.
-CreditGate = Callable[[Session, str, "str | None", int, datetime], bool]
+#: hold_pusd, now, credit_required)`` → whether the owner's available credit covers the hold;
+#: ``credit_required``: the customer's, read by the spend check's statement (no statement more).
+CreditGate = Callable[[Session, str, "str | None", int, datetime, bool], bool]
 
 
 @dataclass(frozen=True)
@@ -160,7 +161,7 @@ def authorize(
     # others. Either way it gets the first answer, and nothing is stored again.
     priced = estimate_pusd(session, body, now)
     hold = priced or 0
-    generation, customer, rows = repo.spend_check_rows(session, body.api_key_id, now)
+    generation, customer, required, rows = repo.spend_check_rows(session, body.api_key_id, now)
     in_force = cache.in_force_at(session, generation)
     near = in_force.near(body.api_key_id, customer, body.tags)
     budgets = over(near, body.api_key_id, customer, body.tags, body.model)
@@ -174,7 +175,7 @@ def authorize(
     if (
         decision.allow
         and credit is not None
-        and not credit(session, body.api_key_id, customer, hold, now)
+        and not credit(session, body.api_key_id, customer, hold, now, required)
     ):
         decision = Decision(False, "insufficient_credit")
     expires = now + timedelta(seconds=body.ttl_s)

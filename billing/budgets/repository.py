@@ -16,10 +16,10 @@ from billing.budgets.rows import (
     BudgetDef,
     CallAmount,
     Claimed,
-    CounterRow,
     LiveHold,
     OpenAmounts,
     Scope,
+    SpendCheckRows,
     StepAmounts,
     StepCall,
     StoredHold,
@@ -88,12 +88,10 @@ class BudgetsRepository(Protocol):
     def definitions(self, session: Session) -> list[BudgetDef]:
         """The versions in force (``billing.budgets.cache``)."""
 
-    def spend_check_rows(
-        self, session: Session, key: str, now: datetime
-    ) -> tuple[int | None, str | None, list[CounterRow]]:
+    def spend_check_rows(self, session: Session, key: str, now: datetime) -> SpendCheckRows:
         """One statement: the generation, the customer of ``key`` at ``now`` (its assignment in
-        force) and the latest counter at or before ``now`` of each version in force over the
-        key or that customer."""
+        force) and whether it is ``credit_required``, and the latest counter at or before
+        ``now`` of each version in force over the key or that customer."""
 
     def spend(
         self, session: Session, pairs: Sequence[tuple[int, datetime]]

@@ -70,6 +70,17 @@ class CounterRow(NamedTuple):
     provisional_pusd: int
 
 
+class SpendCheckRows(NamedTuple):
+    """``spend_check_rows``: the budgets' generation (None: no row), the key's customer now,
+    whether that customer is ``credit_required`` (False without one: for the authorization's
+    credit check, read in the same statement) and the counters of the versions over either."""
+
+    generation: int | None
+    customer_id: str | None
+    credit_required: bool
+    counters: list[CounterRow]
+
+
 class Claimed(NamedTuple):
     """A webhook claimed for delivery."""
 

@@ -352,15 +352,25 @@ def _balance_json(
 
 
 def credit_gate(
-    session: Session, api_key_id: str, customer_id: str | None, hold_pusd: int, now: datetime
+    session: Session,
+    api_key_id: str,
+    customer_id: str | None,
+    hold_pusd: int,
+    now: datetime,
+    required: bool | None = None,
 ) -> bool:
     """Whether a hold of ``hold_pusd`` may be taken for a call of ``api_key_id`` (its customer
     ``customer_id``): always, unless the owner is a ``credit_required`` customer whose available
     credit is below it. The owner's authorizations are decided one after another
     (``lock_owner``); the grants are read without their row locks, so a step drawing them does
-    not hold the authorization up."""
+    not hold the authorization up. ``required``: ``customer_id``'s ``credit_required`` when the
+    caller read it already (the authorization's spend check), else read here."""
     owner = credit_owner(session, Owner.of(customer_id, api_key_id), now)
-    if owner.customer_id is None or not credit_required(session, owner.customer_id):
+    if owner.customer_id is None:
+        return True
+    if required is None or owner.customer_id != customer_id:
+        required = credit_required(session, owner.customer_id)
+    if not required:
         return True
     repository(session).lock_owner(session, owner)
     return _figures(session, owner, now)[1]["available"] >= hold_pusd

@@ -22,6 +22,7 @@ from billing.api import (
     budgets,
     calls,
     credits,
+    direct,
     drift,
     errors,
     events,
@@ -102,8 +103,17 @@ class _LatencyMiddleware:
             self.latency.observe(scope["method"], path, status, time.perf_counter() - started)
 
 
+#: The hot routes a gateway calls once per upstream call, answered ahead of the framework too
+#: (``billing.api.direct``), after the NUL check: by (method, path).
+_DIRECT: dict[tuple[str, str], direct.Handle] = {
+    ("POST", authorizations.PATH): authorizations.serve_authorization,
+    ("GET", credits.BALANCE_PATH): credits.serve_balance,
+}
+
+
 class _App(FastAPI):
-    """The FastAPI app, with ``POST /v1/events`` answered ahead of the middleware stack.
+    """The FastAPI app, with ``POST /v1/events`` answered ahead of the middleware stack (and
+    the routes of ``_DIRECT``, after the NUL check).
 
     The one route gateways call thousands of times a second goes straight to
     ``events.serve_ingest`` (the same guard, handler and error rendering as the routed endpoint,
@@ -148,6 +158,22 @@ class _App(FastAPI):
                 )
                 await errors.render(error)(scope, receive, send)
                 return
+            handle = _DIRECT.get((scope["method"], scope["path"]))
+            if handle is not None and not scope.get("root_path") and not self.root_path:
+                scope["app"] = self
+                path = scope["path"]
+                started = time.perf_counter()
+                answered: int | None = 500
+                try:
+                    answered = await direct.serve(scope, receive, send, self.state.billing, handle)
+                finally:
+                    if answered is not None:
+                        self.latency.observe(
+                            scope["method"], path, answered, time.perf_counter() - started
+                        )
+                if answered is not None:
+                    return
+                # handed back (``billing.api.direct.ROUTE``): routed as any other request
         # a budget's webhook URL is checked against the destination policy of these settings
         with destinations.allowing_private(self.state.billing.settings.webhook_allow_private):
             await super().__call__(scope, receive, send)
