@@ -262,9 +262,9 @@ class CoreCredits:
         self, session: Session, grants: dict[str, int], overdrafts: dict[Owner, int]
     ) -> None:
         """One ``UPDATE`` (executemany) for the grants, one upsert for the overdrafts."""
-        changed = [{"g": g, "d": d} for g, d in sorted(grants.items()) if d]
+        changed = [(g, d) for g, d in sorted(grants.items()) if d]
         if changed:
-            session.execute(_ADD_TO_REMAINING, changed)
+            self._add_to_remaining(session, changed)
         if overdrafts:
             rows = [
                 {
@@ -283,6 +283,11 @@ class CoreCredits:
                 },
             )
             session.execute(upsert, rows)
+
+    def _add_to_remaining(self, session: Session, changed: Sequence[tuple[str, int]]) -> None:
+        """Add to each grant's remainder its change ((grant id, change), by grant id): one
+        ``UPDATE`` (executemany)."""
+        session.execute(_ADD_TO_REMAINING, [{"g": g, "d": d} for g, d in changed])
 
     def any_grants(self, session: Session) -> bool:
         return bool(session.scalar(select(exists().select_from(CreditGrant))))
@@ -532,6 +537,15 @@ OWNER_LOCKS = 0x6372_6564
 #: element escaped through a regex).
 _PG_COPY_ENTRIES = f"COPY credit_entries ({', '.join(_ENTRY_COLUMNS)}) FROM STDIN"
 
+#: PostgreSQL's ``_add_to_remaining``: one statement over two arrays (grant ids, changes). An
+#: executemany of ``_ADD_TO_REMAINING`` (a step changes up to a grant a call) cost about 6 ms
+#: of the reconciler's CPU and 8 ms of the server's for 500 grants, this 0.8 and 5 ms, under
+#: the grants' locks (the other reconcile thread waits for them).
+_PG_ADD_TO_REMAINING = (
+    "UPDATE credit_grants AS g SET remaining_pusd = g.remaining_pusd + v.d "
+    "FROM unnest(%s::text[], %s::bigint[]) AS v(grant_id, d) WHERE g.grant_id = v.grant_id"
+)
+
 
 class PostgresCredits(CoreCredits):
     """``CoreCredits`` with PostgreSQL's advisory lock per owner and its array insert."""
@@ -558,6 +572,14 @@ class PostgresCredits(CoreCredits):
                     copy.write_row(row)
         finally:
             cursor.close()
+
+    def _add_to_remaining(self, session: Session, changed: Sequence[tuple[str, int]]) -> None:
+        """One ``UPDATE … FROM unnest(…)`` (``_PG_ADD_TO_REMAINING``): each grant once (the
+        changes are summed by grant)."""
+        grant_ids = [g for g, _ in changed]
+        session.connection().exec_driver_sql(
+            _PG_ADD_TO_REMAINING, (grant_ids, [d for _, d in changed])
+        )
 
     def lock_owner(self, session: Session, owner: Owner) -> None:
         """Until the transaction ends, no other authorization of ``owner`` decides: a
