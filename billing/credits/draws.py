@@ -37,6 +37,7 @@ from billing.credits.rows import (
     OVERDRAFT,
     REVERSAL,
     VOID,
+    Drawn,
     EntryRow,
     GrantView,
     Movement,
@@ -163,43 +164,39 @@ def after_step(
     # A call the fast path settled was settled for the first time: it drew nothing before.
     first = {rid for rid, _, _ in settled_in_sql}
     drawn = repo.drawn(session, sorted({rid for rid, _, _ in work if rid not in first}))
-    grants = repo.grants(session, sorted(holders, key=Owner.sort_key), lock=True)
-    remaining = {g.grant_id: g.remaining_pusd for g in grants}
-    by_owner: dict[Owner, list[GrantView]] = {}
-    for grant in grants:
-        by_owner.setdefault(grant.owner, []).append(grant)
-    # What each owner's draws take, in order: its active grants (the same all step long).
-    drawable = {
-        owner: [g for g in sorted(owned, key=draw_order) if active(g, now)]
-        for owner, owned in by_owner.items()
-    }
-    # The entries as rows (thousands a step: no object a draw), in the order they are drawn.
+    holding = sorted(holders, key=Owner.sort_key)
     at = repo.entry_time(now)
-    rows: list[EntryRow] = []
-    before_step = dict(remaining)
-    for place in sorted(work):
-        delta, seq, owner = work[place]
-        if not delta:
-            continue
-        rid = place[0]
-        before = drawn.get((rid, owner)) if drawn else None
-        if delta > 0 and not (before and any(before.values())):
-            # The common draw: the first grant in order covers it all (``_draw``'s first take).
-            order = drawable.get(owner)
-            grant_id = order[0].grant_id if order else None
-            if grant_id is not None and remaining.get(grant_id, 0) >= delta:
-                customer_id, api_key_id = owner
-                rows.append((DRAW, at, customer_id, api_key_id, grant_id, delta, rid, seq, None))
-                remaining[grant_id] -= delta
-                continue
-        like = (DRAW, at, owner.customer_id, owner.api_key_id, None, 0, rid, seq, None)
-        if before and any(before.values()):
-            owned = {g.grant_id: g for g in by_owner.get(owner, [])}
-            _reverse(rows, like, before, owned, remaining, now)
-            delta += sum(before.values())
-        if delta > 0:
-            _draw(rows, like, delta, drawable.get(owner, ()), remaining)
-    repo.insert_entries(session, rows)
+    if repo.draws_before_lock:
+        # Steps run at once (PostgreSQL) draw the same grants: each holds their row locks from
+        # its locked read to its commit, so whatever it does in between, the other waits for.
+        # The rows are planned from the grants as they are and inserted (in a savepoint) before
+        # the lock; then, locked, they are kept when the grants as locked give the same rows
+        # (the usual case: the same grants, each with enough left for what the step takes of
+        # it), else rolled back and planned again from the locked grants: the booked rows are
+        # always those of the grants as locked, as without this.
+        seen = repo.grants(session, holding)
+        plan = _plan(work, drawn, seen, now, at)
+        savepoint = session.begin_nested()
+        repo.insert_entries(session, plan.rows)
+        grants = repo.grants(session, holding, lock=True)
+        if grants == seen:
+            savepoint.commit()
+        elif plan.holds_for(grants):
+            savepoint.commit()
+            plan = plan.rebased(grants)
+        else:
+            locked = _plan(work, drawn, grants, now, at)
+            if locked.rows == plan.rows:
+                savepoint.commit()
+            else:
+                savepoint.rollback()
+                repo.insert_entries(session, locked.rows)
+            plan = locked
+    else:
+        grants = repo.grants(session, holding, lock=True)
+        plan = _plan(work, drawn, grants, now, at)
+        repo.insert_entries(session, plan.rows)
+    rows, remaining, by_owner = plan.rows, plan.remaining, plan.by_owner
     # A grant's remainder moved as its entries did (``remaining`` followed each of them); an
     # owner's overdraft by its entries of no grant.
     overdrafts: dict[Owner, int] = {}
@@ -207,6 +204,7 @@ def after_step(
         if row[4] is None:
             owner = Owner(row[2], row[3])
             overdrafts[owner] = overdrafts.get(owner, 0) + row[5]
+    before_step = {g.grant_id: g.remaining_pusd for g in grants}
     changed = {g: left - before_step[g] for g, left in remaining.items()}
     repo.add_to_sums(session, changed, overdrafts)
     # Alerts reach only the owners with a webhook budget: the others' crossings store nothing,
@@ -224,6 +222,106 @@ def after_step(
         # Holds and open calls are the same before and after the draws.
         others = held.get(owner, 0) + pending.get(owner, 0)
         alerts.crossings(session, owner, was - others, left - others, now)
+
+
+class _Plan:
+    """A step's draws planned from the owners' grants (``_plan``): the entry rows in the order
+    they are drawn, each grant's remainder after them, the grants by owner, and whether every
+    row is a common draw (one grant covering a first draw; no reversal, overdraft or split)."""
+
+    __slots__ = ("by_owner", "common", "remaining", "rows")
+
+    def __init__(
+        self,
+        rows: list[EntryRow],
+        remaining: dict[str, int],
+        by_owner: dict[Owner, list[GrantView]],
+        common: bool,
+    ) -> None:
+        self.rows = rows
+        self.remaining = remaining
+        self.by_owner = by_owner
+        self.common = common
+
+    def holds_for(self, grants: Sequence[GrantView]) -> bool:
+        """Whether planning from ``grants`` (the same owners' grants, read again) gives the
+        same rows, without planning again: when every row is a common draw, the grants are the
+        same but for their remainders, and each still has what the step takes of it (then
+        each call's first grant in order covers it again, in the same order)."""
+        if not self.common:
+            return False
+        before = {g.grant_id: g for owned in self.by_owner.values() for g in owned}
+        if len(before) != len(grants):
+            return False
+        for grant in grants:
+            was = before.get(grant.grant_id)
+            if was is None or was._replace(remaining_pusd=grant.remaining_pusd) != grant:
+                return False
+            if grant.remaining_pusd < was.remaining_pusd - self.remaining[grant.grant_id]:
+                return False
+        return True
+
+    def rebased(self, grants: Sequence[GrantView]) -> _Plan:
+        """The same rows over ``grants`` (for which ``holds_for``): the remainders after them
+        and the grants by owner as read."""
+        before = {g.grant_id: g.remaining_pusd for owned in self.by_owner.values() for g in owned}
+        remaining: dict[str, int] = {}
+        by_owner: dict[Owner, list[GrantView]] = {}
+        for grant in grants:
+            grant_id = grant.grant_id
+            remaining[grant_id] = grant.remaining_pusd - (
+                before[grant_id] - self.remaining[grant_id]
+            )
+            by_owner.setdefault(grant.owner, []).append(grant)
+        return _Plan(self.rows, remaining, by_owner, self.common)
+
+
+def _plan(
+    work: dict[tuple[str, str, str], list[Any]],
+    drawn: Drawn,
+    grants: Sequence[GrantView],
+    now: datetime,
+    at: Any,
+) -> _Plan:
+    """The entries of the step's draws (``work``: (call, owner's sort key) → [the owner's
+    charge of the call's new entries, the last entry's seq, the owner]; ``drawn``: what the
+    calls drew before) from the owners' ``grants`` as read, as rows (thousands a step: no object
+    a draw), in the order they are drawn; ``at``: the booking time as the repository takes it."""
+    remaining = {g.grant_id: g.remaining_pusd for g in grants}
+    by_owner: dict[Owner, list[GrantView]] = {}
+    for grant in grants:
+        by_owner.setdefault(grant.owner, []).append(grant)
+    # What each owner's draws take, in order: its active grants (the same all step long).
+    drawable = {
+        owner: [g for g in sorted(owned, key=draw_order) if active(g, now)]
+        for owner, owned in by_owner.items()
+    }
+    rows: list[EntryRow] = []
+    common = True
+    for place in sorted(work):
+        delta, seq, owner = work[place]
+        if not delta:
+            continue
+        rid = place[0]
+        before = drawn.get((rid, owner)) if drawn else None
+        if delta > 0 and not (before and any(before.values())):
+            # The common draw: the first grant in order covers it all (``_draw``'s first take).
+            order = drawable.get(owner)
+            grant_id = order[0].grant_id if order else None
+            if grant_id is not None and remaining.get(grant_id, 0) >= delta:
+                customer_id, api_key_id = owner
+                rows.append((DRAW, at, customer_id, api_key_id, grant_id, delta, rid, seq, None))
+                remaining[grant_id] -= delta
+                continue
+        common = False
+        like = (DRAW, at, owner.customer_id, owner.api_key_id, None, 0, rid, seq, None)
+        if before and any(before.values()):
+            owned = {g.grant_id: g for g in by_owner.get(owner, [])}
+            _reverse(rows, like, before, owned, remaining, now)
+            delta += sum(before.values())
+        if delta > 0:
+            _draw(rows, like, delta, drawable.get(owner, ()), remaining)
+    return _Plan(rows, remaining, by_owner, common)
 
 
 def _reverse(

@@ -20,6 +20,11 @@ class CreditsRepository(Protocol):
     """Customers, grants and credit entries (``customers``, ``credit_grants``,
     ``credit_entries``)."""
 
+    #: Whether a step plans and inserts its draws before it locks the grants it draws, and
+    #: keeps them when the locked grants give the same rows (``billing.credits.draws.after_step``):
+    #: where steps run at once (PostgreSQL), so that the insert is not done under the locks.
+    draws_before_lock: bool
+
     def any_grants(self, session: Session) -> bool:
         """Whether any grant exists at all (a gateway without credits books none)."""
         ...
