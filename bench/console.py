@@ -24,6 +24,7 @@ With ``--plans`` the keys have those customers (else the customers have grants b
     BILLING_DATABASE_URL=postgresql+psycopg://postgres@127.0.0.1:5432/bench python bench/console.py
     python bench/console.py --calls 20000 --iterations 20           # a smoke run
     python bench/console.py --reuse               # keep an already seeded database
+    python bench/console.py --reuse --pages customers "credits: busiest"   # only those pages
     BILLING_DATABASE_URL=sqlite:////var/tmp/holds-seed.db python bench/console.py --reuse \
         --keys 10000 --plans --budgets 10000      # bench/holds.py's seed (10,000 budgets)
 """
@@ -119,7 +120,9 @@ def alerts(sessions: sessionmaker[Session]) -> None:
                 )
 
 
-def run(url: str, iterations: int, budgets: int, holds: int, reuse: bool) -> None:
+def run(
+    url: str, iterations: int, budgets: int, holds: int, reuse: bool, only: list[str] | None = None
+) -> None:
     settings = Settings(database_url=url)
     if not (reuse and prepared(url, budgets)):
         prepare(settings, budgets)
@@ -219,7 +222,8 @@ def run(url: str, iterations: int, budgets: int, holds: int, reuse: bool) -> Non
         ]
         print(f"in-process ASGI (route + services + template), {iterations} runs after a warm-up:")
         for label, make in pages:
-            timed(label, page(make), iterations, TARGET_MS)
+            if only is None or any(word in label for word in only):
+                timed(label, page(make), iterations, TARGET_MS)
 
 
 def main() -> None:
@@ -227,11 +231,17 @@ def main() -> None:
     seed_arguments(parser, iterations=100)
     parser.add_argument("--budgets", type=int, default=100, help="over the first keys")
     parser.add_argument("--holds", type=int, default=20, help="live authorization holds")
+    parser.add_argument(
+        "--pages",
+        nargs="+",
+        metavar="WORDS",
+        help="time only the pages whose label contains one of these (e.g. customers credits)",
+    )
     args = parser.parse_args()
     if args.budgets > args.keys:
         parser.error("--budgets must be at most --keys (one budget per key)")
     url = seeded_url("console", args)
-    run(url, args.iterations, args.budgets, args.holds, args.reuse)
+    run(url, args.iterations, args.budgets, args.holds, args.reuse, args.pages)
 
 
 if __name__ == "__main__":

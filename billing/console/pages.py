@@ -57,7 +57,8 @@ def _usage_of(
         api_key_ids=ids if key == "api_key_id" else None,
         customer_ids=ids if key == "customer_id" else None,
     )
-    return {row.as_json()[key]: row.as_json() for row in usage_rows(session, grouped)}
+    found = (row.as_json() for row in usage_rows(session, grouped))
+    return {row[key]: row for row in found}
 
 
 def keys_view(session: Session, items: Items, now: datetime) -> dict[str, Any]:
@@ -73,25 +74,25 @@ def keys_view(session: Session, items: Items, now: datetime) -> dict[str, Any]:
 
 def customers_view(session: Session, items: Items, now: datetime) -> dict[str, Any]:
     """A page of customers (by id, as ``GET /v1/customers`` lists them: a record, a key or a
-    grant): plans and keys (their keys in force), budgets in force scoped to each, and the
-    period's calls, cost and charge."""
+    grant): their plans and how many keys (of the keys' assignments in force), budgets in
+    force scoped to each, and the period's calls, cost and charge."""
     parse_usage_query([(k, v) for k, v in items if k in ("since", "until")])  # 422 first
     after = _cursor(items, decode_customer_cursor)
     ids, cursor = customer_page(session, after, CUSTOMERS_PER_PAGE)
     usage = _usage_of(session, items, "customer_id", ids)
-    customers: dict[str, dict[str, Any]] = {
-        c: {"customer_id": c, "plans": set(), "keys": [], "budgets": []} for c in ids
-    }
-    for key in keys_in_force_of(session, ids, now):
-        found = customers[key["customer_id"]]
-        found["keys"].append(key["api_key_id"])
-        if key["plan_id"]:
-            found["plans"].add(key["plan_id"])
+    keys = keys_in_force_of(session, ids, now)
+    budgets: dict[str, list[dict[str, Any]]] = {c: [] for c in ids}
     for status in customer_statuses(session, ids, now):
-        customers[status["scope"]["customer_id"]]["budgets"].append(status)
+        budgets[status["scope"]["customer_id"]].append(status)
     rows = [
-        {**c, "plans": sorted(c["plans"]), "usage": usage.get(c["customer_id"])}
-        for c in customers.values()
+        {
+            "customer_id": c,
+            "plans": keys.get(c, (0, []))[1],
+            "key_count": keys.get(c, (0, []))[0],
+            "budgets": budgets[c],
+            "usage": usage.get(c),
+        }
+        for c in ids
     ]
     return {"customers": rows, "next_cursor": cursor}
 

@@ -30,12 +30,12 @@ class PlansRepository(Protocol):
         ``customer_id`` index), by ``api_key_id``."""
         ...
 
-    def versions_of_customers_keys(
-        self, session: Session, customer_ids: Sequence[str]
-    ) -> list[tuple[str, str | None, str | None, datetime]]:
-        """``(api_key_id, customer_id, plan_id, effective_from)`` of every assignment of the
-        keys ``keys_ever_of`` finds, by key then oldest first: the columns only (a page of
-        customers may have thousands of keys)."""
+    def customers_keys_in_force(
+        self, session: Session, customer_ids: Sequence[str], now: datetime
+    ) -> list[tuple[str, str | None, int]]:
+        """``(customer_id, plan_id, keys)``: how many keys have as their assignment in force
+        at ``now`` (the latest at or before it) one naming that customer (one of
+        ``customer_ids``) and that plan (None: no plan); no order."""
         ...
 
     def add_key_version(self, session: Session, row: KeyAssignment) -> None:

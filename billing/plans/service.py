@@ -156,22 +156,19 @@ def list_keys(
 
 def keys_in_force_of(
     session: Session, customer_ids: Sequence[str], now: datetime
-) -> list[dict[str, Any]]:
-    """The keys whose assignment in force at ``now`` (``assignment_at``: the latest at or
-    before it) names one of ``customer_ids``, by ``api_key_id``, each as ``{api_key_id,
-    customer_id, plan_id}`` (the console's Customers page; read as columns, not rows)."""
-    wanted = set(customer_ids)
-    current: dict[str, tuple[str | None, str | None]] = {}
-    for api_key_id, customer_id, plan_id, effective_from in repository(
-        session
-    ).versions_of_customers_keys(session, customer_ids):
-        if effective_from <= now:
-            current[api_key_id] = (customer_id, plan_id)
-    return [
-        {"api_key_id": key, "customer_id": customer, "plan_id": plan}
-        for key, (customer, plan) in sorted(current.items())
-        if customer in wanted
-    ]
+) -> dict[str, tuple[int, list[str]]]:
+    """For each of ``customer_ids`` that has any: how many keys have an assignment in force at
+    ``now`` (``assignment_at``: the latest at or before it) that names it, and the plans those
+    assignments name, sorted (the console's Customers page; counted in SQL, not read key by
+    key)."""
+    found: dict[str, tuple[int, list[str]]] = {}
+    for customer_id, plan_id, keys in sorted(
+        repository(session).customers_keys_in_force(session, customer_ids, now),
+        key=lambda row: (row[0], row[1] or ""),
+    ):
+        count, plans = found.get(customer_id, (0, []))
+        found[customer_id] = (count + keys, [*plans, plan_id] if plan_id else plans)
+    return found
 
 
 # --- plans ---------------------------------------------------------------------------------------

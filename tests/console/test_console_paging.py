@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import re
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -16,6 +17,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from billing.console import overview, pages, views
+from billing.plans.service import keys_in_force_of
+from billing.settings import Settings
+from billing.storage.db import make_engine, make_sessionmaker, read_transaction, write_transaction
+from billing.storage.models import KeyAssignment
 from tests.console.conftest import BULK_CALLS, BULK_KEY, XSS_KEY, table
 from tests.console.test_console_http import DAY, sign_in
 
@@ -146,3 +151,41 @@ def test_the_top_keys_of_a_period_off_the_quarter_hours_are_those_of_v1_usage(
     assert bulk["calls"] == sum(1 for k in range(BULK_CALLS) if 7 <= 5 * k < 20 * 60 + 52)
     cells = re.findall(r'<td class="num" data-exact="([^"]*)"', body.split('id="top-keys"')[1])
     assert cells[:2] == [bulk["cost_usd"], bulk["charge_usd"] or "None"]
+
+
+def test_the_customers_keys_and_plans_are_those_of_each_keys_assignment_in_force(
+    settings: Settings,
+) -> None:
+    """``keys_in_force_of`` (counted in SQL): a key counts for the customer of its latest
+    assignment at or before ``now`` only; a later one replaces it, a future one does not yet;
+    a key without a plan counts but names none; customers outside the page are not read."""
+    sessions = make_sessionmaker(make_engine(settings))
+    jan, feb, mar, apr = (datetime(2026, m, 1, tzinfo=UTC) for m in (1, 2, 3, 4))
+    versions = [
+        ("k1", jan, "acme", "pro"),
+        ("k2", jan, "acme", None),
+        ("k3", jan, "acme", "gold"),
+        ("k3", feb, "beta", "gold"),  # k3 moved to beta in February
+        ("k4", jan, "beta", "pro"),
+        ("k4", apr, "acme", "pro"),  # not yet in force on March 1
+        ("k5", feb, "acme", "pro"),
+        ("k6", jan, "gamma", "pro"),  # not on the page
+        ("k7", jan, None, "pro"),  # no customer
+        ("k8", apr, "acme", "gold"),  # no assignment in force yet
+    ]
+    with write_transaction(sessions) as session:
+        session.add_all(
+            KeyAssignment(api_key_id=k, effective_from=at, customer_id=c, plan_id=p, created_at=jan)
+            for k, at, c, p in versions
+        )
+    with read_transaction(sessions) as session:
+        assert keys_in_force_of(session, ["acme", "beta", "delta"], mar) == {
+            "acme": (3, ["pro"]),
+            "beta": (2, ["gold", "pro"]),
+        }
+        assert keys_in_force_of(session, ["acme", "beta"], apr) == {
+            "acme": (5, ["gold", "pro"]),
+            "beta": (1, ["gold"]),
+        }
+        assert keys_in_force_of(session, ["acme"], jan - timedelta(seconds=1)) == {}
+        assert keys_in_force_of(session, [], mar) == {}
