@@ -10,7 +10,18 @@ from fractions import Fraction
 from operator import itemgetter
 from typing import Any
 
-from sqlalchemy import ColumnElement, Float, Select, Table, and_, cast, func, or_, select
+from sqlalchemy import (
+    ColumnElement,
+    Float,
+    Select,
+    Table,
+    TextualSelect,
+    and_,
+    cast,
+    func,
+    or_,
+    select,
+)
 from sqlalchemy.orm import Session
 
 from billing.calllog.rows import RollupSlice, Sums
@@ -64,7 +75,7 @@ class Ranking:
 
     def sums_statement(
         self, runs: Sequence[Run], rows: RollupSlice, summed: Sequence[str] = ROLLUP_SUMMED
-    ) -> tuple[Select[Any], dict[str, Any]]:
+    ) -> tuple[Select[Any] | TextualSelect, dict[str, Any]]:
         raise NotImplementedError
 
     def rollup_ranking(
