@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
 from fractions import Fraction
-from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import (
@@ -155,27 +154,46 @@ class Ranking:
             return None
         table, where = rollup_slice(rows)
         c = table.c
-        # Each row as it is (a few a value), summed here: cheaper than the database's grouping.
-        read = select(c[dim], c.cost_whole_usd, c.cost_frac_pusd).where(
-            *where,
-            c.level == coarse.level,
-            c.bucket_start >= coarse.start,
-            c.bucket_start < coarse.end,
+        # Each value's bound summed and ranked in the database, only the first ``taken + 1``
+        # sent: at 10,000 keys the ~20,000 month rows read into Python took 20-30 ms.
+        sums = (
+            select(
+                c[dim].label("value"),
+                func.sum(c.cost_whole_usd).label("whole"),
+                func.sum(c.cost_frac_pusd).label("frac"),
+            )
+            .where(
+                *where,
+                c.level == coarse.level,
+                c.bucket_start >= coarse.start,
+                c.bucket_start < coarse.end,
+            )
+            .group_by(c[dim])
+            .subquery("bounds")
         )
-        summed: dict[Any, int] = {}
-        for value, whole, frac in session.execute(read):
-            summed[value] = summed.get(value, 0) + whole * PICO + frac
-        bounds = sorted(((b, v) for v, b in summed.items()), key=itemgetter(0), reverse=True)
-        most = min(PRUNED_MOST, len(bounds) // 2)
+        b = sums.c
+        # Exact, in integers on both databases: the whole dollars with the picodollars' carry,
+        # then the picodollars left (ties in any order: only the bounds' values matter).
+        carried = b.whole + (b.frac - b.frac % PICO) // PICO
+        read = select(b.value, b.whole, b.frac, func.count().over()).order_by(
+            carried.desc(), (b.frac % PICO).desc()
+        )
         taken = PRUNED_FIRST * limit
-        while taken <= most:
+        bounds: list[tuple[int, Any]] = []
+        most = 0
+        while True:
+            if len(bounds) <= taken:
+                found = session.execute(read.limit(taken + 1)).all()
+                bounds = [(int(whole) * PICO + int(frac), v) for v, whole, frac, _n in found]
+                most = min(PRUNED_MOST, int(found[0][3]) // 2) if found else 0
+            if taken > most:
+                return None
             scored = self._scored(
                 session, runs, _only(rows, [v for _b, v in bounds[:taken]]), limit
             )
             if len(scored) == limit and _beats(scored[-1][1], bounds[taken][0]):
                 return [value for value, _score in scored]
             taken *= 4
-        return None
 
     def _ranked_sums(
         self, session: Session, runs: Sequence[Run], rows: RollupSlice, ranked: list[Any]
