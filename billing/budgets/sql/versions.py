@@ -195,18 +195,29 @@ class BudgetVersions(DialectBase):
             .scalar_subquery()
         )
         live = (
-            select(version.id.label("id"), spent.label("spent"))
+            select(
+                version.id.label("id"),
+                version.budget_id.label("budget_id"),
+                version.limit_usd.label("limit_usd"),
+                spent.label("spent"),
+            )
             .where(version.ended_at.is_(None))
             .offset(0)
             .subquery("live")
         )
-        used = live.c.spent / func.nullif(cast(Budget.limit_usd, Float), 0)
+        used = (live.c.spent / func.nullif(cast(live.c.limit_usd, Float), 0)).label("used")
+        # Ranked on the ids alone, then the ``limit`` rows read whole by their key.
+        top = (
+            select(live.c.id, live.c.budget_id, used)
+            .where(live.c.spent.is_not(None))
+            .order_by(used.desc().nulls_last(), live.c.budget_id)
+            .limit(limit)
+            .subquery("top")
+        )
         query = (
             select(Budget)
-            .join(live, live.c.id == Budget.id)
-            .where(live.c.spent.is_not(None))
-            .order_by(used.desc().nulls_last(), Budget.budget_id)
-            .limit(limit)
+            .join(top, top.c.id == Budget.id)
+            .order_by(top.c.used.desc().nulls_last(), top.c.budget_id)
         )
         return list(session.scalars(query))
 
