@@ -8,8 +8,10 @@ and 15-minute edges given with non-UTC offsets; and ``booked`` is never pruned."
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -180,3 +182,26 @@ def test_the_bound_is_the_months_that_cover_the_period() -> None:
     runs = _runs("2026-10-29T00:00:00+00:00", "2026-11-28T00:00:00+00:00")
     assert bounding_run(runs) == Run(0, MONTH, FIRST, datetime(2026, 12, 1, tzinfo=UTC))
     assert bounding_run(_runs("2026-11-01T00:00:00+00:00", "2026-12-01T00:00:00+00:00")) is None
+
+
+@pytest.mark.parametrize("basis", [CALL_START, BOOKED])
+def test_a_list_of_keys_sums_are_those_keys_rows_of_the_whole_sums(
+    seeded: Session, basis: str
+) -> None:
+    # A list of keys' sums (the ranked keys, a page of keys: on SQLite ``INDEXED BY`` the key
+    # index) are, to the picodollar, those keys' rows of the sums of every key.
+    repo = repository(seeded)
+    every = RollupSlice(True, basis, None, None, ("api_key_id",))
+    listed = (KEYS[0], KEYS[7], KEYS[401], KEYS[470], KEYS[530], KEYS[580], "no-such-key")
+    only = replace(every, api_key_ids=listed)
+
+    def exact(rows: Iterable[Sequence[Any]]) -> list[tuple[Any, ...]]:
+        return sorted((seg, key, *(int(v) for v in sums)) for seg, key, *sums in rows)
+
+    found = 0
+    for since, until in PERIODS:
+        runs = _runs(since, until)
+        whole = exact(row for row in repo.rollup_sums(seeded, runs, every) if row[1] in listed)
+        assert exact(repo.rollup_sums(seeded, runs, only)) == whole, (since, until)
+        found += len(whole)
+    assert found > 20

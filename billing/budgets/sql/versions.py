@@ -189,23 +189,43 @@ class BudgetVersions(DialectBase):
         return list(session.scalars(query.order_by(Budget.budget_id)))
 
     def fullest(self, session: Session, now: datetime, limit: int) -> list[Budget]:
-        # The latest counter of each version in force: one probe of budget_spend's key each.
-        other = aliased(BudgetSpend)
-        latest = (
-            select(func.max(other.period_start))
-            .where(other.budget_row == Budget.id, other.period_start <= now)
-            .correlate(Budget)
+        # The latest counter of each version in force: one probe of budget_spend's key each,
+        # in a subquery kept apart (OFFSET 0). Joined to the counter on its period, PostgreSQL
+        # ran the correlated max() twice a budget in a hash join (75 against 30 ms at 10,000
+        # budgets); a version without a counter is left out, as by that join.
+        version = aliased(Budget)
+        spent = (
+            select(BudgetSpend.settled_pusd + BudgetSpend.provisional_pusd)
+            .where(BudgetSpend.budget_row == version.id, BudgetSpend.period_start <= now)
+            .order_by(BudgetSpend.period_start.desc())
+            .limit(1)
+            .correlate(version)
             .scalar_subquery()
         )
-        used = (BudgetSpend.settled_pusd + BudgetSpend.provisional_pusd) / func.nullif(
-            cast(Budget.limit_usd, Float), 0
+        live = (
+            select(
+                version.id.label("id"),
+                version.budget_id.label("budget_id"),
+                version.limit_usd.label("limit_usd"),
+                spent.label("spent"),
+            )
+            .where(version.ended_at.is_(None))
+            .offset(0)
+            .subquery("live")
+        )
+        used = (live.c.spent / func.nullif(cast(live.c.limit_usd, Float), 0)).label("used")
+        # Ranked on the ids alone, then the ``limit`` rows read whole by their key.
+        top = (
+            select(live.c.id, live.c.budget_id, used)
+            .where(live.c.spent.is_not(None))
+            .order_by(used.desc().nulls_last(), live.c.budget_id)
+            .limit(limit)
+            .subquery("top")
         )
         query = (
             select(Budget)
-            .join(BudgetSpend, BudgetSpend.budget_row == Budget.id)
-            .where(Budget.ended_at.is_(None), BudgetSpend.period_start == latest)
-            .order_by(used.desc().nulls_last(), Budget.budget_id)
-            .limit(limit)
+            .join(top, top.c.id == Budget.id)
+            .order_by(top.c.used.desc().nulls_last(), top.c.budget_id)
         )
         return list(session.scalars(query))
 

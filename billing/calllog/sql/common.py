@@ -7,10 +7,20 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
 from fractions import Fraction
-from operator import itemgetter
 from typing import Any
 
-from sqlalchemy import ColumnElement, Float, Select, Table, and_, cast, func, or_, select
+from sqlalchemy import (
+    ColumnElement,
+    Float,
+    Select,
+    Table,
+    TextualSelect,
+    and_,
+    cast,
+    func,
+    or_,
+    select,
+)
 from sqlalchemy.orm import Session
 
 from billing.calllog.rows import RollupSlice, Sums
@@ -64,7 +74,7 @@ class Ranking:
 
     def sums_statement(
         self, runs: Sequence[Run], rows: RollupSlice, summed: Sequence[str] = ROLLUP_SUMMED
-    ) -> tuple[Select[Any], dict[str, Any]]:
+    ) -> tuple[Select[Any] | TextualSelect, dict[str, Any]]:
         raise NotImplementedError
 
     def rollup_ranking(
@@ -144,20 +154,36 @@ class Ranking:
             return None
         table, where = rollup_slice(rows)
         c = table.c
-        # Each row as it is (a few a value), summed here: cheaper than the database's grouping.
-        read = select(c[dim], c.cost_whole_usd, c.cost_frac_pusd).where(
-            *where,
-            c.level == coarse.level,
-            c.bucket_start >= coarse.start,
-            c.bucket_start < coarse.end,
+        # Each value's bound summed and ranked in the database, only the first ``2 * taken``
+        # sent: at 10,000 keys the ~20,000 month rows read into Python took 20-30 ms.
+        sums = (
+            select(
+                c[dim].label("value"),
+                func.sum(c.cost_whole_usd).label("whole"),
+                func.sum(c.cost_frac_pusd).label("frac"),
+            )
+            .where(
+                *where,
+                c.level == coarse.level,
+                c.bucket_start >= coarse.start,
+                c.bucket_start < coarse.end,
+            )
+            .group_by(c[dim])
+            .subquery("bounds")
         )
-        summed: dict[Any, int] = {}
-        for value, whole, frac in session.execute(read):
-            summed[value] = summed.get(value, 0) + whole * PICO + frac
-        bounds = sorted(((b, v) for v, b in summed.items()), key=itemgetter(0), reverse=True)
-        most = min(PRUNED_MOST, len(bounds) // 2)
+        b = sums.c
+        # Exact, in integers on both databases: the whole dollars with the picodollars' carry,
+        # then the picodollars left (ties in any order: only the bounds' values matter).
+        carried = b.whole + (b.frac - b.frac % PICO) // PICO
+        read = select(b.value, b.whole, b.frac).order_by(carried.desc(), (b.frac % PICO).desc())
         taken = PRUNED_FIRST * limit
-        while taken <= most:
+        while taken <= PRUNED_MOST:
+            # Twice the batch: the batch, the next bound, and whether half the values at most
+            # are taken (else the full ranking answers).
+            found = session.execute(read.limit(2 * taken)).all()
+            if len(found) < 2 * taken:
+                return None
+            bounds = [(int(whole) * PICO + int(frac), v) for v, whole, frac in found]
             scored = self._scored(
                 session, runs, _only(rows, [v for _b, v in bounds[:taken]]), limit
             )

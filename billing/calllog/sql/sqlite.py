@@ -6,11 +6,22 @@ from collections.abc import Sequence
 from typing import Any
 
 import orjson
-from sqlalchemy import Integer, Select, String, and_, column, func, literal_column, select, text
+from sqlalchemy import (
+    Integer,
+    Select,
+    String,
+    TextualSelect,
+    and_,
+    column,
+    func,
+    literal_column,
+    select,
+    text,
+)
 from sqlalchemy.orm import Session
 
 from billing.calllog.rows import RollupSlice, Sums
-from billing.calllog.sql.common import Ranking, UnitsIn, rollup_slice
+from billing.calllog.sql.common import _BY_KEY, Ranking, UnitsIn, rollup_slice
 from billing.rollups.buckets import Run
 from billing.rollups.rows import ROLLUP_SUMMED
 from billing.storage.types import sqlite_text
@@ -39,8 +50,18 @@ class SqliteCalllog(UnitsIn, Ranking):
 
     def sums_statement(
         self, runs: Sequence[Run], rows: RollupSlice, summed: Sequence[str] = ROLLUP_SUMMED
-    ) -> tuple[Select[Any], dict[str, Any]]:
+    ) -> tuple[Select[Any] | TextualSelect, dict[str, Any]]:
         table, where = rollup_slice(rows)
+        bound = [[r.seg, r.level, sqlite_text(r.start), sqlite_text(r.end)] for r in runs]
+        runs_json = orjson.dumps(bound).decode()
+        if _listed_keys(table, rows):
+            assert rows.api_key_ids is not None
+            ids = orjson.dumps(list(rows.api_key_ids)).decode()
+            return _KEYS_SUMS[tuple(summed)], {
+                "runs": runs_json,
+                "basis": rows.basis,
+                "ids": ids,
+            }
         c = table.c
         p = PIECES.c
         in_run = [c.level == p.lvl, c.bucket_start >= p.lo, c.bucket_start < p.hi]
@@ -54,5 +75,50 @@ class SqliteCalllog(UnitsIn, Ranking):
             # 100,000 calls).
             .group_by(p.seg, *(literal_column(f"+{table.name}.{d}") for d in rows.dims))
         )
-        bound = [[r.seg, r.level, sqlite_text(r.start), sqlite_text(r.end)] for r in runs]
-        return statement, {"runs": orjson.dumps(bound).decode()}
+        return statement, {"runs": runs_json}
+
+
+def _listed_keys(table: Any, rows: RollupSlice) -> bool:
+    """Whether ``rows`` are a list of keys' rows of ``usage_rollups_by_key`` by key, nothing
+    else filtered (the Overview's ranked keys, a page of keys): ``_KEYS_SUMS`` reads them."""
+    return (
+        table is _BY_KEY
+        and rows.dims == ("api_key_id",)
+        and rows.api_key_ids is not None
+        and rows.api_key_id is None
+        and rows.customer_id is None
+        and rows.customer_ids is None
+    )
+
+
+class _KeysSums(dict[tuple[str, ...], TextualSelect]):
+    """``sums_statement`` of a list of keys (``_listed_keys``) per tuple of summed columns:
+    ``usage_rollups_by_key`` read ``INDEXED BY`` its (basis, api_key_id, level, bucket_start)
+    index, one range per key and run. Without the hint SQLite reads every row of each run's
+    range of the primary key (basis, level, bucket_start, ...) and keeps the listed keys: for
+    60 keys over 30 days of the 1,000,000-call bench seed 20–75 ms against 3 ms. (SQLAlchemy
+    renders no table hint on SQLite, hence the text.) Bound: ``runs`` (as ``PIECES``),
+    ``basis`` and ``ids`` (the keys, one JSON array)."""
+
+    def __missing__(self, summed: tuple[str, ...]) -> TextualSelect:
+        sums = ", ".join(f"sum(r.{name}) AS {name}" for name in summed)
+        statement = text(
+            f"SELECT p.seg AS seg, r.api_key_id AS api_key_id, {sums} "
+            "FROM (SELECT json_extract(value, '$[0]') AS seg, json_extract(value, '$[1]') AS lvl, "
+            "json_extract(value, '$[2]') AS lo, json_extract(value, '$[3]') AS hi "
+            "FROM json_each(:runs)) AS p "
+            "JOIN usage_rollups_by_key AS r "
+            "INDEXED BY ix_usage_rollups_by_key_basis_api_key_id_level_bucket_start "
+            "ON r.basis = :basis AND r.api_key_id IN (SELECT value FROM json_each(:ids)) "
+            "AND r.level = p.lvl AND r.bucket_start >= p.lo AND r.bucket_start < p.hi "
+            "GROUP BY p.seg, +r.api_key_id"
+        ).columns(
+            column("seg", Integer),
+            column("api_key_id", String),
+            *(column(name, Integer) for name in summed),
+        )
+        self[summed] = statement
+        return statement
+
+
+_KEYS_SUMS = _KeysSums()
