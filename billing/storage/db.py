@@ -61,8 +61,11 @@ def make_engine(
     given = make_url(url).query
     connect_args: dict[str, Any] = {k: v for k, v in PG_CONNECT_DEFAULTS.items() if k not in given}
     if "options" not in given:
+        # jit=off: the service's statements are short, and PostgreSQL's JIT (on above a plan
+        # cost of 100,000) compiles for tens of milliseconds where a statement runs for a few:
+        # the console's budgets near their limit cross that cost at about 12,000 budgets.
         connect_args["options"] = (
-            f"-c statement_timeout={int(settings.db_statement_timeout_s * 1000)}"
+            f"-c statement_timeout={int(settings.db_statement_timeout_s * 1000)} -c jit=off"
         )
     engine = create_engine(
         url,
