@@ -219,32 +219,73 @@ def usage_rows(session: Session, query: UsageQuery) -> list[UsageRow]:
 def usage_top(session: Session, query: UsageQuery, dim: str, limit: int) -> list[UsageRow]:
     """(v3, the console's Overview) The rows of ``query`` grouped by ``dim`` (a ``TEXT_DIMS``
     name; ``query``'s own grouping and filters are not used) for the ``limit`` values with the
-    greatest ``call_start`` cost, ranked by the rollups in one statement
-    (``CalllogRepository.rollup_ranking``: floating point, so that the caller sorts the exact
-    figures again). Each row's figures are ``usage_rows``' exactly: the rollup sums, the calls
-    of the minutes off the 15-minute grid (left out of the ranking only) and the units."""
+    greatest ``call_start`` cost, and any other value that could be among them: ranked by the
+    rollups in one statement (``CalllogRepository.rollup_ranking``: floating point, so that the
+    caller sorts the exact figures again), then the values of the minutes off the 15-minute
+    grid (which the rollups do not hold) whose cost there could lift them into the ``limit``.
+    Each row's figures are ``usage_rows``' exactly: the rollup sums, the calls of the minutes
+    off the grid and the units."""
     grouped = UsageQuery(query.since, query.until, group_by=(dim,), tz=query.tz)
     segments = buckets.segments(None, grouped.since, grouped.until, grouped.tz)
     runs, windows = cover([(s.start, s.end) for s in segments])
     rows = RollupSlice(dim != "model", grouped.basis, None, None, (dim,))
+    store = repository(session)
     groups = _Groups((dim,))
-    ranked: set[str | None] = set()
+    inner: dict[str | None, int] = {}  # the ranked values' rollup cost
     # One segment: its cover is a few runs per level (the coarsest buckets that fit).
-    for value, *sums in repository(session).rollup_ranking(session, runs, rows, limit):
-        ranked.add(value or None)
-        groups.add(0, (value or None,), _rollup_totals(sums))
-    for placed in _read_raw(session, grouped, windows):
-        named = {"api_key_id": placed.api_key_id, "model": placed.model,
-                 "customer_id": placed.customer_id}  # fmt: skip
-        if named[dim] in ranked:
-            groups.add(0, (named[dim],), placed.totals)
-    for _at, key, model, text, customer in repository(session).units_in(
+    for value, *sums in store.rollup_ranking(session, runs, rows, limit):
+        totals = _rollup_totals(sums)
+        inner[value or None] = totals.cost_pusd
+        groups.add(0, (value or None,), totals)
+    placed_off_grid = _read_raw(session, grouped, windows)
+    edge: dict[str | None, int] = {}  # every value's cost off the grid
+    for placed in placed_off_grid:
+        value = _named(placed.api_key_id, placed.model, placed.customer_id)[dim]
+        edge[value] = edge.get(value, 0) + placed.totals.cost_pusd
+    chosen = set(inner)
+    extra = [value for value in edge if value not in inner]
+    if extra and len(inner) == limit:
+        # A value the ranking left out has at most the least ranked rollup cost (compared in
+        # floating point: a margin) and its cost off the grid: only those that could then
+        # reach the least ranked value's whole cost are read.
+        least = min(inner.values())
+        floor_cost = min(cost + edge.get(value, 0) for value, cost in inner.items())
+        extra = [v for v in extra if (least + edge[v]) * (1 + 1e-9) + 1 >= floor_cost]
+    if extra:
+        # their rollup rows ('' is how the rollups hold a null key or customer)
+        listed = tuple(v or "" for v in extra)
+        slice_ = RollupSlice(
+            dim != "model",
+            grouped.basis,
+            None,
+            None,
+            (dim,),
+            api_key_ids=listed if dim == "api_key_id" else None,
+            customer_ids=listed if dim == "customer_id" else None,
+        )
+        wanted = set(extra)
+        for i in range(0, len(runs), _RUNS_PER_QUERY):
+            for _seg, value, *sums in store.rollup_sums(
+                session, runs[i : i + _RUNS_PER_QUERY], slice_
+            ):
+                if (value or None) in wanted:
+                    groups.add(0, (value or None,), _rollup_totals(sums))
+        chosen.update(extra)
+    for placed in placed_off_grid:
+        value = _named(placed.api_key_id, placed.model, placed.customer_id)[dim]
+        if value in chosen:
+            groups.add(0, (value,), placed.totals)
+    for _at, key, model, text, customer in store.units_in(
         session, grouped.basis, grouped.since, grouped.until, None, None
     ):
-        named = {"api_key_id": key or None, "model": model or None, "customer_id": customer}
-        if named[dim] in ranked:
-            groups.add_units(0, (named[dim],), _units_of(text))
+        value = _named(key or None, model or None, customer)[dim]
+        if value in chosen:
+            groups.add_units(0, (value,), _units_of(text))
     return groups.rows(grouped, segments, ())
+
+
+def _named(api_key_id: str | None, model: str | None, customer_id: str | None) -> dict[str, Any]:
+    return {"api_key_id": api_key_id, "model": model, "customer_id": customer_id}
 
 
 def settled_statuses(session: Session, since: datetime, until: datetime) -> dict[str, int]:

@@ -153,6 +153,48 @@ def test_the_top_keys_of_a_period_off_the_quarter_hours_are_those_of_v1_usage(
     assert cells[:2] == [bulk["cost_usd"], bulk["charge_usd"] or "None"]
 
 
+def _edge_call(client: TestClient, admin: dict[str, str], key: str, at: str, output: int) -> None:
+    events = [
+        {"event_id": f"{key}-s", "request_id": f"{key}-r", "type": "stream.started",
+         "occurred_at": at, "api_key_id": key, "model": "claude-sonnet-5-5",
+         "protocol": "anthropic.messages", "input_tokens": 10},
+        {"event_id": f"{key}-u", "request_id": f"{key}-r", "type": "stream.usage",
+         "occurred_at": at, "input_tokens": 10, "output_tokens": output, "source": "upstream"},
+    ]  # fmt: skip
+    response = client.post("/v1/events", json={"events": events}, headers=admin)
+    assert response.status_code == 200, response.text
+    assert client.post("/v1/reconcile", json={}, headers=admin).status_code == 200
+
+
+def _top_keys_expected(client: TestClient, admin: dict[str, str], period: dict[str, str]) -> Any:
+    rows = _usage(client, admin, group_by="api_key_id", **period)
+    ranked = sorted(rows, key=lambda r: (-Decimal(r["cost_usd"] or 0), str(r["api_key_id"])))
+    return [[r["api_key_id"] or "(none)", f"{r['calls']:,}"] for r in ranked][: overview.TOP]
+
+
+def test_keys_whose_calls_are_all_off_the_quarter_hours_are_ranked_with_them(
+    seeded: TestClient, tokens: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A period inside one quarter hour has no rollup bucket at all, and a key whose calls
+    fall only in a period's minutes off the grid is not in the rollups' ranking: both are
+    ranked by their exact figures, as ``/v1/usage`` gives them."""
+    admin = {"Authorization": f"Bearer {tokens['admin']}"}
+    sign_in(seeded, tokens["read"])
+    inside = {"since": "2026-10-15T00:01:00Z", "until": "2026-10-15T00:14:00Z"}
+    body = seeded.get("/console/overview", params=inside).text
+    assert [row[:2] for row in table(body, "top-keys").rows] == [[BULK_KEY, "2"]]
+    assert _top_keys_expected(seeded, admin, inside) == [[BULK_KEY, "2"]]
+    # One large call at 00:03, before the first whole quarter hour of a period from 00:01;
+    # the rollups rank only key_bulk (RANKED = 1), whose calls from 00:15 cost less.
+    _edge_call(seeded, admin, "key_edge", "2026-10-15T00:03:00Z", 100_000)
+    monkeypatch.setattr(overview, "RANKED", 1)
+    period = {"since": "2026-10-15T00:01:00Z", "until": "2026-10-15T02:00:00Z"}
+    body = seeded.get("/console/overview", params=period).text
+    expected = _top_keys_expected(seeded, admin, period)
+    assert expected == [["key_edge", "1"], [BULK_KEY, "23"]]
+    assert [row[:2] for row in table(body, "top-keys").rows] == expected
+
+
 def test_the_customers_keys_and_plans_are_those_of_each_keys_assignment_in_force(
     settings: Settings,
 ) -> None:
