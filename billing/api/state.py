@@ -88,7 +88,8 @@ async def write(state: AppState, work: Callable[[Session, datetime], T]) -> T:
     thread pool."""
 
     def run() -> T:
-        with write_transaction(state.sessions) as session:
+        # urgent: a request waits on this transaction (SQLite: ahead of background writers).
+        with write_transaction(state.sessions, urgent=True) as session:
             return work(session, datetime.now(UTC))
 
     return await run_in_threadpool(run)
