@@ -171,7 +171,9 @@ def parse_usage_query(items: Iterable[tuple[str, str]]) -> UsageQuery:
     return UsageQuery(since, until, api_key_id, model, group_by, tz, basis, customer_id)
 
 
-def usage_rows(session: Session, query: UsageQuery) -> list[UsageRow]:
+def usage_rows(
+    session: Session, query: UsageQuery, units: Sequence[Any] | None = None
+) -> list[UsageRow]:
     """The usage totals of ``query``, one row per non-empty group, in order (see the module).
 
     Each ``UsageRow`` holds its group-by keys (labels from ``billing.calllog.buckets.label``),
@@ -180,7 +182,9 @@ def usage_rows(session: Session, query: UsageQuery) -> list[UsageRow]:
     compare the two), but for ``hour`` groups across an offset change that is not a whole hour
     (Australia/Lord_Howe, Pacific/Chatham, Antarctica/Casey), where the two still cut hours
     differently. Raises ``ValidationFailed`` (422) when the grouping would make more than
-    ``MAX_PERIODS`` periods; database errors come as SQLAlchemy's.
+    ``MAX_PERIODS`` periods; database errors come as SQLAlchemy's. ``units``: ``query``'s
+    ``units_of`` when the caller read them already (the Overview's groupings of one period
+    share them), else read here.
     """
     dims = [name for name in query.group_by if name in TEXT_DIMS]
     times = [name for name in query.group_by if name in buckets.TIME_DIMS]
@@ -200,15 +204,7 @@ def usage_rows(session: Session, query: UsageQuery) -> list[UsageRow]:
         groups.add(
             bisect_right(starts, placed.at) - 1, tuple(named[d] for d in dims), placed.totals
         )
-    for at, key, model, text, customer in repository(session).units_in(
-        session,
-        query.basis,
-        query.since,
-        query.until,
-        query.api_key_id,
-        query.model,
-        query.customer_id,
-    ):
+    for at, key, model, text, customer in units_of(session, query) if units is None else units:
         named = {"api_key_id": key or None, "model": model or None, "customer_id": customer}
         groups.add_units(
             bisect_right(starts, at) - 1, tuple(named[d] for d in dims), _units_of(text)
@@ -216,7 +212,27 @@ def usage_rows(session: Session, query: UsageQuery) -> list[UsageRow]:
     return groups.rows(query, segments, times)
 
 
-def usage_top(session: Session, query: UsageQuery, dim: str, limit: int) -> list[UsageRow]:
+def units_of(session: Session, query: UsageQuery) -> list[Any]:
+    """``CalllogRepository.units_in``'s rows for ``query``'s basis, period and filters (its
+    grouping is not used): ``(at, api_key_id, model, units, customer_id)``."""
+    return repository(session).units_in(
+        session,
+        query.basis,
+        query.since,
+        query.until,
+        query.api_key_id,
+        query.model,
+        query.customer_id,
+    )
+
+
+def usage_top(
+    session: Session,
+    query: UsageQuery,
+    dim: str,
+    limit: int,
+    units: Sequence[Any] | None = None,
+) -> list[UsageRow]:
     """(v3, the console's Overview) The rows of ``query`` grouped by ``dim`` (a ``TEXT_DIMS``
     name; ``query``'s own grouping and filters are not used) for the ``limit`` values with the
     greatest ``call_start`` cost, and any other value that could be among them: ranked by the
@@ -224,7 +240,8 @@ def usage_top(session: Session, query: UsageQuery, dim: str, limit: int) -> list
     caller sorts the exact figures again), then the values of the minutes off the 15-minute
     grid (which the rollups do not hold) whose cost there could lift them into the ``limit``.
     Each row's figures are ``usage_rows``' exactly: the rollup sums, the calls of the minutes
-    off the grid and the units."""
+    off the grid and the units (``units``: ``units_of`` the unfiltered ``call_start`` period,
+    when the caller read them already)."""
     grouped = UsageQuery(query.since, query.until, group_by=(dim,), tz=query.tz)
     segments = buckets.segments(None, grouped.since, grouped.until, grouped.tz)
     runs, windows = cover([(s.start, s.end) for s in segments])
@@ -275,9 +292,9 @@ def usage_top(session: Session, query: UsageQuery, dim: str, limit: int) -> list
         value = _named(placed.api_key_id, placed.model, placed.customer_id)[dim]
         if value in chosen:
             groups.add(0, (value,), placed.totals)
-    for _at, key, model, text, customer in store.units_in(
-        session, grouped.basis, grouped.since, grouped.until, None, None
-    ):
+    if units is None:
+        units = units_of(session, grouped)
+    for _at, key, model, text, customer in units:
         value = _named(key or None, model or None, customer)[dim]
         if value in chosen:
             groups.add_units(0, (value,), _units_of(text))

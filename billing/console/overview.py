@@ -26,6 +26,7 @@ from billing.calllog.usage import (
     UsageQuery,
     parse_usage_query,
     settled_statuses,
+    units_of,
     usage_rows,
     usage_top,
 )
@@ -58,20 +59,25 @@ def overview_defaults(items: Items, now: datetime) -> list[tuple[str, str]]:
     return [("since", (end - timedelta(days=30)).isoformat()), ("until", end.isoformat())]
 
 
-def _rows(session: Session, query: UsageQuery, *group_by: str) -> list[dict[str, Any]]:
+def _rows(
+    session: Session, query: UsageQuery, *group_by: str, units: Sequence[Any] | None = None
+) -> list[dict[str, Any]]:
     grouped = UsageQuery(query.since, query.until, group_by=tuple(group_by))
-    return [row.as_json() for row in usage_rows(session, grouped)]
+    return [row.as_json() for row in usage_rows(session, grouped, units)]
 
 
 def _cost(row: dict[str, Any]) -> Decimal:
     return Decimal(row["cost_usd"] or 0)
 
 
-def _top(session: Session, query: UsageQuery, key: str) -> list[dict[str, Any]]:
+def _top(
+    session: Session, query: UsageQuery, key: str, units: Sequence[Any]
+) -> list[dict[str, Any]]:
     """The ``TOP`` keys or customers (``key``) of the highest cost: the exact ``/v1/usage``
     rows of the ``RANKED`` the rollups rank first (``usage_top``), sorted by cost (an unknown
     cost as 0), then name."""
-    return _top_of([row.as_json() for row in usage_top(session, query, key, RANKED)], key)
+    rows = usage_top(session, query, key, RANKED, units)
+    return _top_of([row.as_json() for row in rows], key)
 
 
 def _top_of(rows: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
@@ -141,7 +147,10 @@ def overview_view(session: Session, items: Items, now: datetime) -> dict[str, An
     query = parse_usage_query(items)
     length = query.until - query.since
     before = UsageQuery(query.since - length, query.since)
-    current = usage_rows(session, UsageQuery(query.since, query.until))
+    period = UsageQuery(query.since, query.until)
+    # The period's calls with units, read once for its five groupings (one statement each).
+    units = units_of(session, period)
+    current = usage_rows(session, period, units)
     totals = _totals([row.as_json() for row in current])
     previous = _totals(_rows(session, before))
     repo = observe(session)
@@ -153,8 +162,8 @@ def overview_view(session: Session, items: Items, now: datetime) -> dict[str, An
     fullest = fullest_statuses(session, now, BUDGETS_READ)
     budgets = [b for b in fullest if b["state"] in ("warning", "exceeded")][:BUDGETS_SHOWN]
     deliveries = repo.deliveries_by_state(session)
-    per_model = _rows(session, query, "model")
-    spend = _spend(_rows(session, query, "day", "model"), query)
+    per_model = _rows(session, query, "model", units=units)
+    spend = _spend(_rows(session, query, "day", "model", units=units), query)
     return {
         "since": query.since.isoformat(),
         "until": query.until.isoformat(),
@@ -169,8 +178,8 @@ def overview_view(session: Session, items: Items, now: datetime) -> dict[str, An
         "disconnect_rate": share(statuses.get("client_disconnected", 0), started),
         "error_rate": share(statuses.get("failed", 0), started),
         "unpriced": sum(row.unpriced for row in current),
-        "top_keys": _top(session, query, "api_key_id"),
-        "top_customers": _top(session, query, "customer_id"),
+        "top_keys": _top(session, query, "api_key_id", units),
+        "top_customers": _top(session, query, "customer_id", units),
         "top_models": _top_of(per_model, "model"),
         "priced_cost": sum((_cost(r) for r in per_model), Decimal(0)),
         "priced_charge": sum((Decimal(r["charge_usd"] or 0) for r in per_model), Decimal(0)),

@@ -22,7 +22,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from billing.calllog import buckets
-from billing.calllog.usage import UsageQuery, usage_rows
+from billing.calllog.usage import UsageQuery, units_of, usage_rows, usage_top
 from billing.dimensions import TOKEN_FIELDS
 from billing.money import pusd_to_str
 from billing.rollups import buckets as rollup_buckets
@@ -801,6 +801,33 @@ def test_units_for_a_key_or_a_model_match_the_source_rows(
                 assert rows == reference(session, query), query
                 seen += sum(1 for row in rows if row["units"])
     assert seen > 50  # the units are there to be summed
+
+
+def test_units_read_once_serve_the_overviews_groupings(
+    with_units: TestClient, session: Session
+) -> None:
+    """(#43) The Overview reads a period's units once (``units_of``) for its groupings and its
+    top keys and customers: each answer is the one with its own units read, and the source
+    rows'; a period off the 15-minute edges too."""
+    periods = [
+        (at("2026-03-10T00:00:00Z"), at("2026-03-13T00:00:00Z")),
+        (at("2026-03-10T10:07:13Z"), at("2026-03-12T23:59:59.999999Z")),
+    ]
+    seen = 0
+    for since, until in periods:
+        units = units_of(session, UsageQuery(since, until))
+        assert len(units) == len(units_of(session, UsageQuery(since, until, group_by=("day",))))
+        for group_by in [(), ("model",), ("day", "model"), ("api_key_id",), ("customer_id",)]:
+            query = UsageQuery(since, until, group_by=group_by)
+            shared = [row.as_json() for row in usage_rows(session, query, units)]
+            assert shared == rows_of(session, query) == reference(session, query), query
+            seen += sum(1 for row in shared if row["units"])
+            if group_by in [("api_key_id",), ("customer_id",)]:
+                (dim,) = group_by
+                top = [row.as_json() for row in usage_top(session, query, dim, 15, units)]
+                alone = [row.as_json() for row in usage_top(session, query, dim, 15)]
+                assert top == alone == reference(session, query), query
+    assert seen > 10  # the units are there to be summed
 
 
 def test_rollups_kept_by_the_reconciler_equal_rebuilt_ones(busy: TestClient) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 from sqlalchemy import (
     Float,
+    Subquery,
     and_,
     bindparam,
     cast,
@@ -189,30 +190,7 @@ class BudgetVersions(DialectBase):
         return list(session.scalars(query.order_by(Budget.budget_id)))
 
     def fullest(self, session: Session, now: datetime, limit: int) -> list[Budget]:
-        # The latest counter of each version in force: one probe of budget_spend's key each,
-        # in a subquery kept apart (OFFSET 0). Joined to the counter on its period, PostgreSQL
-        # ran the correlated max() twice a budget in a hash join (75 against 30 ms at 10,000
-        # budgets); a version without a counter is left out, as by that join.
-        version = aliased(Budget)
-        spent = (
-            select(BudgetSpend.settled_pusd + BudgetSpend.provisional_pusd)
-            .where(BudgetSpend.budget_row == version.id, BudgetSpend.period_start <= now)
-            .order_by(BudgetSpend.period_start.desc())
-            .limit(1)
-            .correlate(version)
-            .scalar_subquery()
-        )
-        live = (
-            select(
-                version.id.label("id"),
-                version.budget_id.label("budget_id"),
-                version.limit_usd.label("limit_usd"),
-                spent.label("spent"),
-            )
-            .where(version.ended_at.is_(None))
-            .offset(0)
-            .subquery("live")
-        )
+        live = self.live_spent(now)
         used = (live.c.spent / func.nullif(cast(live.c.limit_usd, Float), 0)).label("used")
         # Ranked on the ids alone, then the ``limit`` rows read whole by their key.
         top = (
@@ -228,6 +206,34 @@ class BudgetVersions(DialectBase):
             .order_by(top.c.used.desc().nulls_last(), top.c.budget_id)
         )
         return list(session.scalars(query))
+
+    def live_spent(self, now: datetime) -> Subquery:
+        """``fullest``'s rows: ``(id, budget_id, limit_usd, spent)`` of each version in force,
+        ``spent`` its latest counter at or before ``now`` (settled + provisional picodollars;
+        None without one)."""
+        # One probe of budget_spend's key a version, in a subquery kept apart (OFFSET 0).
+        # Joined to the counter on its period, PostgreSQL ran the correlated max() twice a
+        # budget in a hash join (75 against 30 ms at 10,000 budgets; PostgreSQL has its own).
+        version = aliased(Budget)
+        spent = (
+            select(BudgetSpend.settled_pusd + BudgetSpend.provisional_pusd)
+            .where(BudgetSpend.budget_row == version.id, BudgetSpend.period_start <= now)
+            .order_by(BudgetSpend.period_start.desc())
+            .limit(1)
+            .correlate(version)
+            .scalar_subquery()
+        )
+        return (
+            select(
+                version.id.label("id"),
+                version.budget_id.label("budget_id"),
+                version.limit_usd.label("limit_usd"),
+                spent.label("spent"),
+            )
+            .where(version.ended_at.is_(None))
+            .offset(0)
+            .subquery("live")
+        )
 
     def generation(self, session: Session) -> int | None:
         value = session.scalar(_GENERATION)
