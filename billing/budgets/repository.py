@@ -88,10 +88,13 @@ class BudgetsRepository(Protocol):
     def definitions(self, session: Session) -> list[BudgetDef]:
         """The versions in force (``billing.budgets.cache``)."""
 
-    def spend_check_rows(self, session: Session, key: str, now: datetime) -> SpendCheckRows:
+    def spend_check_rows(
+        self, session: Session, key: str, now: datetime, model: str | None = None
+    ) -> SpendCheckRows:
         """One statement: the generation, the customer of ``key`` at ``now`` (its assignment in
-        force) and whether it is ``credit_required``, and the latest counter at or before
-        ``now`` of each version in force over the key or that customer."""
+        force) and whether it is ``credit_required``, the latest counter at or before ``now`` of
+        each version in force over the key or that customer, and ``model``'s price rows'
+        (count, highest id) when asked (``PricingRepository.model_versions``' pair)."""
 
     def spend(
         self, session: Session, pairs: Sequence[tuple[int, datetime]]
