@@ -181,6 +181,20 @@ class BudgetsRepository(Protocol):
     ) -> list[CallAmount]:
         """The amounts of the calls a budget no counter keeps counts (``sql.holds``)."""
 
+    def spend_reads(
+        self,
+        session: Session,
+        now: datetime,
+        keys: Collection[str],
+        customers: Collection[str],
+        everything: bool,
+        calls_of_all: bool,
+        pairs: Sequence[tuple[int, datetime]],
+    ) -> tuple[list[LiveHold], list[Unstepped], dict[tuple[int, datetime], tuple[int, int]] | None]:
+        """One statement: ``live_holds(now, keys, customers, everything)``,
+        ``unstepped_calls(keys, calls_of_all)`` and ``spend(pairs)`` (None when ``pairs`` are
+        more than one statement reads: ``spend`` reads them in slices)."""
+
     def unstepped_calls(
         self, session: Session, keys: Collection[str], everything: bool
     ) -> list[Unstepped]:
