@@ -23,6 +23,10 @@ router = APIRouter()
 
 #: The route answered by ``serve_authorization`` ahead of the framework (``billing.api.direct``).
 PATH = "/v1/authorizations"
+#: The release route (its path as the framework names it, the latency's label) and the prefix
+#: of the paths ``serve_release`` answers ahead of the framework (the rest: the request id).
+RELEASE_ROUTE = "/v1/authorizations/{request_id:path}"
+RELEASE_PREFIX = "/v1/authorizations/"
 
 _allow_ingest = allow("ingest")
 
@@ -78,4 +82,19 @@ async def delete_authorization(
 ) -> JSONResponse:
     """``released`` (now or before), ``converted`` (its call has an event) or ``expired``;
     404 for an unknown ``request_id``."""
-    return JSONResponse(await write(state, lambda s, now: authorize.release(s, request_id, now)))
+    return JSONResponse(await _release(state, request_id))
+
+
+async def _release(state: AppState, request_id: str) -> dict[str, Any]:
+    return await write(state, lambda s, now: authorize.release(s, request_id, now))
+
+
+async def serve_release(request: Request, state: AppState) -> Any:
+    """``delete_authorization`` ahead of the framework (``billing.api.direct.serve``): the same
+    guard and answer; the request id is the (decoded) path after ``RELEASE_PREFIX``, as the
+    route's ``path`` parameter takes it. An empty one is handed back (``ROUTE``)."""
+    request_id = request.scope["path"][len(RELEASE_PREFIX) :]
+    if not request_id:
+        return ROUTE
+    _allow_ingest(request)
+    return await _release(state, request_id)

@@ -1,5 +1,6 @@
 """Routes answered ahead of the framework (``billing.server.app``): the hot endpoints a gateway
-calls once per upstream call, ``POST /v1/authorizations`` and ``GET /v1/credits/balance``.
+calls once per upstream call, ``POST /v1/authorizations`` and ``GET /v1/credits/balance``, and
+``DELETE /v1/authorizations/{request_id}`` (a gateway that gave up before calling).
 
 Each is the route's own handler with its own guard, called as ASGI without the middleware stack,
 routing (a walk over every route), dependency solving (a plain ``def`` dependency is a thread

@@ -76,13 +76,19 @@ def body_hash(body: AuthorizationIn) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def estimate_pusd(session: Session, body: AuthorizationIn, now: datetime) -> int | None:
+def estimate_pusd(
+    session: Session,
+    body: AuthorizationIn,
+    now: datetime,
+    versions: dict[str, tuple[int, int]] | None = None,
+) -> int | None:
     """The hold the estimate asks for, picodollars; None for a token estimate of a model
-    without a price in force now."""
+    without a price in force now. ``versions``: the model's price rows' numbers read already
+    (``billing.pricing.cache.price_book``)."""
     estimate = body.estimate
     if isinstance(estimate, AmountEstimate):
         return usd_to_pusd(estimate.amount_usd)
-    price = price_book(session, [body.model]).at(
+    price = price_book(session, [body.model], versions).at(
         body.model, now, body.service_tier, estimate.input_tokens
     )
     if price is None:
@@ -159,9 +165,14 @@ def authorize(
     # A repeated ``request_id`` is rare: its stored answer is read only when this one would
     # store nothing (a denial) or finds it stored (the insert), one statement less for the
     # others. Either way it gets the first answer, and nothing is stored again.
-    priced = estimate_pusd(session, body, now)
+    # The spend check's statement reads the numbers of the model's price rows too (a token
+    # estimate's): the price book's check costs no statement of its own.
+    tokens = not isinstance(body.estimate, AmountEstimate)
+    generation, customer, required, rows, prices = repo.spend_check_rows(
+        session, body.api_key_id, now, body.model if tokens else None
+    )
+    priced = estimate_pusd(session, body, now, prices)
     hold = priced or 0
-    generation, customer, required, rows = repo.spend_check_rows(session, body.api_key_id, now)
     in_force = cache.in_force_at(session, generation)
     near = in_force.near(body.api_key_id, customer, body.tags)
     budgets = over(near, body.api_key_id, customer, body.tags, body.model)

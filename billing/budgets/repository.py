@@ -88,10 +88,13 @@ class BudgetsRepository(Protocol):
     def definitions(self, session: Session) -> list[BudgetDef]:
         """The versions in force (``billing.budgets.cache``)."""
 
-    def spend_check_rows(self, session: Session, key: str, now: datetime) -> SpendCheckRows:
+    def spend_check_rows(
+        self, session: Session, key: str, now: datetime, model: str | None = None
+    ) -> SpendCheckRows:
         """One statement: the generation, the customer of ``key`` at ``now`` (its assignment in
-        force) and whether it is ``credit_required``, and the latest counter at or before
-        ``now`` of each version in force over the key or that customer."""
+        force) and whether it is ``credit_required``, the latest counter at or before ``now`` of
+        each version in force over the key or that customer, and ``model``'s price rows'
+        (count, highest id) when asked (``PricingRepository.model_versions``' pair)."""
 
     def spend(
         self, session: Session, pairs: Sequence[tuple[int, datetime]]
@@ -177,6 +180,20 @@ class BudgetsRepository(Protocol):
         model: str | None = None,
     ) -> list[CallAmount]:
         """The amounts of the calls a budget no counter keeps counts (``sql.holds``)."""
+
+    def spend_reads(
+        self,
+        session: Session,
+        now: datetime,
+        keys: Collection[str],
+        customers: Collection[str],
+        everything: bool,
+        calls_of_all: bool,
+        pairs: Sequence[tuple[int, datetime]],
+    ) -> tuple[list[LiveHold], list[Unstepped], dict[tuple[int, datetime], tuple[int, int]] | None]:
+        """One statement: ``live_holds(now, keys, customers, everything)``,
+        ``unstepped_calls(keys, calls_of_all)`` and ``spend(pairs)`` (None when ``pairs`` are
+        more than one statement reads: ``spend`` reads them in slices)."""
 
     def unstepped_calls(
         self, session: Session, keys: Collection[str], everything: bool

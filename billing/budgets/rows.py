@@ -73,12 +73,16 @@ class CounterRow(NamedTuple):
 class SpendCheckRows(NamedTuple):
     """``spend_check_rows``: the budgets' generation (None: no row), the key's customer now,
     whether that customer is ``credit_required`` (False without one: for the authorization's
-    credit check, read in the same statement) and the counters of the versions over either."""
+    credit check, read in the same statement), the counters of the versions over either and
+    the price rows' numbers of the model asked (the authorization's estimate)."""
 
     generation: int | None
     customer_id: str | None
     credit_required: bool
     counters: list[CounterRow]
+    #: ``model`` (when asked) → (its price rows, their highest id), absent without any:
+    #: ``billing.pricing.cache.price_book``'s ``versions``.
+    prices: dict[str, tuple[int, int]]
 
 
 class Claimed(NamedTuple):

@@ -112,21 +112,14 @@ def _in_span(budget: Budgeted, started_at: datetime, now: datetime) -> bool:
 
 
 def _estimates(
-    session: Session,
-    keys: Collection[str],
-    everything: bool,
-    skip: Collection[str],
-    customers: bool,
+    session: Session, unstepped: list[Unstepped], skip: Collection[str], customers: bool
 ) -> list[tuple[Unstepped, str | None, int]]:
-    """The calls not yet stepped (but those in ``skip``: their holds stand for them), each with
-    its key's customer at its start when ``customers`` (a customer budget asks; else None: no
-    other scope reads it, and the keys' assignments and plans are not loaded) and its estimate
-    in picodollars (unpriced: left out, as a step would price it at nothing)."""
-    calls = [
-        c
-        for c in _repo(session).unstepped_calls(session, keys, everything)
-        if c.request_id not in skip
-    ]
+    """The calls not yet stepped of ``unstepped`` (but those in ``skip``: their holds stand for
+    them), each with its key's customer at its start when ``customers`` (a customer budget
+    asks; else None: no other scope reads it, and the keys' assignments and plans are not
+    loaded) and its estimate in picodollars (unpriced: left out, as a step would price it at
+    nothing)."""
+    calls = [c for c in unstepped if c.request_id not in skip]
     if not calls:
         return []
     book = price_book(session, {c.model for c in calls if c.model is not None})
@@ -162,13 +155,19 @@ def spent(
     keys = {b.api_key_id for b in budgets if b.api_key_id is not None}
     customers = {b.customer_id for b in budgets if b.customer_id is not None}
     everything = any(b.api_key_id is None and b.customer_id is None for b in budgets)
-    holds = repo.live_holds(session, now, keys, customers, everything)
-    standing = {h.request_id for h in holds if h.call == "unstepped"}
-    # A customer's calls not yet stepped have no customer on their row: every one is read.
-    estimates = _estimates(session, keys, everything or bool(customers), standing, bool(customers))
+    pairs = []
     if counters is None:
-        kept = [b for b in budgets if kept_by_counters(b)]
-        counters = repo.spend(session, [(b.id, span(b, now)[0]) for b in kept])
+        pairs = [(b.id, span(b, now)[0]) for b in budgets if kept_by_counters(b)]
+    # The holds, the calls not yet stepped (a customer's have no customer on their row: every
+    # one is read) and the counters not read yet: one statement, one snapshot (a round trip
+    # each before).
+    holds, unstepped, read = repo.spend_reads(
+        session, now, keys, customers, everything, everything or bool(customers), pairs
+    )
+    if counters is None:
+        counters = repo.spend(session, pairs) if read is None else read
+    standing = {h.request_id for h in holds if h.call == "unstepped"}
+    estimates = _estimates(session, unstepped, standing, bool(customers))
     out: dict[int, Spent] = {}
     for budget in budgets:
         if kept_by_counters(budget):

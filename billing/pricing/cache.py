@@ -47,14 +47,20 @@ def _engine(session: Session) -> Engine:
     return engine
 
 
-def price_book(session: Session, models: Iterable[str]) -> PriceBook:
+def price_book(
+    session: Session,
+    models: Iterable[str],
+    known: dict[str, tuple[int, int]] | None = None,
+) -> PriceBook:
     """``billing.pricing.service.price_book``: the prices of ``models`` as ``session`` sees
-    them, from this process's copy when no price of theirs was added since it was loaded."""
+    them, from this process's copy when no price of theirs was added since it was loaded.
+    ``known``: ``model_versions``' answer for ``models`` read already by a statement of this
+    session (the authorization's spend check), before any rows loaded here; else read here."""
     wanted = tuple(sorted(set(models)))
     if not wanted:
         return PriceBook([])
     repo = repository(session)
-    found = repo.model_versions(session, wanted)
+    found = repo.model_versions(session, wanted) if known is None else known
     versions = tuple(found.get(model) for model in wanted)
     engine = _engine(session)
     books = _copies.get(engine)

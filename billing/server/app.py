@@ -104,7 +104,8 @@ class _LatencyMiddleware:
 
 
 #: The hot routes a gateway calls once per upstream call, answered ahead of the framework too
-#: (``billing.api.direct``), after the NUL check: by (method, path).
+#: (``billing.api.direct``), after the NUL check: by (method, path); and ``DELETE`` of a path
+#: under ``authorizations.RELEASE_PREFIX`` (a hold released: ``serve_release``).
 _DIRECT: dict[tuple[str, str], direct.Handle] = {
     ("POST", authorizations.PATH): authorizations.serve_authorization,
     ("GET", credits.BALANCE_PATH): credits.serve_balance,
@@ -158,10 +159,17 @@ class _App(FastAPI):
                 )
                 await errors.render(error)(scope, receive, send)
                 return
-            handle = _DIRECT.get((scope["method"], scope["path"]))
+            path = scope["path"]
+            handle = _DIRECT.get((scope["method"], path))
+            if (
+                handle is None
+                and scope["method"] == "DELETE"
+                and path.startswith(authorizations.RELEASE_PREFIX)
+            ):
+                # (observed under the route's name, as the framework's routing observes it)
+                handle, path = authorizations.serve_release, authorizations.RELEASE_ROUTE
             if handle is not None and not scope.get("root_path") and not self.root_path:
                 scope["app"] = self
-                path = scope["path"]
                 started = time.perf_counter()
                 answered: int | None = 500
                 try:

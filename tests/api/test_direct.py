@@ -103,3 +103,35 @@ def test_the_guards_answer_alike(app: FastAPI, client: TestClient) -> None:
             app, client, "GET", "/v1/credits/balance", params={"customer_id": "c"}, headers=headers
         )
         assert fast == routed and fast[0] == {None: 401, "nope": 401}.get(token, 200)
+
+
+def test_a_release_answers_alike(app: FastAPI, client: TestClient) -> None:
+    price(client, model="model-d")
+    for rid in ("d-rel", "d/rel 2", "d%rel"):
+        held = client.post("/v1/authorizations", json={**AUTH, "request_id": rid}).json()
+        assert held["decision"] == "allow"
+    # The fast route releases the hold; the framework's route answers for it released.
+    for path in (
+        "/v1/authorizations/d-rel",
+        "/v1/authorizations/d/rel 2",
+        "/v1/authorizations/d%25rel",
+    ):
+        fast, routed = _both(app, client, "DELETE", path)
+        assert fast == routed and fast[0] == 200 and fast[1]["state"] == "released"
+    assert fast[1]["request_id"] == "d%rel"
+    for path in ("/v1/authorizations/unknown", "/v1/authorizations/", "/v1/authorizations"):
+        fast, routed = _both(app, client, "DELETE", path)
+        assert fast == routed and fast[0] in (404, 405)
+    # Released: its spend no longer holds the estimate (the hold stopped counting).
+    assert client.delete("/v1/authorizations/d-rel").json()["state"] == "released"
+
+
+def test_the_release_guard_answers_alike(app: FastAPI, client: TestClient) -> None:
+    now = datetime.now(UTC)
+    with write_transaction(app.state.billing.sessions) as session:
+        reader, _ = create_token(session, "read", "reader", now)
+        ingest, _ = create_token(session, "ingest", "gateway", now)
+    for token in (None, "nope", reader, ingest):
+        headers = {} if token is None else {"authorization": f"Bearer {token}"}
+        fast, routed = _both(app, client, "DELETE", "/v1/authorizations/d-none", headers=headers)
+        assert fast == routed and fast[0] == {None: 401, "nope": 401, reader: 403}.get(token, 404)

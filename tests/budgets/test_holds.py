@@ -339,7 +339,7 @@ def test_an_unreachable_database_is_a_503_with_retry_after(
     repo = budgets_repository(state.sessions.kw["bind"])
     with TestClient(app, raise_server_exceptions=False, base_url="http://127.0.0.1") as client:
         dollar_budget(client)
-        monkeypatch.setattr(repo, "live_holds", unreachable)
+        monkeypatch.setattr(repo, "spend_reads", unreachable)
         for reply in (
             client.post("/v1/authorizations", json=body("down", estimate={"amount_usd": "0.1"})),
             client.get("/v1/spend", params={"api_key_id": KEY}),

@@ -10,13 +10,31 @@ from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, bindparam, case, func, or_, select, text, update
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Select,
+    String,
+    bindparam,
+    case,
+    cast,
+    func,
+    literal,
+    null,
+    or_,
+    select,
+    text,
+    tuple_,
+    union_all,
+    update,
+)
 from sqlalchemy.orm import Session
 
 from billing.budgets.measure import AMOUNT_COLUMNS
 from billing.budgets.rows import CallAmount, LiveHold, StepCall, StoredHold, Unstepped
 from billing.budgets.sql.common import DialectBase
-from billing.storage.models import BudgetHold, Call, Event
+from billing.storage.models import BudgetHold, BudgetSpend, Call, Event
+from billing.storage.types import UTCDateTime
 
 _C = Call.__table__.c
 _H = BudgetHold.__table__.c
@@ -135,6 +153,119 @@ def _unstepped(everything: bool) -> Select[Any]:
 _UNSTEPPED_ALL = _unstepped(True)
 _UNSTEPPED_OF_KEYS = _unstepped(False)
 
+#: The counters of (budget row, period start) pairs read by ``spend_reads``' statement at most
+#: (more: ``Counters.spend``' own statements, in slices).
+READ_PAIRS = 500
+
+
+def _pad(kind: Any) -> Any:
+    return cast(null(), kind)
+
+
+@functools.cache
+def _spend_reads(holds: tuple[bool, bool] | None, calls: bool | None, counters: bool) -> Any:
+    """``spend_reads``' one statement, built once per shape: a ``UNION ALL`` of the live holds
+    (``_live``; ``holds``: (of keys, of customers), (False, False) every one, None none), the
+    calls not yet stepped (``_unstepped``; ``calls``: every one, or of the keys; None none) and
+    the counters of the bound ``pairs`` (``counters``), a kind per row (0, 1, 2) and the columns
+    side by side (each member pads the others' with typed nulls)."""
+    s, t, n = String, UTCDateTime, BigInteger
+    members = []
+    if holds is not None:
+        members.append(
+            _live(*holds).with_only_columns(
+                literal(0),
+                _H.request_id,
+                _H.api_key_id,
+                _H.customer_id,
+                _H.tags,
+                _H.model,
+                _CALL_STATE,
+                _H.expires_at,
+                _H.created_at,
+                _H.hold_pusd,
+                _C.cost_pusd,
+                _C.charge_pusd,
+                _pad(n),
+                _pad(JSON),
+            )
+        )
+    if calls is not None:
+        unstepped = _unstepped(calls)
+        request_id, key, model, started_at, metadata, body, generated = unstepped.selected_columns
+        members.append(
+            unstepped.with_only_columns(
+                literal(1),
+                request_id,
+                key,
+                model,
+                body,
+                _pad(s),
+                _pad(s),
+                started_at,
+                _pad(t),
+                generated,
+                _pad(n),
+                _pad(n),
+                _pad(n),
+                metadata,
+            )
+        )
+    if counters:
+        members.append(
+            select(
+                literal(2),
+                _pad(s),
+                _pad(s),
+                _pad(s),
+                _pad(s),
+                _pad(s),
+                _pad(s),
+                BudgetSpend.period_start,
+                _pad(t),
+                BudgetSpend.settled_pusd,
+                BudgetSpend.provisional_pusd,
+                _pad(n),
+                BudgetSpend.budget_row,
+                _pad(JSON),
+            ).where(
+                tuple_(BudgetSpend.budget_row, BudgetSpend.period_start).in_(
+                    bindparam("pairs", expanding=True)
+                )
+            )
+        )
+    return union_all(*members)
+
+
+def _unstepped_call(
+    rid: str,
+    key: str | None,
+    model: str | None,
+    at: datetime | None,
+    metadata: dict[str, Any] | None,
+    body: str | None,
+    output: int | None,
+) -> Unstepped | None:
+    """A row of ``_unstepped`` as ``Unstepped`` (None before its ``stream.started``)."""
+    if at is None:  # no stream.started yet: no start, no estimate
+        return None
+    start = json.loads(body) if body else {}
+    return Unstepped(
+        rid,
+        key,
+        model,
+        at,
+        (metadata or {}).get("tags"),
+        int(start.get("input_tokens") or 0),
+        int(output or 0),
+    )
+
+
+def _live_hold(
+    rid: str, key: str, customer: str | None, tags: str, model: str, held: Any, *rest: Any
+) -> LiveHold:
+    return LiveHold(rid, key, customer, tuple(json.loads(tags)), model, int(held), *rest)
+
 
 class Holds(DialectBase):
     """Holds: stored once per ``request_id``, released, read while live; the calls' amounts of
@@ -190,12 +321,68 @@ class Holds(DialectBase):
                 params["keys"] = sorted(keys)
             if customers:
                 params["customers"] = sorted(customers)
-        return [
-            LiveHold(rid, key, customer, tuple(json.loads(tags)), model, int(held), *rest)
-            for rid, key, customer, tags, model, held, *rest in session.connection().execute(
-                query, params
-            )
-        ]
+        return [_live_hold(*row) for row in session.connection().execute(query, params)]
+
+    def spend_reads(
+        self,
+        session: Session,
+        now: datetime,
+        keys: Collection[str],
+        customers: Collection[str],
+        everything: bool,
+        calls_of_all: bool,
+        pairs: Sequence[tuple[int, datetime]],
+    ) -> tuple[list[LiveHold], list[Unstepped], dict[tuple[int, datetime], tuple[int, int]] | None]:
+        holds: tuple[bool, bool] | None = None
+        if everything:
+            holds = (False, False)
+        elif keys or customers:
+            holds = (bool(keys), bool(customers))
+        calls = True if calls_of_all else (False if keys else None)
+        read_pairs = len(pairs) <= READ_PAIRS
+        counters = bool(pairs) and read_pairs
+        found_holds: list[LiveHold] = []
+        found_calls: list[Unstepped] = []
+        found_counters: dict[tuple[int, datetime], tuple[int, int]] = {}
+        if holds is not None or calls is not None or counters:
+            params: dict[str, Any] = {"now": now}
+            if keys:
+                params["keys"] = sorted(keys)
+            if customers:
+                params["customers"] = sorted(customers)
+            if counters:
+                params["pairs"] = list(pairs)
+            for kind, *row in session.connection().execute(
+                _spend_reads(holds, calls, counters), params
+            ):
+                if kind == 0:
+                    rid, key, customer, tags, model, state, expires, created, held, cost, charge = (
+                        row[:11]
+                    )
+                    found_holds.append(
+                        _live_hold(
+                            rid,
+                            key,
+                            customer,
+                            tags,
+                            model,
+                            held,
+                            expires,
+                            state,
+                            created,
+                            cost,
+                            charge,
+                        )
+                    )
+                elif kind == 1:
+                    rid, key, model, body, _, _, at, _, output = row[:9]
+                    call = _unstepped_call(rid, key, model, at, row[12], body, output)
+                    if call is not None:
+                        found_calls.append(call)
+                else:
+                    start, settled, provisional = row[6], row[8], row[9]
+                    found_counters[(int(row[11]), start)] = (int(settled), int(provisional))
+        return found_holds, found_calls, found_counters if read_pairs else None
 
     def call_amounts(
         self,
@@ -276,19 +463,8 @@ class Holds(DialectBase):
         else:
             rows = session.connection().execute(_UNSTEPPED_OF_KEYS, {"keys": sorted(keys)})
         found = []
-        for rid, key, model, at, metadata, body, output in rows:
-            if at is None:  # no stream.started yet: no start, no estimate
-                continue
-            start = json.loads(body) if body else {}
-            found.append(
-                Unstepped(
-                    rid,
-                    key,
-                    model,
-                    at,
-                    (metadata or {}).get("tags"),
-                    int(start.get("input_tokens") or 0),
-                    int(output or 0),
-                )
-            )
+        for row in rows:
+            call = _unstepped_call(*row)
+            if call is not None:
+                found.append(call)
         return found

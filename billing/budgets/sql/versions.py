@@ -36,6 +36,7 @@ from billing.storage.models import (
     BudgetSpend,
     Customer,
     KeyAssignment,
+    Price,
 )
 from billing.storage.types import UTCDateTime
 
@@ -79,10 +80,16 @@ def _spend_check() -> Any:
     # The customer's ``credit_required`` too: the authorization's credit check then needs no
     # statement of its own to know it (one round trip less on PostgreSQL).
     required = select(Customer.credit_required).where(Customer.customer_id == owner)
+    # And the price rows of the authorization's ``:model`` (their count and highest id, as
+    # ``billing.pricing.cache`` checks its copy by them; null: none asked, 0 rows), read before
+    # the rows the cache may load after: one round trip less than that check's own statement.
+    model = Price.model == bindparam("model")
     head = select(
         _GENERATION.scalar_subquery().label("generation"),
         owner.label("customer_id"),
         required.scalar_subquery().label("credit_required"),
+        select(func.count()).where(model).scalar_subquery().label("price_count"),
+        select(func.max(Price.id)).where(model).scalar_subquery().label("price_top"),
     ).subquery("head")
     live = Budget.ended_at.is_(None)
     over = union_all(
@@ -100,6 +107,8 @@ def _spend_check() -> Any:
             head.c.generation,
             head.c.customer_id,
             head.c.credit_required,
+            head.c.price_count,
+            head.c.price_top,
             over.c.id,
             BudgetSpend.period_start,
             BudgetSpend.settled_pusd,
@@ -261,15 +270,23 @@ class BudgetVersions(DialectBase):
     def definitions(self, session: Session) -> list[BudgetDef]:
         return [BudgetDef(*row) for row in session.connection().execute(_DEFINITIONS)]
 
-    def spend_check_rows(self, session: Session, key: str, now: datetime) -> SpendCheckRows:
+    def spend_check_rows(
+        self, session: Session, key: str, now: datetime, model: str | None = None
+    ) -> SpendCheckRows:
         # Core on the session's connection: the ORM's execution adds nothing to plain columns.
-        rows = session.connection().execute(_SPEND_CHECK, {"key": key, "now": now}).all()
+        params = {"key": key, "now": now, "model": model}
+        rows = session.connection().execute(_SPEND_CHECK, params).all()
         counters = [
             CounterRow(int(row), start, int(settled or 0), int(provisional or 0))
-            for _, _, _, row, start, settled, provisional in rows
+            for *_, row, start, settled, provisional in rows
             if row is not None
         ]
-        generation, customer, required = rows[0][:3]
+        generation, customer, required, count, top = rows[0][:5]
+        prices = {model: (int(count), int(top))} if model is not None and count else {}
         return SpendCheckRows(
-            None if generation is None else int(generation), customer, bool(required), counters
+            None if generation is None else int(generation),
+            customer,
+            bool(required),
+            counters,
+            prices,
         )
