@@ -186,6 +186,10 @@ def run(
                 lambda i: f"/console/calls?{q({'api_key_id': busiest, 'cursor': cursor_deep})}",
             ),
             (
+                f"calls: first page, busiest key's customer ({customer})",
+                lambda i: f"/console/calls?customer_id={customer}",
+            ),
+            (
                 "call: random calls",
                 lambda i: f"/console/calls/{quote(call_ids[i % len(call_ids)], safe='')}",
             ),
@@ -207,6 +211,14 @@ def run(
                 ),
             ),
             ("usage: all keys, 30 days by day (UTC)", lambda i: f"/console/usage?{q(month)}"),
+            (
+                f"usage: busiest key's customer ({customer}), 30 days by day",
+                lambda i: f"/console/usage?{q({**month, 'customer_id': customer})}",
+            ),
+            (
+                "usage: all customers, 30 days by customer",
+                lambda i: f"/console/usage?{q({**month, 'group_by': 'customer_id'})}",
+            ),
             ("budgets (with the holds)", lambda i: "/console/budgets"),
             ("credits: the customers", lambda i: "/console/credits"),
             (

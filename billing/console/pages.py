@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from billing.budgets.service import customer_statuses, list_alerts
 from billing.calllog.usage import UsageQuery, parse_usage_query, usage_rows
-from billing.credits.service import customer_page, decode_customer_cursor
+from billing.credits.service import decode_customer_cursor, list_customers
 from billing.errors import FieldError, ValidationFailed
 from billing.plans.service import decode_key_cursor, keys_in_force_of, list_keys
 
@@ -75,10 +75,14 @@ def keys_view(session: Session, items: Items, now: datetime) -> dict[str, Any]:
 def customers_view(session: Session, items: Items, now: datetime) -> dict[str, Any]:
     """A page of customers (by id, as ``GET /v1/customers`` lists them: a record, a key or a
     grant): their plans and how many keys (of the keys' assignments in force), budgets in
-    force scoped to each, and the period's calls, cost and charge."""
+    force scoped to each, the period's calls, cost and charge, and their prepaid credit now
+    (``credit``: ``GET /v1/customers``' ``balance`` object, read for the page at once by
+    ``list_customers``, as the Credits page reads it)."""
     parse_usage_query([(k, v) for k, v in items if k in ("since", "until")])  # 422 first
     after = _cursor(items, decode_customer_cursor)
-    ids, cursor = customer_page(session, after, CUSTOMERS_PER_PAGE)
+    listed, cursor = list_customers(session, after, CUSTOMERS_PER_PAGE, now)
+    ids = [c["customer_id"] for c in listed]
+    credit = {c["customer_id"]: c["balance"] for c in listed}
     usage = _usage_of(session, items, "customer_id", ids)
     keys = keys_in_force_of(session, ids, now)
     budgets: dict[str, list[dict[str, Any]]] = {c: [] for c in ids}
@@ -91,6 +95,7 @@ def customers_view(session: Session, items: Items, now: datetime) -> dict[str, A
             "key_count": keys.get(c, (0, []))[0],
             "budgets": budgets[c],
             "usage": usage.get(c),
+            "credit": credit[c],
         }
         for c in ids
     ]

@@ -91,6 +91,7 @@ def _choices() -> dict[str, Any]:
         "statuses": views.STATUS_CHOICES,
         "bases": views.BASIS_CHOICES,
         "chart_periods": views.CHART_PERIODS,
+        "usage_groups": views.USAGE_GROUPS,
         "zones": views.ZONES,
     }
 

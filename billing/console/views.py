@@ -9,7 +9,7 @@ parsers, so a console URL and an API URL with the same query mean the same thing
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -115,23 +115,48 @@ def usage_defaults(items: Items, now: datetime) -> list[tuple[str, str]]:
     return filled
 
 
+#: What the usage page may be grouped by (``/v1/usage``'s ``group_by``): a time axis, or one bar
+#: per customer (``group_by=customer_id``: the same rows as the API's).
+USAGE_GROUPS = (*CHART_PERIODS, "customer_id")
+#: The figures of the usage table, in ``/v1/usage``'s row order: the totals, then the charge.
+USAGE_FIELDS = (*TOTAL_FIELDS, "charge_usd")
+#: How a null group value (a call without a customer) is shown on the chart's axis.
+NO_VALUE = "(none)"
+
+
 def usage_view(session: Session, items: Items) -> dict[str, Any]:
-    """The Usage page: ``GET /v1/usage`` for the same query (grouped by ``hour`` or ``day``
-    only), as two charts (cost; input and output tokens) and the rows as a table."""
+    """The Usage page: ``GET /v1/usage`` for the same query (grouped by ``hour`` or ``day``, or
+    by ``customer_id``; for one key, customer or model when given), as two charts (cost and
+    charge; input and output tokens) and the rows as a table (``USAGE_FIELDS``)."""
     query = parse_usage_query(items)
-    if query.group_by not in (("day",), ("hour",)):
+    if query.group_by not in [(name,) for name in USAGE_GROUPS]:
         raise ValidationFailed(
-            [FieldError(None, "query.group_by", "the console charts by day or by hour only")]
+            [
+                FieldError(
+                    None,
+                    "query.group_by",
+                    "the console charts by day, by hour or by customer_id only",
+                )
+            ]
         )
     period = query.group_by[0]
     rows = [row.as_json() for row in usage_rows(session, query)]
-    axis = _axis(period, query.since, query.until, query.tz, [str(r[period]) for r in rows])
-    short = _short_hour if period == "hour" else _short_day
+    labels = [NO_VALUE if r[period] is None else str(r[period]) for r in rows]
+    if period in CHART_PERIODS:
+        axis = _axis(period, query.since, query.until, query.tz, labels)
+        short: Callable[[str], str] = _short_hour if period == "hour" else _short_day
+    else:
+        axis, short = labels, str
 
     def by_period(field: str) -> dict[str, Any]:
-        return {str(row[period]): row[field] for row in rows}
+        return {label: row[field] for label, row in zip(labels, rows, strict=True)}
 
-    cost = bar_chart("Cost (USD)", axis, [("cost_usd", by_period("cost_usd"))], short)
+    money = bar_chart(
+        "Cost and charge (USD)",
+        axis,
+        [("cost_usd", by_period("cost_usd")), ("charge_usd", by_period("charge_usd"))],
+        short,
+    )
     tokens = bar_chart(
         "Tokens",
         axis,
@@ -144,8 +169,8 @@ def usage_view(session: Session, items: Items) -> dict[str, Any]:
     return {
         "period": period,
         "rows": rows,
-        "fields": TOTAL_FIELDS,
-        "charts": [cost, tokens],
+        "fields": USAGE_FIELDS,
+        "charts": [money, tokens],
     }
 
 

@@ -918,3 +918,36 @@ def test_a_utc_month_by_day_reads_day_buckets_and_a_kolkata_one_mixes_levels() -
         (1, rollup_buckets.HOUR, "2026-03-11T19:00:00Z", "2026-03-12T18:00:00Z"),
         (1, rollup_buckets.QUARTER, "2026-03-12T18:00:00Z", "2026-03-12T18:30:00Z"),
     ]
+
+
+def test_units_for_a_customer_match_the_source_rows(
+    with_units: TestClient, session: Session
+) -> None:
+    """Units of one customer's calls (SQLite reads them through the partial index of the calls
+    with units by customer, ``billing.calllog.sql.sqlite``), alone and with a key or a model,
+    over periods off the 15-minute edges, in a zone off the hour."""
+    body = {"customer_id": "cust_a", "effective_from": "2026-01-01T00:00:00Z"}
+    assert with_units.put("/v1/keys/key_a", json=body).status_code == 201
+    reconcile_at(with_units, at("2026-03-14T11:00:00Z"))  # the calls are charged to it again
+    session.expire_all()
+    periods = [
+        (at("2026-03-01T00:00:00Z"), at("2026-04-01T00:00:00Z")),
+        (at("2026-03-10T10:07:13Z"), at("2026-03-12T23:59:59.999999Z")),
+    ]
+    filters: list[dict[str, Any]] = [
+        {"customer_id": "cust_a"},
+        {"customer_id": "cust_a", "model": "m2"},
+        {"customer_id": "cust_a", "api_key_id": "key_a", "model": "m1"},
+        {"customer_id": "cust_a", "api_key_id": "key_b"},
+    ]
+    seen = 0
+    for since, until in periods:
+        for group_by in [("day",), ("hour", "model")]:
+            for extra in filters:
+                query = UsageQuery(
+                    since, until, group_by=group_by, tz=ZoneInfo("Asia/Kolkata"), **extra
+                )
+                rows = rows_of(session, query)
+                assert rows == reference(session, query), query
+                seen += sum(1 for row in rows if row["units"])
+    assert seen > 20  # the customer's units are there to be summed

@@ -197,7 +197,7 @@ def table(page: str, table_id: str) -> Table:
 
 def usage_as_table(rows: list[dict[str, Any]], period: str) -> list[list[str]]:
     """``/v1/usage`` rows as the console's usage table shows them (null cost: "unpriced")."""
-    fields = ["calls", *TOKEN_FIELDS, "cost_usd"]
+    fields = ["calls", *TOKEN_FIELDS, "cost_usd", "charge_usd"]
     return [
         [str(row[period])] + ["unpriced" if row[f] is None else str(row[f]) for f in fields]
         for row in rows

@@ -132,7 +132,7 @@ def test_the_console_in_a_browser(browser: Any, served: tuple[str, dict[str, str
     page.get_by_label("Key", exact=True).fill(BULK_KEY)
     page.get_by_label("Key", exact=True).press("Enter")
     page.wait_for_load_state()
-    empty = "&model=&status=&since=&until=&limit="  # the form's empty fields: "any"
+    empty = "&customer_id=&model=&status=&since=&until=&limit="  # the form's empty fields: "any"
     assert page.url == f"{url}/console/calls?api_key_id={BULK_KEY}{empty}"
     seen: list[str] = []
     for page_no in range(3):

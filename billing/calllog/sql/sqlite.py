@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 import orjson
@@ -23,7 +24,8 @@ from sqlalchemy.orm import Session
 from billing.calllog.rows import RollupSlice, Sums
 from billing.calllog.sql.common import _BY_KEY, Ranking, UnitsIn, rollup_slice
 from billing.rollups.buckets import Run
-from billing.rollups.rows import ROLLUP_SUMMED
+from billing.rollups.rows import CALL_START, ROLLUP_SUMMED
+from billing.storage.models import Call
 from billing.storage.types import sqlite_text
 
 #: The runs, bound as one JSON array of ``[seg, level, lo, hi]`` (instants as stored text), as a
@@ -42,8 +44,50 @@ PIECES = (
 )
 
 
+#: ``units_in`` of one customer's settled calls (``call_start``): the calls with units read
+#: ``INDEXED BY`` the partial (customer_id, started_at) index of the calls with units. Without
+#: the hint SQLite takes the plain (customer_id, started_at, request_id) index and checks every
+#: call of the customer's period for units: 0.4–0.6 s for a month of a customer of the
+#: 1,000,000-call bench seed (107,000 calls, none with units) against 1 ms. (SQLAlchemy renders
+#: no table hint on SQLite, hence the text.) Bound: ``customer``, ``since``, ``until`` (stored
+#: text, ``sqlite_text``); ``:key`` / ``:model`` appended when given.
+_CUSTOMER_UNITS = (
+    "SELECT started_at, api_key_id, model, units, customer_id FROM calls "
+    "INDEXED BY ix_calls_units_customer_id_started_at "
+    "WHERE units IS NOT NULL AND settled = 1 AND customer_id = :customer "
+    "AND started_at >= :since AND started_at < :until"
+)
+
+
 class SqliteCalllog(UnitsIn, Ranking):
     """``CalllogRepository`` on SQLite."""
+
+    def units_in(
+        self,
+        session: Session,
+        basis: str,
+        since: datetime,
+        until: datetime,
+        api_key_id: str | None,
+        model: str | None,
+        customer_id: str | None = None,
+    ) -> list[Any]:
+        if basis != CALL_START or customer_id is None:
+            return super().units_in(session, basis, since, until, api_key_id, model, customer_id)
+        sql = _CUSTOMER_UNITS
+        params: dict[str, Any] = {
+            "customer": customer_id,
+            "since": sqlite_text(since),
+            "until": sqlite_text(until),
+        }
+        if api_key_id is not None:
+            sql, params["key"] = sql + " AND api_key_id = :key", api_key_id
+        if model is not None:
+            sql, params["model"] = sql + " AND model = :model", model
+        statement = text(sql).columns(
+            Call.started_at, Call.api_key_id, Call.model, Call.units, Call.customer_id
+        )
+        return list(session.execute(statement, params))
 
     def rollup_sums(self, session: Session, runs: Sequence[Run], rows: RollupSlice) -> Sums:
         return session.execute(*self.sums_statement(runs, rows))
