@@ -53,11 +53,13 @@ class Tick:
 
 @dataclass(frozen=True)
 class Chart:
-    """A grouped bar chart: bars, the value at the top of the axis, period labels, series."""
+    """A grouped bar chart: bars, the value at the top of the axis (exact, and as its label
+    says it to people), period labels, series."""
 
     title: str
     bars: list[Bar]
     axis_max: str
+    axis_label: str
     ticks: list[Tick]
     series: list[str]
     missing: list[str]
@@ -73,12 +75,14 @@ def bar_chart(
     periods: Sequence[str],
     series: Sequence[tuple[str, Mapping[str, str | int | None]]],
     short: Callable[[str], str] = str,
+    say: Callable[[Decimal], str] = lambda value: f"{value:,f}",
 ) -> Chart:
     """A chart of ``series`` (name, value by period: an exact decimal string, an int, or None for
     unknown) over the time axis ``periods`` (every period, in order, labelled under the bars by
-    ``short(period)``); the axis runs from 0 to the largest value. A period a series has no value
-    for (no usage) has no bar; an unknown value has none either and is listed in ``missing`` as
-    "period (series)"."""
+    ``short(period)``); the axis runs from 0 to the largest value, labelled ``say(value)``
+    (``billing.console.people``: ``$4,100.00``, ``104,260``; never ``1.0426E+5``). A period a
+    series has no value for (no usage) has no bar; an unknown value has none either and is
+    listed in ``missing`` as "period (series)"."""
     top = max(
         (Decimal(v) for _, by_period in series for v in by_period.values() if v is not None),
         default=Decimal(0),
@@ -119,7 +123,8 @@ def bar_chart(
     return Chart(
         title=title,
         bars=bars,
-        axis_max=str(top.normalize()) if top else "0",
+        axis_max=f"{top.normalize():f}" if top else "0",
+        axis_label=say(top),
         ticks=ticks,
         series=[name for name, _ in series],
         missing=missing,

@@ -2,7 +2,7 @@
 (v3)"): a period's cost and charge against the period before, spend per day by model (drawn by
 the vendored uPlot, ``static/overview.js``), the top keys, customers and models, the share of
 paid output no client received, the disconnect and error rates, unpriced calls, budgets near or
-over their limit and the alert webhooks that failed.
+over their limit and the alert webhooks failing (latest attempt failed).
 
 The figures are ``GET /v1/usage``'s (``billing.calllog.usage.usage_rows``: the rollups) for the
 same ``since`` / ``until``, written for people (``billing.console.people``) with the exact value
@@ -152,7 +152,6 @@ def overview_view(session: Session, items: Items, now: datetime) -> dict[str, An
     started = sum(statuses.values())
     fullest = fullest_statuses(session, now, BUDGETS_READ)
     budgets = [b for b in fullest if b["state"] in ("warning", "exceeded")][:BUDGETS_SHOWN]
-    deliveries = repo.deliveries_by_state(session)
     per_model = _rows(session, query, "model")
     spend = _spend(_rows(session, query, "day", "model"), query)
     return {
@@ -175,7 +174,7 @@ def overview_view(session: Session, items: Items, now: datetime) -> dict[str, An
         "priced_cost": sum((_cost(r) for r in per_model), Decimal(0)),
         "priced_charge": sum((Decimal(r["charge_usd"] or 0) for r in per_model), Decimal(0)),
         "budgets": budgets,
-        "failed": deliveries.get("failed", 0),
+        "failed": repo.failing_deliveries(session),
         "failed_rows": repo.failed_deliveries(session, FAILED_SHOWN),
         "spend_json": json.dumps(spend, separators=(",", ":")),
         "spend_models": [s["name"] for s in spend["series"]],

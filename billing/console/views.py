@@ -26,6 +26,7 @@ from billing.calllog.service import get_call
 from billing.calllog.usage import TOTAL_FIELDS, parse_usage_query, usage_rows
 from billing.calllog.views import call_json
 from billing.console.chart import bar_chart, output_bar
+from billing.console.people import count, usd
 from billing.console.words import anomaly_words, event_title
 from billing.credits.rows import Owner
 from billing.credits.service import balance, entries_json, list_customers
@@ -34,7 +35,6 @@ from billing.drift.schemas import FIELDS as DRIFT_FIELDS
 from billing.errors import FieldError, ValidationFailed
 from billing.export.params import parse_params
 from billing.export.service import period_label
-from billing.money import format_usd
 from billing.plans.service import decode_id_cursor, encode_id_cursor
 from billing.rollups.rows import BASES
 from billing.timefmt import rfc3339
@@ -131,7 +131,7 @@ def usage_view(session: Session, items: Items) -> dict[str, Any]:
     def by_period(field: str) -> dict[str, Any]:
         return {str(row[period]): row[field] for row in rows}
 
-    cost = bar_chart("Cost (USD)", axis, [("cost_usd", by_period("cost_usd"))], short)
+    cost = bar_chart("Cost (USD)", axis, [("cost_usd", by_period("cost_usd"))], short, usd)
     tokens = bar_chart(
         "Tokens",
         axis,
@@ -140,6 +140,7 @@ def usage_view(session: Session, items: Items) -> dict[str, Any]:
             ("output_tokens_billed", by_period("output_tokens_billed")),
         ],
         short,
+        count,
     )
     return {
         "period": period,
@@ -236,7 +237,7 @@ def budgets_view(session: Session, items: Items, now: datetime) -> dict[str, Any
         raise ValidationFailed([FieldError(None, "query.cursor", str(bad))]) from None
     rows, last = status_page(session, after, BUDGETS_PER_PAGE, now)
     for row in rows:
-        row["progress"] = format_usd(min(Decimal(row["fraction_used"]), Decimal(1)))
+        row["progress"] = f"{min(Decimal(row['fraction_used']), Decimal(1)):f}"
     return {
         "budgets": rows,
         "next_cursor": None if last is None else encode_id_cursor("b", last),
