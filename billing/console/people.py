@@ -23,7 +23,7 @@ def usd(value: str | Decimal | None) -> str:
         return f"{sign}${amount.quantize(Decimal('0.01'), ROUND_HALF_EVEN):,}"
     digits = amount.adjusted()  # -2 for 0.0115
     shown = amount.quantize(Decimal(1).scaleb(digits - 3), ROUND_HALF_EVEN).normalize()
-    if shown.as_tuple().exponent > -2:  # whole cents keep both places: $0.50, not $0.5
+    if shown == shown.quantize(Decimal("0.01")):  # whole cents keep both places: $0.50, not $0.5
         shown = shown.quantize(Decimal("0.01"))
     return f"{sign}${shown:f}"
 
