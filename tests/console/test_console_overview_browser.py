@@ -214,6 +214,8 @@ def test_every_column_is_visible_at_1400_px_with_long_and_hostile_ids(
         "34-credits": f"/console/credits?customer_id={customer}",
         "35-overview": f"/console/overview?{since}",
         "36-usage": f"/console/usage?api_key_id={quote(LONG_KEY, safe='')}&{since}",
+        "37-calls": f"/console/calls?{since}",
+        "38-customers": f"/console/customers?{since}",
     }
     for name, path in pages.items():
         response = page.goto(f"{url}{path}")
