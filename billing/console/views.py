@@ -26,7 +26,6 @@ from billing.calllog.service import get_call
 from billing.calllog.usage import TOTAL_FIELDS, parse_usage_query, usage_rows
 from billing.calllog.views import call_json
 from billing.console.chart import bar_chart, output_bar
-from billing.console.people import count, usd
 from billing.console.words import anomaly_words, event_title
 from billing.credits.rows import Owner
 from billing.credits.service import balance, entries_json, list_customers
@@ -131,7 +130,7 @@ def usage_view(session: Session, items: Items) -> dict[str, Any]:
     def by_period(field: str) -> dict[str, Any]:
         return {str(row[period]): row[field] for row in rows}
 
-    cost = bar_chart("Cost (USD)", axis, [("cost_usd", by_period("cost_usd"))], short, usd)
+    cost = bar_chart("Cost (USD)", axis, [("cost_usd", by_period("cost_usd"))], short)
     tokens = bar_chart(
         "Tokens",
         axis,
@@ -140,7 +139,6 @@ def usage_view(session: Session, items: Items) -> dict[str, Any]:
             ("output_tokens_billed", by_period("output_tokens_billed")),
         ],
         short,
-        count,
     )
     return {
         "period": period,

@@ -59,13 +59,12 @@ def test_one_way_of_writing_percentages_money_and_counts() -> None:
 
 @pytest.mark.nodb
 def test_a_chart_axis_is_labelled_for_people_never_in_scientific_notation() -> None:
-    tokens = bar_chart(
-        "Tokens", ["d1", "d2"], [("input_tokens", {"d1": 104260, "d2": 7})], say=count
-    )
-    assert (tokens.axis_max, tokens.axis_label) == ("104260", "104,260")
-    cost = bar_chart("Cost", ["d1"], [("cost_usd", {"d1": "4100"})], say=usd)
-    assert (cost.axis_max, cost.axis_label) == ("4100", "$4,100.00")
-    assert "E+" not in cost.axis_max + tokens.axis_max
+    # the label by the series: dollars for amounts (*_usd), else a count
+    tokens = bar_chart("Tokens", ["d1", "d2"], [("input_tokens", {"d1": 104260, "d2": 7})])
+    assert (tokens.axis_max, tokens.axis_exact) == ("104,260", "104260")
+    cost = bar_chart("Cost", ["d1"], [("cost_usd", {"d1": "4100"})])
+    assert (cost.axis_max, cost.axis_exact) == ("$4,100.00", "4100")
+    assert bar_chart("Empty", ["d1"], [("cost_usd", {})]).axis_max == "$0.00"
 
 
 def _closed_port() -> int:
