@@ -152,6 +152,7 @@ def overview_view(session: Session, items: Items, now: datetime) -> dict[str, An
     started = sum(statuses.values())
     fullest = fullest_statuses(session, now, BUDGETS_READ)
     budgets = [b for b in fullest if b["state"] in ("warning", "exceeded")][:BUDGETS_SHOWN]
+    deliveries = repo.deliveries_by_state(session)
     per_model = _rows(session, query, "model")
     spend = _spend(_rows(session, query, "day", "model"), query)
     return {
@@ -175,6 +176,7 @@ def overview_view(session: Session, items: Items, now: datetime) -> dict[str, An
         "priced_charge": sum((Decimal(r["charge_usd"] or 0) for r in per_model), Decimal(0)),
         "budgets": budgets,
         "failed": repo.failing_deliveries(session),
+        "delivered": deliveries.get("delivered", 0),
         "failed_rows": repo.failed_deliveries(session, FAILED_SHOWN),
         "spend_json": json.dumps(spend, separators=(",", ":")),
         "spend_models": [s["name"] for s in spend["series"]],

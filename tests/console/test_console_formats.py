@@ -121,6 +121,7 @@ def test_budgets_and_alerts_in_percent_and_failing_deliveries_counted(
     overview = client.get("/console/overview").text
     # the two whose latest attempt failed: the one still retrying counts too
     assert '<dd class="big" id="fig-failed">2</dd>' in overview
+    assert "latest attempt failed (retrying or given up); 1 delivered" in overview
     assert "Budgets near or over their limit" in overview
     near = re.findall(
         r'<th scope="row" class="name" title="([^"]+)">[^<]+</th><td>warning</td>'
