@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 
+from billing.console.people import count, usd
+
 _PLACES = Decimal("0.01")
 #: Plot area of a usage chart, in SVG user units (the SVG scales to its box).
 WIDTH = Decimal(1000)
@@ -53,11 +55,13 @@ class Tick:
 
 @dataclass(frozen=True)
 class Chart:
-    """A grouped bar chart: bars, the value at the top of the axis, period labels, series."""
+    """A grouped bar chart: bars, the value at the top of the axis (as its label says it to
+    people, and exact), period labels, series."""
 
     title: str
     bars: list[Bar]
     axis_max: str
+    axis_exact: str
     ticks: list[Tick]
     series: list[str]
     missing: list[str]
@@ -73,12 +77,15 @@ def bar_chart(
     periods: Sequence[str],
     series: Sequence[tuple[str, Mapping[str, str | int | None]]],
     short: Callable[[str], str] = str,
+    say: Callable[[Decimal], str] | None = None,
 ) -> Chart:
     """A chart of ``series`` (name, value by period: an exact decimal string, an int, or None for
     unknown) over the time axis ``periods`` (every period, in order, labelled under the bars by
-    ``short(period)``); the axis runs from 0 to the largest value. A period a series has no value
-    for (no usage) has no bar; an unknown value has none either and is listed in ``missing`` as
-    "period (series)"."""
+    ``short(period)``); the axis runs from 0 to the largest value, labelled ``say(value)``
+    (by default ``billing.console.people``'s ``usd`` when every series is an amount, a ``*_usd``
+    field, else ``count``: ``$4,100.00``, ``104,260``; never ``1.0426E+5``). A period a
+    series has no value for (no usage) has no bar; an unknown value has none either and is
+    listed in ``missing`` as "period (series)"."""
     top = max(
         (Decimal(v) for _, by_period in series for v in by_period.values() if v is not None),
         default=Decimal(0),
@@ -119,11 +126,17 @@ def bar_chart(
     return Chart(
         title=title,
         bars=bars,
-        axis_max=str(top.normalize()) if top else "0",
+        axis_max=(say or _say_for(series))(top),
+        axis_exact=f"{top.normalize():f}" if top else "0",
         ticks=ticks,
         series=[name for name, _ in series],
         missing=missing,
     )
+
+
+def _say_for(series: Sequence[tuple[str, object]]) -> Callable[[Decimal], str]:
+    """Dollars for a chart of amounts (``cost_usd``, ``charge_usd``), else a count."""
+    return usd if series and all(name.endswith("_usd") for name, _ in series) else count
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 (v3)"): a period's cost and charge against the period before, spend per day by model (drawn by
 the vendored uPlot, ``static/overview.js``), the top keys, customers and models, the share of
 paid output no client received, the disconnect and error rates, unpriced calls, budgets near or
-over their limit and the alert webhooks that failed.
+over their limit and the alert webhooks failing (latest attempt failed).
 
 The figures are ``GET /v1/usage``'s (``billing.calllog.usage.usage_rows``: the rollups) for the
 same ``since`` / ``until``, written for people (``billing.console.people``) with the exact value
@@ -184,7 +184,8 @@ def overview_view(session: Session, items: Items, now: datetime) -> dict[str, An
         "priced_cost": sum((_cost(r) for r in per_model), Decimal(0)),
         "priced_charge": sum((Decimal(r["charge_usd"] or 0) for r in per_model), Decimal(0)),
         "budgets": budgets,
-        "failed": deliveries.get("failed", 0),
+        "failed": repo.failing_deliveries(session),
+        "delivered": deliveries.get("delivered", 0),
         "failed_rows": repo.failed_deliveries(session, FAILED_SHOWN),
         "spend_json": json.dumps(spend, separators=(",", ":")),
         "spend_models": [s["name"] for s in spend["series"]],

@@ -9,8 +9,9 @@ from urllib.parse import quote, urlencode
 
 from fastapi.responses import HTMLResponse
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from markupsafe import Markup, escape
 
-from billing.console.people import usd
+from billing.console.people import count, percent, usd
 
 HERE = Path(__file__).resolve().parent
 STATIC_DIR = HERE / "static"
@@ -44,6 +45,18 @@ ENV.filters["segment"] = lambda value: quote(str(value), safe="")
 ENV.filters["cost"] = lambda value: "unpriced" if value is None else value
 ENV.globals["query"] = _query
 ENV.globals["usd"] = usd
+ENV.globals["percent"] = percent
+ENV.globals["count"] = count
+# A field name that may break after each underscore (``output_tokens_undelivered``), so that a
+# table's header wraps instead of widening the table past the page.
+# A long identifier (a key id may be 128 characters): cut to the cell's width with an ellipsis,
+# the whole value in its ``title`` and in the text (copying it, or a search, gets all of it).
+ENV.globals["ident"] = lambda value: Markup('<span class="ident" title="{0}">{0}</span>').format(
+    "" if value is None else value
+)
+ENV.filters["breakable"] = lambda value: Markup("_<wbr>").join(
+    escape(part) for part in str(value).split("_")
+)
 # What a page without a form or errors sees (a page's context overrides them).
 ENV.globals.update(errors=[], invalid=False, form={})
 

@@ -34,7 +34,6 @@ from billing.drift.schemas import FIELDS as DRIFT_FIELDS
 from billing.errors import FieldError, ValidationFailed
 from billing.export.params import parse_params
 from billing.export.service import period_label
-from billing.money import format_usd
 from billing.plans.service import decode_id_cursor, encode_id_cursor
 from billing.rollups.rows import BASES
 from billing.timefmt import rfc3339
@@ -261,7 +260,7 @@ def budgets_view(session: Session, items: Items, now: datetime) -> dict[str, Any
         raise ValidationFailed([FieldError(None, "query.cursor", str(bad))]) from None
     rows, last = status_page(session, after, BUDGETS_PER_PAGE, now)
     for row in rows:
-        row["progress"] = format_usd(min(Decimal(row["fraction_used"]), Decimal(1)))
+        row["progress"] = f"{min(Decimal(row['fraction_used']), Decimal(1)):f}"
     return {
         "budgets": rows,
         "next_cursor": None if last is None else encode_id_cursor("b", last),

@@ -47,6 +47,13 @@ class ObserveRepository(Protocol):
         """The latest ``limit`` webhooks that failed for good, newest first."""
         ...
 
+    def failing_deliveries(self, session: Session) -> int:
+        """The alert webhooks whose latest attempt failed: given up (``failed``) or still
+        retrying (``pending`` after at least one attempt; a success makes a row
+        ``delivered``). CONTRACT "Observability and standard exports (v3)": failing alert
+        deliveries."""
+        ...
+
     def deliveries_by_state(self, session: Session) -> dict[str, int]:
         """The webhook outbox's rows by ``state`` (``pending``, ``delivered``, ``failed``)."""
         ...

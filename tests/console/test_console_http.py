@@ -404,7 +404,7 @@ def test_budgets_list_their_progress_and_state(seeded: TestClient, tokens: dict[
     assert made.status_code == 201, made.text
     html = seeded.get("/console/budgets").text
     assert "b-console" in html and "key_&lt;b&gt;x&lt;/b&gt;" in html and "<b>x</b>" not in html
-    assert '<progress max="1" value="0">0</progress>' in html and "<strong>ok</strong>" in html
+    assert '<progress max="1" value="0">0 %</progress>' in html and "<strong>ok</strong>" in html
     assert "No hold: no authorization waits for its call." in html
     held = seeded.post(
         "/v1/authorizations",
@@ -419,10 +419,16 @@ def test_budgets_list_their_progress_and_state(seeded: TestClient, tokens: dict[
     )
     assert held.json()["decision"] == "allow", held.text
     html = seeded.get("/console/budgets").text
-    assert "0.5 (0 settled, 0 provisional, 0.5 held)" in html
-    assert '<progress max="1" value="0.25">0.25</progress>' in html
+    # Money and shares written for people (#43), the exact figures in the titles.
+    assert (
+        '<td class="num wrap" title="0.5 USD: 0 settled, 0 provisional, 0.5 held">$0.50 '
+        '<span class="parts">($0.00 settled, $0.00 provisional, $0.50 held)</span></td>'
+    ) in html
+    assert '<td class="num" title="2 USD">$2.00</td>' in html
+    assert '<progress max="1" value="0.25">25 %</progress> <span title="0.25">25 %</span>' in html
     assert "req-&lt;i&gt;h&lt;/i&gt;" in html and "team-a, team-b" in html
-    assert re.search(r'<td class="num">0\.5</td>\s*<td class="num">[0-9]+ s</td>', html), html
+    held_cells = r'<td class="num" title="0.5">\$0\.50</td>\s*<td class="num">[0-9]+ s</td>'
+    assert re.search(held_cells, html), html
     calls = seeded.get("/console/calls").text
     # (issue #43: the Calls page filters by customer and shows the charges)
     assert "this page does not show them yet" not in calls and 'name="customer_id"' in calls

@@ -5,7 +5,9 @@ element is wider than a 1,400 px viewport. Reuses the console browser tests' fix
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -148,4 +150,136 @@ def test_customers_keys_and_alerts_pages(
     assert page.locator("h1").inner_text() == "Alerts"
     assert page.evaluate(_WIDEST)[0] <= VIEWPORT
     _shot(page, "23-alerts")
+    context.close()
+
+
+#: A key id of 124 characters, and names a page must show as text (#43).
+LONG_KEY = ("key_<b>" + "0123456789abcdef" * 8)[:124]
+HOSTILE_CUSTOMER = "<i>acme</i> & sons " + "c" * 90
+HOSTILE_BUDGET = "b-<script>x</script>-" + "z" * 90
+LONG_REQUEST = "req-<u>long</u>-" + "r" * 100
+
+
+def test_every_column_is_visible_at_1400_px_with_long_and_hostile_ids(
+    browser: Any,  # noqa: F811
+    served: tuple[str, dict[str, str]],  # noqa: F811
+) -> None:
+    """A 124-character key id, a customer, budget and request named with markup: every page
+    that shows them fits 1,400 px (no column behind a scrollbar), a cut id keeps its whole
+    value in its title, shares read as percentages and the chart's axis as dollars."""
+    url, tokens = served
+    admin = {"Authorization": f"Bearer {tokens['admin']}"}
+
+    def ok(response: httpx.Response) -> None:
+        assert response.status_code in (200, 201), response.text
+
+    at = "2026-10-15T12:00:00Z"
+    started = {"event_id": "long-s", "request_id": LONG_REQUEST, "type": "stream.started",
+               "occurred_at": at, "api_key_id": LONG_KEY, "model": "claude-sonnet-5-5",
+               "protocol": "anthropic.messages", "input_tokens": 104_260}  # fmt: skip
+    usage = {"event_id": "long-u", "request_id": LONG_REQUEST, "type": "stream.usage",
+             "occurred_at": "2026-10-15T12:00:05Z", "input_tokens": 104_260,
+             "output_tokens": 4_100, "source": "upstream"}  # fmt: skip
+    ok(httpx.post(f"{url}/v1/events", json={"events": [started, usage]}, headers=admin))
+    ok(httpx.post(f"{url}/v1/reconcile", json={}, headers=admin))
+    plan = {"plan_id": "pro", "effective_from": "2026-01-01T00:00:00Z", "markup_pct": "20"}
+    ok(httpx.post(f"{url}/v1/plans", json=plan, headers=admin))
+    key = {"customer_id": HOSTILE_CUSTOMER, "plan_id": "pro", "name": "<b>Key</b> " + "n" * 60,
+           "effective_from": "2026-01-01T00:00:00Z"}  # fmt: skip
+    ok(httpx.put(f"{url}/v1/keys/{quote(LONG_KEY, safe='')}", json=key, headers=admin))
+    spent = httpx.get(f"{url}/v1/usage", params={**OCTOBER, "api_key_id": LONG_KEY}, headers=admin)
+    (key_usage,) = spent.json()["data"]
+    # a limit the key has used 90 % of (its cost / 0.9, to the pico-dollar)
+    limit = (Decimal(key_usage["cost_usd"]) / Decimal("0.9")).quantize(Decimal("0.000001"))
+    budget = {"budget_id": HOSTILE_BUDGET, "scope": {"api_key_id": LONG_KEY},
+              "limit_usd": str(limit), "period": "total"}  # fmt: skip
+    ok(httpx.post(f"{url}/v1/budgets", json=budget, headers=admin))
+    grant = {"grant_id": "g-<b>" + "g" * 100, "customer_id": HOSTILE_CUSTOMER,
+             "amount_usd": "1234.5", "kind": "purchased"}  # fmt: skip
+    ok(httpx.post(f"{url}/v1/credits/grants", json=grant, headers=admin))
+
+    context = browser.new_context(viewport={"width": VIEWPORT, "height": 900})
+    page = context.new_page()
+    dialogs: list[str] = []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    _sign_in(page, url, tokens["admin"])
+    since = f"since={OCTOBER['since']}&until={OCTOBER['until']}"
+    customer = quote(HOSTILE_CUSTOMER, safe="")
+    pages = {
+        "30-keys": f"/console/keys?{since}",
+        "31-budgets": "/console/budgets",
+        "32-alerts": "/console/alerts",
+        "33-call": f"/console/calls/{quote(LONG_REQUEST, safe='')}",
+        "34-credits": f"/console/credits?customer_id={customer}",
+        "35-overview": f"/console/overview?{since}",
+        "36-usage": f"/console/usage?api_key_id={quote(LONG_KEY, safe='')}&{since}",
+        "37-calls": f"/console/calls?{since}",
+        "38-customers": f"/console/customers?{since}",
+    }
+    for name, path in pages.items():
+        response = page.goto(f"{url}{path}")
+        assert response is not None and response.status == 200, path
+        page.wait_for_load_state("load")
+        _shot(page, name)
+        widest, what = page.evaluate(_WIDEST)
+        assert widest <= VIEWPORT, (path, what)
+        assert page.locator("main script, main b, main i, main u").count() == 0, path
+
+        if name == "30-keys":
+            row = page.locator("#keys tbody tr", has_text=LONG_KEY[:20])
+            cut = row.locator("th .ident")
+            assert cut.get_attribute("title") == LONG_KEY and cut.text_content() == LONG_KEY
+            customer_cell = row.locator("td").nth(1)
+            assert customer_cell.is_visible()
+            box = customer_cell.bounding_box()
+            assert box is not None and box["x"] + box["width"] <= VIEWPORT
+        elif name == "31-budgets":
+            row = page.locator("#budgets tbody tr", has_text="warning")
+            state = row.locator("td strong")
+            assert state.inner_text() == "warning" and state.is_visible()
+            status = httpx.get(
+                f"{url}/v1/budgets/{quote(HOSTILE_BUDGET, safe='')}", headers=admin
+            ).json()
+            assert Decimal(status["fraction_used"]).quantize(Decimal("0.001")) == Decimal("0.9")
+            assert row.locator("progress").get_attribute("value") == status["fraction_used"]
+            assert row.locator("progress + span").inner_text() == "90 %"
+        elif name == "32-alerts":
+            threshold = page.locator("#alerts tbody tr").first.locator("td.num").first
+            assert threshold.inner_text() == "80 %"
+        elif name == "33-call":
+            ledger = page.locator("table.ledger")
+            box = ledger.bounding_box()
+            assert box is not None and box["x"] + box["width"] <= VIEWPORT
+            assert ledger.locator("thead th").last.is_visible()
+        elif name == "34-credits":
+            pairs = page.eval_on_selector_all(
+                ".figures.balance > div",
+                """divs => divs.map(d => {
+                  const t = d.querySelector('dt').getBoundingClientRect();
+                  const v = d.querySelector('dd').getBoundingClientRect();
+                  return [d.querySelector('dt').textContent, t.left, v.left, t.bottom <= v.top + 1];
+                })""",
+            )
+            assert [p[0] for p in pairs][:5] == [
+                "balance", "held", "pending (open calls)", "available", "overdraft",
+            ]  # fmt: skip
+            assert all(p[1] == p[2] and p[3] for p in pairs), pairs  # each value under its label
+            assert page.locator("#balance-balance").inner_text() == "$1,234.50"
+            amount = page.locator("table.grants tbody td.num").first
+            assert (amount.inner_text(), amount.get_attribute("title")) == ("$1,234.50", "1234.5")
+        elif name == "35-overview":
+            page.wait_for_selector("#spend-chart[data-y-ticks]")
+            ticks = page.locator("#spend-chart").get_attribute("data-y-ticks") or ""
+            assert ticks and all(t.startswith("$") for t in ticks.split("|")), ticks
+            assert "e+" not in ticks.lower() and "e-" not in ticks.lower()
+            near = page.locator("#near-budgets tbody tr", has_text="warning")
+            assert near.locator("td").last.inner_text() == "90 %"
+        elif name == "36-usage":
+            labels = page.locator("svg.chart-svg text.axis-top").all_text_contents()
+            # under a dollar: 4 significant digits (the exact cost is in the bar's title)
+            assert key_usage["cost_usd"] == "0.37428"
+            assert labels == ["$0.3743", "104,260"]
+    assert dialogs == [] and errors == []
     context.close()

@@ -8,9 +8,15 @@
   if (!spend.series.length) { box.dataset.points = "0"; return; }
   var colours = ["#1f4e79", "#b5451b", "#2e7d32", "#6a1b9a", "#8d6e00", "#555555"];
   var dashes = [[], [6, 3], [2, 2], [8, 3, 2, 3], [1, 3], [10, 4]];
+  // Dollars for people, as billing.console.people.usd writes them: "$104,260.00", "$0.0115"
+  // (toLocaleString never writes "1.0426e+5").
   var money = function (v) {
     if (v == null) return "—";
-    return "$" + (Math.abs(v) >= 1 || v === 0 ? v.toFixed(2) : String(Number(v.toPrecision(3))));
+    var a = Math.abs(v);
+    var text = a >= 1 || a === 0
+      ? a.toLocaleString("en-US", { minimumFractionDigits: 2, maximumFractionDigits: 2 })
+      : a.toLocaleString("en-US", { maximumSignificantDigits: 3 });
+    return (v < 0 ? "\u2212" : "") + "$" + text;
   };
   var first = spend.x[0], last = spend.x[spend.x.length - 1] + 86400;
   var series = [{}];
@@ -37,7 +43,11 @@
     height: 280,
     series: series,
     scales: { x: { time: true, range: function () { return [first, last]; } } },
-    axes: [{}, { size: 80, values: function (u, ticks) { return ticks.map(money); } }]
+    axes: [{}, { size: 90, values: function (u, ticks) {
+      var labels = ticks.map(money);
+      box.dataset.yTicks = labels.join("|");  // what the canvas shows, for a reader and tests
+      return labels;
+    } }]
   }, data, box);
   box.dataset.points = String(points);
   window.addEventListener("resize", function () { chart.setSize({ width: width(), height: 280 }); });

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from sqlalchemy import false, func, select, true
+from sqlalchemy import and_, false, func, or_, select, true
 from sqlalchemy.orm import Session
 
 from billing.dimensions import TOKEN_FIELDS
@@ -120,6 +120,13 @@ class SqlObserve:
             .limit(limit)
         )
         return [FailedDelivery(*row) for row in session.execute(query)]
+
+    def failing_deliveries(self, session: Session) -> int:
+        failing = or_(
+            WebhookOutbox.state == "failed",
+            and_(WebhookOutbox.state == "pending", WebhookOutbox.attempts > 0),
+        )
+        return int(session.scalar(select(func.count()).where(failing)) or 0)
 
     def deliveries_by_state(self, session: Session) -> dict[str, int]:
         query = select(WebhookOutbox.state, func.count()).group_by(WebhookOutbox.state)
