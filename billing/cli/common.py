@@ -25,8 +25,16 @@ from billing.storage.migrate import upgrade_to_head
 M = TypeVar("M", bound=BaseModel)
 
 
+#: How the service's messages write a ``+`` for a query string, and what a command line takes.
+_QUERY_PLUS = (" (a + in a query string is written %2B)", "%2B")
+
+
 def fail(message: str, code: int = 1) -> NoReturn:
-    """Print one clear line to standard error and exit non-zero."""
+    """Print one clear line to standard error and exit non-zero. A message written for a query
+    string (the service's own validation: "…%2B05:30 (a + in a query string is written %2B)")
+    is given as a command line takes it: ``+``."""
+    note, escaped = _QUERY_PLUS
+    message = message.replace(note, "").replace(escaped, "+")
     typer.echo(f"billing: {message}", err=True)
     raise typer.Exit(code)
 

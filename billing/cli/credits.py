@@ -92,9 +92,11 @@ def credits_list(
     key: Key = None,
     limit: Annotated[int, typer.Option("--limit", min=1, max=10_000)] = 100,
 ) -> None:
-    """The owner's latest credit entries, newest first: id, kind, booked at, grant, amount,
-    call (tab separated, ``-`` for none)."""
+    """The owner's latest credit entries, newest first, under a header line: id, kind, booked
+    at, grant, amount, call (tab separated, ``-`` for none)."""
     owner = _owner(customer, key)
-    for row in _run(lambda s: entries_json(s, owner, limit), write=False):
-        cells = ("kind", "booked_at", "grant_id", "amount_usd", "request_id")
+    cells = ("kind", "booked_at", "grant_id", "amount_usd", "request_id")
+    rows = _run(lambda s: entries_json(s, owner, limit), write=False)
+    typer.echo("\t".join(("entry_id", *cells)))
+    for row in rows:
         typer.echo("\t".join([str(row["entry_id"]), *(str(row[c] or "-") for c in cells)]))

@@ -50,7 +50,11 @@ def test_the_credit_commands(
     code, out, _ = _run(monkeypatch, db_url, "void", "g1")
     assert (code, json.loads(out)["state"]) == (0, "voided")
     code, out, _ = _run(monkeypatch, db_url, "list", "--customer", "acme")
-    rows = [line.split("\t") for line in out.splitlines()]
+    header, *lines = out.splitlines()
+    assert header.split("\t") == [
+        "entry_id", "kind", "booked_at", "grant_id", "amount_usd", "request_id"
+    ]  # fmt: skip
+    rows = [line.split("\t") for line in lines]
     # By booking time, newest first: the grant was booked when posted (now), the draw by the
     # reconciliation at its clock (March).
     assert [(r[1], r[3], r[4], r[5]) for r in rows] == [

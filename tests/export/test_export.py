@@ -758,6 +758,9 @@ def test_cli_export_errors_are_one_line(day1: TestClient, cli_env: CliRunner) ->
         # (v3: a date alone is its midnight UTC; other shapes are refused)
         (["export", "calls", "--since", "03/01/2026", "--until", DAY1["until"]],
          "--since '03/01/2026' is not an RFC 3339 timestamp"),
+        # (a command line takes a +: not the query string's %2B)
+        (["export", "usage", "--since", "2026-03-01T00:00:00", "--until", DAY1["until"]],
+         "no UTC offset; add one, such as 2026-03-08T00:00:00Z or 2026-03-08T00:00:00+05:30"),
         (["export", "usage", *("--since", DAY1["since"], "--until", DAY1["until"]),
           "--tz", "Nowhere"], "--tz unknown time zone"),
         (["export", "calls", *("--since", DAY1["since"], "--until", DAY1["until"]),
@@ -770,6 +773,7 @@ def test_cli_export_errors_are_one_line(day1: TestClient, cli_env: CliRunner) ->
         assert result.stdout_bytes == b""
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("billing: ") and words in lines[0], lines
+        assert "%2B" not in lines[0] and "query string" not in lines[0], lines
 
 
 @pytest.mark.slow
