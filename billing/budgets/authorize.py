@@ -10,10 +10,13 @@ one after the other, each seeing the holds of those before: their sum never exce
 headroom. A hold is stored once per ``request_id`` with its first answer, which a repeated
 authorization with the same body gets again (another body: 409).
 
-The hold of a token estimate is its cost at the model's price in force now: input at the
+The hold of a token estimate is priced at the model's price in force now: input at the
 (long-context, when the input crosses it) input rate, all of ``max_output_tokens`` at the
-output rate; it counts alike in budgets of either measure (the plan's charge is not known
-before the call).
+output rate; that cost is then charged under the key's plan in force now as the reconciler
+will charge the call, and the hold is the larger of the two (``billing.budgets.held``: one
+stored amount counts in budgets of either measure and against credit, which draws the charge,
+so it is never below what the call counts in any of them; issue #39). An amount estimate holds
+the amount given.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from billing.budgets import cache
+from billing.budgets.held import held_pusd
 from billing.budgets.repository import BudgetsRepository, repository
 from billing.budgets.rows import BudgetDef, LiveHold, StoredHold
 from billing.budgets.schemas import AmountEstimate, AuthorizationIn
@@ -84,7 +88,9 @@ def estimate_pusd(
 ) -> int | None:
     """The hold the estimate asks for, picodollars; None for a token estimate of a model
     without a price in force now. ``versions``: the model's price rows' numbers read already
-    (``billing.pricing.cache.price_book``)."""
+    (``billing.pricing.cache.price_book``). A token estimate holds the larger of its cost and
+    its charge under the key's plan in force now (``billing.budgets.held.held_pusd``: one to
+    four statements more, the key's assignments and its plan's versions and prices)."""
     estimate = body.estimate
     if isinstance(estimate, AmountEstimate):
         return usd_to_pusd(estimate.amount_usd)
@@ -94,7 +100,17 @@ def estimate_pusd(
     if price is None:
         return None
     # A rate in micro-USD per million tokens is a token's price in picodollars.
-    return estimate.input_tokens * price.input + estimate.max_output_tokens * price.output
+    cost = estimate.input_tokens * price.input + estimate.max_output_tokens * price.output
+    return held_pusd(
+        session,
+        body.api_key_id,
+        body.model,
+        body.service_tier,
+        estimate.input_tokens,
+        estimate.max_output_tokens,
+        cost,
+        now,
+    )
 
 
 def _retry_after(holds: list[LiveHold], over_pusd: int, now: datetime) -> int:

@@ -9,7 +9,10 @@
   (provisional): at its hold when it has a live one, else at an estimate, its
   ``stream.started`` input and largest generated count at its model's price at its start
   (``ix_calls_unstepped``: few rows; the key's customer at the call's start from its
-  assignments, ``billing.plans.rating``, as the step will write it).
+  assignments, ``billing.plans.rating``, as the step will write it), and in a ``charge``
+  budget at that estimate's charge under the key's plan at the call's start
+  (``billing.budgets.held.estimate_charge``, the reconciler's rule: an open call counts at its
+  charge before the step as after it; issue #39).
 - **held**: the live holds the budget is over (neither released nor expired), while their call
   has no event. A hold whose call is stored but not yet read by a reconciliation step stands
   for the call's figure (provisional); once a step read the call, the call's own figure counts
@@ -31,6 +34,7 @@ from typing import Protocol, TypeVar
 
 from sqlalchemy.orm import Session
 
+from billing.budgets.held import estimate_charge
 from billing.budgets.repository import BudgetsRepository, repository
 from billing.budgets.rows import LiveHold, Unstepped
 from billing.budgets.scopes import Scoped, applies, kept_by_counters, span, tags_of
@@ -112,27 +116,38 @@ def _in_span(budget: Budgeted, started_at: datetime, now: datetime) -> bool:
 
 
 def _estimates(
-    session: Session, unstepped: list[Unstepped], skip: Collection[str], customers: bool
-) -> list[tuple[Unstepped, str | None, int]]:
+    session: Session,
+    unstepped: list[Unstepped],
+    skip: Collection[str],
+    customers: bool,
+    charges: bool = False,
+) -> list[tuple[Unstepped, str | None, dict[str, int]]]:
     """The calls not yet stepped of ``unstepped`` (but those in ``skip``: their holds stand for
     them), each with its key's customer at its start when ``customers`` (a customer budget
-    asks; else None: no other scope reads it, and the keys' assignments and plans are not
-    loaded) and its estimate in picodollars (unpriced: left out, as a step would price it at
-    nothing)."""
+    asks; else None: no other scope reads it) and its estimate in picodollars per measure
+    (unpriced: left out, as a step would price it at nothing): ``cost``, and ``charge`` under
+    the key's plan at the call's start when ``charges`` (a charge budget asks; else the cost).
+    The keys' assignments and plans are loaded only when either asks."""
     calls = [c for c in unstepped if c.request_id not in skip]
     if not calls:
         return []
     book = price_book(session, {c.model for c in calls if c.model is not None})
-    rating = Rating.load(session, (c.api_key_id for c in calls)) if customers else None
+    wanted = customers or charges
+    rating = Rating.load(session, (c.api_key_id for c in calls)) if wanted else None
     found = []
     for c in calls:
         price = book.at(c.model, c.started_at, None, c.input_tokens)
         if price is not None:
             customer = None
-            if rating is not None:
-                customer = rating.terms(c.api_key_id, c.started_at).customer_id
             estimate = c.input_tokens * price.input + c.output_tokens * price.output
-            found.append((c, customer, estimate))
+            charge = estimate
+            if rating is not None:
+                terms = rating.terms(c.api_key_id, c.started_at)
+                customer = terms.customer_id if customers else None
+                if charges and terms.plan_id is not None:
+                    tokens = (c.input_tokens, c.output_tokens)
+                    charge = estimate_charge(terms, c.model, c.started_at, None, *tokens, estimate)
+            found.append((c, customer, {"cost": estimate, "charge": charge}))
     return found
 
 
@@ -167,7 +182,8 @@ def spent(
     if counters is None:
         counters = repo.spend(session, pairs) if read is None else read
     standing = {h.request_id for h in holds if h.call == "unstepped"}
-    estimates = _estimates(session, unstepped, standing, bool(customers))
+    charges = any(b.measure == "charge" for b in budgets)
+    estimates = _estimates(session, unstepped, standing, bool(customers), charges)
     out: dict[int, Spent] = {}
     for budget in budgets:
         if kept_by_counters(budget):
@@ -191,7 +207,7 @@ def spent(
             if applies(budget, call.api_key_id, customer, tags, call.model) and _in_span(
                 budget, call.started_at, now
             ):
-                figures.provisional_pusd += estimate
+                figures.provisional_pusd += estimate[budget.measure]
         out[budget.id] = figures
     return out
 

@@ -107,3 +107,29 @@ def test_thirty_concurrent_tenths_against_a_dollar_of_credit_admit_exactly_ten(
         "1",
         "0",
     )
+
+
+def test_a_markup_plan_holds_the_charge_against_the_credit(client: TestClient) -> None:
+    """Credit draws the charge (issue #39): under a 20 % markup a token estimate costing $0.10
+    (50,000 input tokens at $1/M, 5,000 output at $10/M) holds its charge, $0.12, so $0.30 of
+    credit admits two such holds, not three."""
+    ok(client.post("/v1/prices", json=PRICE), 201)
+    plan = {"plan_id": "plus20", "effective_from": JAN, "markup_pct": "20"}
+    ok(client.post("/v1/plans", json=plan), 201)
+    assign = {"customer_id": "acme", "plan_id": "plus20", "effective_from": JAN}
+    ok(client.put("/v1/keys/key_a", json=assign), 201)
+    ok(client.put("/v1/customers/acme", json={"credit_required": True}))
+    grant(client, "g1", "0.30")
+    estimate = {"input_tokens": 50_000, "max_output_tokens": 5_000}
+    body = {"api_key_id": "key_a", "model": "m-credit", "estimate": estimate}
+    answers = [
+        ok(client.post("/v1/authorizations", json={"request_id": f"r{i}", **body}), 200)
+        for i in range(3)
+    ]
+    assert [(a["decision"], a["reason"], a["hold_usd"]) for a in answers] == [
+        ("allow", None, "0.12"),
+        ("allow", None, "0.12"),
+        ("deny", "insufficient_credit", "0"),
+    ]
+    figures = balance(client)
+    assert (figures["held_usd"], figures["available_usd"]) == ("0.24", "0.06")
