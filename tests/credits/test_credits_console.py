@@ -22,14 +22,20 @@ def test_the_credits_page_shows_balances_grants_and_draws(
     call(client, "r1", "2026-03-01T10:00:00Z", 1000)
     reconcile(app, settings, "2026-03-01T10:05:00Z")
     listed = client.get("/console/credits").text
-    assert '<a href="/console/credits?customer_id=acme">acme</a>' in listed
-    assert '<td class="num">0.49</td>' in listed
+    assert (
+        '<a href="/console/credits?customer_id=acme"><span class="ident" title="acme">acme</span>'
+        "</a>" in listed
+    )
+    assert '<td class="num" title="0.49">$0.49</td>' in listed
     page = client.get("/console/credits", params={"customer_id": "acme"})
     assert page.status_code == 200
     html = page.text
-    assert "<h2>Customer acme</h2>" in html
-    assert '<dd class="num"><strong>0.49 USD</strong></dd>' in html
-    assert "<td>g&lt;1&gt;</td>" in html  # escaped
-    assert "<td>draw</td>" in html and '<td class="num">0.01</td>' in html
-    assert '<a href="/console/calls/r1">r1</a>' in html
+    assert '<h2 class="long">Customer acme</h2>' in html
+    assert (
+        '<dd class="num" id="balance-available" data-exact="0.49" title="0.49 USD">'
+        "<strong>$0.49</strong></dd>" in html
+    )
+    assert '<span class="ident" title="g&lt;1&gt;">g&lt;1&gt;</span>' in html  # escaped
+    assert "<td>draw</td>" in html and '<td class="num" title="0.01">$0.01</td>' in html
+    assert '<a href="/console/calls/r1"><span class="ident" title="r1">r1</span></a>' in html
     assert 'href="/console/credits"' in html  # in the navigation
