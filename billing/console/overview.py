@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from billing.budgets.service import fullest_statuses
+from billing.calllog import buckets
+from billing.calllog.params import parse_zone, query_problems
 from billing.calllog.queries import STATUSES
 from billing.calllog.usage import (
     UsageQuery,
@@ -31,7 +33,8 @@ from billing.calllog.usage import (
     usage_top,
 )
 from billing.console.people import change, share
-from billing.money import format_usd
+from billing.errors import ValidationFailed
+from billing.money import format_usd, pusd_to_str
 from billing.observe.repository import repository as observe
 
 Items = Sequence[tuple[str, str]]
@@ -49,20 +52,56 @@ BUDGETS_SHOWN = 10
 BUDGETS_READ = 40
 
 
+#: The Overview's query parameters (``/v1/usage``'s names): any other is refused (422), as the
+#: Usage page refuses a parameter it does not know.
+PARAMETERS = ("since", "until", "tz")
+#: Whole days of the default period, today included.
+DEFAULT_DAYS = 30
+
+
 def overview_defaults(items: Items, now: datetime) -> list[tuple[str, str]]:
-    """The last 30 whole UTC days, today included, unless ``since`` and ``until`` are given."""
+    """``items`` with the missing ``since`` / ``until`` filled in: the last ``DEFAULT_DAYS``
+    whole days of the zone ``tz`` (UTC when absent; when unknown, UTC too, and the page then
+    names ``tz``), today included, written with the zone's offset. Every given pair is kept, so
+    that a bad or unknown one is refused by ``parse_overview_query``, never replaced."""
     given = dict(items)
-    if "since" in given and "until" in given:
-        return [(k, v) for k, v in items if k in ("since", "until")]
-    end = now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
-    end += timedelta(days=1)
-    return [("since", (end - timedelta(days=30)).isoformat()), ("until", end.isoformat())]
+    filled = list(items)
+    if "since" not in given or "until" not in given:
+        try:
+            zone = parse_zone(given.get("tz", "UTC"))
+        except ValueError:
+            zone = parse_zone("UTC")
+        today = now.astimezone(zone).date()
+
+        def midnight(days: int) -> str:
+            start = datetime.combine(today + timedelta(days=days), time(0), tzinfo=zone)
+            return start.astimezone(UTC).astimezone(zone).isoformat()
+
+        if "since" not in given:
+            filled.append(("since", midnight(1 - DEFAULT_DAYS)))
+        if "until" not in given:
+            filled.append(("until", midnight(1)))
+    return filled
+
+
+def parse_overview_query(items: Items) -> UsageQuery:
+    """``since``, ``until`` and ``tz`` read as ``GET /v1/usage`` reads them
+    (``parse_usage_query``: the same messages); ``ValidationFailed`` (422) lists every problem,
+    a parameter the Overview does not take included."""
+    unknown = query_problems([(k, v) for k, v in items if k not in PARAMETERS], PARAMETERS)
+    try:
+        query = parse_usage_query([(k, v) for k, v in items if k in PARAMETERS])
+    except ValidationFailed as failed:
+        raise ValidationFailed([*failed.errors, *unknown]) from None
+    if unknown:
+        raise ValidationFailed(unknown)
+    return query
 
 
 def _rows(
     session: Session, query: UsageQuery, *group_by: str, units: Sequence[Any] | None = None
 ) -> list[dict[str, Any]]:
-    grouped = UsageQuery(query.since, query.until, group_by=tuple(group_by))
+    grouped = UsageQuery(query.since, query.until, group_by=tuple(group_by), tz=query.tz)
     return [row.as_json() for row in usage_rows(session, grouped, units)]
 
 
@@ -107,14 +146,12 @@ def _totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _spend(rows: list[dict[str, Any]], query: UsageQuery) -> dict[str, Any]:
-    """uPlot's data: the days (Unix seconds) and one cost series per model (the ``TOP`` of the
-    highest cost, then ``other``), null where a model had no cost that day."""
-    days = []
-    day = query.since
-    while day < query.until:
-        days.append(day)
-        day += timedelta(days=1)
-    labels = [d.strftime("%Y-%m-%d") for d in days]
+    """uPlot's data: the zone's days of the period (``x``: their starts in Unix seconds;
+    ``days``: their ``/v1/usage`` labels, ``YYYY-MM-DD``), the zone (``tz``) and the period's
+    end (``until``, Unix seconds), and one cost series per model (the ``TOP`` of the highest
+    cost, then ``other``), null where a model had no cost that day."""
+    starts = buckets.period_starts("day", query.since, query.until, query.tz)
+    labels = [buckets.label("day", at, query.tz) for at in starts]
     by_model: dict[str, dict[str, Decimal]] = {}
     for r in rows:
         if r["cost_usd"] is not None:  # an unpriced model's day has no point (cost unknown)
@@ -129,7 +166,10 @@ def _spend(rows: list[dict[str, Any]], query: UsageQuery) -> dict[str, Any]:
                 other[label] = other.get(label, Decimal(0)) + cost
         series["other"] = other
     return {
-        "x": [int(d.timestamp()) for d in days],
+        "x": [int(at.timestamp()) for at in starts],
+        "days": labels,
+        "tz": query.tz.key,
+        "until": int(query.until.timestamp()),
         "series": [
             # Exact decimal text; the chart's script makes its points of them in the browser.
             {"name": name, "values": [_exact(costs.get(label)) for label in labels]}
@@ -138,13 +178,36 @@ def _spend(rows: list[dict[str, Any]], query: UsageQuery) -> dict[str, Any]:
     }
 
 
+def _days(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of ``/v1/usage?group_by=day`` (the same ``tz``) from those by day and model:
+    each day's calls, cost and charge summed, a cost or charge unknown (None) when a model's
+    is that day, as the API's row of the day is (its calls are the models' calls)."""
+    days: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        day = days.setdefault(r["day"], {"day": r["day"], "calls": 0, "cost": 0, "charge": 0})
+        day["calls"] += r["calls"]
+        for name, field in (("cost", "cost_usd"), ("charge", "charge_usd")):
+            value = r[field]
+            day[name] = None if value is None or day[name] is None else day[name] + _pusd(value)
+    return [
+        {**d, "cost": pusd_to_str(d["cost"]), "charge": pusd_to_str(d["charge"])}
+        for d in days.values()
+    ]
+
+
+def _pusd(text: str) -> int:
+    """A ``/v1/usage`` amount (exact decimal text, at most 12 places) in picodollars."""
+    return int(Decimal(text).scaleb(12))
+
+
 def _exact(value: Decimal | None) -> str | None:
     return None if value is None else format_usd(value)
 
 
 def overview_view(session: Session, items: Items, now: datetime) -> dict[str, Any]:
-    """The Overview page's context for ``items`` (``since`` and ``until``)."""
-    query = parse_usage_query(items)
+    """The Overview page's context for ``items`` (``since``, ``until``, ``tz``: the zone of the
+    chart's days); ``ValidationFailed`` for a bad, missing or unknown parameter."""
+    query = parse_overview_query(items)
     length = query.until - query.since
     before = UsageQuery(query.since - length, query.since)
     period = UsageQuery(query.since, query.until)
@@ -163,7 +226,8 @@ def overview_view(session: Session, items: Items, now: datetime) -> dict[str, An
     budgets = [b for b in fullest if b["state"] in ("warning", "exceeded")][:BUDGETS_SHOWN]
     deliveries = repo.deliveries_by_state(session)
     per_model = _rows(session, query, "model", units=units)
-    spend = _spend(_rows(session, query, "day", "model", units=units), query)
+    by_day = _rows(session, query, "day", "model", units=units)
+    spend = _spend(by_day, query)
     return {
         "since": query.since.isoformat(),
         "until": query.until.isoformat(),
@@ -187,6 +251,8 @@ def overview_view(session: Session, items: Items, now: datetime) -> dict[str, An
         "failed": repo.failing_deliveries(session),
         "delivered": deliveries.get("delivered", 0),
         "failed_rows": repo.failed_deliveries(session, FAILED_SHOWN),
+        "tz": query.tz.key,
+        "days": _days(by_day),
         "spend_json": json.dumps(spend, separators=(",", ":")),
         "spend_models": [s["name"] for s in spend["series"]],
     }

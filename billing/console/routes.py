@@ -155,7 +155,9 @@ async def sign_out(request: Request) -> Response:
 async def overview_page(request: Request) -> Response:
     """The landing page (v3): the period against the one before, spend by model, top keys,
     customers and models, undelivered output, disconnects, errors, unpriced calls, budgets
-    near their limit, failing webhooks (``billing.console.overview``)."""
+    near their limit, failing webhooks (``billing.console.overview``). ``since``, ``until``
+    and ``tz`` as ``/v1/usage`` reads them (the last 30 days of the zone by default); a bad or
+    unknown parameter is named on the page (422), as the Usage page names it."""
     viewer = await _gate(request, "overview")
     if isinstance(viewer, Response):
         return viewer
@@ -172,13 +174,15 @@ async def overview_page(request: Request) -> Response:
 
 
 async def _period_page(request: Request, name: str, build: pages.Build) -> Response:
-    """A v3 page of a period (``since`` / ``until``, the last 30 UTC days by default)."""
+    """A v3 page of a period (``since`` / ``until``, the last 30 UTC days by default; a bound
+    given is kept, so a bad one is named on the page)."""
     viewer = await _gate(request, name)
     if isinstance(viewer, Response):
         return viewer
     now = datetime.now(UTC)
-    given = _items(request)
-    items = [*overview.overview_defaults(given, now), *[(k, v) for k, v in given if k == "cursor"]]
+    # (These pages take no zone: their period is read in UTC days, the given bounds kept.)
+    given = [(k, v) for k, v in _items(request) if k in ("since", "until", "cursor")]
+    items = overview.overview_defaults(given, now)
     return await _show(
         request, viewer, name, f"{name}.html", lambda s: build(s, items, now), dict(items)
     )

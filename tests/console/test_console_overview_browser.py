@@ -283,3 +283,49 @@ def test_every_column_is_visible_at_1400_px_with_long_and_hostile_ids(
             assert labels == ["$0.3743", "104,260"]
     assert dialogs == [] and errors == []
     context.close()
+
+
+def test_the_overview_in_a_time_zone_draws_that_zones_days(
+    browser: Any,  # noqa: F811
+    served: tuple[str, dict[str, str]],  # noqa: F811
+) -> None:
+    """(#43) ``tz=Asia/Kolkata``: the chart has a point per Kolkata (day, model) with a cost,
+    its axis reads the zone's days (uPlot's ``tzDate``), and the form keeps the zone."""
+    url, tokens = served
+    context = browser.new_context(viewport={"width": VIEWPORT, "height": 900})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    _sign_in(page, url, tokens["read"])
+    kolkata = {
+        "since": "2026-10-14T00:00:00+05:30",
+        "until": "2026-10-17T00:00:00+05:30",
+        "tz": "Asia/Kolkata",
+    }
+    page.goto(f"{url}/console/overview?" + "&".join(f"{k}={quote(v)}" for k, v in kolkata.items()))
+    page.wait_for_selector("#spend-chart[data-points]")
+    per_day = _usage(url, tokens["read"], **kolkata, group_by="day,model")
+    with_cost = [r for r in per_day if r["cost_usd"] is not None]
+    assert len(with_cost) >= 2
+    assert page.locator("#spend-chart").get_attribute("data-points") == str(len(with_cost))
+    assert page.locator("#tz").input_value() == "Asia/Kolkata"
+    # The day table, opened: /v1/usage's days in Kolkata.
+    page.locator("details summary").click()
+    days = page.eval_on_selector_all(
+        "#spend-days tbody tr", "rows => rows.map(r => r.cells[0].textContent.trim())"
+    )
+    assert days == sorted({r["day"] for r in per_day})
+    # The x axis is drawn through uPlot's tzDate in the page's zone: each day's point is
+    # that zone's midnight (whatever the browser's own zone).
+    ticks = page.evaluate(
+        """() => { const s = JSON.parse(document.getElementById('spend-chart').dataset.spend);
+        return s.x.map(t => { const d = uPlot.tzDate(new Date(t * 1e3), s.tz);
+          return [d.getFullYear(), d.getMonth() + 1, d.getDate(), d.getHours(),
+                  d.getMinutes()]; }); }"""
+    )
+    assert ticks == [[2026, 10, day, 0, 0] for day in (14, 15, 16)]
+    widest, what = page.evaluate(_WIDEST)
+    assert widest <= VIEWPORT, what
+    assert errors == []
+    _shot(page, "21-overview-kolkata")
+    context.close()

@@ -18,7 +18,10 @@
       : a.toLocaleString("en-US", { maximumSignificantDigits: 3 });
     return (v < 0 ? "\u2212" : "") + "$" + text;
   };
-  var first = spend.x[0], last = spend.x[spend.x.length - 1] + 86400;
+  // The x range: the first day's start to the period's end; the axis and the legend show the
+  // days of the zone the page was asked for (spend.tz), not the browser's.
+  var first = spend.x[0], last = spend.until;
+  var zone = function (ts) { return window.uPlot.tzDate(new Date(ts * 1e3), spend.tz); };
   var series = [{}];
   var data = [spend.x];
   var points = 0;
@@ -41,6 +44,7 @@
   var chart = new window.uPlot({
     width: width(),
     height: 280,
+    tzDate: zone,
     series: series,
     scales: { x: { time: true, range: function () { return [first, last]; } } },
     axes: [{}, { size: 90, values: function (u, ticks) {
