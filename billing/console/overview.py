@@ -44,8 +44,6 @@ TOP = 5
 #: sorted again: the ranking is in floating point, and leaves out the minutes of a period off
 #: the 15-minute grid).
 RANKED = 3 * TOP
-#: Failed webhooks listed.
-FAILED_SHOWN = 10
 #: Budgets near or over their limit listed, of the fullest ``BUDGETS_READ`` (their counters'
 #: ranking is in floating point and leaves out holds: more are read than shown).
 BUDGETS_SHOWN = 10
@@ -204,9 +202,18 @@ def _exact(value: Decimal | None) -> str | None:
     return None if value is None else format_usd(value)
 
 
-def overview_view(session: Session, items: Items, now: datetime) -> dict[str, Any]:
+def overview_view(
+    session: Session,
+    items: Items,
+    now: datetime,
+    *,
+    budgets_shown: bool = True,
+    alerts_shown: bool = True,
+) -> dict[str, Any]:
     """The Overview page's context for ``items`` (``since``, ``until``, ``tz``: the zone of the
-    chart's days); ``ValidationFailed`` for a bad, missing or unknown parameter."""
+    chart's days); ``ValidationFailed`` for a bad, missing or unknown parameter. The budgets
+    near their limit and the alert deliveries are read only when the viewer may see them
+    (``budgets_shown``, ``alerts_shown``: the cards follow the role)."""
     query = parse_overview_query(items)
     length = query.until - query.since
     before = UsageQuery(query.since - length, query.since)
@@ -222,9 +229,9 @@ def overview_view(session: Session, items: Items, now: datetime) -> dict[str, An
     opened = repo.calls_by_status(session, ("open",), query.since, query.until)
     statuses = {status: settled.get(status, 0) + opened.get(status, 0) for status in STATUSES}
     started = sum(statuses.values())
-    fullest = fullest_statuses(session, now, BUDGETS_READ)
+    fullest = fullest_statuses(session, now, BUDGETS_READ) if budgets_shown else []
     budgets = [b for b in fullest if b["state"] in ("warning", "exceeded")][:BUDGETS_SHOWN]
-    deliveries = repo.deliveries_by_state(session)
+    deliveries = repo.deliveries_by_state(session) if alerts_shown else {}
     per_model = _rows(session, query, "model", units=units)
     by_day = _rows(session, query, "day", "model", units=units)
     spend = _spend(by_day, query)
@@ -248,9 +255,8 @@ def overview_view(session: Session, items: Items, now: datetime) -> dict[str, An
         "priced_cost": sum((_cost(r) for r in per_model), Decimal(0)),
         "priced_charge": sum((Decimal(r["charge_usd"] or 0) for r in per_model), Decimal(0)),
         "budgets": budgets,
-        "failed": repo.failing_deliveries(session),
+        "failed": repo.failing_deliveries(session) if alerts_shown else 0,
         "delivered": deliveries.get("delivered", 0),
-        "failed_rows": repo.failed_deliveries(session, FAILED_SHOWN),
         "tz": query.tz.key,
         "days": _days(by_day),
         "spend_json": json.dumps(spend, separators=(",", ":")),

@@ -168,7 +168,13 @@ async def overview_page(request: Request) -> Response:
         viewer,
         "overview",
         "overview.html",
-        lambda s: overview.overview_view(s, items, now),
+        lambda s: overview.overview_view(
+            s,
+            items,
+            now,
+            budgets_shown=viewer.may("budgets"),
+            alerts_shown=viewer.may("alerts"),
+        ),
         dict(items),
     )
 

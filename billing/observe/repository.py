@@ -15,7 +15,7 @@ from typing import Protocol
 
 from sqlalchemy.orm import Session
 
-from billing.observe.rows import FailedDelivery, ModelTotals
+from billing.observe.rows import ModelTotals
 from billing.observe.sql.common import SqlObserve
 from billing.storage.dialects import ByDialect
 
@@ -41,10 +41,6 @@ class ObserveRepository(Protocol):
         self, session: Session, statuses: Sequence[str], since: datetime, until: datetime
     ) -> dict[str, int]:
         """How many calls of each status started in ``[since, until)``."""
-        ...
-
-    def failed_deliveries(self, session: Session, limit: int) -> list[FailedDelivery]:
-        """The latest ``limit`` webhooks that failed for good, newest first."""
         ...
 
     def failing_deliveries(self, session: Session) -> int:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import NamedTuple
 
 from billing.dimensions import TOKEN_FIELDS
 
@@ -28,15 +26,3 @@ class ModelTotals:
         self.charge_pusd += other.charge_pusd
         self.leakage_pusd += other.leakage_pusd
         self.unpriced_calls += other.unpriced_calls
-
-
-class FailedDelivery(NamedTuple):
-    """A budget alert's webhook that gave up (``webhook_outbox.state = 'failed'``)."""
-
-    alert_id: str
-    budget_id: str
-    type: str
-    attempts: int
-    last_status: int | None
-    last_error: str | None
-    created_at: datetime

@@ -14,11 +14,10 @@ from sqlalchemy import and_, false, func, or_, select, true
 from sqlalchemy.orm import Session
 
 from billing.dimensions import TOKEN_FIELDS
-from billing.observe.rows import FailedDelivery, ModelTotals
+from billing.observe.rows import ModelTotals
 from billing.rollups.buckets import MONTH
 from billing.rollups.rows import BOOKED, CALL_START, DAY, PICO
 from billing.storage.models import (
-    BudgetAlert,
     Call,
     DriftRollup,
     UsageRollupAllKeys,
@@ -102,24 +101,6 @@ class SqlObserve:
             )
             for status in statuses
         }
-
-    def failed_deliveries(self, session: Session, limit: int) -> list[FailedDelivery]:
-        query = (
-            select(
-                WebhookOutbox.alert_id,
-                BudgetAlert.budget_id,
-                BudgetAlert.type,
-                WebhookOutbox.attempts,
-                WebhookOutbox.last_status,
-                WebhookOutbox.last_error,
-                WebhookOutbox.created_at,
-            )
-            .join(BudgetAlert, BudgetAlert.alert_id == WebhookOutbox.alert_id)
-            .where(WebhookOutbox.state == "failed")
-            .order_by(WebhookOutbox.created_at.desc())
-            .limit(limit)
-        )
-        return [FailedDelivery(*row) for row in session.execute(query)]
 
     def failing_deliveries(self, session: Session) -> int:
         failing = or_(
