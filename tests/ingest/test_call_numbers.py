@@ -174,7 +174,9 @@ def post_while_held(
 
         thread = threading.Thread(target=post_it)
         thread.start()
-        deadline = time.monotonic() + 10
+        # 30 s: on a loaded CI machine the post's thread may start late; what every backend of
+        # this database waited on is printed if it never blocks, so a failure says why.
+        deadline = time.monotonic() + 30
         with watcher.connect() as conn:
             while time.monotonic() < deadline:
                 blocked = conn.execute(
@@ -184,10 +186,22 @@ def post_while_held(
                     ),
                     {"pid": holder_pid},
                 ).scalar_one()
-                if blocked:
+                if blocked or results:
                     break
                 time.sleep(0.02)
-        assert blocked, f"the post did not wait for the other transaction: {results}"
+            backends = []
+            if not blocked:
+                backends = conn.execute(
+                    text(
+                        "SELECT pid, state, wait_event_type, wait_event, pg_blocking_pids(pid), "
+                        "left(query, 120) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    )
+                ).all()
+        assert blocked, (
+            f"the post did not wait for the other transaction (pid {holder_pid}): {results}; "
+            f"backends: {backends}"
+        )
         trans.commit()
         thread.join(timeout=30)
     finally:
