@@ -85,7 +85,7 @@ class SpendCheckRows(NamedTuple):
     #: ``billing.pricing.cache.price_book``'s ``versions``.
     prices: dict[str, tuple[int, int]]
     #: The plan of the key's assignment in force now, with its versions' count and highest id
-    #: (``billing.plans.cache.plan_terms``' ``versions``), when a model was asked; else None
+    #: (``billing.plans.cache.terms_now``' ``plan``), when a model was asked; else None
     #: (none asked, or no plan).
     plan: tuple[str, int, int] | None
 

@@ -71,7 +71,7 @@ def _spend_check(plans: bool) -> Any:
     the customer are two lookups of their partial indexes (``UNION ALL``: an ``OR`` of the two
     columns is a scan of one index on SQLite). With ``plans`` (an authorization's token
     estimate), the plan of that same assignment and its versions' count and highest id too
-    (``billing.plans.cache.plan_terms`` checks its copy by them): the estimate's charge then
+    (``billing.plans.cache.terms_now`` checks its copy by them): the estimate's charge then
     costs no statement while the copy holds."""
     now = bindparam("now", type_=UTCDateTime)
     assigned = (
