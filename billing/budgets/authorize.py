@@ -84,13 +84,16 @@ def estimate_pusd(
     session: Session,
     body: AuthorizationIn,
     now: datetime,
-    versions: dict[str, tuple[int, int]] | None = None,
+    versions: dict[str, tuple[int, int]] | None,
+    customer_id: str | None,
+    plan: tuple[str, int, int] | None,
 ) -> int | None:
     """The hold the estimate asks for, picodollars; None for a token estimate of a model
     without a price in force now. ``versions``: the model's price rows' numbers read already
     (``billing.pricing.cache.price_book``). A token estimate holds the larger of its cost and
-    its charge under the key's plan in force now (``billing.budgets.held.held_pusd``: one to
-    four statements more, the key's assignments and its plan's versions and prices)."""
+    its charge under the key's plan in force now (``customer_id`` and ``plan``: the key's
+    assignment now, as ``SpendCheckRows`` read it; ``billing.budgets.held.held_pusd``: no
+    statement more while the process's copy of the plan holds)."""
     estimate = body.estimate
     if isinstance(estimate, AmountEstimate):
         return usd_to_pusd(estimate.amount_usd)
@@ -103,7 +106,8 @@ def estimate_pusd(
     cost = estimate.input_tokens * price.input + estimate.max_output_tokens * price.output
     return held_pusd(
         session,
-        body.api_key_id,
+        customer_id,
+        plan,
         body.model,
         body.service_tier,
         estimate.input_tokens,
@@ -184,10 +188,11 @@ def authorize(
     # The spend check's statement reads the numbers of the model's price rows too (a token
     # estimate's): the price book's check costs no statement of its own.
     tokens = not isinstance(body.estimate, AmountEstimate)
-    generation, customer, required, rows, prices = repo.spend_check_rows(
+    # And the key's plan now, with its versions' numbers: the plan's copy's check costs none.
+    generation, customer, required, rows, prices, plan = repo.spend_check_rows(
         session, body.api_key_id, now, body.model if tokens else None
     )
-    priced = estimate_pusd(session, body, now, prices)
+    priced = estimate_pusd(session, body, now, prices, customer, plan)
     hold = priced or 0
     in_force = cache.in_force_at(session, generation)
     near = in_force.near(body.api_key_id, customer, body.tags)

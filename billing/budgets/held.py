@@ -13,9 +13,10 @@ discount plan then reserves a little more than the call will count in it: admiss
 the side of the limit, and one amount keeps a hold's bookkeeping (release, ``beyond_call``,
 the credit's ``held_usd``) as it is.
 
-The plan is the one in force at ``now`` (the call starts now) for the key
-(``billing.plans.rating.Rating``: the key's assignments, and the versions of the plan it names
-when it names one: one or two statements).
+The plan is the one in force at ``now`` (the call starts now) for the key: its assignment in
+force, read by the authorization's spend check statement with the plan's versions' count and
+highest id, and the plan's versions from the process's copy (``billing.plans.cache``: loaded
+again, two statements, only when a version was added since).
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from datetime import datetime
 from sqlalchemy.orm import Session
 
 from billing.dimensions import Tokens
+from billing.plans.cache import terms_now
 from billing.plans.charges import line_charge
-from billing.plans.rating import Rating, Terms
+from billing.plans.rating import Terms
 
 
 def estimate_charge(
@@ -50,7 +52,8 @@ def estimate_charge(
 
 def held_pusd(
     session: Session,
-    api_key_id: str,
+    customer_id: str | None,
+    plan: tuple[str, int, int] | None,
     model: str,
     tier: str | None,
     input_tokens: int,
@@ -58,10 +61,13 @@ def held_pusd(
     cost_pusd: int,
     now: datetime,
 ) -> int:
-    """The hold of a token estimate costing ``cost_pusd`` (picodollars) for a call of
-    ``api_key_id`` starting at ``now``: the larger of its cost and its charge under the key's
-    plan in force (see the module); reads the key's assignments (and its plan's versions)."""
-    terms = Rating.load(session, [api_key_id]).terms(api_key_id, now)
+    """The hold of a token estimate costing ``cost_pusd`` (picodollars) for a call starting at
+    ``now`` of a key assigned to ``customer_id`` and ``plan`` now (``SpendCheckRows.plan``:
+    (plan id, its versions' count, highest id), None for none): the larger of its cost and its
+    charge under the plan (see the module)."""
+    if plan is None:
+        return cost_pusd
+    terms = terms_now(session, customer_id, plan, now)
     if terms.plan_id is None:
         return cost_pusd
     charge = estimate_charge(terms, model, now, tier, input_tokens, output_tokens, cost_pusd)

@@ -93,8 +93,9 @@ class BudgetsRepository(Protocol):
     ) -> SpendCheckRows:
         """One statement: the generation, the customer of ``key`` at ``now`` (its assignment in
         force) and whether it is ``credit_required``, the latest counter at or before ``now`` of
-        each version in force over the key or that customer, and ``model``'s price rows'
-        (count, highest id) when asked (``PricingRepository.model_versions``' pair)."""
+        each version in force over the key or that customer, and when ``model`` is asked, its
+        price rows' (count, highest id) (``PricingRepository.model_versions``' pair) and the
+        plan of the key's assignment in force with its versions' (count, highest id)."""
 
     def spend(
         self, session: Session, pairs: Sequence[tuple[int, datetime]]

@@ -73,8 +73,9 @@ class CounterRow(NamedTuple):
 class SpendCheckRows(NamedTuple):
     """``spend_check_rows``: the budgets' generation (None: no row), the key's customer now,
     whether that customer is ``credit_required`` (False without one: for the authorization's
-    credit check, read in the same statement), the counters of the versions over either and
-    the price rows' numbers of the model asked (the authorization's estimate)."""
+    credit check, read in the same statement), the counters of the versions over either, the
+    price rows' numbers of the model asked and the key's plan now with its versions' numbers
+    (the authorization's estimate)."""
 
     generation: int | None
     customer_id: str | None
@@ -83,6 +84,10 @@ class SpendCheckRows(NamedTuple):
     #: ``model`` (when asked) → (its price rows, their highest id), absent without any:
     #: ``billing.pricing.cache.price_book``'s ``versions``.
     prices: dict[str, tuple[int, int]]
+    #: The plan of the key's assignment in force now, with its versions' count and highest id
+    #: (``billing.plans.cache.terms_now``' ``plan``), when a model was asked; else None
+    #: (none asked, or no plan).
+    plan: tuple[str, int, int] | None
 
 
 class Claimed(NamedTuple):

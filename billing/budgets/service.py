@@ -319,7 +319,7 @@ def spend_check(session: Session, api_key_id: str, now: datetime) -> dict[str, A
     that is not of the version's current period (none yet this period) counts 0. Run in one
     read transaction (``billing.storage.db.read_transaction``: one snapshot on PostgreSQL too),
     so that a step committing meanwhile is seen by all of its reads or none."""
-    generation, customer, _, rows, _ = _repo(session).spend_check_rows(session, api_key_id, now)
+    generation, customer, _, rows, _, _ = _repo(session).spend_check_rows(session, api_key_id, now)
     budgets = cache.in_force_at(session, generation)
     # (A version ended between the statement and a reload of the copy is left out.)
     found = over(budgets.near(api_key_id, customer, ()), api_key_id, customer, (), None)

@@ -81,9 +81,9 @@ class Terms:
 NO_TERMS = Terms(None, None)
 
 
-class _Plan:
+class PlanVersions:
     """A plan's versions: ``(effective_from, markup text, PriceBook, failure charges)`` by
-    ``effective_from``."""
+    ``effective_from`` (``Rating``; kept per process by ``billing.plans.cache``)."""
 
     def __init__(self, versions: Sequence[tuple[PlanVersion, list[PlanPrice]]]) -> None:
         self.versions = [
@@ -116,7 +116,7 @@ class Rating:
         plans: dict[str, list[tuple[PlanVersion, list[PlanPrice]]]],
     ) -> None:
         self._history = history
-        self._plans = {plan_id: _Plan(versions) for plan_id, versions in plans.items()}
+        self._plans = {plan_id: PlanVersions(versions) for plan_id, versions in plans.items()}
 
     @classmethod
     def load(cls, session: Session, api_key_ids: Iterable[str | None]) -> Rating:
@@ -140,13 +140,21 @@ class Rating:
         found = assignment_at(self._history.get(api_key_id, ()), when)
         if found is None:
             return NO_TERMS
-        if found.plan_id is None:
-            return Terms(found.customer_id, None)
-        plan = self._plans.get(found.plan_id)
-        version = plan.at(when) if plan is not None else None
-        if version is None:
-            return Terms(found.customer_id, found.plan_id)
-        return Terms(found.customer_id, found.plan_id, *version)
+        plan = None if found.plan_id is None else self._plans.get(found.plan_id)
+        return plan_terms(found.customer_id, found.plan_id, plan, when)
+
+
+def plan_terms(
+    customer_id: str | None, plan_id: str | None, plan: PlanVersions | None, when: datetime
+) -> Terms:
+    """The terms of an assignment to ``customer_id`` and ``plan_id`` (``plan``: its versions,
+    None for none) at ``when``: the plan's version in force then, if any."""
+    if plan_id is None:
+        return Terms(customer_id, None)
+    version = plan.at(when) if plan is not None else None
+    if version is None:
+        return Terms(customer_id, plan_id)
+    return Terms(customer_id, plan_id, *version)
 
 
 def plan_prices_by_id(session: Session, ids: set[int]) -> dict[int, PriceRow]:

@@ -114,3 +114,65 @@ def test_an_open_call_not_yet_stepped_counts_at_its_charge_in_a_charge_budget(
     after = T0 + timedelta(seconds=3)
     assert status(client, "b1", after)["provisional_usd"] == "0.0003"
     assert status(client, "b2", after)["provisional_usd"] == "0.00025"
+
+
+# The key's plan is read by the spend check's statement and its versions kept per process
+# (``billing.plans.cache``): a change committed after an authorization is used by the next.
+
+
+def test_a_plan_assigned_after_a_first_authorization_holds_the_next_at_its_charge(
+    client: TestClient,
+) -> None:
+    price(client)
+    out = client.put(f"/v1/keys/{KEY}", json={"customer_id": "acme", "effective_from": SINCE})
+    assert out.status_code in (200, 201), out.text
+    body = {"plan_id": "plus20", "effective_from": SINCE, "markup_pct": "20"}
+    assert client.post("/v1/plans", json=body).status_code in (200, 201)
+    _budget(client, "charge")
+    assert _auth(client, "r1")["hold_usd"] == "0.1"
+    assign = {"customer_id": "acme", "plan_id": "plus20", "effective_from": "2026-11-01T00:00:00Z"}
+    out = client.put(f"/v1/keys/{KEY}", json=assign)
+    assert out.status_code in (200, 201), out.text
+    assert _auth(client, "r2")["hold_usd"] == "0.12"
+    # Back to no plan, from a later time: the next one holds the cost again.
+    back = {"customer_id": "acme", "effective_from": "2026-11-05T00:00:00Z"}
+    assert client.put(f"/v1/keys/{KEY}", json=back).status_code in (200, 201)
+    assert _auth(client, "r3")["hold_usd"] == "0.1"
+    assert status(client, "b1", T0)["held_usd"] == "0.32"
+
+
+def test_a_plan_version_added_after_a_first_authorization_is_the_next_ones(
+    client: TestClient,
+) -> None:
+    price(client)
+    _plan(client, "plus20", "20")
+    _budget(client, "charge", limit="10")
+    assert _auth(client, "r1")["hold_usd"] == "0.12"
+    body = {"plan_id": "plus20", "effective_from": "2026-11-01T00:00:00Z", "markup_pct": "50"}
+    assert client.post("/v1/plans", json=body).status_code in (200, 201)
+    assert _auth(client, "r2")["hold_usd"] == "0.15"
+    # A version from after the authorization's time is not in force at it, though loaded.
+    later = T0 + timedelta(hours=1)
+    body = {"plan_id": "plus20", "effective_from": "2026-11-10T12:30:00Z", "markup_pct": "100"}
+    assert client.post("/v1/plans", json=body).status_code in (200, 201)
+    assert _auth(client, "r3")["hold_usd"] == "0.15"
+    assert _auth(client, "r4", at=later)["hold_usd"] == "0.2"
+    # Its own price for the model, in a version after those: the plan's price is the charge.
+    own = {
+        "plan_id": "plus20",
+        "effective_from": "2026-11-10T12:45:00Z",
+        "markup_pct": "0",
+        "prices": [
+            {
+                "model": MODEL,
+                "input_usd_per_mtok": "3",
+                "output_usd_per_mtok": "0",
+                "cache_read_usd_per_mtok": "0",
+                "cache_creation_usd_per_mtok": "0",
+            }
+        ],
+    }
+    out = client.post("/v1/plans", json=own)
+    assert out.status_code in (200, 201), out.text
+    # 50,000 input tokens at $3/M: $0.15 of charge against $0.10 of cost.
+    assert _auth(client, "r5", at=later)["hold_usd"] == "0.15"

@@ -36,6 +36,7 @@ from billing.storage.models import (
     BudgetSpend,
     Customer,
     KeyAssignment,
+    PlanVersion,
     Price,
 )
 from billing.storage.types import UTCDateTime
@@ -62,21 +63,24 @@ _DEFINITIONS = select(
 ).where(Budget.ended_at.is_(None))
 
 
-def _spend_check() -> Any:
+def _spend_check(plans: bool) -> Any:
     """``spend_check_rows``' one statement: the generation and the key's customer now (its
     latest assignment at or before ``:now``) on every row, with each version in force over the
     key or that customer and its latest counter at or before ``:now`` (nulls without one; one
     row of nulls but the first two without any version). The versions over the key and over
     the customer are two lookups of their partial indexes (``UNION ALL``: an ``OR`` of the two
-    columns is a scan of one index on SQLite)."""
+    columns is a scan of one index on SQLite). With ``plans`` (an authorization's token
+    estimate), the plan of that same assignment and its versions' count and highest id too
+    (``billing.plans.cache.terms_now`` checks its copy by them): the estimate's charge then
+    costs no statement while the copy holds."""
     now = bindparam("now", type_=UTCDateTime)
-    owner = (
+    assigned = (
         select(KeyAssignment.customer_id)
         .where(KeyAssignment.api_key_id == bindparam("key"), KeyAssignment.effective_from <= now)
         .order_by(KeyAssignment.effective_from.desc())
         .limit(1)
-        .scalar_subquery()
     )
+    owner = assigned.scalar_subquery()
     # The customer's ``credit_required`` too: the authorization's credit check then needs no
     # statement of its own to know it (one round trip less on PostgreSQL).
     required = select(Customer.credit_required).where(Customer.customer_id == owner)
@@ -84,13 +88,24 @@ def _spend_check() -> Any:
     # ``billing.pricing.cache`` checks its copy by them; null: none asked, 0 rows), read before
     # the rows the cache may load after: one round trip less than that check's own statement.
     model = Price.model == bindparam("model")
-    head = select(
+    columns = [
         _GENERATION.scalar_subquery().label("generation"),
         owner.label("customer_id"),
         required.scalar_subquery().label("credit_required"),
         select(func.count()).where(model).scalar_subquery().label("price_count"),
         select(func.max(Price.id)).where(model).scalar_subquery().label("price_top"),
-    ).subquery("head")
+    ]
+    if plans:
+        # The same row as ``owner`` ((key, effective_from) is unique), its plan; versions are
+        # only added (a new ``effective_from``), so their count changes with any committed.
+        plan = assigned.with_only_columns(KeyAssignment.plan_id).scalar_subquery()
+        of_plan = PlanVersion.plan_id == plan
+        columns += [
+            plan.label("plan_id"),
+            select(func.count()).where(of_plan).scalar_subquery().label("plan_count"),
+            select(func.max(PlanVersion.id)).where(of_plan).scalar_subquery().label("plan_top"),
+        ]
+    head = select(*columns).subquery("head")
     live = Budget.ended_at.is_(None)
     over = union_all(
         select(Budget.id).where(live, Budget.api_key_id == bindparam("key")),
@@ -104,11 +119,7 @@ def _spend_check() -> Any:
     )
     return (
         select(
-            head.c.generation,
-            head.c.customer_id,
-            head.c.credit_required,
-            head.c.price_count,
-            head.c.price_top,
+            *head.c,
             over.c.id,
             BudgetSpend.period_start,
             BudgetSpend.settled_pusd,
@@ -123,7 +134,8 @@ def _spend_check() -> Any:
     )
 
 
-_SPEND_CHECK = _spend_check()
+#: ``spend_check_rows``' statement, without and with the key's plan (a token estimate's).
+_SPEND_CHECK = {plans: _spend_check(plans) for plans in (False, True)}
 
 #: ``session.info`` key: the transaction that bumped the generation already.
 _BUMPED = "billing.budgets.generation_bumped"
@@ -275,7 +287,7 @@ class BudgetVersions(DialectBase):
     ) -> SpendCheckRows:
         # Core on the session's connection: the ORM's execution adds nothing to plain columns.
         params = {"key": key, "now": now, "model": model}
-        rows = session.connection().execute(_SPEND_CHECK, params).all()
+        rows = session.connection().execute(_SPEND_CHECK[model is not None], params).all()
         counters = [
             CounterRow(int(row), start, int(settled or 0), int(provisional or 0))
             for *_, row, start, settled, provisional in rows
@@ -283,10 +295,16 @@ class BudgetVersions(DialectBase):
         ]
         generation, customer, required, count, top = rows[0][:5]
         prices = {model: (int(count), int(top))} if model is not None and count else {}
+        plan = None
+        if model is not None:
+            plan_id, plan_count, plan_top = rows[0][5:8]
+            if plan_id is not None:
+                plan = (plan_id, int(plan_count), int(plan_top or 0))
         return SpendCheckRows(
             None if generation is None else int(generation),
             customer,
             bool(required),
             counters,
             prices,
+            plan,
         )
