@@ -48,6 +48,7 @@ MAX_LIMIT = 1000
     responses=answers(
         401,
         403,
+        404,
         422,
         503,
         ok={200: (CustomerOut, "the customer, updated"), 201: (CustomerOut, "the new customer")},
