@@ -31,6 +31,17 @@ MAX_UNITS = 16
 #: A unit's name (CONTRACT "Usage dimensions (v2)").
 UNIT_NAME_PATTERN = r"^[a-z0-9_]{1,64}$"
 
+#: What a tagged union's member tags start with (``union_tag``): pydantic puts the chosen
+#: member's tag in an error's location, and the API's 422 leaves such parts out of its ``path``
+#: (``billing.api.errors.request_invalid``), so that an error names the field as it was sent.
+UNION_TAG_MARK = "\x1f"
+
+
+def union_tag(name: str) -> str:
+    """The ``pydantic.Tag`` of a union member named ``name`` (kept out of a 422's path)."""
+    return UNION_TAG_MARK + name
+
+
 #: RFC 3339 ``date-time``; the offset is optional here so that a missing one gets its own message.
 _RFC3339 = re.compile(
     r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})?", re.ASCII

@@ -42,12 +42,13 @@ MAX_LIMIT = 1000
 
 
 @router.put(
-    "/v1/customers/{customer_id}",
+    "/v1/customers/{customer_id:path}",
     summary="Create or update a customer's credit settings",
     dependencies=[Depends(allow())],
     responses=answers(
         401,
         403,
+        404,
         422,
         503,
         ok={200: (CustomerOut, "the customer, updated"), 201: (CustomerOut, "the new customer")},
@@ -84,7 +85,7 @@ async def get_customers(
 
 
 @router.get(
-    "/v1/customers/{customer_id}",
+    "/v1/customers/{customer_id:path}",
     summary="One customer: its settings and its balance",
     dependencies=[Depends(allow("read"))],
     responses=answers(401, 403, 404, 422, 503, ok={200: (CustomerOut, "the customer")}),
@@ -122,7 +123,7 @@ async def post_credit_grant(
 
 
 @router.post(
-    "/v1/credits/grants/{grant_id}/void",
+    "/v1/credits/grants/{grant_id:path}/void",
     summary="End what is left of a grant",
     dependencies=[Depends(allow())],
     responses=answers(401, 403, 404, 422, 503, ok={200: (GrantOut, "the grant, voided")}),

@@ -29,6 +29,7 @@ from billing.errors import (
     Unavailable,
     ValidationFailed,
 )
+from billing.fields import UNION_TAG_MARK
 from billing.ingest.validation import plain_message
 from billing.storage.db import is_unavailable
 from billing.storage.disk import is_disk_full
@@ -180,12 +181,17 @@ def domain_error(error: Exception, retry_after_s: int) -> BillingError | None:
 HANDLED: tuple[type[Exception], ...] = (BillingError, CommitOutcomeUnknown, SQLAlchemyError)
 
 
+def _is_union_tag(part: object) -> bool:
+    return isinstance(part, str) and part.startswith(UNION_TAG_MARK)
+
+
 def request_invalid(error: RequestValidationError) -> ValidationFailed:
     """FastAPI's validation of a body or parameter (``POST /v1/prices``, ``GET /v1/prices``) as
     the service's 422, in its words."""
     errors = []
     for item in error.errors():
-        loc = [str(part) for part in item.get("loc", ())]
+        # A tagged union's member tag is no field the client sent (``billing.fields.union_tag``).
+        loc = [str(part) for part in item.get("loc", ()) if not _is_union_tag(part)]
         if item.get("type") == "json_invalid":
             loc = loc[:1]  # FastAPI adds the character position, which is not a field
         path = ".".join(loc) if loc else "request"

@@ -8,7 +8,15 @@ import re
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    model_validator,
+)
 from pydantic.json_schema import WithJsonSchema
 
 from billing import destinations
@@ -22,6 +30,7 @@ from billing.fields import (
     TokenCount,
     UsdAmount,
     no_control,
+    union_tag,
 )
 from billing.money import format_usd
 
@@ -313,6 +322,33 @@ class AmountEstimate(BaseModel):
     amount_usd: UsdAmount
 
 
+def _estimate_form(value: Any) -> str | None:
+    """Which form an estimate was sent in, by its fields: ``amount_usd`` names the amount form,
+    any other object the token form; None (not an object) makes the union's own 422."""
+    if isinstance(value, AmountEstimate) or (isinstance(value, dict) and "amount_usd" in value):
+        return _AMOUNT
+    if isinstance(value, TokenEstimate | dict):
+        return _TOKENS
+    return None
+
+
+_TOKENS, _AMOUNT = union_tag("tokens"), union_tag("amount")
+
+#: An authorization's estimate, read in the one form its fields name, so that a 422 lists that
+#: form's errors only (a plain union listed both forms', each telling the sender to remove the
+#: fields it meant, under the classes' names).
+Estimate = Annotated[
+    Annotated[TokenEstimate, Tag(_TOKENS)] | Annotated[AmountEstimate, Tag(_AMOUNT)],
+    Discriminator(
+        _estimate_form,
+        custom_error_type="estimate_form",
+        custom_error_message=(
+            'must be an object: {"input_tokens", "max_output_tokens"} or {"amount_usd"}'
+        ),
+    ),
+]
+
+
 class AuthorizationIn(BaseModel):
     """``POST /v1/authorizations``: reserve before calling the upstream."""
 
@@ -323,7 +359,7 @@ class AuthorizationIn(BaseModel):
     model: ModelName
     service_tier: ServiceTier | None = None
     tags: list[Label] = Field(default_factory=list, max_length=MAX_TAGS)
-    estimate: TokenEstimate | AmountEstimate
+    estimate: Estimate
     ttl_s: int = Field(default=DEFAULT_TTL_S, ge=MIN_TTL_S, le=MAX_TTL_S, strict=True)
 
 

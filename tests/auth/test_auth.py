@@ -104,12 +104,12 @@ EXAMPLES: dict[tuple[str, str], tuple[dict[str, Any], set[str]]] = {
         {"path": "/v1/authorizations/auth-h1"},
         {"ingest"},
     ),
-    ("PUT", "/v1/customers/{customer_id}"): (
+    ("PUT", "/v1/customers/{customer_id:path}"): (
         {"path": "/v1/customers/auth-c", "json": {"name": "Auth"}},
         set(),
     ),
     ("GET", "/v1/customers"): ({}, {"read"}),
-    ("GET", "/v1/customers/{customer_id}"): ({"path": "/v1/customers/auth-c"}, {"read"}),
+    ("GET", "/v1/customers/{customer_id:path}"): ({"path": "/v1/customers/auth-c"}, {"read"}),
     ("POST", "/v1/credits/grants"): (
         {
             "json": {
@@ -121,7 +121,7 @@ EXAMPLES: dict[tuple[str, str], tuple[dict[str, Any], set[str]]] = {
         },
         set(),
     ),
-    ("POST", "/v1/credits/grants/{grant_id}/void"): (
+    ("POST", "/v1/credits/grants/{grant_id:path}/void"): (
         {"path": "/v1/credits/grants/auth-g/void", "json": {}},
         set(),
     ),

@@ -188,3 +188,43 @@ def test_bad_authorizations_are_422_and_store_nothing(
     paths = {e["path"] for e in response.json()["errors"]}
     assert any(p.startswith(path) for p in paths), response.text
     assert read(client, lambda s: s.scalar(select(func.count()).select_from(BudgetHold))) == 0
+
+
+@pytest.mark.parametrize(
+    ("estimate", "errors"),
+    [
+        ({"amount_usd": "-0.05"}, [("body.estimate.amount_usd", "must not be negative")]),
+        ({"amount_usd": "1e-3"}, [("body.estimate.amount_usd", "is not a plain decimal")]),
+        ({"input_tokens": 10}, [("body.estimate.max_output_tokens", "is required")]),
+        (
+            {"input_tokens": -1, "max_output_tokens": 10},
+            [("body.estimate.input_tokens", "greater than or equal to 0")],
+        ),
+        (
+            {"amount_usd": "0.05", "input_tokens": 1},
+            [("body.estimate.input_tokens", "is not a field of this request")],
+        ),
+        (
+            {},
+            [
+                ("body.estimate.input_tokens", "is required"),
+                ("body.estimate.max_output_tokens", "is required"),
+            ],
+        ),
+        (None, [("body.estimate", '{"input_tokens", "max_output_tokens"} or {"amount_usd"}')]),
+        ("0.05", [("body.estimate", '{"input_tokens", "max_output_tokens"} or {"amount_usd"}')]),
+    ],
+)
+def test_a_bad_estimate_is_named_in_the_form_it_was_sent_in(
+    client: TestClient, estimate: Any, errors: list[tuple[str, str]]
+) -> None:
+    """An estimate is read in the form its fields name (``amount_usd``: an amount, else
+    tokens): the 422 lists only that form's errors, at the field's own path, never one that
+    tells the sender to remove the field it meant, nor a Python class name."""
+    response = client.post("/v1/authorizations", json={**body("bad"), "estimate": estimate})
+    assert response.status_code == 422, response.text
+    got = [(e["path"], e["message"]) for e in response.json()["errors"]]
+    assert [path for path, _ in got] == [path for path, _ in errors], got
+    for (_, message), (_, words) in zip(got, errors, strict=True):
+        assert words in message, got
+    assert read(client, lambda s: s.scalar(select(func.count()).select_from(BudgetHold))) == 0

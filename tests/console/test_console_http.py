@@ -353,6 +353,18 @@ def test_bad_filters_are_named_on_the_page(seeded: TestClient, tokens: dict[str,
     assert "no call with request_id &#39;no-such-call&#39;" in response.text
 
 
+def test_a_bad_budgets_cursor_is_named_on_the_page(
+    seeded: TestClient, tokens: dict[str, str]
+) -> None:
+    """Any cursor the budgets page did not hand out is a 422 naming it, never a 500."""
+    sign_in(seeded, tokens["admin"])
+    for cursor in ("x", "0", "2026-12-01", "<script>"):
+        response = seeded.get("/console/budgets", params={"cursor": cursor})
+        assert response.status_code == 422, response.text
+        assert "<code>cursor</code>: is not a cursor from this endpoint" in response.text
+        assert "<script>" not in response.text.split("</head>")[1]
+
+
 def test_the_usage_table_holds_exactly_the_numbers_of_v1_usage(
     seeded: TestClient, tokens: dict[str, str]
 ) -> None:
