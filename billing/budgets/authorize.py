@@ -203,7 +203,13 @@ def authorize(
     # the holds, once the budgets are locked.
     counters = counters_of(rows) if repo.one_writer else None
     figures = spent(session, budgets, now, counters)
-    decision = decide(budgets, figures, hold, priced is None, now)
+    unpriced = priced is None
+    if not tokens and any(budget.unpriced == "deny" for budget in budgets):
+        # An amount estimate needs no price to hold, but its call would book no cost and never
+        # count against a budget that denies unpriced models: the model's price is read then.
+        book = price_book(session, [body.model])
+        unpriced = book.at(body.model, now, body.service_tier, 0) is None
+    decision = decide(budgets, figures, hold, unpriced, now)
     if (
         decision.allow
         and credit is not None

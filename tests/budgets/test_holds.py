@@ -231,6 +231,9 @@ def test_an_unpriced_model_holds_nothing_unless_a_budget_denies_it(client: TestC
         "0",
         "b1",
     )
+    # A USD estimate needs no price to hold.
+    priced = auth_at(client, T0, rid="u0", estimate={"amount_usd": "0.2"})
+    assert (priced["decision"], priced["reason"], priced["hold_usd"]) == ("allow", None, "0.2")
     create(
         client,
         T0,
@@ -248,9 +251,13 @@ def test_an_unpriced_model_holds_nothing_unless_a_budget_denies_it(client: TestC
     )
     assert denied["binding_budget_id"] == "b2"
     assert [b["budget_id"] for b in denied["budgets"]] == ["b1", "b2"]
-    # A USD estimate needs no price.
-    priced = auth_at(client, T0, rid="u3", estimate={"amount_usd": "0.2"})
-    assert (priced["decision"], priced["reason"], priced["hold_usd"]) == ("allow", None, "0.2")
+    # But its call would book no cost: a budget that denies unpriced models denies it too.
+    amount = auth_at(client, T0, rid="u3", estimate={"amount_usd": "0.2"})
+    assert (amount["decision"], amount["reason"], amount["binding_budget_id"]) == (
+        "deny",
+        "unpriced",
+        "b2",
+    )
 
 
 def test_the_long_context_price_prices_an_estimate_that_crosses_it(client: TestClient) -> None:
