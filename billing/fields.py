@@ -146,6 +146,21 @@ Id128 = Annotated[str, StringConstraints(min_length=1, max_length=128), AfterVal
 PublicId = Annotated[Id128, AfterValidator(not_a_secret)]
 #: A short label (an error type, a stop reason, a provider): printable text of 1–64 characters.
 Label = Annotated[str, StringConstraints(min_length=1, max_length=64), AfterValidator(printable)]
+
+
+def one_tag(value: str) -> str:
+    """``value`` if it can be one of the tags of a ``stream.started`` metadata value
+    (``billing.budgets.scopes.tags_of``: comma-separated, each trimmed); else ``ValueError``."""
+    if "," in value:
+        raise ValueError("must not contain a comma (metadata tags are a comma-separated list)")
+    if value != value.strip():
+        raise ValueError("must not start or end with a space (metadata tags are trimmed)")
+    return value
+
+
+#: A budget's or an authorization's tag (CONTRACT "Authorizations and holds (v3)"): a label
+#: that a call's metadata tags can hold.
+CallTag = Annotated[Label, AfterValidator(one_tag)]
 #: A model name: printable text of 1–256 characters.
 ModelName = Annotated[
     str, StringConstraints(min_length=1, max_length=256), AfterValidator(printable)

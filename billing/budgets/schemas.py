@@ -22,8 +22,8 @@ from pydantic.json_schema import WithJsonSchema
 from billing import destinations
 from billing.budgets.periods import zone
 from billing.fields import (
+    CallTag,
     Id128,
-    Label,
     ModelName,
     PublicId,
     ServiceTier,
@@ -162,7 +162,7 @@ class Scope(BaseModel):
 
     api_key_id: PublicId | None = None
     customer_id: Id128 | None = None
-    tag: Label | None = None
+    tag: CallTag | None = None
     all: Literal[True] | None = None
 
     @model_validator(mode="after")
@@ -358,7 +358,7 @@ class AuthorizationIn(BaseModel):
     api_key_id: PublicId
     model: ModelName
     service_tier: ServiceTier | None = None
-    tags: list[Label] = Field(default_factory=list, max_length=MAX_TAGS)
+    tags: list[CallTag] = Field(default_factory=list, max_length=MAX_TAGS)
     estimate: Estimate
     ttl_s: int = Field(default=DEFAULT_TTL_S, ge=MIN_TTL_S, le=MAX_TTL_S, strict=True)
 

@@ -153,6 +153,9 @@ BUDGET: dict[str, Any] = {
         ({"scope": {"tag": "a", "all": True}}, "body.scope"),
         ({"scope": {"all": False}}, "body.scope.all"),
         ({"scope": {"tag": "x" * 65}}, "body.scope.tag"),
+        # A tag a call's metadata can never hold (a comma-separated list, each trimmed).
+        ({"scope": {"tag": "a,b"}}, "body.scope.tag"),
+        ({"scope": {"tag": " a"}}, "body.scope.tag"),
     ],
 )
 def test_bad_v3_budget_values_are_422_naming_the_field(
@@ -175,6 +178,8 @@ def test_bad_v3_budget_values_are_422_naming_the_field(
         ({"ttl_s": 9}, "body.ttl_s"),
         ({"ttl_s": 3601}, "body.ttl_s"),
         ({"tags": [f"t{i}" for i in range(9)]}, "body.tags"),
+        ({"tags": ["ok", "a,b"]}, "body.tags.1"),
+        ({"tags": ["b "]}, "body.tags.0"),
         ({"api_key_id": "sk-ant-api03-" + "x" * 40}, "body.api_key_id"),
         ({"request_id": ""}, "body.request_id"),
     ],
