@@ -216,32 +216,33 @@ def overview_view(
     near their limit and the alert deliveries are read only when the viewer may see them
     (``budgets_shown``, ``alerts_shown``: the cards follow the role)."""
     query = parse_overview_query(items)
-    if not budgets_shown:
-        return _overview(session, query, list, alerts_shown)
+    # The period's calls with units, read once for its five groupings (one statement each).
+    units = units_of(session, UsageQuery(query.since, query.until))
 
-    def fullest(reader: Session) -> list[dict[str, Any]]:
-        return fullest_statuses(reader, now, BUDGETS_READ)
+    def beside(reader: Session) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        keys = _top(reader, query, "api_key_id", units)
+        return keys, fullest_statuses(reader, now, BUDGETS_READ) if budgets_shown else []
 
-    # The budgets' latest counters (a fifth of the page's database time at 10,000 budgets) are
-    # read on a second connection of the same snapshot while the rest is read here (PostgreSQL;
-    # else one after the other: ``read_beside``).
-    with read_beside(session, fullest) as fullest_read:
-        return _overview(session, query, fullest_read, alerts_shown)
+    # The top keys (their month bounds) and the budgets' latest counters, half of the page's
+    # database time at 10,000 keys and budgets, are read on a second connection of the same
+    # snapshot while the rest is read here (PostgreSQL; else one after the other:
+    # ``read_beside``).
+    with read_beside(session, beside) as beside_read:
+        return _overview(session, query, units, beside_read, alerts_shown)
 
 
 def _overview(
     session: Session,
     query: UsageQuery,
-    fullest: Callable[[], list[dict[str, Any]]],
+    units: Sequence[Any],
+    beside: Callable[[], tuple[list[dict[str, Any]], list[dict[str, Any]]]],
     alerts_shown: bool,
 ) -> dict[str, Any]:
-    """``overview_view``'s context; ``fullest`` gives the budgets' statuses (asked after the
-    page's other reads: ``read_beside``'s answer)."""
+    """``overview_view``'s context; ``beside`` gives the top keys and the budgets' statuses
+    (asked after the page's other reads: ``read_beside``'s answer)."""
     length = query.until - query.since
     before = UsageQuery(query.since - length, query.since)
     period = UsageQuery(query.since, query.until)
-    # The period's calls with units, read once for its five groupings (one statement each).
-    units = units_of(session, period)
     current = usage_rows(session, period, units)
     totals = _totals([row.as_json() for row in current])
     previous = _totals(_rows(session, before))
@@ -255,10 +256,10 @@ def _overview(
     per_model = _rows(session, query, "model", units=units)
     by_day = _rows(session, query, "day", "model", units=units)
     spend = _spend(by_day, query)
-    top_keys = _top(session, query, "api_key_id", units)
     top_customers = _top(session, query, "customer_id", units)
     failed = repo.failing_deliveries(session) if alerts_shown else 0
-    budgets = [b for b in fullest() if b["state"] in ("warning", "exceeded")][:BUDGETS_SHOWN]
+    top_keys, fullest = beside()
+    budgets = [b for b in fullest if b["state"] in ("warning", "exceeded")][:BUDGETS_SHOWN]
     return {
         "since": query.since.isoformat(),
         "until": query.until.isoformat(),
