@@ -10,8 +10,10 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
+from concurrent import futures
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import Connection, make_url
@@ -19,6 +21,8 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from billing.settings import Settings
+
+T = TypeVar("T")
 
 
 def make_engine(
@@ -473,3 +477,56 @@ def is_unavailable(error: BaseException) -> bool:
     if isinstance(orig, sqlite3.OperationalError):
         return orig.sqlite_errorcode & 0xFF != sqlite3.SQLITE_ERROR
     return isinstance(error, OperationalError)
+
+
+#: One statement: the transaction's snapshot exported for another connection to read, or null
+#: on a hot standby, which cannot export one.
+_EXPORT_SNAPSHOT = "SELECT CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_export_snapshot() END"
+#: The threads that run a read beside its transaction (``read_beside``).
+_BESIDE = ThreadPoolExecutor(max_workers=4, thread_name_prefix="billing-read-beside")
+
+
+@contextmanager
+def read_beside(session: Session, read: Callable[[Session], T]) -> Iterator[Callable[[], T]]:
+    """``read`` of ``session``'s snapshot run on another connection while the caller reads on
+    ``session``: the context gives the function that waits for its answer (or raises its error).
+
+    Only where the two read one snapshot: PostgreSQL with ``session`` at REPEATABLE READ
+    (``read_transaction``), the snapshot exported by ``session`` (``pg_export_snapshot()``) and
+    imported by a REPEATABLE READ transaction of a pooled connection (``SET TRANSACTION
+    SNAPSHOT``), in a thread of ``_BESIDE``. Elsewhere (SQLite, a READ COMMITTED or
+    autocommit session, a hot standby, which exports no snapshot) ``read(session)`` runs when
+    its answer is asked, on ``session``: the same figures, one after the other. The second
+    connection is always given back before the context ends (it only reads; rolled back)."""
+    connection = session.connection()
+    dbapi: Any = connection.connection.dbapi_connection
+    level = getattr(dbapi, "isolation_level", None)
+    repeatable = (
+        connection.dialect.name == "postgresql"
+        and not dbapi.autocommit
+        and level is not None
+        and level.name in ("REPEATABLE_READ", "SERIALIZABLE")
+    )
+    snapshot = connection.exec_driver_sql(_EXPORT_SNAPSHOT).scalar() if repeatable else None
+    if snapshot is None:
+        yield lambda: read(session)
+        return
+
+    def beside() -> T:
+        with connection.engine.connect().execution_options(
+            isolation_level="REPEATABLE READ"
+        ) as other:
+            # (First in its transaction, as PostgreSQL requires; the id is the server's text.)
+            other.exec_driver_sql(f"SET TRANSACTION SNAPSHOT '{snapshot}'")
+            try:
+                with Session(bind=other) as twin:
+                    return read(twin)
+            finally:
+                other.rollback()
+
+    future = _BESIDE.submit(beside)
+    try:
+        yield future.result
+    finally:
+        # The import needs ``session``'s transaction open: it stays open until the read ends.
+        futures.wait([future])
