@@ -305,10 +305,11 @@ def _plan(
     rule's, (call, owner's sort key) → [the owner's charge of the call's new entries, the last
     entry's seq, the owner]; ``fast``: the fast path's calls of keys with grants, by call;
     ``drawn``: what the rule's calls drew before); ``at``: the booking time as the repository
-    takes it. Thousands of draws a step: no object a draw. A key of the fast path's calls alone
-    whose first grant in order has enough left for all of them draws each whole from it (as
-    ``_draw`` would, in any order): those are ``CommonDraws``, given by key, not row by row;
-    the rows are the rest's, in the order they are drawn."""
+    takes it. Thousands of draws a step: no object a draw. The fast path's calls of a key whose
+    first grant in order has enough left for all of the step's calls of that key (its rule
+    calls too, when each is a first draw) draw each whole from it (as ``_draw`` would, in any
+    order): those are ``CommonDraws``, given by key, not row by row; the rows are the rest's
+    (the rule's calls of such a key included), in the order they are drawn."""
     remaining = {g.grant_id: g.remaining_pusd for g in grants}
     by_owner: dict[Owner, list[GrantView]] = {}
     for grant in grants:
