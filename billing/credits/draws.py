@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import datetime
+from operator import itemgetter
 from typing import Any, Protocol
 
 from sqlalchemy.orm import Session
@@ -37,6 +38,7 @@ from billing.credits.rows import (
     OVERDRAFT,
     REVERSAL,
     VOID,
+    CommonDraws,
     Drawn,
     EntryRow,
     GrantView,
@@ -137,18 +139,23 @@ def after_step(
             pair = (entry.customer_id, entry.api_key_id)
             if pair not in owners:
                 owners[pair] = Owner.of(*pair)
-    key_owners = {key: Owner(None, key) for _, key, _ in settled_in_sql}
-    candidates = {*owners.values(), *key_owners.values()}
+    fast_keys = {key for _, key, _ in settled_in_sql}
+    candidates = {*owners.values(), *(Owner(None, key) for key in fast_keys)}
     holders = repo.owners_with_grants(session, sorted(candidates, key=Owner.sort_key))
     if not holders:
         return
-    # (call, owner's sort key) → [the owner's charge of the call's new entries, the last
-    # entry's seq, the owner]: sorted as plain tuples, the order the step draws in.
+    # The fast path's calls of keys with grants, by call (a call settled there was settled for
+    # the first time: it drew nothing before).
+    drawing = {owner.api_key_id for owner in holders if owner.customer_id is None} & fast_keys
+    fast = sorted(
+        (c for c in settled_in_sql if c[1] in drawing)
+        if len(drawing) < len(fast_keys)
+        else settled_in_sql,
+        key=_REQUEST_ID,
+    )
+    # The rule's: (call, owner's sort key) → [the owner's charge of the call's new entries, the
+    # last entry's seq, the owner].
     work: dict[tuple[str, str, str], list[Any]] = {}
-    for rid, key, charge in settled_in_sql:
-        owner = key_owners[key]
-        if owner in holders:
-            work[rid, "", key] = [charge, 1, owner]
     for entry in entries:
         charged = owners.get((entry.customer_id, entry.api_key_id))
         if charged is None or charged not in holders:
@@ -159,11 +166,9 @@ def after_step(
             total = work[place] = [0, entry.seq, charged]
         total[0] += entry.charge_pusd or 0
         total[1] = max(total[1], entry.seq)
-    if not work:
+    if not work and not fast:
         return
-    # A call the fast path settled was settled for the first time: it drew nothing before.
-    first = {rid for rid, _, _ in settled_in_sql}
-    drawn = repo.drawn(session, sorted({rid for rid, _, _ in work if rid not in first}))
+    drawn = repo.drawn(session, sorted({rid for rid, _, _ in work}))
     holding = sorted(holders, key=Owner.sort_key)
     at = repo.entry_time(now)
     if repo.draws_before_lock:
@@ -175,9 +180,9 @@ def after_step(
         # it), else rolled back and planned again from the locked grants: the booked rows are
         # always those of the grants as locked, as without this.
         seen = repo.grants(session, holding)
-        plan = _plan(work, drawn, seen, now, at)
+        plan = _plan(work, fast, drawn, seen, now, at)
         savepoint = session.begin_nested()
-        repo.insert_entries(session, plan.rows)
+        repo.insert_draws(session, plan.rows, plan.draws)
         grants = repo.grants(session, holding, lock=True)
         if grants == seen:
             savepoint.commit()
@@ -185,22 +190,22 @@ def after_step(
             savepoint.commit()
             plan = plan.rebased(grants)
         else:
-            locked = _plan(work, drawn, grants, now, at)
-            if locked.rows == plan.rows:
+            locked = _plan(work, fast, drawn, grants, now, at)
+            if locked.same_rows(plan):
                 savepoint.commit()
             else:
                 savepoint.rollback()
-                repo.insert_entries(session, locked.rows)
+                repo.insert_draws(session, locked.rows, locked.draws)
             plan = locked
     else:
         grants = repo.grants(session, holding, lock=True)
-        plan = _plan(work, drawn, grants, now, at)
-        repo.insert_entries(session, plan.rows)
-    rows, remaining, by_owner = plan.rows, plan.remaining, plan.by_owner
+        plan = _plan(work, fast, drawn, grants, now, at)
+        repo.insert_draws(session, plan.rows, plan.draws)
+    remaining, by_owner = plan.remaining, plan.by_owner
     # A grant's remainder moved as its entries did (``remaining`` followed each of them); an
-    # owner's overdraft by its entries of no grant.
+    # owner's overdraft by its entries of no grant (never a common draw).
     overdrafts: dict[Owner, int] = {}
-    for row in rows:
+    for row in plan.rows:
         if row[4] is None:
             owner = Owner(row[2], row[3])
             overdrafts[owner] = overdrafts.get(owner, 0) + row[5]
@@ -209,7 +214,7 @@ def after_step(
     repo.add_to_sums(session, changed, overdrafts)
     # Alerts reach only the owners with a webhook budget: the others' crossings store nothing,
     # so only those owners' holds and open calls are read (once for all of them).
-    mine = {owner for _, _, owner in work.values()}
+    mine = {owner for _, _, owner in work.values()} | {Owner(None, key) for key in drawing}
     watched = sorted(mine & alerts.watched(session), key=Owner.sort_key)
     if not watched:
         return
@@ -224,24 +229,36 @@ def after_step(
         alerts.crossings(session, owner, was - others, left - others, now)
 
 
-class _Plan:
-    """A step's draws planned from the owners' grants (``_plan``): the entry rows in the order
-    they are drawn, each grant's remainder after them, the grants by owner, and whether every
-    row is a common draw (one grant covering a first draw; no reversal, overdraft or split)."""
+_REQUEST_ID = itemgetter(0)
 
-    __slots__ = ("by_owner", "common", "remaining", "rows")
+
+class _Plan:
+    """A step's draws planned from the owners' grants (``_plan``): the entry rows of the rule's
+    calls and of the fast path's calls that are not common draws, in the order they are drawn;
+    the common draws (``CommonDraws``: each of the other fast path's calls drawn whole from its
+    key's first grant in order), each grant's remainder after them all, the grants by owner, and
+    whether every row is a common draw (one grant covering a first draw; no reversal,
+    overdraft or split)."""
+
+    __slots__ = ("by_owner", "common", "draws", "remaining", "rows")
 
     def __init__(
         self,
         rows: list[EntryRow],
+        draws: CommonDraws,
         remaining: dict[str, int],
         by_owner: dict[Owner, list[GrantView]],
         common: bool,
     ) -> None:
         self.rows = rows
+        self.draws = draws
         self.remaining = remaining
         self.by_owner = by_owner
         self.common = common
+
+    def same_rows(self, other: _Plan) -> bool:
+        """Whether both plans book the same rows (from the same calls)."""
+        return self.rows == other.rows and self.draws.grants == other.draws.grants
 
     def holds_for(self, grants: Sequence[GrantView]) -> bool:
         """Whether planning from ``grants`` (the same owners' grants, read again) gives the
@@ -273,20 +290,26 @@ class _Plan:
                 before[grant_id] - self.remaining[grant_id]
             )
             by_owner.setdefault(grant.owner, []).append(grant)
-        return _Plan(self.rows, remaining, by_owner, self.common)
+        return _Plan(self.rows, self.draws, remaining, by_owner, self.common)
 
 
 def _plan(
     work: dict[tuple[str, str, str], list[Any]],
+    fast: list[CommonCharge],
     drawn: Drawn,
     grants: Sequence[GrantView],
     now: datetime,
     at: Any,
 ) -> _Plan:
-    """The entries of the step's draws (``work``: (call, owner's sort key) → [the owner's
-    charge of the call's new entries, the last entry's seq, the owner]; ``drawn``: what the
-    calls drew before) from the owners' ``grants`` as read, as rows (thousands a step: no object
-    a draw), in the order they are drawn; ``at``: the booking time as the repository takes it."""
+    """The entries of the step's draws from the owners' ``grants`` as read (``work``: the
+    rule's, (call, owner's sort key) → [the owner's charge of the call's new entries, the last
+    entry's seq, the owner]; ``fast``: the fast path's calls of keys with grants, by call;
+    ``drawn``: what the rule's calls drew before); ``at``: the booking time as the repository
+    takes it. Thousands of draws a step: no object a draw. The fast path's calls of a key whose
+    first grant in order has enough left for all of the step's calls of that key (its rule
+    calls too, when each is a first draw) draw each whole from it (as ``_draw`` would, in any
+    order): those are ``CommonDraws``, given by key, not row by row; the rows are the rest's
+    (the rule's calls of such a key included), in the order they are drawn."""
     remaining = {g.grant_id: g.remaining_pusd for g in grants}
     by_owner: dict[Owner, list[GrantView]] = {}
     for grant in grants:
@@ -296,6 +319,43 @@ def _plan(
         owner: [g for g in sorted(owned, key=draw_order) if active(g, now)]
         for owner, owned in by_owner.items()
     }
+    first_grants: dict[str, str] = {}
+    count = 0
+    if fast:
+        # Each key's charges: [their sum, how many] (a charge of 0 draws nothing).
+        totals: dict[str, list[int]] = {}
+        for _, key, charge in fast:
+            if charge > 0:
+                summed = totals.get(key)
+                if summed is None:
+                    totals[key] = [charge, 1]
+                else:
+                    summed[0] += charge
+                    summed[1] += 1
+        # What the rule's calls of those keys take, when each is a first draw (else None):
+        # their draws come from the same first grant when it has enough left for all.
+        ruled: dict[str, int | None] = {}
+        for (rid, _, key), (delta, _, owner) in work.items():
+            if owner.customer_id is None and key in totals:
+                before = drawn.get((rid, owner)) if drawn else None
+                took = ruled.get(key, 0)
+                if took is None or delta < 0 or (before and any(before.values())):
+                    ruled[key] = None
+                else:
+                    ruled[key] = took + delta
+        for key, (total, calls) in totals.items():
+            order = drawable.get(Owner(None, key))
+            took = ruled.get(key, 0)
+            if order and took is not None and remaining[order[0].grant_id] >= total + took:
+                first_grants[key] = order[0].grant_id
+                remaining[order[0].grant_id] -= total
+                count += calls
+        if len(first_grants) < len(totals):
+            # The others' calls are planned one by one, with the rule's.
+            work = dict(work)
+            for rid, key, charge in fast:
+                if key not in first_grants:
+                    work[rid, "", key] = [charge, 1, Owner(None, key)]
     rows: list[EntryRow] = []
     common = True
     for place in sorted(work):
@@ -321,7 +381,7 @@ def _plan(
             delta += sum(before.values())
         if delta > 0:
             _draw(rows, like, delta, drawable.get(owner, ()), remaining)
-    return _Plan(rows, remaining, by_owner, common)
+    return _Plan(rows, CommonDraws(at, fast, first_grants, count), remaining, by_owner, common)
 
 
 def _reverse(

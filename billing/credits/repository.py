@@ -10,7 +10,15 @@ from typing import Any, Protocol
 
 from sqlalchemy.orm import Session
 
-from billing.credits.rows import BalanceFigures, Drawn, EntryRow, GrantView, Movement, Owner
+from billing.credits.rows import (
+    BalanceFigures,
+    CommonDraws,
+    Drawn,
+    EntryRow,
+    GrantView,
+    Movement,
+    Owner,
+)
 from billing.credits.sql.common import POSTGRES, SQLITE
 from billing.storage.dialects import ByDialect
 from billing.storage.models import CreditEntry, CreditGrant, Customer
@@ -100,6 +108,12 @@ class CreditsRepository(Protocol):
     def insert_entries(self, session: Session, rows: Sequence[EntryRow]) -> None:
         """Insert the rows as they are, in order (one statement), nothing read back; the
         caller keeps the sums (``add_to_sums``)."""
+        ...
+
+    def insert_draws(self, session: Session, rows: Sequence[EntryRow], common: CommonDraws) -> None:
+        """Insert a step's draws: ``rows`` (in the order drawn) and the ``common`` draws, as one
+        list by ``request_id`` (``CommonDraws.merged``), nothing read back; the caller keeps the
+        sums (``add_to_sums``)."""
         ...
 
     def add_to_sums(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 #: The kinds of a credit entry (``CreditEntry.kind``).
@@ -82,3 +83,44 @@ class BalanceFigures(NamedTuple):
     pending: int
     overdraft: int
     grants: list[GrantView]
+
+
+class CommonDraws(NamedTuple):
+    """The fast path's calls of a step that each draw their whole charge from their key's first
+    grant in order (``billing.credits.draws``): booked as one ``draw`` each of the call's
+    settlement entry (seq 1), given by key rather than row by row."""
+
+    #: The booking time as the repository takes it (``CreditsRepository.entry_time``).
+    at: Any
+    #: ``(request_id, api_key_id, charge_pusd)`` of the fast path's calls, by ``request_id``
+    #: (``billing.reconcile.rows.CommonCharge``); those of keys not in ``grants`` are not these
+    #: draws, nor is a charge of 0.
+    calls: list[tuple[str, str, int]]
+    #: Key → the grant its calls draw.
+    grants: dict[str, str]
+    #: How many draws (the rows they make): ``calls`` of a key in ``grants`` with a charge above 0.
+    drawn: int
+
+    def rows(self) -> list[EntryRow]:
+        """The draws as entry rows, by ``request_id``."""
+        at, grants = self.at, self.grants
+        return [
+            (DRAW, at, None, key, grants[key], charge, rid, 1, None)
+            for rid, key, charge in self.calls
+            if charge > 0 and key in grants
+        ]
+
+    def merged(self, rows: list[EntryRow]) -> list[EntryRow]:
+        """These draws and ``rows`` (of other calls, in the order drawn: by ``request_id``) as one
+        list by ``request_id``, the order a step draws in."""
+        if not self.grants:
+            return rows
+        mine = self.rows()
+        if not rows:
+            return mine
+        # Two runs by request_id, no call in both: one merge (a stable sort keeps each call's
+        # rows in the order drawn).
+        return sorted(rows + mine, key=_REQUEST_ID)
+
+
+_REQUEST_ID = itemgetter(6)

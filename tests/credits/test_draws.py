@@ -172,6 +172,33 @@ def test_a_key_without_a_customer_draws_its_own_grants_from_the_fast_path(
     assert balance(client, api_key_id="key_free")["grants"] == []
 
 
+def test_one_step_books_each_calls_draws_in_call_order_whoever_draws_them(
+    acme: TestClient, app: FastAPI, settings: Settings
+) -> None:
+    """In one step, calls of a key whose grant covers all of them (the fast path's, drawn by
+    key), of a key whose grant runs out (drawn one by one: a split and an overdraft) and of a
+    customer (the rule's): the entries are booked call by call, in request_id order."""
+    grant(acme, "acme-g", "1")
+    grant(acme, "solo-g", "1", api_key_id="key_solo")
+    grant(acme, "short-g", "0.015", api_key_id="key_short")
+    calls = (("a", "key_solo"), ("b", "key_short"), ("c", "key_a"), ("d", "key_solo"),
+             ("e", "key_short"), ("f", "key_free"))  # fmt: skip
+    for rid, key in calls:
+        call(acme, rid, "2026-03-01T10:00:00Z", 1000, key=key)  # 0.01 each
+    reconcile(app, settings, "2026-03-01T10:05:00Z")
+    assert entries(app)[3:] == [
+        ("draw", "solo-g", "0.01", "a"),
+        ("draw", "short-g", "0.01", "b"),
+        ("draw", "acme-g", "0.01", "c"),
+        ("draw", "solo-g", "0.01", "d"),
+        ("draw", "short-g", "0.005", "e"),
+        ("overdraft", None, "0.005", "e"),
+    ]
+    assert remaining(acme, api_key_id="key_solo") == {"solo-g": "0.98"}
+    assert balance(acme, api_key_id="key_short")["overdraft_usd"] == "0.005"
+    assert remaining(acme) == {"acme-g": "0.99"}
+
+
 def test_an_open_call_counts_as_pending_until_it_settles_and_draws(
     acme: TestClient, app: FastAPI, settings: Settings
 ) -> None:

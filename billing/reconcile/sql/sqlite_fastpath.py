@@ -29,8 +29,13 @@ SQLITE_SUPPORTED = sqlite3.sqlite_version_info >= (3, 33, 0)
 _TOKENS = ", ".join(TOKEN_FIELDS)
 _RATES = ", ".join(RATE_COLUMNS)
 
+#: The step's common calls, in the connection's in-memory ``scratch`` database: filled by
+#: ``settle_common`` (cleared first), read by the step's credit draws
+#: (``billing.credits.sql.common.SqliteCredits.insert_draws``) in the same transaction.
+SCRATCH_COMMON = "scratch.reconcile_common"
+
 SCRATCH_TABLE = f"""
-CREATE TABLE IF NOT EXISTS scratch.reconcile_common (
+CREATE TABLE IF NOT EXISTS {SCRATCH_COMMON} (
     request_id TEXT PRIMARY KEY, api_key_id, model, protocol, status, started_at, ended_at,
     arrival, usage_source, {_TOKENS}, stop_reason, price_id, {_RATES}, cost_pusd,
     provider, upstream_account, call_rowid INTEGER

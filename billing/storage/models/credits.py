@@ -80,8 +80,8 @@ class CreditEntry(Base):
     amount taken back, negative, when the call's charge was adjusted). ``amount_pusd`` is in
     the kind's own direction, so a grant's remainder is its grant − its draws and reversals −
     its expiries and voids. A draw, overdraft or reversal names the call's ledger entry
-    (``request_id``, ``ledger_seq``). ``dedupe_key`` (unique) books a grant's expiry or void
-    once under concurrency."""
+    (``request_id``, ``ledger_seq``). ``dedupe_key`` (unique where set) books a grant's expiry or
+    void once under concurrency."""
 
     __tablename__ = "credit_entries"
 
@@ -94,14 +94,23 @@ class CreditEntry(Base):
     amount_pusd: Mapped[int] = mapped_column(BigInteger, nullable=False)
     request_id: Mapped[str | None] = mapped_column(String(128))
     ledger_seq: Mapped[int | None] = mapped_column(Integer)
-    dedupe_key: Mapped[str | None] = mapped_column(Text, unique=True)
+    dedupe_key: Mapped[str | None] = mapped_column(Text)
 
-    # Each index is read: by booking time (the credits export), by call (a redraw reads what
-    # the call drew), by owner in booking order (its latest entries: the index's last rows
-    # rather than a sort of all of them), a customer's and a key's own apart, so that each
-    # entry still pays one owner index. None by grant (0022): a grant's remainder is kept on
-    # its row, and every draw would pay for it.
+    # Each index is read: by dedupe key (a grant's expiry or void), by booking time (the
+    # credits export), by call (a redraw reads what the call drew), by owner in booking order
+    # (its latest entries: the index's last rows rather than a sort of all of them), a
+    # customer's and a key's own apart, so that each entry still pays one owner index. None by
+    # grant (0022): a grant's remainder is kept on its row, and every draw would pay for it.
     __table_args__ = (
+        # Unique where set (0023): only an expiry or a void has a key; the draws, booked by the
+        # thousand, would each pay for an index entry of their null.
+        Index(
+            "uq_credit_entries_dedupe_key",
+            "dedupe_key",
+            unique=True,
+            postgresql_where=text("dedupe_key IS NOT NULL"),
+            sqlite_where=text("dedupe_key IS NOT NULL"),
+        ),
         Index(None, "booked_at", "entry_id"),
         Index(None, "request_id"),
         Index(
