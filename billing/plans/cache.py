@@ -22,30 +22,17 @@ plans.
 
 from __future__ import annotations
 
-import threading
-import weakref
 from datetime import datetime
 
-from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from billing.plans.rating import PlanVersions, Terms, plan_terms
 from billing.plans.repository import repository
+from billing.storage.copies import VersionedCopies
 
-#: plan id → ((its versions' count, their highest id), its versions).
-_Plans = dict[str, tuple[tuple[int, int], PlanVersions]]
-
-#: Per engine (a process may open several databases; an engine dropped takes its copies).
-_copies: weakref.WeakKeyDictionary[Engine, _Plans] = weakref.WeakKeyDictionary()
-_lock = threading.Lock()
-
-#: Plans kept per engine at most; beyond, every copy is dropped and loaded again on demand.
-MAX_PLANS = 1024
-
-
-def _engine(session: Session) -> Engine:
-    engine: Engine = session.get_bind().engine
-    return engine
+#: plan id → its versions, kept under (their count, their highest id); at most 1,024 plans an
+#: engine.
+_plans: VersionedCopies[PlanVersions] = VersionedCopies(most=1024)
 
 
 def terms_now(
@@ -61,16 +48,10 @@ def terms_now(
     if plan is None:
         return plan_terms(customer_id, None, None, when)
     plan_id, count, top = plan
-    versions = (count, top)
-    engine = _engine(session)
-    plans = _copies.get(engine)
-    kept = None if plans is None else plans.get(plan_id)
-    if kept is not None and kept[0] == versions:
-        return plan_terms(customer_id, plan_id, kept[1], when)
-    loaded = PlanVersions(repository(session).plan_versions(session, [plan_id]))
-    with _lock:
-        plans = _copies.setdefault(engine, {})
-        if len(plans) >= MAX_PLANS:
-            plans.clear()
-        plans[plan_id] = (versions, loaded)
-    return plan_terms(customer_id, plan_id, loaded, when)
+    versions = _plans.get(
+        session,
+        plan_id,
+        (count, top),
+        lambda: PlanVersions(repository(session).plan_versions(session, [plan_id])),
+    )
+    return plan_terms(customer_id, plan_id, versions, when)

@@ -20,31 +20,18 @@ spend check never write prices.
 
 from __future__ import annotations
 
-import threading
-import weakref
 from collections.abc import Iterable
 
-from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from billing.pricing.prices import PriceBook
 from billing.pricing.repository import repository
+from billing.storage.copies import VersionedCopies
 
-#: (the models, sorted) → (their (count, highest id) pairs, the book of their rows).
-_Books = dict[tuple[str, ...], tuple[tuple[tuple[int, int] | None, ...], PriceBook]]
-
-#: Per engine (a process may open several databases; an engine dropped takes its copies).
-_copies: weakref.WeakKeyDictionary[Engine, _Books] = weakref.WeakKeyDictionary()
-_lock = threading.Lock()
-
-#: Model sets kept per engine at most (the spend check asks for the models of the calls not yet
-#: stepped: a few sets in practice); beyond, every copy is dropped and loaded again on demand.
-MAX_SETS = 256
-
-
-def _engine(session: Session) -> Engine:
-    engine: Engine = session.get_bind().engine
-    return engine
+#: (the models, sorted) → their (count, highest id) pairs and the book of their rows; at most
+#: 256 model sets an engine (the spend check asks for the models of the calls not yet stepped:
+#: a few sets in practice).
+_books: VersionedCopies[PriceBook] = VersionedCopies(most=256)
 
 
 def price_book(
@@ -62,15 +49,6 @@ def price_book(
     repo = repository(session)
     found = repo.model_versions(session, wanted) if known is None else known
     versions = tuple(found.get(model) for model in wanted)
-    engine = _engine(session)
-    books = _copies.get(engine)
-    kept = None if books is None else books.get(wanted)
-    if kept is not None and kept[0] == versions:
-        return kept[1]
-    book = PriceBook(repo.rows_of_models(session, wanted))
-    with _lock:
-        books = _copies.setdefault(engine, {})
-        if len(books) >= MAX_SETS:
-            books.clear()
-        books[wanted] = (versions, book)
-    return book
+    return _books.get(
+        session, wanted, versions, lambda: PriceBook(repo.rows_of_models(session, wanted))
+    )
