@@ -3,9 +3,10 @@ table and its conditions) and the units of the calls or entries of a period."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from fractions import Fraction
 from typing import Any
 
@@ -16,6 +17,7 @@ from sqlalchemy import (
     Table,
     TextualSelect,
     and_,
+    bindparam,
     cast,
     func,
     or_,
@@ -42,30 +44,70 @@ _BY_KEY: Table = UsageRollupByKey.__table__  # type: ignore[assignment]
 _BY_CUSTOMER: Table = UsageRollupByCustomer.__table__  # type: ignore[assignment]
 
 
-def rollup_slice(rows: RollupSlice) -> tuple[Table, list[ColumnElement[Any]]]:
-    """The rollup table ``rows`` reads and its conditions other than the bucket range: the one
-    with the fewest rows that has what ``rows`` filters and groups by (0021: without a model,
-    ``usage_rollups_by_key``; without a key either, ``usage_rollups_by_customer``)."""
-    if not rows.by_key:
-        table = _ALL_KEYS
-    elif rows.model is not None or "model" in rows.dims:
-        table = _KEYED
-    elif rows.api_key_id is None and rows.api_key_ids is None and "api_key_id" not in rows.dims:
-        table = _BY_CUSTOMER
-    else:
-        table = _BY_KEY
-    where = [table.c.basis == rows.basis]
-    if rows.api_key_id is not None:
-        where.append(table.c.api_key_id == rows.api_key_id)
-    if rows.model is not None:
-        where.append(table.c.model == rows.model)
-    if rows.customer_id is not None:
-        where.append(table.c.customer_id == rows.customer_id)
-    if rows.api_key_ids is not None:
-        where.append(table.c.api_key_id.in_(rows.api_key_ids))
-    if rows.customer_ids is not None:
-        where.append(table.c.customer_id.in_(rows.customer_ids))
+#: The filters a slice may bind (``rollup_slice``): its field, the bound parameter's name, and
+#: whether it is a list.
+_FILTERS = (
+    ("api_key_id", "f_key", False),
+    ("model", "f_model", False),
+    ("customer_id", "f_customer", False),
+    ("api_key_ids", "f_keys", True),
+    ("customer_ids", "f_customers", True),
+)
+
+
+#: A slice's statement shape (``slice_shape``): its table's name, the filters present and the
+#: dimensions.
+Shape = tuple[str, tuple[str, ...], tuple[str, ...]]
+
+
+def slice_shape(rows: RollupSlice) -> Shape:
+    """What a statement over ``rows`` is built of, but for the values (a key of statements
+    built once): the rollup table it reads, the one with the fewest rows that has what ``rows``
+    filters and groups by (0021: without a model, ``usage_rollups_by_key``; without a key
+    either, ``usage_rollups_by_customer``), the filters present and the dimensions."""
+    present = tuple(name for name, _, _ in _FILTERS if getattr(rows, name) is not None)
+    return _slice_table(rows).name, present, rows.dims
+
+
+def slice_params(rows: RollupSlice) -> dict[str, Any]:
+    """The values of ``slice_where``'s parameters for ``rows``."""
+    params: dict[str, Any] = {"f_basis": rows.basis}
+    for name, param, listed in _FILTERS:
+        value = getattr(rows, name)
+        if value is not None:
+            params[param] = list(value) if listed else value
+    return params
+
+
+@functools.cache
+def slice_where(shape: Shape) -> tuple[Table, list[ColumnElement[Any]]]:
+    """The table of a slice's ``shape`` and its conditions other than the bucket range, bound by
+    name (``f_basis``, ``f_key``, ``f_model``, ``f_customer``, ``f_keys``, ``f_customers``:
+    ``slice_params``), the same objects for every slice of the shape."""
+    table_name, present, _dims = shape
+    table = _TABLES[table_name]
+    c = table.c
+    where: list[ColumnElement[Any]] = [c.basis == bindparam("f_basis")]
+    for name, param, listed in _FILTERS:
+        if name in present:
+            if listed:
+                where.append(c[name.removesuffix("s")].in_(bindparam(param, expanding=True)))
+            else:
+                where.append(c[name] == bindparam(param))
     return table, where
+
+
+def _slice_table(rows: RollupSlice) -> Table:
+    if not rows.by_key:
+        return _ALL_KEYS
+    if rows.model is not None or "model" in rows.dims:
+        return _KEYED
+    if rows.api_key_id is None and rows.api_key_ids is None and "api_key_id" not in rows.dims:
+        return _BY_CUSTOMER
+    return _BY_KEY
+
+
+_TABLES = {t.name: t for t in (_KEYED, _ALL_KEYS, _BY_KEY, _BY_CUSTOMER)}
 
 
 class Ranking:
@@ -115,17 +157,7 @@ class Ranking:
         ``PICO``), greatest first, ties by value in the database's order; ``(value, score)``."""
         (dim,) = rows.dims
         statement, bound = self.sums_statement(runs, rows, _COST)
-        sums = statement.subquery("sums")
-        # Floating point ranks only; the sums returned are exact integers.
-        cost = cast(func.sum(sums.c.cost_whole_usd), Float) + cast(
-            func.sum(sums.c.cost_frac_pusd), Float
-        ) / float(PICO)
-        query = (
-            select(sums.c[dim], cost)
-            .group_by(sums.c[dim])
-            .order_by(cost.desc(), sums.c[dim])
-            .limit(limit)
-        )
+        query = _ranking(statement, dim).limit(limit)
         return [(value, float(score or 0)) for value, score in session.execute(query, bound)]
 
     def pruned_ranking(
@@ -150,45 +182,19 @@ class Ranking:
         if rows.basis != CALL_START or dim not in ("api_key_id", "customer_id") or not runs:
             return None
         coarse = bounding_run(runs)
-        if coarse is None:
+        if coarse is None or coarse.end - coarse.start > _BOUND_SPAN:
             return None
-        table, where = rollup_slice(rows)
-        c = table.c
-        # Each value's bound summed and ranked in the database, only the first ``2 * taken``
-        # sent: at 10,000 keys the ~20,000 month rows read into Python took 20-30 ms.
-        # On PostgreSQL most of the statement is its heap visits (a page a month row). A
-        # covering index (level 3: the key and cost INCLUDEd) was measured and not kept: it
-        # scans in ~3 ms only just after a VACUUM (with half of a month's rows updated since,
-        # 16,000 heap fetches again: ingest updates the current month's rows all the time), and
-        # indexing the cost makes every rollup update non-HOT (65 % HOT before, 0 after).
-        sums = (
-            select(
-                c[dim].label("value"),
-                func.sum(c.cost_whole_usd).label("whole"),
-                func.sum(c.cost_frac_pusd).label("frac"),
-            )
-            .where(
-                *where,
-                c.level == coarse.level,
-                c.bucket_start >= coarse.start,
-                c.bucket_start < coarse.end,
-            )
-            .group_by(c[dim])
-            .subquery("bounds")
-        )
-        b = sums.c
-        # Exact, in integers on both databases: the whole dollars with the picodollars' carry,
-        # then the picodollars left (ties in any order: only the bounds' values matter).
-        carried = b.whole + (b.frac - b.frac % PICO) // PICO
-        read = select(b.value, b.whole, b.frac).order_by(carried.desc(), (b.frac % PICO).desc())
+        params = slice_params(rows)
+        params.update(b_level=coarse.level, b_start=coarse.start, b_end=coarse.end)
+        read = _bounds(slice_shape(rows))
         taken = PRUNED_FIRST * limit
         while taken <= PRUNED_MOST:
             # Twice the batch: the batch, the next bound, and whether half the values at most
             # are taken (else the full ranking answers).
-            found = session.execute(read.limit(2 * taken)).all()
+            found = session.execute(read.limit(2 * taken), params).all()
             if len(found) < 2 * taken:
                 return None
-            bounds = [(int(whole) * PICO + int(frac), v) for v, whole, frac in found]
+            bounds = [(float(b or 0), v) for v, b in found]
             scored = self._scored(
                 session, runs, _only(rows, [v for _b, v in bounds[:taken]]), limit
             )
@@ -223,6 +229,8 @@ def _only(rows: RollupSlice, values: Sequence[Any]) -> RollupSlice:
 #: the most values it takes (a larger batch, or half of the values: the full ranking).
 PRUNED_FIRST = 4
 PRUNED_MOST = 4000
+#: The longest bound's cover: fewer than 2**10 rows a value (``_beats``' margin).
+_BOUND_SPAN = timedelta(days=366 * 80)
 #: The levels of a bound, finest first (a quarter hour is no coarser than any cover).
 _BOUND_LEVELS = (HOUR, DAY, MONTH)
 
@@ -242,15 +250,65 @@ def bounding_run(runs: Sequence[Run]) -> Run | None:
     return None  # pragma: no cover (the month level always answers)
 
 
-def _beats(score: float, bound_pusd: int) -> bool:
+def _beats(score: float, bound: float) -> bool:
     """Whether a ranking's ``score`` (``_scored``: ``fl(fl(W) + fl(fl(F) / 1e12))`` of a
-    value's sums ``W`` >= 0 and ``F`` >= 0) is greater than any score of a value whose exact
-    cost is at most ``bound_pusd``: three roundings of non-negative terms make a score at most
-    ``cost / PICO * (1 + 2**-53) ** 3``, under the margin ``1 + 10**-15``, compared exactly."""
-    return Fraction(score) > Fraction(bound_pusd, PICO) * _MARGIN
+    value's sums ``W`` >= 0 and ``F`` >= 0) is greater than any score of a value whose ``bound``
+    (``pruned_ranking``'s: the float sum of its rows' ``fl(fl(w) + fl(fl(f) / 1e12))``) is at
+    most this one. Non-negative terms: the rounding of ``n`` rows' bound makes it at least
+    ``cost * (1 - 2**-53) ** (n + 2)``, of ``n`` under 2**10 (months of a range) within
+    ``1 + 2**-40`` of it, and the score's three roundings make it at most ``cost / PICO *
+    (1 + 2**-53) ** 3``, under ``1 + 10**-15``: compared exactly, with both margins."""
+    return Fraction(score) > Fraction(bound) * _MARGIN
 
 
-_MARGIN = 1 + Fraction(1, 10**15)
+_MARGIN = (1 + Fraction(1, 10**15)) * (1 + Fraction(1, 2**40))
+
+
+@functools.cache
+def _bounds(shape: Shape) -> Select[Any]:
+    """``pruned_ranking``'s statement of a slice's ``shape`` (``slice_shape``): each value's
+    bound over the buckets of ``b_level`` in [``b_start``, ``b_end``), greatest first.
+
+    On PostgreSQL most of the statement is its heap visits (a page a month row). A covering
+    index (level 3: the key and cost INCLUDEd) was measured and not kept: it scans in ~3 ms
+    only just after a VACUUM (with half of a month's rows updated since, 16,000 heap fetches
+    again: ingest updates the current month's rows all the time), and indexing the cost makes
+    every rollup update non-HOT (65 % HOT before, 0 after). The bound is summed in floating
+    point, each row's cost as one float: the exact sums (PostgreSQL's ``sum(bigint)`` is a
+    numeric) and their carry cost as much as the scan (33 → 21 ms at 10,000 keys); ``_beats``
+    allows for its rounding. Only the first rows are sent (``LIMIT``): at 10,000 keys the
+    ~20,000 month rows read into Python took 20-30 ms."""
+    table, where = slice_where(shape)
+    (dim,) = shape[2]
+    c = table.c
+    bound = func.sum(
+        cast(c.cost_whole_usd, Float) + cast(c.cost_frac_pusd, Float) / float(PICO)
+    ).label("bound")
+    return (
+        select(c[dim].label("value"), bound)
+        .where(
+            *where,
+            c.level == bindparam("b_level"),
+            c.bucket_start >= bindparam("b_start"),
+            c.bucket_start < bindparam("b_end"),
+        )
+        .group_by(c[dim])
+        .order_by(bound.desc())
+    )
+
+
+@functools.cache
+def _ranking(statement: Select[Any] | TextualSelect, dim: str) -> Select[Any]:
+    """``_scored``'s statement over a cost ``statement`` (``sums_statement``'s, built once per
+    shape: this is too): the cost summed per value of ``dim``, compared in floating point (the
+    whole dollars' sum plus the picodollars' sum over ``PICO``), greatest first, ties by value
+    in the database's order."""
+    sums = statement.subquery("sums")
+    # Floating point ranks only; the sums returned are exact integers.
+    cost = cast(func.sum(sums.c.cost_whole_usd), Float) + cast(
+        func.sum(sums.c.cost_frac_pusd), Float
+    ) / float(PICO)
+    return select(sums.c[dim], cost).group_by(sums.c[dim]).order_by(cost.desc(), sums.c[dim])
 
 
 #: What the ranking sums.
