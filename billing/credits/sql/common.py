@@ -134,10 +134,15 @@ _GRANT_COLUMNS = (
     CreditGrant.note,
 )
 #: Whether a grant was voided: its void is booked once, under its dedupe key (a unique index).
+#: A scalar subquery with ``LIMIT 1``, probed per grant: as an ``EXISTS``, PostgreSQL reads the
+#: grants of a step's owners with a hashed subplan, a scan of every credit entry (all of a
+#: year's draws: 4 ms at 30,000 entries, twice a step, growing with the table).
 _VOIDED = (
-    select(CreditEntry.entry_id)
+    select(literal(1))
     .where(CreditEntry.dedupe_key == literal(f"{VOID}:") + CreditGrant.grant_id)
-    .exists()
+    .limit(1)
+    .scalar_subquery()
+    .is_not(None)
 )
 #: The grants of the bound owners (``_owners_in``) with their remainders and whether voided.
 _OWNERS_GRANTS = (
