@@ -86,8 +86,7 @@ def book_expiries(session: Session, now: datetime) -> int:
     repo = repository(session)
     booked = 0
     for grant in repo.due_expiries(session, now):
-        assert grant.expires_at is not None
-        owner = Owner(grant.customer_id, grant.api_key_id)
+        owner = grant.owner
         (view,) = (
             g for g in repo.grants(session, [owner], lock=True) if g.grant_id == grant.grant_id
         )

@@ -14,6 +14,7 @@ from billing.credits.rows import (
     BalanceFigures,
     CommonDraws,
     Drawn,
+    DueExpiry,
     EntryRow,
     GrantView,
     Movement,
@@ -127,7 +128,7 @@ class CreditsRepository(Protocol):
         """Book the entry unless one of its ``dedupe_key`` exists; whether it was booked."""
         ...
 
-    def due_expiries(self, session: Session, now: datetime) -> list[CreditGrant]:
+    def due_expiries(self, session: Session, now: datetime) -> list[DueExpiry]:
         """The grants expired at ``now`` whose expiry (or void) is not booked yet."""
         ...
 

@@ -75,6 +75,15 @@ EntryRow = tuple[
 Drawn = dict[tuple[str, Owner], dict[str | None, int]]
 
 
+class DueExpiry(NamedTuple):
+    """A grant expired whose expiry is not booked yet (``CreditsRepository.due_expiries``)."""
+
+    grant_id: str
+    owner: Owner
+    expires_at: datetime
+    created_at: datetime
+
+
 class BalanceFigures(NamedTuple):
     """What an owner's balance reads (picodollars), in one statement: its live holds, the
     pending charges of its open calls, its overdraft and its grants (by ``grant_id``)."""
