@@ -62,6 +62,9 @@ def test_the_credit_commands(
         ("grant", "g1", "2.5", "-"),
         ("draw", "g1", "0.01", "r1"),
     ]
+    # A key with a customer lists its customer's entries, as its balance is its customer's.
+    code, out, _ = _run(monkeypatch, db_url, "list", "--key", "key_a")
+    assert [line.split("\t")[1] for line in out.splitlines()[1:]] == ["void", "grant", "draw"]
     code, _, err = _run(monkeypatch, db_url, "balance")
     assert code != 0 and "exactly one of --customer and --key" in err
 
