@@ -15,7 +15,7 @@ def rfc3339(value: datetime | None) -> str | None:
     return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
-_MONTH = re.compile(r"(\d{4})-(0[1-9]|1[0-2])")
+_MONTH = re.compile(r"([0-9]{4})-(0[1-9]|1[0-2])")  # ASCII digits: "２026" is no year
 
 
 def month_bounds(text: str) -> tuple[datetime, datetime]:

@@ -115,9 +115,15 @@ def create_budget(session: Session, body: BudgetIn, now: datetime) -> dict[str, 
     """Store a new budget (version 1) and fill its current period's counter; the answer holds
     its ``webhook_secret`` (this once). 409 ``BudgetExists`` when the id is taken (or was)."""
     repo = _repo(session)
-    if repo.versions(session, body.budget_id):
+    versions = repo.versions(session, body.budget_id)
+    if versions and versions[-1].ended_at is not None:  # PUT would answer 404: say so
         raise BudgetExists(
-            f"budget {body.budget_id!r} already exists (or existed); "
+            f"budget {body.budget_id!r} was deleted and its id stays taken (its history keeps "
+            "it); create the budget under a new budget_id"
+        )
+    if versions:
+        raise BudgetExists(
+            f"budget {body.budget_id!r} already exists; "
             "change it with PUT /v1/budgets/{budget_id}"
         )
     try:

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from uvicorn.config import LOGGING_CONFIG
 
 from billing.errors import BillingError, ValidationFailed
+from billing.ingest.validation import plain_message
 from billing.settings import Settings, SettingsError, get_settings
 from billing.storage.db import make_engine, make_sessionmaker, write_transaction
 from billing.storage.migrate import upgrade_to_head
@@ -84,7 +85,8 @@ def invalid(error: ValidationError, what: str) -> str:
     Input should be …"``; ``"price: …"`` for a problem with the whole object)."""
     first = error.errors()[0]
     where = ".".join(str(p) for p in first["loc"])
-    return f"{what}{' ' + where if where else ''}: {first['msg']}"
+    # The service's own sentence, as the API's 422 gives it (no "Value error, " in front).
+    return f"{what}{' ' + where if where else ''}: {plain_message(first)}"
 
 
 def read_objects(file: Path, model: type[M], what: str) -> list[M]:

@@ -96,7 +96,7 @@ def credits_list(
     at, grant, amount, call (tab separated, ``-`` for none)."""
     owner = _owner(customer, key)
     cells = ("kind", "booked_at", "grant_id", "amount_usd", "request_id")
-    rows = _run(lambda s: entries_json(s, owner, limit), write=False)
+    rows = _run(lambda s: entries_json(s, owner, limit, datetime.now(UTC)), write=False)
     typer.echo("\t".join(("entry_id", *cells)))
     for row in rows:
         typer.echo("\t".join([str(row["entry_id"]), *(str(row[c] or "-") for c in cells)]))

@@ -11,6 +11,7 @@ import typer
 from billing.auth.tokens import create_token, list_tokens, revoke_token
 from billing.cli.common import fail, load_settings, migrate_or_fail, open_sessions
 from billing.errors import BillingError
+from billing.fields import LATEST
 from billing.storage.db import read_transaction, write_transaction
 from billing.timefmt import rfc3339
 
@@ -19,7 +20,7 @@ tokens_app = typer.Typer(
 )
 
 
-_DURATION = re.compile(r"(\d+)\s*([smhdw])")
+_DURATION = re.compile(r"([0-9]+)\s*([smhdw])")  # ASCII digits
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
@@ -32,7 +33,14 @@ def parse_duration(text: str) -> timedelta:
             f"--expires-in {text!r}: give a positive whole number and a unit s, m, h, d or w "
             "(such as 90d)"
         )
-    return timedelta(seconds=int(match[1]) * _UNIT_S[match[2]])
+    try:
+        return timedelta(seconds=int(match[1]) * _UNIT_S[match[2]])
+    except OverflowError:  # beyond timedelta's range
+        raise ValueError(_too_long(text)) from None
+
+
+def _too_long(text: str) -> str:
+    return f"--expires-in {text!r} is too long: the token would expire after {LATEST:%Y-%m-%d}"
 
 
 @tokens_app.command("create")
@@ -50,6 +58,10 @@ def tokens_create(
         expires_at = None if expires_in is None else now + parse_duration(expires_in)
     except ValueError as error:
         fail(str(error), 2)
+    except OverflowError:  # past year 9999
+        fail(_too_long(str(expires_in)), 2)
+    if expires_at is not None and expires_at > LATEST:  # the service's range of instants
+        fail(_too_long(str(expires_in)), 2)
     settings = load_settings()
     migrate_or_fail(settings)
     try:

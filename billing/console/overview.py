@@ -34,6 +34,7 @@ from billing.calllog.usage import (
 )
 from billing.console.people import change, share
 from billing.errors import ValidationFailed
+from billing.fields import EARLIEST
 from billing.money import format_usd, pusd_to_str
 from billing.observe.repository import repository as observe
 from billing.storage.db import read_beside
@@ -241,11 +242,14 @@ def _overview(
     """``overview_view``'s context; ``beside`` gives the top keys and the budgets' statuses
     (asked after the page's other reads: ``read_beside``'s answer)."""
     length = query.until - query.since
-    before = UsageQuery(query.since - length, query.since)
+    # The period of the same length before, cut at the earliest instant the service holds (a
+    # long period's would start before year 1: an OverflowError, the page a 500).
+    start = query.since - length if query.since - EARLIEST >= length else EARLIEST
+    before = UsageQuery(start, query.since) if start < query.since else None
     period = UsageQuery(query.since, query.until)
     current = usage_rows(session, period, units)
     totals = _totals([row.as_json() for row in current])
-    previous = _totals(_rows(session, before))
+    previous = _totals(_rows(session, before) if before is not None else [])
     repo = observe(session)
     # Settled calls from the rollups; the open ones (in flight: few) from ``calls``.
     settled = settled_statuses(session, query.since, query.until)
@@ -263,7 +267,7 @@ def _overview(
     return {
         "since": query.since.isoformat(),
         "until": query.until.isoformat(),
-        "previous": {"since": before.since.isoformat(), "until": before.until.isoformat()},
+        "previous": {"since": start.isoformat(), "until": query.since.isoformat()},
         "totals": totals,
         "before": previous,
         "cost_change": change(totals["cost"], previous["cost"]),

@@ -280,7 +280,7 @@ def credits_view(session: Session, owner: Owner | None, now: datetime) -> dict[s
         return {"customers": customers, "owner": None}
     return {
         "owner": balance(session, owner, now),
-        "entries": entries_json(session, owner, CREDIT_ENTRIES),
+        "entries": entries_json(session, owner, CREDIT_ENTRIES, now),
     }
 
 

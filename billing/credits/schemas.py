@@ -13,6 +13,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    StrictBool,
     StringConstraints,
     WithJsonSchema,
     model_validator,
@@ -79,7 +80,7 @@ class CustomerIn(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: Text256 | None = None
-    credit_required: bool = False
+    credit_required: StrictBool = False  # a JSON true or false, never "yes" or 1
     low_balance_usd: ThresholdAmount | None = None
 
 

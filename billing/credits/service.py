@@ -385,8 +385,10 @@ def available_for_owner(
     return pusd_to_decimal(_figures(session, owner, now)[1]["available"])
 
 
-def entries_json(session: Session, owner: Owner, limit: int) -> list[dict[str, Any]]:
-    """The owner's latest credit entries, newest first (the console, ``billing credits list``)."""
+def entries_json(session: Session, owner: Owner, limit: int, now: datetime) -> list[dict[str, Any]]:
+    """The owner's latest credit entries, newest first (the console, ``billing credits list``);
+    a key with a customer lists its customer's, as :func:`balance` answers its customer's."""
+    owner = credit_owner(session, owner, now)
     return [
         {
             "entry_id": row.entry_id,

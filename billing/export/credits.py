@@ -128,4 +128,6 @@ def export_credits(
     with read_transaction(sessions) as session:
         body = credits_csv(session, since, until)
         closed = is_closed(until, now, close_lag_s)
-        return body, credits_manifest(session, str(period), since, until, body, closed)
+        # The month as YYYY-MM, whatever spaces the query had around it.
+        month = f"{since:%Y-%m}"
+        return body, credits_manifest(session, month, since, until, body, closed)

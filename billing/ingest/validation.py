@@ -21,6 +21,7 @@ from billing.ingest.schemas import (
     PROTOCOLS,
     USAGE_FIELDS_ERROR,
     Event,
+    OtherModelUsage,
 )
 
 MAX_BATCH = 1000
@@ -200,6 +201,9 @@ def _message(
         return str(ctx.get("message", "is invalid"))
     if kind == "missing":
         return f"is required for {of_type}"
+    if kind == "extra_forbidden" and "other_models" in item["loc"]:
+        allowed = ", ".join(OtherModelUsage.__annotations__)
+        return f"is not a field of an other_models entry; remove it (allowed: {allowed})"
     if kind == "extra_forbidden":
         allowed = ", ".join(FIELDS_BY_TYPE.get(event_type or "", ()))
         return f"is not a field of {of_type}; remove it (allowed: {allowed})"

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from billing.dimensions import TOKEN_FIELDS, Tokens
-from billing.money import MAX_PUSD
+from billing.money import MAX_PUSD, pusd_to_str
 from billing.plans.charges import policy_charge, priced_pusd
 from billing.pricing.prices import PriceRow
 from billing.rates import PLAN_RATE_COLUMNS, RATE_COLUMNS
@@ -126,7 +126,9 @@ def _describe(delta: Tokens) -> str:
 MAX_REASON = 200
 
 
-def _late(delta: Tokens, units: Mapping[str, int] | None = None) -> str:
+def _late(
+    delta: Tokens, units: Mapping[str, int] | None = None, provider_cost: int | None = None
+) -> str:
     # With every bucket changed by large amounts the text would not fit; the entry's own columns
     # hold the exact deltas, so the reason may be cut.
     changes = ", ".join(
@@ -134,9 +136,17 @@ def _late(delta: Tokens, units: Mapping[str, int] | None = None) -> str:
         for part in (_describe(delta), *(f"{n} {c:+d}" for n, c in (units or {}).items()))
         if part
     )
+    # (v3) A later usage may change only the provider's own cost of the line.
+    cost = (
+        f"provider_cost_usd {'-' if provider_cost < 0 else '+'}{pusd_to_str(abs(provider_cost))}"
+        if provider_cost
+        else ""
+    )
+    if not changes and cost:
+        return f"late events changed the provider-reported cost: {cost}"
     if not changes:
         return "late events added a line with no tokens yet"
-    reason = f"late events changed the usage: {changes}"
+    reason = f"late events changed the usage: {changes}" + (f", {cost}" if cost else "")
     return reason if len(reason) <= MAX_REASON else reason[: MAX_REASON - 1] + "…"
 
 
@@ -293,7 +303,7 @@ def plan_entries(
         if key in live and line is not None:
             if delta.is_zero() and not units and not provider_cost:
                 continue
-            reason = _late(delta, units)
+            reason = _late(delta, units, provider_cost)
         elif line is None:
             reason = REVERSAL_REASON
         elif key[:3] in reversed_rated:

@@ -12,9 +12,12 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import update
+from typer.testing import CliRunner
 
 from billing.auth.tokens import create_token
+from billing.cli import app as cli
 from billing.cli.tokens import parse_duration
+from billing.settings import get_settings
 from billing.storage.db import write_transaction
 from billing.storage.models import ApiToken
 from tests.cli_runs import run_billing, text
@@ -149,7 +152,9 @@ def test_durations(text: str, seconds: int) -> None:
     assert parse_duration(text) == timedelta(seconds=seconds)
 
 
-@pytest.mark.parametrize("text", ["0d", "-1d", "1.5d", "90", "d", "1y", ""])
+@pytest.mark.parametrize(
+    "text", ["0d", "-1d", "1.5d", "90", "d", "1y", "", "\uff15d", "99999999999d"]
+)
 def test_bad_durations(text: str) -> None:
     with pytest.raises(ValueError, match="--expires-in"):
         parse_duration(text)
@@ -173,4 +178,21 @@ def test_cli_creates_a_token_that_expires(cli_way: str, db_url: str) -> None:
     assert bad.stderr.strip().splitlines() == [
         "billing: --expires-in 'soon': give a positive whole number and a unit s, m, h, d or w "
         "(such as 90d)"
+    ]
+
+
+@pytest.mark.parametrize("duration", ["99999999999d", "3000000d", "400000w"])
+def test_a_duration_too_long_is_one_line_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, db_url: str, duration: str
+) -> None:
+    # timedelta (or the expiry past year 9999) raised an OverflowError with its traceback.
+    monkeypatch.setenv("BILLING_DATABASE_URL", db_url)
+    get_settings.cache_clear()
+    result = CliRunner().invoke(
+        cli, ["tokens", "create", "--role", "read", "--expires-in", duration]
+    )
+    get_settings.cache_clear()
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr.splitlines() == [
+        f"billing: --expires-in {duration!r} is too long: the token would expire after 9000-01-01"
     ]

@@ -180,3 +180,21 @@ def test_bad_parameters_are_named_on_the_422_page_as_the_usage_page_names_them(
     overview = seeded.get("/console/overview", params={"since": "x"})
     said = re.compile(r"<li><code>since</code>: [^<]*</li>")
     assert said.findall(usage.text) == said.findall(overview.text) != []
+
+
+def test_a_period_whose_previous_one_is_before_year_1_is_a_422_not_a_500(
+    seeded: TestClient, tokens: dict[str, str]
+) -> None:
+    # The period of the same length before 1900-01-01 → 4000-01-01 starts before year 1: the
+    # page answered 500 (OverflowError) instead of naming the problem.
+    sign_in(seeded, tokens["read"])
+    params = {"since": "1900-01-01T00:00:00Z", "until": "4000-01-01T00:00:00Z"}
+    response = seeded.get("/console/overview", params=params)
+    assert response.status_code == 422, response.text
+    assert "The query has problems" in response.text
+    assert "<code>group_by</code>: grouping by day over this period makes more than" in (
+        response.text
+    )
+    # A period that starts at the earliest instant has no period before it: zeros, not a 500.
+    first = {"since": "1900-01-01T00:00:00Z", "until": "1900-01-15T00:00:00Z"}
+    assert seeded.get("/console/overview", params=first).status_code == 200

@@ -62,5 +62,27 @@ def test_the_credit_commands(
         ("grant", "g1", "2.5", "-"),
         ("draw", "g1", "0.01", "r1"),
     ]
+    # A key with a customer lists its customer's entries, as its balance is its customer's.
+    code, out, _ = _run(monkeypatch, db_url, "list", "--key", "key_a")
+    assert [line.split("\t")[1] for line in out.splitlines()[1:]] == ["void", "grant", "draw"]
     code, _, err = _run(monkeypatch, db_url, "balance")
     assert code != 0 and "exactly one of --customer and --key" in err
+
+
+def test_a_bad_grant_is_one_line_in_the_service_s_words(
+    monkeypatch: pytest.MonkeyPatch, db_url: str
+) -> None:
+    # Pydantic's "Value error, " prefix stood in front of the service's own sentence.
+    grant = ("grant", "g3", "--customer", "acme")
+    code, _, err = _run(monkeypatch, db_url, *grant, "--amount", "1.0000001")
+    assert (code, err) == (
+        1,
+        "billing: grant amount_usd: has more than 6 decimal places (credit is exact to "
+        "0.000001 USD)\n",
+    )
+    code, _, err = _run(monkeypatch, db_url, *grant, "--amount", "1", "--expires-at", "2027-01-01")
+    assert (code, err) == (
+        1,
+        "billing: grant expires_at: must be an RFC 3339 timestamp string such as "
+        "2026-10-15T08:00:00Z\n",
+    )

@@ -39,3 +39,8 @@ def test_the_credits_page_shows_balances_grants_and_draws(
     assert "<td>draw</td>" in html and '<td class="num" title="0.01">$0.01</td>' in html
     assert '<a href="/console/calls/r1"><span class="ident" title="r1">r1</span></a>' in html
     assert 'href="/console/credits"' in html  # in the navigation
+    # A key with a customer shows its customer's entries beside its customer's balance (the
+    # entries were the key's own: none, under the customer's balance).
+    by_key = client.get("/console/credits", params={"api_key_id": "key_a"}).text
+    assert '<h2 class="long">Customer acme</h2>' in by_key
+    assert "<td>draw</td>" in by_key and "No entry." not in by_key

@@ -96,3 +96,15 @@ def test_a_period_must_be_a_month(client: TestClient) -> None:
     for params in (*months, {"period": "9999-12"}, {"period": "x", "y": "1"}):
         response = client.get("/v1/exports/credits.csv", params=params)
         assert response.status_code == 422, (params, response.text)
+
+
+def test_a_period_is_ascii_digits_and_the_manifest_names_it_canonically(
+    client: TestClient,
+) -> None:
+    # "２026-03" (a full-width digit) was read as 2026-03 and echoed as the manifest's period.
+    for path in ("/v1/exports/credits.csv", "/v1/exports/credits.manifest.json"):
+        response = client.get(path, params={"period": "\uff12026-03"})
+        assert response.status_code == 422, response.text
+        assert response.json()["errors"][0]["path"] == "query.period"
+    manifest = ok(client.get("/v1/exports/credits.manifest.json", params={"period": " 2026-03 "}))
+    assert (manifest["period"], manifest["since"]) == ("2026-03", "2026-03-01T00:00:00Z")

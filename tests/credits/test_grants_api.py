@@ -160,3 +160,14 @@ def test_a_grant_stored_meanwhile_is_not_inserted_twice(acme: TestClient, app: F
         assert repository(session).add_grant(session, late, move) is False
         assert repository(session).customer_known(session, "acme")
     assert stored(app) == (1, 1, 1)
+
+
+@pytest.mark.parametrize("value", ["yes", "false", 1, 0, "on"])
+def test_credit_required_must_be_a_json_boolean(acme: TestClient, value: object) -> None:
+    # "yes" or 1 was read as true and "false" as false: a typo flipped who must hold credit.
+    ok(acme.put("/v1/customers/acme", json={"credit_required": True}), 200)
+    response = acme.put("/v1/customers/acme", json={"credit_required": value})
+    assert response.status_code == 422, response.text
+    error = {"index": None, "path": "body.credit_required"}
+    assert response.json()["errors"] == [{**error, "message": "Input should be a valid boolean"}]
+    assert ok(acme.get("/v1/customers/acme"), 200)["credit_required"] is True

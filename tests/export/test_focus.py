@@ -135,6 +135,7 @@ def test_an_empty_month_is_the_header_alone(client: TestClient) -> None:
         ("period=2026-13", "query.period"),
         ("period=0000-01", "query.period"),
         ("period=2026-3", "query.period"),
+        ("period=%EF%BC%92026-03", "query.period"),  # a full-width digit
         ("period=2026-03-01", "query.period"),
         ("period=2026-03&since=2026-03-01T00:00:00Z", "query.since"),
         ("period=2026-03&period=2026-04", "query.period"),

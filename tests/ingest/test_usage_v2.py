@@ -93,7 +93,11 @@ def test_each_bad_v2_field_is_named_in_one_422(client: TestClient) -> None:
             "leave it out)"
         ),
     }
-    assert errors["events[0].other_models[0].extra"].startswith("is not a field of")
+    # The fields of an other_models entry, not those of the event around it.
+    assert errors["events[0].other_models[0].extra"] == (
+        "is not a field of an other_models entry; remove it (allowed: model, input_tokens, "
+        "output_tokens, cache_read_input_tokens, cache_creation_input_tokens)"
+    )
     assert client.get("/v1/calls").json()["data"] == []  # nothing of the batch was stored
 
 

@@ -115,6 +115,27 @@ def test_a_later_provider_cost_is_booked_as_an_adjustment(priced: TestClient) ->
     assert call["provider_cost_usd"] == "0.0011"
     assert [e["provider_cost_usd"] for e in call["ledger_entries"]] == ["0.001", "0.0001"]
     assert [e["cost_usd"] for e in call["ledger_entries"]] == ["0.00105", "0"]
+    # The adjustment says what changed: the provider's cost, not a new line.
+    assert call["ledger_entries"][1]["reason"] == (
+        "late events changed the provider-reported cost: provider_cost_usd +0.0001"
+    )
+
+
+def test_a_later_usage_that_changes_tokens_and_provider_cost_names_both(
+    priced: TestClient,
+) -> None:
+    settle(
+        priced,
+        "pb",
+        started("s", "pb"),
+        usage("u", 100, 50, rid="pb", at=2, provider_cost_usd="0.001"),
+    )
+    call = settle(priced, "pb", usage("u2", 100, 60, rid="pb", at=3, provider_cost_usd="0.0009"))
+    assert [e["provider_cost_usd"] for e in call["ledger_entries"]] == ["0.001", "-0.0001"]
+    assert call["ledger_entries"][1]["reason"] == (
+        "late events changed the usage: output_tokens_billed +10, "
+        "output_tokens_delivered +10, provider_cost_usd -0.0001"
+    )
 
 
 @pytest.mark.parametrize(
