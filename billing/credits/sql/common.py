@@ -16,22 +16,18 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any, Protocol, cast
 
-import orjson
 from sqlalchemy import (
     ColumnElement,
     CursorResult,
     Select,
-    String,
     Table,
     and_,
-    any_,
     bindparam,
     case,
     exists,
     false,
     func,
     literal,
-    literal_column,
     or_,
     select,
     text,
@@ -60,6 +56,7 @@ from billing.credits.rows import (
     Owner,
 )
 from billing.reconcile.sql.sqlite_fastpath import SCRATCH_COMMON
+from billing.storage.lists import ARRAY_LIST, JSON_LIST, Listed
 from billing.storage.models import (
     Call,
     CreditEntry,
@@ -92,29 +89,7 @@ def _any_owner(table: Any, owners: Iterable[Owner]) -> ColumnElement[bool]:
     return or_(false(), *parts)
 
 
-class _Listed(Protocol):
-    """A condition that ``column`` is one of the list bound as ``name``, with one parameter
-    however long the list (a step reads the grants of hundreds of owners, twice: as an
-    expanding ``IN``, the rendering of a bound value each, SQLAlchemy's and psycopg's, cost
-    5-10 ms of CPU a read at 500 owners)."""
-
-    def __call__(self, column: Any, name: str) -> ColumnElement[bool]: ...
-
-
-def _in_json(column: Any, name: str) -> ColumnElement[bool]:
-    """SQLite: the list bound as one JSON array, read by ``json_each``."""
-    values: Select[Any] = select(literal_column("value")).select_from(
-        func.json_each(bindparam(name))
-    )
-    return column.in_(values)  # type: ignore[no-any-return]
-
-
-def _in_array(column: Any, name: str) -> ColumnElement[bool]:
-    """PostgreSQL: the list bound as one ``text[]``, ``= ANY``."""
-    return column == any_(bindparam(name, type_=postgresql.ARRAY(String)))  # type: ignore[no-any-return]
-
-
-def _owners_in(table: Any, listed: _Listed) -> ColumnElement[bool]:
+def _owners_in(table: Any, listed: Listed) -> ColumnElement[bool]:
     """The rows of ``table`` that belong to one of the bound owners: the customers ``c`` and
     the keys ``k`` (keys without a customer), each bound as one list (``listed``), so that the
     statement is built and compiled once, whatever the owners."""
@@ -173,7 +148,7 @@ _VOIDED = (
 )
 
 
-def _owner_statements(listed: _Listed) -> tuple[Any, Any, Any]:
+def _owner_statements(listed: Listed) -> tuple[Any, Any, Any]:
     """The grants of the bound owners (``_owners_in``) with their remainders and whether
     voided, the same locked, and those of the owners that hold any grant."""
     owners_in = _owners_in(CreditGrant, listed)
@@ -347,8 +322,9 @@ class CoreCredits:
     #: SQLite: one writer at a time, nothing to gain (``CreditsRepository.draws_before_lock``).
     draws_before_lock = False
 
-    def __init__(self, insert: _Insert, listed: _Listed) -> None:
+    def __init__(self, insert: _Insert, listed: Listed) -> None:
         self._insert = insert
+        self._listed = listed
         self._grants, self._locked_grants, self._holders = _owner_statements(listed)
 
     def lock_owner(self, session: Session, owner: Owner) -> None:
@@ -483,9 +459,9 @@ class CoreCredits:
         return {Owner(c, k) for c, k in found}
 
     def _lists(self, owners: Iterable[Owner]) -> dict[str, Any]:
-        """``_owners_in``'s parameters for ``owners``: SQLite, each list as a JSON array."""
+        """``_owners_in``'s parameters for ``owners``."""
         customers, keys = _owner_lists(owners)
-        return {"c": orjson.dumps(customers).decode(), "k": orjson.dumps(keys).decode()}
+        return {"c": self._listed.value(customers), "k": self._listed.value(keys)}
 
     def balance_figures(self, session: Session, owner: Owner, now: datetime) -> BalanceFigures:
         of_customer = owner.customer_id is not None
@@ -669,11 +645,6 @@ _PG_ADD_TO_REMAINING = (
 class PostgresCredits(CoreCredits):
     """``CoreCredits`` with PostgreSQL's advisory lock per owner and its array insert."""
 
-    def _lists(self, owners: Iterable[Owner]) -> dict[str, Any]:
-        """PostgreSQL: each list as an array."""
-        customers, keys = _owner_lists(owners)
-        return {"c": customers, "k": keys}
-
     #: Steps run at once: a step's draws are inserted before it locks the grants.
     draws_before_lock = True
 
@@ -750,5 +721,5 @@ class SqliteCredits(CoreCredits):
             )
 
 
-SQLITE = SqliteCredits(sqlite.insert, _in_json)
-POSTGRES = PostgresCredits(postgresql.insert, _in_array)
+SQLITE = SqliteCredits(sqlite.insert, JSON_LIST)
+POSTGRES = PostgresCredits(postgresql.insert, ARRAY_LIST)
