@@ -14,11 +14,13 @@ from billing.archive.rows import EventRecord
 from billing.archive.sql.postgres import PostgresArchive
 from billing.archive.sql.sqlite import SqliteArchive
 from billing.storage.dialects import ByDialect
+from billing.storage.lists import ARRAY_LIST, JSON_LIST
 
 
 class ArchiveRepository(Protocol):
     """Reading, removing and putting back a month of ``events`` (``[start, end)`` of
-    ``occurred_at``)."""
+    ``occurred_at``); the months archived (``archived_months``) and the calls parked meanwhile
+    (``parked_calls``)."""
 
     def oldest(self, conn: Connection, before: datetime) -> datetime | None:
         """The earliest ``occurred_at`` before ``before``, if any."""
@@ -46,9 +48,32 @@ class ArchiveRepository(Protocol):
         """Put archived events back as they were (their ``seq`` included)."""
         ...
 
+    def record_month(
+        self, conn: Connection, start: datetime, end: datetime, archived_at: datetime, file: str
+    ) -> None:
+        """Note the month ``[start, end)`` as archived to ``file`` at ``archived_at``."""
+        ...
+
+    def forget_month(self, conn: Connection, start: datetime) -> None:
+        """The month that starts at ``start`` is archived no more."""
+        ...
+
+    def unpark(self, conn: Connection) -> int:
+        """Make every parked call pending again, and forget them; how many."""
+        ...
+
+    def archived_calls(self, conn: Connection, request_ids: Sequence[str]) -> list[str]:
+        """Of these calls, the settled ones that may have events in an archived month (one
+        probe when no month is archived)."""
+        ...
+
+    def park(self, conn: Connection, request_ids: Sequence[str], now: datetime) -> None:
+        """Leave these (locked, pending) calls as they are, not pending, and note them parked."""
+        ...
+
 
 _REPOSITORIES: ByDialect[ArchiveRepository] = ByDialect(
-    sqlite=SqliteArchive(), postgresql=PostgresArchive()
+    sqlite=SqliteArchive(JSON_LIST), postgresql=PostgresArchive(ARRAY_LIST)
 )
 
 

@@ -12,7 +12,12 @@ answer built on them (call log, usage, exports, drift) is the same; a call's own
 longer listed with it until its month is restored.
 
 A month with a call still open or pending is refused: the reconciler rebuilds a call from its
-events, so they must be there for as long as it may still change.
+events, so they must be there for as long as it may still change. The database notes each
+month archived (``archived_months``, in the transaction that removes its events); a settled
+call made pending while events of it are away (a late event, a re-rating) is **parked**
+(``park_archived``): the reconciler leaves its figures and ledger as they were, instead of
+rebuilding it from the events still stored (which lost its key, model and cost), and the
+restore of a month makes every parked call pending again, to be settled with all its events.
 
 ``restore`` reads a file back, after checking it against its manifest entry (the SHA-256 and
 the row count), and inserts its rows as they were, in one transaction.
@@ -20,6 +25,8 @@ the row count), and inserts its rows as they were, in one transaction.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -103,6 +110,7 @@ def _archive_month(
             removed = repo.delete_month(conn, start, end)
             if removed != writer.rows:  # pragma: no cover - the lock prevents it
                 raise ArchiveRefused(f"{month.label}: wrote {writer.rows} rows, removed {removed}")
+            repo.record_month(conn, start, end, now, month.file_name)
             digest = writer.finish()
         except BaseException:
             writer.abandon()
@@ -133,4 +141,31 @@ def restore(sessions: sessionmaker[Session], file: Path) -> Restored:
             rows += len(chunk)
         if rows != entry.rows:
             raise ArchiveRefused(f"{file.name}: {rows} rows, the manifest says {entry.rows}")
+        repo.forget_month(conn, Month.parse(entry.month).start)
+        # Every parked call: a call still with events in another archived month is parked
+        # again by its next step.
+        repo.unpark(conn)
     return Restored(file.name, rows)
+
+
+def park_archived(session: Session, request_ids: Sequence[str], now: datetime) -> set[str]:
+    """Of a reconciliation step's calls (locked), the settled ones that may have events in an
+    archived month (made pending again: a late event, a re-rating), parked: left as they are,
+    figures and ledger, no longer pending, and noted in ``parked_calls`` until a restore
+    (CONTRACT "Replicas, failover and archives (v3)": an archived month's calls answer the
+    same). One probe when no month is archived."""
+    conn = session.connection()
+    repo = repository(conn)
+    parked = repo.archived_calls(conn, request_ids)
+    if parked:
+        repo.park(conn, parked, now)
+        _log.warning(
+            "%d call(s) with archived events left as they were until their month is restored "
+            "(billing archive restore): %s",
+            len(parked),
+            ", ".join(sorted(parked)[:5]),
+        )
+    return set(parked)
+
+
+_log = logging.getLogger(__name__)

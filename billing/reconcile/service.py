@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from billing.archive.service import park_archived
 from billing.budgets import counters as budget_counters
 from billing.credits import draws as credit_draws
 from billing.dimensions import set_tokens
@@ -134,6 +135,10 @@ def reconcile_calls(
     result = StepResult(examined=len(request_ids))
     if not request_ids:
         return result
+    # A settled call with events in an archived month is not rebuilt from the rest of them.
+    parked = park_archived(session, request_ids, now)
+    if parked:
+        request_ids = [rid for rid in request_ids if rid not in parked]
     deltas = rollups.Deltas()
     every = list(request_ids)
     # The calls the fast path settles were not settled: the drift rollup held none of them.

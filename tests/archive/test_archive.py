@@ -158,3 +158,69 @@ def test_open_months_and_open_calls_are_refused(client: TestClient, tmp_path: Pa
     with pytest.raises(ArchiveRefused, match="1 call"):
         archive_before(sessions, Month.parse("2026-11"), tmp_path, NOW)
     assert not list(tmp_path.glob("*.parquet"))
+
+
+def _late_usage(client: TestClient) -> None:
+    """A later upstream usage of oct-3 (started 2026-10-14T12:30Z: 4,000 input tokens, 111
+    output), arriving after October was archived: 500 output tokens."""
+    late = {
+        "event_id": "oct-3-late",
+        "request_id": "oct-3",
+        "type": "stream.usage",
+        "occurred_at": "2026-10-14T12:30:05Z",
+        "input_tokens": 4000,
+        "output_tokens": 500,
+        "source": "upstream",
+    }
+    assert post(client, [late]).json() == {"accepted": 1, "duplicates": 0}
+
+
+def _parked(client: TestClient) -> list[tuple[Any, ...]]:
+    with state(client).engine.connect() as conn:
+        return [
+            tuple(r)
+            for r in conn.execute(
+                text(
+                    "SELECT p.request_id, c.pending FROM parked_calls AS p "
+                    "JOIN calls AS c ON c.request_id = p.request_id"
+                )
+            )
+        ]
+
+
+def test_a_late_event_of_an_archived_call_waits_for_the_restore(
+    client: TestClient, tmp_path: Path
+) -> None:
+    # Rebuilt from the events still stored (the late one alone), the call lost its key, model
+    # and cost: a reversal was booked. It is left as it was until its month is restored, then
+    # settled with all its events.
+    _seed(client)
+    sessions = state(client).sessions
+    before = client.get("/v1/calls/oct-3").json()
+    assert (before["cost_usd"], before["output_tokens_billed"]) == ("0.004222", 111)
+    # Archived after the calls arrived (the test's clock NOW is in the past of their arrival).
+    [entry] = archive_before(sessions, Month.parse("2026-11"), tmp_path, datetime.now(UTC))
+    reads = _reads(client)
+    _late_usage(client)
+    reconcile(client, NOW + timedelta(minutes=5))
+    assert _reads(client) == reads
+    after = client.get("/v1/calls/oct-3").json()
+    # The same call and ledger; its events away but the late one.
+    assert {k: v for k, v in after.items() if k != "events"} == {
+        k: v for k, v in before.items() if k != "events"
+    }
+    assert [e["event_id"] for e in after["events"]] == ["oct-3-late"]
+    assert _parked(client) == [("oct-3", False)]
+    # Another pass leaves it alone too.
+    reconcile(client, NOW + timedelta(minutes=6))
+    assert _reads(client) == reads
+
+    from billing.archive.service import restore
+
+    assert restore(sessions, tmp_path / entry.file).rows == 24
+    reconcile(client, NOW + timedelta(minutes=10))
+    settled = client.get("/v1/calls/oct-3").json()
+    assert (settled["api_key_id"], settled["model"]) == ("key_b1", "m-budget")
+    assert (settled["cost_usd"], settled["output_tokens_billed"]) == ("0.005", 500)
+    assert [e["cost_usd"] for e in settled["ledger_entries"]] == ["0.004222", "0.000778"]
+    assert _parked(client) == []

@@ -6,11 +6,23 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from datetime import datetime
 
-from sqlalchemy import Connection, and_, delete, func, insert, or_, select
+from sqlalchemy import (
+    Connection,
+    Select,
+    and_,
+    delete,
+    exists,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.sql.elements import ColumnElement
 
 from billing.archive.rows import EventRecord
-from billing.storage.models import Call, Event
+from billing.storage.lists import Listed
+from billing.storage.models import Call, Event, MonthArchive, ParkedCall
 
 _TABLE = Event.__table__
 #: The columns of ``events`` an archive holds, in the table's order (every column of it).
@@ -22,12 +34,44 @@ _COLUMNS = [_TABLE.c[name] for name in COLUMNS]
 CHUNK = 50_000
 
 
+#: Whether any month is archived (one probe a reconciliation step that re-settles a call).
+_ANY_ARCHIVED = select(exists().select_from(MonthArchive))
+
+
+def _archived_calls(listed: Listed) -> Select[str]:
+    """Of the bound calls (``ids``, one list parameter: a step's thousands), the settled ones
+    that may have events in an archived month: the call existed when the month was archived,
+    and its events as last settled (``started_at`` to ``ended_at``, the first and last
+    ``occurred_at``; unknown: either way) reach into it."""
+    return select(Call.request_id).where(
+        listed(Call.request_id, "ids"),
+        Call.settled.is_(True),
+        exists().where(
+            MonthArchive.archived_at > Call.first_received_at,
+            or_(Call.started_at.is_(None), Call.started_at < MonthArchive.month_end),
+            or_(Call.ended_at.is_(None), Call.ended_at >= MonthArchive.month_start),
+        ),
+    )
+
+
+#: The calls parked made pending again (as a late event makes a call pending).
+_UNPARK = (
+    update(Call)
+    .where(Call.request_id.in_(select(ParkedCall.request_id)))
+    .values(pending=True, change_seq=Call.change_seq + 1)
+)
+
+
 def _in(start: datetime, end: datetime) -> ColumnElement[bool]:
     return and_(Event.occurred_at >= start, Event.occurred_at < end)
 
 
 class CoreArchive:
-    """What both databases run alike."""
+    """What both databases run alike, given each one's list parameter (``listed``)."""
+
+    def __init__(self, listed: Listed) -> None:
+        self._listed = listed
+        self._archived_calls = _archived_calls(listed)
 
     def oldest(self, conn: Connection, before: datetime) -> datetime | None:
         found: datetime | None = conn.scalar(
@@ -60,3 +104,36 @@ class CoreArchive:
 
     def lock_month(self, conn: Connection, start: datetime, end: datetime) -> None:
         """Nothing by default (SQLite: the write transaction holds the database's one lock)."""
+
+    def record_month(
+        self, conn: Connection, start: datetime, end: datetime, archived_at: datetime, file: str
+    ) -> None:
+        conn.execute(
+            insert(MonthArchive).values(
+                month_start=start, month_end=end, archived_at=archived_at, file=file
+            )
+        )
+
+    def forget_month(self, conn: Connection, start: datetime) -> None:
+        conn.execute(delete(MonthArchive).where(MonthArchive.month_start == start))
+
+    def unpark(self, conn: Connection) -> int:
+        made = conn.execute(_UNPARK).rowcount
+        conn.execute(delete(ParkedCall))
+        return int(made)
+
+    def archived_calls(self, conn: Connection, request_ids: Sequence[str]) -> list[str]:
+        if not request_ids or not conn.scalar(_ANY_ARCHIVED):
+            return []
+        ids = self._listed.value(list(request_ids))
+        return list(conn.scalars(self._archived_calls, {"ids": ids}))
+
+    def park(self, conn: Connection, request_ids: Sequence[str], now: datetime) -> None:
+        conn.execute(
+            update(Call).where(Call.request_id.in_(list(request_ids))).values(pending=False)
+        )
+        already = select(ParkedCall.request_id).where(ParkedCall.request_id.in_(list(request_ids)))
+        known = set(conn.scalars(already))
+        fresh = [{"request_id": rid, "parked_at": now} for rid in request_ids if rid not in known]
+        if fresh:
+            conn.execute(insert(ParkedCall), fresh)

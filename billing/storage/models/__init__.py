@@ -2,6 +2,7 @@
 schema); every table is importable from here, and importing this package registers them all on
 ``Base.metadata``."""
 
+from billing.storage.models.archive import MonthArchive, ParkedCall
 from billing.storage.models.auth import ApiToken
 from billing.storage.models.base import (
     AFTER_TOKENS,
@@ -59,6 +60,8 @@ __all__ = [
     "Event",
     "KeyAssignment",
     "LedgerEntry",
+    "MonthArchive",
+    "ParkedCall",
     "PlanPrice",
     "PlanVersion",
     "Price",
