@@ -93,7 +93,7 @@ def _validated(model: type[BudgetChange], body: dict[str, Any]) -> Any:
 
 def _run(work: Any, write: bool = True) -> Any:
     settings = load_settings()
-    migrate_or_fail(settings)
+    migrate_or_fail(settings, create=write)
     transaction = write_transaction if write else read_transaction
     try:
         with transaction(open_sessions(settings)) as session:

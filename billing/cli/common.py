@@ -21,6 +21,7 @@ from billing.errors import BillingError, ValidationFailed
 from billing.ingest.validation import plain_message
 from billing.settings import Settings, SettingsError, get_settings
 from billing.storage.db import make_engine, make_sessionmaker, write_transaction
+from billing.storage.disk import sqlite_path
 from billing.storage.migrate import upgrade_to_head
 
 M = TypeVar("M", bound=BaseModel)
@@ -48,8 +49,16 @@ def load_settings() -> Settings:
         fail(str(error), 2)
 
 
-def migrate_or_fail(settings: Settings) -> None:
-    """Bring the database to the migration head, or exit 1 with one line saying why."""
+def migrate_or_fail(settings: Settings, *, create: bool = True) -> None:
+    """Bring the database to the migration head, or exit 1 with one line saying why. A command
+    that only reads (``create=False``) does not make a SQLite file that is not there: it exits
+    1 naming the file (run from another directory, it would list an empty new database)."""
+    path = sqlite_path(settings.database_url)
+    if not create and path is not None and not Path(path).exists():
+        fail(
+            f"no database at {Path(path).resolve()}: run the command where `billing serve` keeps "
+            "its billing.db, or set BILLING_DATABASE_URL"
+        )
     try:
         upgrade_to_head(settings.database_url)
     except SQLAlchemyError as error:

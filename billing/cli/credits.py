@@ -28,7 +28,7 @@ Key = Annotated[str | None, typer.Option("--key", help="A key without a customer
 
 def _run(work: Callable[[Session], T], write: bool) -> T:
     settings = load_settings()
-    migrate_or_fail(settings)
+    migrate_or_fail(settings, create=write)
     transaction = write_transaction if write else read_transaction
     try:
         with transaction(open_sessions(settings)) as session:

@@ -66,7 +66,7 @@ def drift(
         first = error.errors[0]
         fail(f"--{first.path.removeprefix('query.').replace('_', '-')}: {first.message}", 2)
     settings = load_settings()
-    migrate_or_fail(settings)
+    migrate_or_fail(settings, create=False)
     with read_transaction(open_sessions(settings)) as session:
         rows = every_call_drift(session, call_query) if calls else drift_rows(session, query)
     if calls:

@@ -145,7 +145,7 @@ def export(
         )
     except ValidationFailed as error:
         fail("; ".join(f"{_EXPORT_FLAGS.get(e.path, e.path)} {e.message}" for e in error.errors))
-    migrate_or_fail(settings)
+    migrate_or_fail(settings, create=False)
     sessions = open_sessions(settings)
     now = datetime.now(UTC)
     period = period_label(params, now, settings.close_lag_s)
@@ -207,7 +207,7 @@ def _focus(
         month = parse_period(period)
     except ValidationFailed as error:
         fail(f"--period {error.errors[0].message}", 2)
-    migrate_or_fail(settings)
+    migrate_or_fail(settings, create=False)
     try:
         size, sha256 = _write_export(focus_chunks(open_sessions(settings), month), output)
     except SQLAlchemyError as error:

@@ -64,7 +64,7 @@ def keys_list() -> None:
     """List the keys with an assignment: id, customer, plan, name and since when (tab
     separated, ``-`` for none), by id."""
     settings = load_settings()
-    migrate_or_fail(settings)
+    migrate_or_fail(settings, create=False)
     now = datetime.now(UTC)
     after = None
     with read_transaction(open_sessions(settings)) as session:

@@ -54,7 +54,7 @@ def prices_list(
     """List the prices (as GET /v1/prices): a header line, then one tab-separated line per
     price, by model and effective_from; ``-`` for no value."""
     settings = load_settings()
-    migrate_or_fail(settings)
+    migrate_or_fail(settings, create=False)
     with read_transaction(open_sessions(settings)) as session:
         prices = [p.as_json() for p in list_prices(session, model)]
     typer.echo("\t".join(PRICE_LIST_COLUMNS))

@@ -86,7 +86,7 @@ def tokens_list() -> None:
     """List tokens: a header line, then one tab-separated line per token (id, role, name,
     created, status: active, revoked or expired, expires, last used); secrets are never shown."""
     settings = load_settings()
-    migrate_or_fail(settings)
+    migrate_or_fail(settings, create=False)
     now = datetime.now(UTC)
     with read_transaction(open_sessions(settings)) as session:
         tokens = list_tokens(session)

@@ -1,4 +1,5 @@
-"""The free space where a SQLite database lives (``/readyz`` reports a full disk).
+"""The file of a SQLite database, and the free space where it lives (``/readyz`` reports a
+full disk).
 
 SQLite writes its file, its journal and its write-ahead log beside each other; when the disk
 fills, every write fails (``SQLITE_FULL``, answered 503 as an outage) while reads go on, so a
@@ -12,7 +13,15 @@ import os
 import sqlite3
 from pathlib import Path
 
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
+
+
+def sqlite_path(url: str) -> str | None:
+    """The file of a SQLite database URL; None for PostgreSQL or an in-memory database."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return parsed.database
 
 
 def free_bytes(engine: Engine) -> int | None:

@@ -127,3 +127,32 @@ def test_providers_pull_shows_rich_progress_on_a_terminal(db_url: str, tmp_path:
     assert b"pulling openai usage" in seen and b"\x1b[" in seen
     assert b"billing: page 3:" in seen
     assert ADMIN_KEY.encode() not in seen + done.stdout
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["prices", "list"],
+        ["tokens", "list"],
+        ["keys", "list"],
+        ["budgets", "list"],
+        ["credits", "balance", "--customer", "acme"],
+        ["export", "usage", "--since", "2026-11-01", "--until", "2026-12-01"],
+        ["export", "focus", "--period", "2026-11", "--output", "focus.csv"],
+        ["drift", "--since", "2026-11-01", "--until", "2026-12-01"],
+    ],
+)
+def test_a_command_that_reads_makes_no_database_where_there_is_none(
+    tmp_path: Path, args: list[str]
+) -> None:
+    # Run from another directory, it listed a new empty billing.db (and exited 0).
+    from tests.cli_runs import run_billing, text
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BILLING_")}
+    done = text(run_billing("in process", args, env, tmp_path))
+    assert done.returncode == 1, (args, done.stdout, done.stderr)
+    assert done.stderr == (
+        f"billing: no database at {tmp_path / 'billing.db'}: run the command where `billing "
+        "serve` keeps its billing.db, or set BILLING_DATABASE_URL\n"
+    )
+    assert list(tmp_path.iterdir()) == []
