@@ -122,6 +122,7 @@ _CREDIT_REQUIRED = select(_CUSTOMERS.c.credit_required).where(
     _CUSTOMERS.c.customer_id == bindparam("customer_id")
 )
 _GRANTS = cast(Table, CreditGrant.__table__)
+_ENTRIES = cast(Table, CreditEntry.__table__)
 #: What a ``GrantView`` reads of a grant.
 _GRANT_COLUMNS = (
     CreditGrant.grant_id,
@@ -185,6 +186,19 @@ _DUE_EXPIRIES = (
 _EXPIRING = select(_GRANTS.c.customer_id, _GRANTS.c.api_key_id, _GRANTS.c.grant_id).where(
     _GRANTS.c.expires_at > bindparam("after"), _GRANTS.c.expires_at <= bindparam("until")
 )
+
+
+def _drawn_by_call(listed: Listed) -> Any:
+    """What each of the bound calls (``ids``) drew of each grant (or its overdraft), by owner:
+    its draws, reversals and overdrafts summed."""
+    e = _ENTRIES.c
+    return (
+        select(e.request_id, e.customer_id, e.api_key_id, e.grant_id, func.sum(e.amount_pusd))
+        .where(listed(e.request_id, "ids"), e.kind.in_((DRAW, REVERSAL, OVERDRAFT)))
+        .group_by(e.request_id, e.customer_id, e.api_key_id, e.grant_id)
+    )
+
+
 #: The columns ``credit_entries`` rows are inserted with (``_insert_entries``).
 _ENTRY_COLUMNS = (
     "kind", "booked_at", "customer_id", "api_key_id", "grant_id", "amount_pusd", "request_id",
@@ -326,6 +340,7 @@ class CoreCredits:
         self._insert = insert
         self._listed = listed
         self._grants, self._locked_grants, self._holders = _owner_statements(listed)
+        self._drawn = _drawn_by_call(listed)
 
     def lock_owner(self, session: Session, owner: Owner) -> None:
         """SQLite: nothing to do, its one writer decides one authorization at a time."""
@@ -482,26 +497,10 @@ class CoreCredits:
         found: Drawn = {}
         if not request_ids:
             return found
-        query = (
-            select(
-                CreditEntry.request_id,
-                CreditEntry.customer_id,
-                CreditEntry.api_key_id,
-                CreditEntry.grant_id,
-                func.sum(CreditEntry.amount_pusd),
-            )
-            .where(
-                CreditEntry.request_id.in_(list(request_ids)),
-                CreditEntry.kind.in_((DRAW, REVERSAL, OVERDRAFT)),
-            )
-            .group_by(
-                CreditEntry.request_id,
-                CreditEntry.customer_id,
-                CreditEntry.api_key_id,
-                CreditEntry.grant_id,
-            )
-        )
-        for rid, customer_id, api_key_id, grant_id, total in session.execute(query):
+        ids = self._listed.value(list(request_ids))
+        for rid, customer_id, api_key_id, grant_id, total in session.connection().execute(
+            self._drawn, {"ids": ids}
+        ):
             key = (str(rid), Owner(customer_id, api_key_id))
             found.setdefault(key, {})[grant_id] = int(total)
         return found
