@@ -54,6 +54,10 @@ class ArchiveRepository(Protocol):
         """Note the month ``[start, end)`` as archived to ``file`` at ``archived_at``."""
         ...
 
+    def archived_file(self, conn: Connection, start: datetime) -> str | None:
+        """The file of the month that starts at ``start``, if it is archived."""
+        ...
+
     def forget_month(self, conn: Connection, start: datetime) -> None:
         """The month that starts at ``start`` is archived no more."""
         ...

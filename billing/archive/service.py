@@ -2,7 +2,9 @@
 failover and archives (v3)").
 
 ``archive_before`` takes every month before ``before`` (which must not be after the current
-month: only ended months are closed) that still has events, oldest first, each in one
+month: only ended months are closed) that still has events and is not archived already (the
+events a month gains after its archive are late events of its calls: they wait for its
+restore, and its file is never written again), oldest first, each in one
 transaction: it locks the month against new events (``ArchiveRepository.lock_month``), writes
 its rows by ``seq`` to ``events-YYYY-MM.parquet`` in the directory (made durable, then moved in
 place), removes them, checks that it removed as many as it wrote, commits, and records the file
@@ -94,6 +96,16 @@ def _archive_month(
     with write_connection(sessions) as conn:
         repo = repository(conn)
         repo.lock_month(conn, start, end)
+        archived = repo.archived_file(conn, start)
+        if archived is not None:
+            # Its events stored since are late events of its calls, parked until a restore:
+            # written again, they would replace the month's file.
+            _log.warning(
+                "%s is archived already (%s): its events stored since wait for its restore",
+                month.label,
+                archived,
+            )
+            return None
         open_calls = repo.open_calls(conn, start, end)
         if open_calls:
             raise ArchiveRefused(

@@ -224,3 +224,24 @@ def test_a_late_event_of_an_archived_call_waits_for_the_restore(
     assert (settled["cost_usd"], settled["output_tokens_billed"]) == ("0.005", 500)
     assert [e["cost_usd"] for e in settled["ledger_entries"]] == ["0.004222", "0.000778"]
     assert _parked(client) == []
+
+
+def test_a_month_archived_is_not_written_again_with_its_late_events(
+    client: TestClient, tmp_path: Path
+) -> None:
+    # A late event of an October call (occurred in October) is stored in the emptied month;
+    # archiving again wrote October's file anew with that one event in place of the 24.
+    _seed(client)
+    sessions = state(client).sessions
+    [october] = archive_before(sessions, Month.parse("2026-11"), tmp_path, datetime.now(UTC))
+    first = (tmp_path / october.file).read_bytes()
+    _late_usage(client)
+    reconcile(client, NOW + timedelta(minutes=5))
+    [november] = archive_before(sessions, Month.parse("2026-12"), tmp_path, datetime.now(UTC))
+    assert (november.month, november.rows) == ("2026-11", 10)
+    assert (tmp_path / october.file).read_bytes() == first
+    assert [m["month"] for m in json.loads((tmp_path / "manifest.json").read_text())["months"]] == [
+        "2026-10",
+        "2026-11",
+    ]
+    assert [row[1] for row in _events(client)] == ["oct-3-late"]

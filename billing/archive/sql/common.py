@@ -114,6 +114,12 @@ class CoreArchive:
             )
         )
 
+    def archived_file(self, conn: Connection, start: datetime) -> str | None:
+        found: str | None = conn.scalar(
+            select(MonthArchive.file).where(MonthArchive.month_start == start)
+        )
+        return found
+
     def forget_month(self, conn: Connection, start: datetime) -> None:
         conn.execute(delete(MonthArchive).where(MonthArchive.month_start == start))
 
