@@ -34,7 +34,7 @@ _COLUMNS = [_TABLE.c[name] for name in COLUMNS]
 CHUNK = 50_000
 
 
-#: Whether any month is archived (one probe a reconciliation step that re-settles a call).
+#: Whether any month is archived (one probe each reconciliation step, before its fast path).
 _ANY_ARCHIVED = select(exists().select_from(MonthArchive))
 
 
