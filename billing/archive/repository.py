@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Protocol
 
 from sqlalchemy import Connection, Engine
+from sqlalchemy.dialects import postgresql, sqlite
 
 from billing.archive.rows import EventRecord
 from billing.archive.sql.postgres import PostgresArchive
@@ -77,7 +78,8 @@ class ArchiveRepository(Protocol):
 
 
 _REPOSITORIES: ByDialect[ArchiveRepository] = ByDialect(
-    sqlite=SqliteArchive(JSON_LIST), postgresql=PostgresArchive(ARRAY_LIST)
+    sqlite=SqliteArchive(sqlite.insert, JSON_LIST),
+    postgresql=PostgresArchive(postgresql.insert, ARRAY_LIST),
 )
 
 

@@ -160,11 +160,11 @@ def test_open_months_and_open_calls_are_refused(client: TestClient, tmp_path: Pa
     assert not list(tmp_path.glob("*.parquet"))
 
 
-def _late_usage(client: TestClient) -> None:
+def _late_usage(client: TestClient, event_id: str = "oct-3-late") -> None:
     """A later upstream usage of oct-3 (started 2026-10-14T12:30Z: 4,000 input tokens, 111
     output), arriving after October was archived: 500 output tokens."""
     late = {
-        "event_id": "oct-3-late",
+        "event_id": event_id,
         "request_id": "oct-3",
         "type": "stream.usage",
         "occurred_at": "2026-10-14T12:30:05Z",
@@ -211,9 +211,14 @@ def test_a_late_event_of_an_archived_call_waits_for_the_restore(
     }
     assert [e["event_id"] for e in after["events"]] == ["oct-3-late"]
     assert _parked(client) == [("oct-3", False)]
-    # Another pass leaves it alone too.
+    # Another pass leaves it alone too; so does one after the same report sent again (the
+    # call pending and parked again: noted once).
     reconcile(client, NOW + timedelta(minutes=6))
     assert _reads(client) == reads
+    _late_usage(client, "oct-3-late-again")
+    reconcile(client, NOW + timedelta(minutes=7))
+    assert _reads(client) == reads
+    assert _parked(client) == [("oct-3", False)]
 
     from billing.archive.service import restore
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from datetime import datetime
+from typing import Any, Protocol
 
 from sqlalchemy import (
     Connection,
@@ -66,12 +67,19 @@ def _in(start: datetime, end: datetime) -> ColumnElement[bool]:
     return and_(Event.occurred_at >= start, Event.occurred_at < end)
 
 
-class CoreArchive:
-    """What both databases run alike, given each one's list parameter (``listed``)."""
+class _Insert(Protocol):
+    def __call__(self, table: Any) -> Any: ...
 
-    def __init__(self, listed: Listed) -> None:
+
+class CoreArchive:
+    """What both databases run alike, given each one's ``INSERT`` construct (its ``ON CONFLICT
+    DO NOTHING``) and list parameter (``listed``)."""
+
+    def __init__(self, insert: _Insert, listed: Listed) -> None:
         self._listed = listed
         self._archived_calls = _archived_calls(listed)
+        # Parked again (a call touching another archived month): kept with its first time.
+        self._park = insert(ParkedCall).on_conflict_do_nothing(index_elements=["request_id"])
 
     def oldest(self, conn: Connection, before: datetime) -> datetime | None:
         found: datetime | None = conn.scalar(
@@ -138,8 +146,4 @@ class CoreArchive:
         conn.execute(
             update(Call).where(Call.request_id.in_(list(request_ids))).values(pending=False)
         )
-        already = select(ParkedCall.request_id).where(ParkedCall.request_id.in_(list(request_ids)))
-        known = set(conn.scalars(already))
-        fresh = [{"request_id": rid, "parked_at": now} for rid in request_ids if rid not in known]
-        if fresh:
-            conn.execute(insert(ParkedCall), fresh)
+        conn.execute(self._park, [{"request_id": rid, "parked_at": now} for rid in request_ids])
