@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Any, Protocol, cast
+from typing import Any, NamedTuple, Protocol, cast
 
 from sqlalchemy import (
     ColumnElement,
@@ -149,13 +149,22 @@ _VOIDED = (
 )
 
 
-def _owner_statements(listed: Listed) -> tuple[Any, Any, Any]:
+def _owner_statements(listed: Listed) -> _OwnerStatements:
     """The grants of the bound owners (``_owners_in``) with their remainders and whether
     voided, the same locked, and those of the owners that hold any grant."""
     owners_in = _owners_in(CreditGrant, listed)
     grants = select(*_GRANT_COLUMNS, _VOIDED).where(owners_in).order_by(CreditGrant.grant_id)
     holders = select(CreditGrant.customer_id, CreditGrant.api_key_id).where(owners_in)
-    return grants, grants.with_for_update(of=CreditGrant), holders.distinct()
+    return _OwnerStatements(grants, grants.with_for_update(of=CreditGrant), holders.distinct())
+
+
+class _OwnerStatements(NamedTuple):
+    """``_owner_statements``: the owners' grants (each row ``_GRANT_COLUMNS`` and whether
+    voided), the same locked, and the owners holding any grant (customer, key)."""
+
+    grants: Select[*tuple[Any, ...]]
+    locked_grants: Select[*tuple[Any, ...]]
+    holders: Select[str | None, str | None]
 
 
 #: The grants expired at ``now`` whose expiry (or void) is not booked yet, by expiry.
@@ -188,7 +197,7 @@ _EXPIRING = select(_GRANTS.c.customer_id, _GRANTS.c.api_key_id, _GRANTS.c.grant_
 )
 
 
-def _drawn_by_call(listed: Listed) -> Any:
+def _drawn_by_call(listed: Listed) -> Select[Any]:
     """What each of the bound calls (``ids``) drew of each grant (or its overdraft), by owner:
     its draws, reversals and overdrafts summed."""
     e = _ENTRIES.c
