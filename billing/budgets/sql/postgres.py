@@ -51,6 +51,12 @@ ALERT_LOCKS = 0x616C_7274 << 32
 
 LOCK_SHARED = text("SELECT pg_advisory_xact_lock_shared(:key)")
 LOCK_EXCLUSIVE = text("SELECT pg_advisory_xact_lock(:key)")
+#: Several of them in one round trip, in ascending order of the keys (every transaction takes
+#: them in that order: none waits for another that waits for it). PostgreSQL evaluates a
+#: volatile function of the select list after the ``ORDER BY`` (since 9.6), row by row.
+LOCK_EACH_EXCLUSIVE = text(
+    "SELECT pg_advisory_xact_lock(k) FROM unnest(CAST(:keys AS bigint[])) AS k ORDER BY k"
+)
 
 
 class PostgresBudgets(BudgetVersions, Counters, Alerts, Holds):
@@ -102,13 +108,14 @@ class PostgresBudgets(BudgetVersions, Counters, Alerts, Holds):
     def lock_budgets(self, session: Session, rows: Sequence[int]) -> None:
         # On the connection (each authorization): the ORM session's execution of a text
         # statement costs more than the lock.
-        connection = session.connection()
-        for row in sorted(rows):
-            connection.execute(LOCK_EXCLUSIVE, {"key": HOLD_LOCKS + row})
+        if rows:
+            keys = [HOLD_LOCKS + row for row in rows]
+            session.connection().execute(LOCK_EACH_EXCLUSIVE, {"keys": keys}).all()
 
     def lock_alerts(self, session: Session, rows: Sequence[int]) -> None:
-        for row in sorted(rows):
-            session.execute(LOCK_EXCLUSIVE, {"key": ALERT_LOCKS + row})
+        if rows:
+            keys = [ALERT_LOCKS + row for row in rows]
+            session.connection().execute(LOCK_EACH_EXCLUSIVE, {"keys": keys}).all()
 
     def claim_due(
         self, session: Session, now: datetime, lease_until: datetime, owner: str, limit: int
