@@ -131,9 +131,16 @@ class RequestLimits:
         if path in self.form_paths:
             return scope, await self._form(scope, receive, headers, media_type)
         if media_type != "application/json":
+            # Even a POST without a body (``curl -X POST …/void``): a web page can make a
+            # browser send one of those anywhere, with no type, and no preflight.
             raise UnsupportedMediaType(
                 f"a {scope['method']} body must be sent with Content-Type: application/json"
                 + (f", not {media_type!r}" if media_type else " (none was given)")
+                + (
+                    ", even where the endpoint takes none: send `{}`"
+                    if not media_type and _bodiless(headers)
+                    else ""
+                )
             )
         encoding = headers.get("content-encoding", "identity").strip().lower()
         gzip = encoding == "gzip" and path in self.gzip_paths
@@ -185,6 +192,12 @@ class RequestLimits:
         return await self.tokens().auth_enabled_async()
 
 
+def _bodiless(headers: dict[str, str]) -> bool:
+    """Whether the request says it sends no body: no ``Transfer-Encoding``, and no
+    ``Content-Length`` or one of 0."""
+    return "transfer-encoding" not in headers and headers.get("content-length", "0") == "0"
+
+
 def declare(routes: list[Any]) -> None:
     """Add the answers of the limits to the OpenAPI ``responses`` of ``routes`` (FastAPI
     ``APIRoute``s) that do not declare them already: 400 (a ``Host`` not served in open mode) on
@@ -209,7 +222,14 @@ def admitted_body(request: Request) -> bytes:
 
 #: The headers the limits read (ASGI gives names in lower case).
 _ADMISSION_HEADERS = frozenset(
-    (b"host", b"content-type", b"content-encoding", b"authorization", b"content-length")
+    (
+        b"host",
+        b"content-type",
+        b"content-encoding",
+        b"authorization",
+        b"content-length",
+        b"transfer-encoding",
+    )
 )
 
 

@@ -73,6 +73,26 @@ def test_a_post_that_is_not_json_is_415_and_stores_nothing(
     assert _events(app) == 0
 
 
+def test_a_post_without_a_body_is_415_and_says_to_send_an_empty_object(
+    client: TestClient,
+) -> None:
+    """``curl -X POST …/void`` sends no body and no type: still 415 (a web page can make a
+    browser send such a post anywhere, without a preflight), saying what to send."""
+    grant = {"grant_id": "g-void", "api_key_id": "k1", "amount_usd": "5", "kind": "purchased"}
+    assert client.post("/v1/credits/grants", json=grant).status_code == 201
+    refused = client.post("/v1/credits/grants/g-void/void")
+    assert refused.status_code == 415, refused.text
+    assert refused.json()["error"] == (
+        "a POST body must be sent with Content-Type: application/json (none was given), even "
+        "where the endpoint takes none: send `{}`"
+    )
+    assert (
+        client.get("/v1/credits/balance", params={"api_key_id": "k1"}).json()["balance_usd"] == "5"
+    )
+    voided = client.post("/v1/credits/grants/g-void/void", json={})
+    assert (voided.status_code, voided.json()["state"]) == (200, "voided")
+
+
 def test_json_with_a_charset_is_json(client: TestClient, app: FastAPI) -> None:
     body = orjson.dumps({"events": [started("ct-2")]})
     headers = {"Content-Type": "Application/JSON; charset=utf-8"}
