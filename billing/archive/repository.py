@@ -45,6 +45,10 @@ class ArchiveRepository(Protocol):
         """Remove the month's events; how many."""
         ...
 
+    def stored_hashes(self, conn: Connection, event_ids: list[str]) -> dict[str, str]:
+        """Of ``event_ids``, those in ``events`` now, with their content hashes."""
+        ...
+
     def insert_rows(self, conn: Connection, rows: Sequence[EventRecord]) -> None:
         """Put archived events back as they were (their ``seq`` included)."""
         ...

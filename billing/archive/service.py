@@ -38,8 +38,12 @@ from sqlalchemy.orm import Session, sessionmaker
 from billing.archive.parquet import MonthWriter, read_rows, sha256
 from billing.archive.repository import repository
 from billing.archive.schemas import MANIFEST, ArchivedMonth, Manifest, Month
+from billing.archive.sql.common import COLUMNS
 from billing.storage.db import write_connection
 from billing.timefmt import rfc3339
+
+_EVENT_ID = COLUMNS.index("event_id")
+_HASH = COLUMNS.index("content_hash")
 
 
 class ArchiveRefused(ValueError):
@@ -51,6 +55,9 @@ class ArchiveRefused(ValueError):
 class Restored:
     file: str
     rows: int
+    #: Of ``rows``, those whose event was in the database already with the same content (sent
+    #: again after the archive, on SQLite; or the file restored before): left as stored.
+    already_stored: int = 0
 
 
 def read_manifest(directory: Path) -> Manifest:
@@ -145,19 +152,32 @@ def restore(sessions: sessionmaker[Session], file: Path) -> Restored:
         raise ArchiveRefused(f"{file.name} is not in {file.parent / MANIFEST}")
     if sha256(file) != entry.sha256:
         raise ArchiveRefused(f"{file.name}: its SHA-256 is not the manifest's (changed or damaged)")
-    rows = 0
+    rows = already = 0
     with write_connection(sessions) as conn:
         repo = repository(conn)
         for chunk in read_rows(file):
-            repo.insert_rows(conn, chunk)
+            stored = repo.stored_hashes(conn, [row[_EVENT_ID] for row in chunk])
+            other = sorted(
+                row[_EVENT_ID]
+                for row in chunk
+                if stored.get(row[_EVENT_ID], row[_HASH]) != row[_HASH]
+            )
+            if other:
+                raise ArchiveRefused(
+                    f"{file.name}: {len(other)} event id(s) of the file are stored with other "
+                    f"content (sent again after the archive): {', '.join(other[:5])}; nothing "
+                    "was restored"
+                )
+            repo.insert_rows(conn, [row for row in chunk if row[_EVENT_ID] not in stored])
             rows += len(chunk)
+            already += len(stored)
         if rows != entry.rows:
             raise ArchiveRefused(f"{file.name}: {rows} rows, the manifest says {entry.rows}")
         repo.forget_month(conn, Month.parse(entry.month).start)
         # Every parked call: a call still with events in another archived month is parked
         # again by its next step.
         repo.unpark(conn)
-    return Restored(file.name, rows)
+    return Restored(file.name, rows, already)
 
 
 def park_archived(session: Session, request_ids: Sequence[str], now: datetime) -> set[str]:

@@ -62,4 +62,12 @@ def restore_command(
         restored = restore(open_sessions(settings), file)
     except (ArchiveRefused, ArchiveUnavailable) as error:
         fail(str(error))
-    typer.echo(json.dumps({"restored": restored.file, "rows": restored.rows}))
+    typer.echo(
+        json.dumps(
+            {
+                "restored": restored.file,
+                "rows": restored.rows,
+                "already_stored": restored.already_stored,
+            }
+        )
+    )

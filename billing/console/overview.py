@@ -25,6 +25,7 @@ from billing.calllog import buckets
 from billing.calllog.params import parse_zone, query_problems
 from billing.calllog.queries import STATUSES
 from billing.calllog.usage import (
+    MAX_PERIODS,
     UsageQuery,
     parse_usage_query,
     settled_statuses,
@@ -33,7 +34,7 @@ from billing.calllog.usage import (
     usage_top,
 )
 from billing.console.people import change, share
-from billing.errors import ValidationFailed
+from billing.errors import FieldError, ValidationFailed
 from billing.fields import EARLIEST
 from billing.money import format_usd, pusd_to_str
 from billing.observe.repository import repository as observe
@@ -95,6 +96,11 @@ def parse_overview_query(items: Items) -> UsageQuery:
         raise ValidationFailed([*failed.errors, *unknown]) from None
     if unknown:
         raise ValidationFailed(unknown)
+    if query.until - query.since > timedelta(days=MAX_PERIODS):
+        # Its chart is by day: named here on the form's own field, not as /v1/usage's
+        # ``group_by``, which the Overview has none of.
+        message = f"the Overview charts the period by day: at most {MAX_PERIODS} days after since"
+        raise ValidationFailed([FieldError(None, "query.until", message)])
     return query
 
 

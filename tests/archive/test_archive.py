@@ -112,7 +112,11 @@ def test_archive_then_restore_a_month(
 
     done = run_billing("in process", ["archive", "restore", str(file)], env, tmp_path)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == {"restored": "events-2026-10.parquet", "rows": 24}
+    assert json.loads(done.stdout) == {
+        "restored": "events-2026-10.parquet",
+        "rows": 24,
+        "already_stored": 0,
+    }
     assert _events(client) == before_events
     assert _reads(client) == before_reads
     # Nothing left before November: a second archive writes nothing.
@@ -250,3 +254,58 @@ def test_a_month_archived_is_not_written_again_with_its_late_events(
         "2026-11",
     ]
     assert [row[1] for row in _events(client)] == ["oct-3-late"]
+
+
+def _body(client: TestClient, event_id: str) -> dict[str, Any]:
+    with state(client).engine.connect() as conn:
+        body = conn.execute(
+            text("SELECT body FROM events WHERE event_id = :i"), {"i": event_id}
+        ).scalar_one()
+    return json.loads(body) if isinstance(body, str) else dict(body)
+
+
+def test_a_restore_again_or_over_events_sent_again_keeps_what_is_stored(
+    client: TestClient, tmp_path: Path, is_postgres: bool
+) -> None:
+    # A restore met an archived event's id already stored (SQLite: sent again by a gateway
+    # after the archive; either database: the file restored a second time) and stopped on the
+    # unique event_id with a traceback. The event stored with the same content stands for it.
+    _seed(client)
+    sessions = state(client).sessions
+    resent = _body(client, "oct-3-s") if not is_postgres else None
+    before_reads = _reads(client)
+    [entry] = archive_before(sessions, Month.parse("2026-11"), tmp_path, datetime.now(UTC))
+    if resent is not None:  # SQLite keeps no event_ids: it is stored again
+        assert post(client, [resent]).json() == {"accepted": 1, "duplicates": 0}
+    from billing.archive.service import restore
+
+    done = restore(sessions, tmp_path / entry.file)
+    assert (done.rows, done.already_stored) == (24, 0 if is_postgres else 1)
+    assert sorted(row[1] for row in _events(client)) == sorted(
+        [f"oct-{n}-{kind}" for n in range(12) for kind in "su"]
+        + [f"nov-{n}-{kind}" for n in range(5) for kind in "su"]
+    )
+    reconcile(client, NOW + timedelta(minutes=10))
+    assert _reads(client) == before_reads
+    # Again: every row is stored already, nothing changes.
+    events = _events(client)
+    assert restore(sessions, tmp_path / entry.file).already_stored == 24
+    assert _events(client) == events
+
+
+def test_a_restore_over_an_event_id_stored_with_other_content_is_refused(
+    client: TestClient, tmp_path: Path, is_postgres: bool
+) -> None:
+    if is_postgres:
+        pytest.skip("PostgreSQL answers an archived event id sent again with other content 409")
+    _seed(client)
+    sessions = state(client).sessions
+    other = {**_body(client, "oct-3-s"), "input_tokens": 7}
+    [entry] = archive_before(sessions, Month.parse("2026-11"), tmp_path, datetime.now(UTC))
+    assert post(client, [other]).json() == {"accepted": 1, "duplicates": 0}
+    events = _events(client)
+    from billing.archive.service import restore
+
+    with pytest.raises(ArchiveRefused, match="oct-3-s"):
+        restore(sessions, tmp_path / entry.file)
+    assert _events(client) == events  # nothing restored

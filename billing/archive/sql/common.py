@@ -106,6 +106,14 @@ class CoreArchive:
     def delete_month(self, conn: Connection, start: datetime, end: datetime) -> int:
         return conn.execute(delete(Event).where(_in(start, end))).rowcount
 
+    def stored_hashes(self, conn: Connection, event_ids: list[str]) -> dict[str, str]:
+        """Of ``event_ids``, those stored, with their content hashes (one statement)."""
+        query = select(Event.event_id, Event.content_hash).where(
+            self._listed(Event.event_id, "ids")
+        )
+        found = conn.execute(query, {"ids": self._listed.value(event_ids)})
+        return {event_id: digest for event_id, digest in found}
+
     def insert_rows(self, conn: Connection, rows: Sequence[EventRecord]) -> None:
         if rows:
             conn.execute(insert(Event), [dict(zip(COLUMNS, row, strict=True)) for row in rows])
