@@ -45,8 +45,11 @@ class ArchiveRepository(Protocol):
         """Remove the month's events; how many."""
         ...
 
-    def stored_hashes(self, conn: Connection, event_ids: list[str]) -> dict[str, str]:
-        """Of ``event_ids``, those in ``events`` now, with their content hashes."""
+    def month_hashes(
+        self, conn: Connection, start: datetime, end: datetime, event_ids: list[str]
+    ) -> dict[str, str]:
+        """Of ``event_ids``, those in ``events`` now with an ``occurred_at`` in [``start``,
+        ``end``), with their content hashes."""
         ...
 
     def insert_rows(self, conn: Connection, rows: Sequence[EventRecord]) -> None:

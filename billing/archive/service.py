@@ -153,10 +153,13 @@ def restore(sessions: sessionmaker[Session], file: Path) -> Restored:
     if sha256(file) != entry.sha256:
         raise ArchiveRefused(f"{file.name}: its SHA-256 is not the manifest's (changed or damaged)")
     rows = already = 0
+    month = Month.parse(entry.month)
     with write_connection(sessions) as conn:
         repo = repository(conn)
         for chunk in read_rows(file):
-            stored = repo.stored_hashes(conn, [row[_EVENT_ID] for row in chunk])
+            # Every row of the file occurred in its month (so did any copy sent again).
+            ids = [row[_EVENT_ID] for row in chunk]
+            stored = repo.month_hashes(conn, month.start, month.next().start, ids)
             other = sorted(
                 row[_EVENT_ID]
                 for row in chunk
@@ -173,7 +176,7 @@ def restore(sessions: sessionmaker[Session], file: Path) -> Restored:
             already += len(stored)
         if rows != entry.rows:
             raise ArchiveRefused(f"{file.name}: {rows} rows, the manifest says {entry.rows}")
-        repo.forget_month(conn, Month.parse(entry.month).start)
+        repo.forget_month(conn, month.start)
         # Every parked call: a call still with events in another archived month is parked
         # again by its next step.
         repo.unpark(conn)

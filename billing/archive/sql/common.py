@@ -106,10 +106,14 @@ class CoreArchive:
     def delete_month(self, conn: Connection, start: datetime, end: datetime) -> int:
         return conn.execute(delete(Event).where(_in(start, end))).rowcount
 
-    def stored_hashes(self, conn: Connection, event_ids: list[str]) -> dict[str, str]:
-        """Of ``event_ids``, those stored, with their content hashes (one statement)."""
+    def month_hashes(
+        self, conn: Connection, start: datetime, end: datetime, event_ids: list[str]
+    ) -> dict[str, str]:
+        """Of ``event_ids``, those stored in the month, with their content hashes (one
+        statement; PostgreSQL reads the month's partition and the default one alone: no index
+        by ``event_id`` on ``events`` there)."""
         query = select(Event.event_id, Event.content_hash).where(
-            self._listed(Event.event_id, "ids")
+            _in(start, end), self._listed(Event.event_id, "ids")
         )
         found = conn.execute(query, {"ids": self._listed.value(event_ids)})
         return {event_id: digest for event_id, digest in found}
