@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -282,6 +282,15 @@ def release(session: Session, request_id: str, now: datetime) -> dict[str, Any]:
         "expires_at": rfc3339(stored.expires_at),
         "released_at": rfc3339(released),
     }
+
+
+def settle_holds(session: Session, request_ids: Sequence[str], now: datetime) -> None:
+    """The holds of the calls a reconciliation step (at ``now``) settled for the first time:
+    marked settled, in the step's transaction. Their calls' own figures replaced them and a call
+    never stops being settled: they count nothing from now on, and every later spend check,
+    authorization and balance of their owners reads them no more (they stayed live until their
+    TTL, each read and its call looked up to leave it out: thousands a busy owner)."""
+    _repo(session).settle_holds(session, request_ids, now)
 
 
 def holds_in_flight(session: Session, now: datetime) -> list[dict[str, Any]]:

@@ -156,6 +156,11 @@ class BudgetsRepository(Protocol):
         """A call with this ``request_id`` is stored (its first event was ingested)."""
 
     def release_hold(self, session: Session, request_id: str, now: datetime) -> None: ...
+
+    def settle_holds(self, session: Session, request_ids: Sequence[str], now: datetime) -> None:
+        """Mark the live holds of these calls, settled by the step running at ``now``, as
+        settled: they count nothing from now on and leave the live holds' indexes."""
+
     def live_holds(
         self,
         session: Session,

@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from billing.archive.service import park_archived
+from billing.budgets import authorize as holds
 from billing.budgets import counters as budget_counters
 from billing.credits import draws as credit_draws
 from billing.dimensions import set_tokens
@@ -161,6 +162,7 @@ def reconcile_calls(
                 rollups.after_step(session, {}, [], [], deltas)
                 drift_rollup.after_writes(session, {}, [], common_drift)
                 budget_counters.after_step(session, every, now)
+                holds.settle_holds(session, result.settled_ids, now)
                 return result
     repo = repository(session)
     states = load_states(session, request_ids)
@@ -231,6 +233,7 @@ def reconcile_calls(
     held = [new.request_id for _, new, _ in updates if drift_rollup.holds(new)]
     drift_rollup.after_writes(session, drift_before, held, common_drift)
     budget_counters.after_step(session, every, now)
+    holds.settle_holds(session, result.settled_ids, now)
     return result
 
 

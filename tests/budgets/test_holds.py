@@ -139,10 +139,15 @@ def test_a_hold_is_replaced_by_its_call_from_its_first_event(client: TestClient)
     assert held(client, "b1", T0 + timedelta(seconds=9)) == ("0.07", "0", "0", "0.07")
 
 
+def settled_marks(client: TestClient) -> dict[str, datetime | None]:
+    rows = read(client, lambda s: s.execute(select(BudgetHold.request_id, BudgetHold.settled_at)))
+    return dict(rows.all())
+
+
 def test_the_holds_read_are_those_that_still_count(client: TestClient) -> None:
-    # A hold stays live until its TTL though its call settled: it is not read then (an owner
-    # has thousands of those after thousands of calls); a hold without a call, or whose call
-    # is open, is.
+    # The step that settles a hold's call marks the hold settled: it is not read from then on,
+    # though live until its TTL (an owner has thousands of those after thousands of calls); a
+    # hold without a call, or whose call is open, is.
     price(client)
     dollar_budget(client)
     for rid in ("settles", "opens", "waits"):
@@ -158,6 +163,23 @@ def test_the_holds_read_are_those_that_still_count(client: TestClient) -> None:
     ]
     # settled $0.07; the open call's $0.05 and the rest of its hold, $0.05; the waiting $0.10.
     assert held(client, "b1", at) == ("0.07", "0.05", "0.15", "0.27")
+    assert settled_marks(client) == {
+        "settles": T0 + timedelta(seconds=2),
+        "opens": None,
+        "waits": None,
+    }
+    # The open call settles: its hold too (the waiting one has no call).
+    usage(client, "opens", T0 + timedelta(seconds=4), 50_000, 10_000)
+    reconcile(client, T0 + timedelta(seconds=5))
+    assert settled_marks(client) == {
+        "settles": T0 + timedelta(seconds=2),
+        "opens": T0 + timedelta(seconds=5),
+        "waits": None,
+    }
+    at = T0 + timedelta(seconds=6)
+    found = read(client, lambda s: budgets_repository(s).live_holds(s, at, [KEY], [], False))
+    assert [(h.request_id, h.call) for h in found] == [("waits", None)]
+    assert held(client, "b1", at) == ("0.14", "0", "0.1", "0.24")
 
 
 def test_expired_and_released_holds_stop_counting_at_once(client: TestClient) -> None:

@@ -8,6 +8,8 @@ from typing import Any
 from sqlalchemy import ColumnElement
 from sqlalchemy.orm import Session
 
+from billing.storage.lists import Listed
+
 
 class DialectBase:
     """A database's ``insert`` (with ``on_conflict_…``), its quarter hour and id lists, and its
@@ -15,6 +17,8 @@ class DialectBase:
     gives them."""
 
     insert: Callable[..., Any]
+    #: A list of ids bound as one parameter, for statements built once (``Listed``).
+    listed: Listed
     #: SQL for the UTC quarter hour of an instant column (``billing.rollups.buckets.floor``).
     quarter: Callable[[Any], ColumnElement[Any]]
 

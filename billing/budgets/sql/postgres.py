@@ -35,6 +35,7 @@ from billing.budgets.sql.holds import Holds
 from billing.budgets.sql.versions import BudgetVersions
 from billing.rollups.buckets import QUARTER
 from billing.rollups.sql.postgres import floor_sql
+from billing.storage.lists import ARRAY_LIST
 from billing.storage.models import Budget, BudgetSpend
 
 #: The advisory lock's key (any constant of this service's own).
@@ -63,6 +64,7 @@ class PostgresBudgets(BudgetVersions, Counters, Alerts, Holds):
     """``BudgetsRepository`` on PostgreSQL."""
 
     insert = staticmethod(insert)
+    listed = ARRAY_LIST
     one_writer = False
     quarter = staticmethod(partial(floor_sql, QUARTER))
 

@@ -26,6 +26,7 @@ from billing.budgets.sql.holds import Holds
 from billing.budgets.sql.versions import BudgetVersions
 from billing.rollups.buckets import QUARTER
 from billing.rollups.sql.sqlite import floor_sql
+from billing.storage.lists import JSON_LIST
 from billing.storage.types import sqlite_text
 
 #: The counters' upsert (``add_spends``), the changes as one JSON parameter of
@@ -50,6 +51,7 @@ class SqliteBudgets(BudgetVersions, Counters, Alerts, Holds):
     """``BudgetsRepository`` on SQLite."""
 
     insert = staticmethod(insert)
+    listed = JSON_LIST
     one_writer = True
     quarter = staticmethod(partial(floor_sql, QUARTER))
 

@@ -127,13 +127,18 @@ class BudgetOpenCall(Base):
     )
 
 
+#: A hold neither released nor settled (``BudgetHold``'s live indexes).
+_LIVE = "released_at IS NULL AND settled_at IS NULL"
+
+
 class BudgetHold(Base):
     """A granted authorization (CONTRACT "Authorizations and holds (v3)"): ``hold_pusd``
     reserved for the call ``request_id`` of ``api_key_id`` (its customer at the authorization,
     its ``tags`` as a JSON list, its ``model``) until ``expires_at``, ``released_at`` (DELETE)
     or the call's first event (a ``calls`` row with this ``request_id``: the call's own figure
-    replaces it). ``body_hash`` is the SHA-256 of the authorization's canonical body and
-    ``answer`` its first answer (JSON), returned again to a repeated authorization."""
+    replaces it; ``settled_at`` once the call settled). ``body_hash`` is the SHA-256 of the
+    authorization's canonical body and ``answer`` its first answer (JSON), returned again to a
+    repeated authorization."""
 
     __tablename__ = "budget_holds"
 
@@ -148,28 +153,32 @@ class BudgetHold(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
     released_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    #: When the reconciliation step that settled its call ran: from then on the hold counts
+    #: nothing (a call never stops being settled) and is no longer among the live ones.
+    settled_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
     __table_args__ = (
-        # The holds not released, by expiry: every live one, a key's, a customer's.
+        # The holds neither released nor settled, by expiry: every live one, a key's, a
+        # customer's.
         Index(
             "ix_budget_holds_live",
             "expires_at",
-            postgresql_where=text("released_at IS NULL"),
-            sqlite_where=text("released_at IS NULL"),
+            postgresql_where=text(_LIVE),
+            sqlite_where=text(_LIVE),
         ),
         Index(
             "ix_budget_holds_live_api_key_id",
             "api_key_id",
             "expires_at",
-            postgresql_where=text("released_at IS NULL"),
-            sqlite_where=text("released_at IS NULL"),
+            postgresql_where=text(_LIVE),
+            sqlite_where=text(_LIVE),
         ),
         Index(
             "ix_budget_holds_live_customer_id",
             "customer_id",
             "expires_at",
-            postgresql_where=text("released_at IS NULL AND customer_id IS NOT NULL"),
-            sqlite_where=text("released_at IS NULL AND customer_id IS NOT NULL"),
+            postgresql_where=text(_LIVE + " AND customer_id IS NOT NULL"),
+            sqlite_where=text(_LIVE + " AND customer_id IS NOT NULL"),
         ),
     )
 
