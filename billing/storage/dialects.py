@@ -8,12 +8,20 @@ and never which database it runs on.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
 
 T = TypeVar("T")
+
+
+class DialectInsert(Protocol):
+    """A database's own ``INSERT`` construct (``sqlalchemy.dialects.sqlite.insert``,
+    ``…postgresql.insert``): the one with ``on_conflict_do_nothing`` and ``…_do_update``, given to
+    the classes both databases share."""
+
+    def __call__(self, table: Any) -> Any: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from datetime import datetime
-from typing import Any, Protocol
 
 from sqlalchemy import (
     Connection,
@@ -22,6 +21,7 @@ from sqlalchemy import (
 from sqlalchemy.sql.elements import ColumnElement
 
 from billing.archive.rows import EventRecord
+from billing.storage.dialects import DialectInsert
 from billing.storage.lists import Listed
 from billing.storage.models import Call, Event, MonthArchive, ParkedCall
 
@@ -67,15 +67,11 @@ def _in(start: datetime, end: datetime) -> ColumnElement[bool]:
     return and_(Event.occurred_at >= start, Event.occurred_at < end)
 
 
-class _Insert(Protocol):
-    def __call__(self, table: Any) -> Any: ...
-
-
 class CoreArchive:
     """What both databases run alike, given each one's ``INSERT`` construct (its ``ON CONFLICT
     DO NOTHING``) and list parameter (``listed``)."""
 
-    def __init__(self, insert: _Insert, listed: Listed) -> None:
+    def __init__(self, insert: DialectInsert, listed: Listed) -> None:
         self._listed = listed
         self._archived_calls = _archived_calls(listed)
         # Parked again (a call touching another archived month): kept with its first time.

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Any, NamedTuple, Protocol, cast
+from typing import Any, NamedTuple, cast
 
 from sqlalchemy import (
     ColumnElement,
@@ -56,6 +56,7 @@ from billing.credits.rows import (
     Owner,
 )
 from billing.reconcile.sql.sqlite_fastpath import SCRATCH_COMMON
+from billing.storage.dialects import DialectInsert
 from billing.storage.lists import ARRAY_LIST, JSON_LIST, Listed
 from billing.storage.models import (
     Call,
@@ -334,10 +335,6 @@ def entry_row(move: Movement) -> dict[str, Any]:
     }
 
 
-class _Insert(Protocol):
-    def __call__(self, table: Any) -> Any: ...
-
-
 class CoreCredits:
     """``CreditsRepository`` on both databases, with the database's ``INSERT`` construct (its
     ``ON CONFLICT DO NOTHING``)."""
@@ -345,7 +342,7 @@ class CoreCredits:
     #: SQLite: one writer at a time, nothing to gain (``CreditsRepository.draws_before_lock``).
     draws_before_lock = False
 
-    def __init__(self, insert: _Insert, listed: Listed) -> None:
+    def __init__(self, insert: DialectInsert, listed: Listed) -> None:
         self._insert = insert
         self._listed = listed
         self._grants, self._locked_grants, self._holders = _owner_statements(listed)
