@@ -22,7 +22,7 @@ whatever its ``effective_at``: a closed period never gains an entry.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from operator import itemgetter
 from typing import Any, Protocol
@@ -122,12 +122,15 @@ def after_step(
     entries: Sequence[ChargedEntry],
     now: datetime,
     settled_in_sql: Sequence[CommonCharge] = (),
+    call_numbers: Mapping[str, int] | None = None,
 ) -> None:
     """Book the draws of the ledger entries a reconciliation step booked (in its transaction):
-    ``entries``, the rule's, and those of the calls its fast path settled (``settled_in_sql``:
-    each one settlement entry, seq 1, charging its key its cost; the fast path settles no call
-    of a customer), taken as the fast path gave them, not read back. A handful of statements a
-    step, whatever its size; nothing at all (one probe) while no grant exists."""
+    ``entries``, the rule's (``call_numbers``: each of their calls' ``calls.call_no``, which
+    their credit entries carry), and those of the calls its fast path settled
+    (``settled_in_sql``: each one settlement entry, seq 1, charging its key its cost; the fast
+    path settles no call of a customer), taken as the fast path gave them, not read back. A
+    handful of statements a step, whatever its size; nothing at all (one probe) while no grant
+    exists. Raises ``KeyError`` for an entry of a call not in ``call_numbers``."""
     repo = repository(session)
     if not repo.any_grants(session):
         return
@@ -138,7 +141,7 @@ def after_step(
             pair = (entry.customer_id, entry.api_key_id)
             if pair not in owners:
                 owners[pair] = Owner.of(*pair)
-    fast_keys = {key for _, key, _ in settled_in_sql}
+    fast_keys = {key for _, key, _, _ in settled_in_sql}
     candidates = {*owners.values(), *(Owner(None, key) for key in fast_keys)}
     holders = repo.owners_with_grants(session, sorted(candidates, key=Owner.sort_key))
     if not holders:
@@ -153,8 +156,9 @@ def after_step(
         key=_REQUEST_ID,
     )
     # The rule's: (call, owner's sort key) → [the owner's charge of the call's new entries, the
-    # last entry's seq, the owner].
+    # last entry's seq, the owner, the call's number].
     work: dict[tuple[str, str, str], list[Any]] = {}
+    numbers = call_numbers or {}
     for entry in entries:
         charged = owners.get((entry.customer_id, entry.api_key_id))
         if charged is None or charged not in holders:
@@ -162,7 +166,7 @@ def after_step(
         place = (entry.request_id, *charged.sort_key())
         total = work.get(place)
         if total is None:
-            total = work[place] = [0, entry.seq, charged]
+            total = work[place] = [0, entry.seq, charged, numbers[entry.request_id]]
         total[0] += entry.charge_pusd or 0
         total[1] = max(total[1], entry.seq)
     if not work and not fast:
@@ -213,7 +217,7 @@ def after_step(
     repo.add_to_sums(session, changed, overdrafts)
     # Alerts reach only the owners with a webhook budget: the others' crossings store nothing,
     # so only those owners' holds and open calls are read (once for all of them).
-    mine = {owner for _, _, owner in work.values()} | {Owner(None, key) for key in drawing}
+    mine = {owner for _, _, owner, _ in work.values()} | {Owner(None, key) for key in drawing}
     watched = sorted(mine & alerts.watched(session), key=Owner.sort_key)
     if not watched:
         return
@@ -302,13 +306,13 @@ def _plan(
 ) -> _Plan:
     """The entries of the step's draws from the owners' ``grants`` as read (``work``: the
     rule's, (call, owner's sort key) → [the owner's charge of the call's new entries, the last
-    entry's seq, the owner]; ``fast``: the fast path's calls of keys with grants, by call;
-    ``drawn``: what the rule's calls drew before); ``at``: the booking time as the repository
-    takes it. Thousands of draws a step: no object a draw. The fast path's calls of a key whose
-    first grant in order has enough left for all of the step's calls of that key (its rule
-    calls too, when each is a first draw) draw each whole from it (as ``_draw`` would, in any
-    order): those are ``CommonDraws``, given by key, not row by row; the rows are the rest's
-    (the rule's calls of such a key included), in the order they are drawn."""
+    entry's seq, the owner, the call's number]; ``fast``: the fast path's calls of keys with
+    grants, by call; ``drawn``: what the rule's calls drew before); ``at``: the booking time as
+    the repository takes it. Thousands of draws a step: no object a draw. The fast path's calls
+    of a key whose first grant in order has enough left for all of the step's calls of that key
+    (its rule calls too, when each is a first draw) draw each whole from it (as ``_draw`` would,
+    in any order): those are ``CommonDraws``, given by key, not row by row; the rows are the
+    rest's (the rule's calls of such a key included), in the order they are drawn."""
     remaining = {g.grant_id: g.remaining_pusd for g in grants}
     by_owner: dict[Owner, list[GrantView]] = {}
     for grant in grants:
@@ -323,7 +327,7 @@ def _plan(
     if fast:
         # Each key's charges: [their sum, how many] (a charge of 0 draws nothing).
         totals: dict[str, list[int]] = {}
-        for _, key, charge in fast:
+        for _, key, charge, _ in fast:
             if charge > 0:
                 summed = totals.get(key)
                 if summed is None:
@@ -334,7 +338,7 @@ def _plan(
         # What the rule's calls of those keys take, when each is a first draw (else None):
         # their draws come from the same first grant when it has enough left for all.
         ruled: dict[str, int | None] = {}
-        for (rid, _, key), (delta, _, owner) in work.items():
+        for (rid, _, key), (delta, _, owner, _) in work.items():
             if owner.customer_id is None and key in totals:
                 before = drawn.get((rid, owner)) if drawn else None
                 took = ruled.get(key, 0)
@@ -352,13 +356,13 @@ def _plan(
         if len(first_grants) < len(totals):
             # The others' calls are planned one by one, with the rule's.
             work = dict(work)
-            for rid, key, charge in fast:
+            for rid, key, charge, call_no in fast:
                 if key not in first_grants:
-                    work[rid, "", key] = [charge, 1, Owner(None, key)]
+                    work[rid, "", key] = [charge, 1, Owner(None, key), call_no]
     rows: list[EntryRow] = []
     common = True
     for place in sorted(work):
-        delta, seq, owner = work[place]
+        delta, seq, owner, call_no = work[place]
         if not delta:
             continue
         rid = place[0]
@@ -369,11 +373,13 @@ def _plan(
             grant_id = order[0].grant_id if order else None
             if grant_id is not None and remaining.get(grant_id, 0) >= delta:
                 customer_id, api_key_id = owner
-                rows.append((DRAW, at, customer_id, api_key_id, grant_id, delta, rid, seq, None))
+                rows.append(
+                    (DRAW, at, customer_id, api_key_id, grant_id, delta, rid, seq, None, call_no)
+                )
                 remaining[grant_id] -= delta
                 continue
         common = False
-        like = (DRAW, at, owner.customer_id, owner.api_key_id, None, 0, rid, seq, None)
+        like = (DRAW, at, owner.customer_id, owner.api_key_id, None, 0, rid, seq, None, call_no)
         if before and any(before.values()):
             owned = {g.grant_id: g for g in by_owner.get(owner, [])}
             _reverse(rows, like, before, owned, remaining, now)
@@ -393,19 +399,23 @@ def _reverse(
 ) -> None:
     """Take back what the call (``like``'s) drew of each grant and its overdraft, keeping
     ``remaining`` up to date."""
-    _, at, customer_id, api_key_id, _, _, rid, seq, _ = like
+    _, at, customer_id, api_key_id, _, _, rid, seq, _, call_no = like
     for grant_id in sorted(before, key=lambda g: g or ""):
         amount = before[grant_id]
         if not amount:
             continue
-        rows.append((REVERSAL, at, customer_id, api_key_id, grant_id, -amount, rid, seq, None))
+        rows.append(
+            (REVERSAL, at, customer_id, api_key_id, grant_id, -amount, rid, seq, None, call_no)
+        )
         if grant_id is None:
             continue
         grant = grants.get(grant_id)
         if grant is not None and not active(grant, now):
             # Given back to a grant that no longer counts: it ends again at once.
             ended = VOID if grant.voided else EXPIRY
-            rows.append((ended, at, customer_id, api_key_id, grant_id, amount, rid, seq, None))
+            rows.append(
+                (ended, at, customer_id, api_key_id, grant_id, amount, rid, seq, None, call_no)
+            )
         else:
             remaining[grant_id] += amount
 
@@ -419,19 +429,19 @@ def _draw(
 ) -> None:
     """Draw ``amount`` (> 0) for the call (``like``'s) from the ``drawable`` grants in order
     (active, in ``draw_order``), keeping ``remaining`` up to date; the rest is an overdraft."""
-    _, at, customer_id, api_key_id, _, _, rid, seq, _ = like
+    _, at, customer_id, api_key_id, _, _, rid, seq, _, call_no = like
     for grant in drawable:
         grant_id = grant.grant_id
         left = remaining.get(grant_id, 0)
         if left <= 0:
             continue
         take = left if left < amount else amount
-        rows.append((DRAW, at, customer_id, api_key_id, grant_id, take, rid, seq, None))
+        rows.append((DRAW, at, customer_id, api_key_id, grant_id, take, rid, seq, None, call_no))
         remaining[grant_id] = left - take
         amount -= take
         if amount <= 0:
             return
-    rows.append((OVERDRAFT, at, customer_id, api_key_id, None, amount, rid, seq, None))
+    rows.append((OVERDRAFT, at, customer_id, api_key_id, None, amount, rid, seq, None, call_no))
 
 
 def credits_exist(session: Session) -> bool:

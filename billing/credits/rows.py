@@ -62,14 +62,17 @@ class Movement(NamedTuple):
     request_id: str | None = None
     ledger_seq: int | None = None
     dedupe_key: str | None = None
+    #: The call's ``calls.call_no`` (with ``request_id``).
+    call_no: int | None = None
 
 
 #: A ``credit_entries`` row to insert: ``(kind, booked_at (the driver's value:
 #: ``CreditsRepository.entry_time``), customer_id, api_key_id, grant_id, amount_pusd, request_id,
-#: ledger_seq, dedupe_key)``.
+#: ledger_seq, dedupe_key, call_no)``.
 EntryRow = tuple[
-    str, Any, str | None, str | None, str | None, int, str | None, int | None, str | None
-]
+    str, Any, str | None, str | None, str | None, int, str | None, int | None, str | None,
+    int | None,
+]  # fmt: skip
 
 #: (call, owner) → grant id (None: the overdraft) → the net amount the call drew of it so far.
 Drawn = dict[tuple[str, Owner], dict[str | None, int]]
@@ -101,10 +104,10 @@ class CommonDraws(NamedTuple):
 
     #: The booking time as the repository takes it (``CreditsRepository.entry_time``).
     at: Any
-    #: ``(request_id, api_key_id, charge_pusd)`` of the fast path's calls, by ``request_id``
-    #: (``billing.reconcile.rows.CommonCharge``); those of keys not in ``grants`` are not these
-    #: draws, nor is a charge of 0.
-    calls: list[tuple[str, str, int]]
+    #: ``(request_id, api_key_id, charge_pusd, call_no)`` of the fast path's calls, by
+    #: ``request_id`` (``billing.reconcile.rows.CommonCharge``); those of keys not in ``grants``
+    #: are not these draws, nor is a charge of 0.
+    calls: list[tuple[str, str, int, int]]
     #: Key → the grant its calls draw.
     grants: dict[str, str]
     #: How many draws (the rows they make): ``calls`` of a key in ``grants`` with a charge above 0.
@@ -114,8 +117,8 @@ class CommonDraws(NamedTuple):
         """The draws as entry rows, by ``request_id``."""
         at, grants = self.at, self.grants
         return [
-            (DRAW, at, None, key, grants[key], charge, rid, 1, None)
-            for rid, key, charge in self.calls
+            (DRAW, at, None, key, grants[key], charge, rid, 1, None, call_no)
+            for rid, key, charge, call_no in self.calls
             if charge > 0 and key in grants
         ]
 

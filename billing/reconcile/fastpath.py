@@ -182,8 +182,8 @@ def settle_common(
     added to ``deltas`` for the step to write, and their contributions to ``drift_rollups`` (which
     holds every call settled here: each has a ``stream.started``) to ``drift`` when given (keyed
     and summed as ``billing.rollups.drift.Contributions``), so that the step need not read them
-    back from ``calls``, and each call's key and charge (``CommonCharge``) to ``charged`` when
-    given (the step's credit draws take them from there). Returns the calls settled (in no
+    back from ``calls``, and each call's key, charge and number (``CommonCharge``) to ``charged``
+    when given (the step's credit draws take them from there). Returns the calls settled (in no
     particular order); the others are untouched, for the rule. ``now`` (aware UTC) is the step's
     clock (``booked_at``, ``settled_at``); a call with an estimate settles once its last event
     arrived ``settle_after_s`` seconds before ``now`` or earlier. Raises the driver's error for a
@@ -211,7 +211,7 @@ def settle_common(
             if summed is not None:
                 row = [a + b for a, b in zip(summed, row, strict=True)]
             drift[key] = row
-    return [rid for rid, _, _ in settled]
+    return [rid for rid, _, _, _ in settled]
 
 
 #: The positions in ``TOKEN_FIELDS`` of the token sums ``drift_rollups`` keeps (its input, cache

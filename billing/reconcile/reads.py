@@ -86,11 +86,12 @@ def load_states(session: Session, request_ids: Sequence[str]) -> dict[str, CallS
     hold for it)."""
     repo: ReconcileRepository = repository(session)
     states: dict[str, CallState] = {}
-    for request_id, settled, attempts, *stored in repo.read_states(session, request_ids):
+    for request_id, settled, attempts, call_no, *stored in repo.read_states(session, request_ids):
         state = CallState()
         state.request_id = request_id
         state.settled = bool(settled)
         state.attempts = attempts
+        state.call_no = call_no
         state.stored = tuple(stored)
         state.settling = False
         states[request_id] = state

@@ -18,8 +18,8 @@ if TYPE_CHECKING:
 DriverTime = Any
 #: One call's step: its state before, its state after, its figures from the rule.
 Update = tuple["CallState", "CallState", "CallFigures"]
-#: ``(request_id, settled, attempts, last_received_at, api_key_id, model, started_at)``, the
-#: times as the driver returns them.
+#: ``(request_id, settled, attempts, call_no, last_received_at, api_key_id, model, started_at)``,
+#: the times as the driver returns them.
 StateRow = tuple[Any, ...]
 #: ``(request_id, body, received_at)`` of an event that is not a ``stream.tokens``.
 BodyRow = tuple[str, Any, DriverTime]
@@ -34,9 +34,9 @@ FoldRow = tuple[str, int, DriverTime, DriverTime, int, int, DriverTime]
 GroupRow = tuple[Any, ...]
 #: The reasons of a settlement with upstream usage and of one on the clock.
 Reasons = tuple[str, str]
-#: ``(request_id, api_key_id, charge_pusd)`` of a call the fast path settled: its one
+#: ``(request_id, api_key_id, charge_pusd, call_no)`` of a call the fast path settled: its one
 #: settlement entry (seq 1) charges its key, no customer, its cost (``billing.credits.draws``
 #: draws it without reading the entry back).
-CommonCharge = tuple[str, str, int]
+CommonCharge = tuple[str, str, int, int]
 #: The calls the fast path settled (``CommonCharge``), and their ``GroupRow``s.
 Settled = tuple[list[CommonCharge], list[GroupRow]]

@@ -228,7 +228,8 @@ def reconcile_calls(
     repo.write_calls(session, updates, now)
     repo.write_attempts(session, updates)
     repo.write_entries(session, entries)
-    credit_draws.after_step(session, entries, now, common_charged)
+    numbers = {rid: state.call_no for rid, state in states.items()}
+    credit_draws.after_step(session, entries, now, common_charged, numbers)
     rollups.after_step(session, rolled_up, after, entries, deltas)
     held = [new.request_id for _, new, _ in updates if drift_rollup.holds(new)]
     drift_rollup.after_writes(session, drift_before, held, common_drift)

@@ -43,7 +43,7 @@ class CallState:
     identity columns (api key, model, start) as the driver returned them.
     """
 
-    __slots__ = (*STATE_COLUMNS, "arrival", "settling", "stored")
+    __slots__ = (*STATE_COLUMNS, "arrival", "call_no", "settling", "stored")
 
     request_id: str
     settled: bool
@@ -61,6 +61,8 @@ class CallState:
     leakage_pusd: int | None
     settling: bool
     stored: tuple[Any, ...]
+    #: The call's number (``calls.call_no``).
+    call_no: int
     #: The last arrival among the call's events (as the driver returns times; see load_events).
     arrival: Any
 
@@ -86,6 +88,7 @@ def new_state(
     new.status = fig.status if new.settled else "open"
     new.settling = settle and not old.settled
     new.stored = old.stored
+    new.call_no = old.call_no
     new.started_at = fig.started_at
     new.api_key_id = fig.api_key_id
     new.model = fig.model

@@ -9,8 +9,10 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from sqlalchemy import text
 
 from billing.settings import Settings
+from billing.storage.db import read_transaction
 from tests.credits.helpers import (
     JAN,
     PRICE,
@@ -170,6 +172,44 @@ def test_a_key_without_a_customer_draws_its_own_grants_from_the_fast_path(
     assert entries(app)[1:] == [("draw", "k", "0.01", "solo")]
     assert balance(client, api_key_id="key_solo")["balance_usd"] == "0.49"
     assert balance(client, api_key_id="key_free")["grants"] == []
+
+
+def test_a_fast_path_draw_is_redrawn_exactly_when_its_call_is_re_rated(
+    client: TestClient, app: FastAPI, settings: Settings
+) -> None:
+    """A call drawn by the fast path, re-rated later by the rule (its key given a plan): the
+    redraw finds what it drew by the call's number, which each of the call's entries carries,
+    whichever path booked it."""
+    ok(client.post("/v1/prices", json=PRICE), 201)
+    grant(client, "k", "0.5", api_key_id="key_solo")
+    call(client, "solo", "2026-03-01T10:00:00Z", 1000, key="key_solo")  # 0.01 at cost
+    call(client, "solo2", "2026-03-01T10:00:00Z", 2000, key="key_solo")  # 0.02
+    reconcile(app, settings, "2026-03-01T10:05:00Z")
+    assert balance(client, api_key_id="key_solo")["balance_usd"] == "0.47"
+    plan = {"plan_id": "gold", "effective_from": JAN, "markup_pct": "50"}
+    ok(client.post("/v1/plans", json=plan), 201)
+    key = {"plan_id": "gold", "effective_from": "2026-02-01T00:00:00Z"}
+    ok(client.put("/v1/keys/key_solo", json=key), 201)
+    reconcile(app, settings, "2026-03-02T10:00:00Z")
+    assert entries(app)[1:] == [
+        ("draw", "k", "0.01", "solo"),
+        ("draw", "k", "0.02", "solo2"),
+        ("reversal", "k", "-0.01", "solo"),
+        ("draw", "k", "0.015", "solo"),
+        ("reversal", "k", "-0.02", "solo2"),
+        ("draw", "k", "0.03", "solo2"),
+    ]
+    assert balance(client, api_key_id="key_solo")["balance_usd"] == "0.455"
+    with read_transaction(app.state.billing.sessions) as session:
+        numbered = session.execute(
+            text(
+                "SELECT e.kind, e.call_no, c.call_no FROM credit_entries e "
+                "LEFT JOIN calls c ON c.request_id = e.request_id ORDER BY e.entry_id"
+            )
+        ).all()
+    assert [kind for kind, _, _ in numbered] == ["grant", "draw", "draw", *["reversal", "draw"] * 2]
+    assert numbered[0][1:] == (None, None)
+    assert all(mine == calls and mine is not None for _, mine, calls in numbered[1:])
 
 
 def test_one_step_books_each_calls_draws_in_call_order_whoever_draws_them(

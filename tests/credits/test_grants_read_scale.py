@@ -36,7 +36,7 @@ def test_the_grants_of_600_owners_are_read_without_a_scan_of_the_entries(
     with write_transaction(sessions) as session:
         # 50,000 draws (a call each) of the first key's grant, as steps book them.
         rows = [
-            (DRAW, booked, None, KEYS[0], f"g-{KEYS[0]}", 1, f"r{i}", 1, None)
+            (DRAW, booked, None, KEYS[0], f"g-{KEYS[0]}", 1, f"r{i}", 1, None, i + 1)
             for i in range(50_000)
         ]
         repository(session).insert_entries(session, rows)

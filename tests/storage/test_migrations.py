@@ -293,3 +293,44 @@ def test_0021_fills_the_rollups_by_key_and_by_status_from_what_is_stored(fresh_u
         engine.dispose()
     for name in new:
         assert filled[name] == kept[name], name
+
+
+def test_0026_numbers_the_credit_entries_of_calls_by_their_calls(fresh_url: str) -> None:
+    """The credit entries booked before 0026 (draws of the fast path's and of the rule's calls,
+    a reversal, an overdraft, grants) take their call's ``call_no``; the others none."""
+    from tests.credits.helpers import JAN, PRICE, call, grant, reconcile
+
+    config = alembic_config(fresh_url)
+    command.upgrade(config, "head")
+    settings = Settings(database_url=fresh_url)
+    numbered = (
+        "SELECT e.kind, e.request_id, e.call_no, c.call_no FROM credit_entries e "
+        "LEFT JOIN calls c ON c.request_id = e.request_id ORDER BY e.entry_id"
+    )
+    app = create_app(settings)
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        assert client.post("/v1/prices", json=PRICE).status_code == 201
+        key = {"customer_id": "acme", "effective_from": JAN}
+        assert client.put("/v1/keys/key_a", json=key).status_code == 201
+        grant(client, "g", "0.015")
+        grant(client, "k", "1", api_key_id="key_solo")
+        call(client, "r1", "2026-03-01T10:00:00Z", 1000)
+        call(client, "r2", "2026-03-01T10:00:00Z", 1000)  # 0.005 drawn, 0.005 overdraft
+        call(client, "s1", "2026-03-01T10:00:00Z", 3000, key="key_solo")
+        reconcile(app, settings, "2026-03-01T10:05:00Z")
+        with app.state.billing.sessions() as session:
+            before = [tuple(row) for row in session.execute(text(numbered))]
+    kinds = [(kind, rid) for kind, rid, _, _ in before]
+    assert kinds == [("grant", None), ("grant", None), ("draw", "r1"), ("draw", "r2"),
+                     ("overdraft", "r2"), ("draw", "s1")]  # fmt: skip
+    assert all(mine == theirs for _, rid, mine, theirs in before if rid is not None)
+    assert [mine for _, _, mine, _ in before[:2]] == [None, None]
+    command.downgrade(config, "0025_hold_settled")
+    command.upgrade(config, "head")
+    engine = create_engine(fresh_url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            after = [tuple(row) for row in conn.execute(text(numbered))]
+    finally:
+        engine.dispose()
+    assert after == before

@@ -199,12 +199,14 @@ _EXPIRING = select(_GRANTS.c.customer_id, _GRANTS.c.api_key_id, _GRANTS.c.grant_
 
 
 def _drawn_by_call(listed: Listed) -> Select[Any]:
-    """What each of the bound calls (``ids``) drew of each grant (or its overdraft), by owner:
-    its draws, reversals and overdrafts summed."""
+    """What each of the bound calls (``ids``: request ids) drew of each grant (or its
+    overdraft), by owner: its draws, reversals and overdrafts summed, found by the calls'
+    numbers (the entries' index)."""
     e = _ENTRIES.c
+    numbers = select(Call.call_no).where(listed(Call.request_id, "ids"))
     return (
         select(e.request_id, e.customer_id, e.api_key_id, e.grant_id, func.sum(e.amount_pusd))
-        .where(listed(e.request_id, "ids"), e.kind.in_((DRAW, REVERSAL, OVERDRAFT)))
+        .where(e.call_no.in_(numbers), e.kind.in_((DRAW, REVERSAL, OVERDRAFT)))
         .group_by(e.request_id, e.customer_id, e.api_key_id, e.grant_id)
     )
 
@@ -212,7 +214,7 @@ def _drawn_by_call(listed: Listed) -> Select[Any]:
 #: The columns ``credit_entries`` rows are inserted with (``_insert_entries``).
 _ENTRY_COLUMNS = (
     "kind", "booked_at", "customer_id", "api_key_id", "grant_id", "amount_pusd", "request_id",
-    "ledger_seq", "dedupe_key",
+    "ledger_seq", "dedupe_key", "call_no",
 )  # fmt: skip
 
 
@@ -246,7 +248,7 @@ _SQLITE_ADD_DRAW_ROW = (
 _SQLITE_COMMON_DRAWS = (
     "SELECT 'draw' AS kind, ? AS booked_at, NULL AS customer_id, f.api_key_id AS api_key_id, "
     "g.grant_id AS grant_id, f.cost_pusd AS amount_pusd, f.request_id AS request_id, "
-    "1 AS ledger_seq, NULL AS dedupe_key{n} "
+    "1 AS ledger_seq, NULL AS dedupe_key, f.call_no AS call_no{n} "
     f"FROM {SCRATCH_COMMON} AS f "
     "JOIN scratch.credit_first_grants AS g ON g.api_key_id = f.api_key_id "
     "WHERE f.cost_pusd > 0"
@@ -332,6 +334,7 @@ def entry_row(move: Movement) -> dict[str, Any]:
         "request_id": move.request_id,
         "ledger_seq": move.ledger_seq,
         "dedupe_key": move.dedupe_key,
+        "call_no": move.call_no,
     }
 
 
@@ -517,9 +520,9 @@ class CoreCredits:
             self._keep_sums(session, moves)
 
     def _row(self, move: Movement) -> EntryRow:
-        kind, at, (customer_id, api_key_id), grant_id, amount, rid, seq, dedupe = move
+        kind, at, (customer_id, api_key_id), grant_id, amount, rid, seq, dedupe, call_no = move
         return (kind, self.entry_time(at), customer_id, api_key_id, grant_id, amount, rid, seq,
-                dedupe)  # fmt: skip
+                dedupe, call_no)  # fmt: skip
 
     def entry_time(self, at: datetime) -> Any:
         """SQLite: ``UTCDateTime``'s text."""

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from billing.reconcile.entries import Entry
 
 READ_STATES = """
-SELECT request_id, settled, attempts, last_received_at, api_key_id, model, started_at
+SELECT request_id, settled, attempts, call_no, last_received_at, api_key_id, model, started_at
 FROM calls WHERE request_id = ANY(%b)
 """
 

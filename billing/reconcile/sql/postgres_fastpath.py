@@ -44,7 +44,8 @@ _COLUMNS = shared.SETTLE_COLUMNS.format(u="u", greatest="GREATEST")
 # too); the cost summed as whole dollars and picodollars.
 _SETTLE = f"""
 WITH f AS MATERIALIZED (
-    SELECT {_COLUMNS}, c.provider AS provider, c.upstream_account AS upstream_account
+    SELECT {_COLUMNS}, c.provider AS provider, c.upstream_account AS upstream_account,
+        c.call_no AS call_no
     FROM (
         {_CALL_AGGREGATES}
     ) AS g
@@ -121,7 +122,8 @@ SELECT api_key_id, model,
     date_trunc('hour', started_at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' AS hour,
     coalesce(provider, '') AS provider_key, coalesce(upstream_account, '') AS account_key,
     {shared.ROLLUP_SUMS},
-    array_agg(request_id ORDER BY request_id), array_agg(cost_pusd ORDER BY request_id)
+    array_agg(request_id ORDER BY request_id), array_agg(cost_pusd ORDER BY request_id),
+    array_agg(call_no ORDER BY request_id)
 FROM f GROUP BY api_key_id, model, quarter, hour, provider_key, account_key
 """
 
@@ -158,8 +160,11 @@ class PostgresSettleCommon:
         ).all()
         settled: list[CommonCharge] = []
         groups: list[Any] = []
-        for key, model, quarter, *sums, members, costs in rows:
-            settled.extend((rid, key, int(cost)) for rid, cost in zip(members, costs, strict=True))
+        for key, model, quarter, *sums, members, costs, numbers in rows:
+            settled.extend(
+                (rid, key, int(cost), number)
+                for rid, cost, number in zip(members, costs, numbers, strict=True)
+            )
             if quarter.tzinfo is not UTC:
                 quarter = quarter.astimezone(UTC)
             groups.append((key, model, quarter, *sums))

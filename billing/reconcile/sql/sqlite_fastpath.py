@@ -38,7 +38,7 @@ SCRATCH_TABLE = f"""
 CREATE TABLE IF NOT EXISTS {SCRATCH_COMMON} (
     request_id TEXT PRIMARY KEY, api_key_id, model, protocol, status, started_at, ended_at,
     arrival, usage_source, {_TOKENS}, stop_reason, price_id, {_RATES}, cost_pusd,
-    provider, upstream_account, call_rowid INTEGER
+    provider, upstream_account, call_rowid INTEGER, call_no INTEGER
 )"""
 
 CLEAR_SCRATCH = "DELETE FROM scratch.reconcile_common"
@@ -60,7 +60,7 @@ _COLUMNS = shared.SETTLE_COLUMNS.format(u="g", greatest="max")
 _GATHER = f"""
 INSERT INTO scratch.reconcile_common
 SELECT {_COLUMNS},
-    c.provider, c.upstream_account, c.rowid
+    c.provider, c.upstream_account, c.rowid, c.call_no
 FROM (
     SELECT s.*,
         json_extract(u.body, '$.source') AS source,
@@ -108,7 +108,7 @@ GATHER = {
     for case in shared.PROBE_CASES
 }
 
-SETTLED = "SELECT request_id, api_key_id, cost_pusd FROM scratch.reconcile_common"
+SETTLED = "SELECT request_id, api_key_id, cost_pusd, call_no FROM scratch.reconcile_common"
 
 #: One settlement entry per call, in request_id order; parameters: the reasons of an upstream
 #: and of an estimate's settlement, and booked_at.

@@ -80,7 +80,8 @@ class CreditEntry(Base):
     amount taken back, negative, when the call's charge was adjusted). ``amount_pusd`` is in
     the kind's own direction, so a grant's remainder is its grant − its draws and reversals −
     its expiries and voids. A draw, overdraft or reversal names the call's ledger entry
-    (``request_id``, ``ledger_seq``). ``dedupe_key`` (unique where set) books a grant's expiry or
+    (``request_id``, ``ledger_seq``) and carries the call's number (``calls.call_no``), by which
+    a redraw finds them. ``dedupe_key`` (unique where set) books a grant's expiry or
     void once under concurrency."""
 
     __tablename__ = "credit_entries"
@@ -95,9 +96,12 @@ class CreditEntry(Base):
     request_id: Mapped[str | None] = mapped_column(String(128))
     ledger_seq: Mapped[int | None] = mapped_column(Integer)
     dedupe_key: Mapped[str | None] = mapped_column(Text)
+    call_no: Mapped[int | None] = mapped_column(BigInteger)
 
     # Each index is read: by dedupe key (a grant's expiry or void), by booking time (the
-    # credits export), by call (a redraw reads what the call drew), by owner in booking order
+    # credits export), by call number (a redraw reads what the call drew: numbers are given in
+    # arrival order, so a step's draws land at the index's end, where its ``request_id`` put
+    # each anywhere: 1.6 µs a draw on SQLite, 0026), by owner in booking order
     # (its latest entries: the index's last rows rather than a sort of all of them), a
     # customer's and a key's own apart, so that each entry still pays one owner index. None by
     # grant (0022): a grant's remainder is kept on its row, and every draw would pay for it.
@@ -112,7 +116,7 @@ class CreditEntry(Base):
             sqlite_where=text("dedupe_key IS NOT NULL"),
         ),
         Index(None, "booked_at", "entry_id"),
-        Index(None, "request_id"),
+        Index(None, "call_no"),
         Index(
             "ix_credit_entries_customer_booked",
             "customer_id",
