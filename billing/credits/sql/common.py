@@ -36,7 +36,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from billing.budgets.sql.holds import held_total
 from billing.credits.rows import (
@@ -114,6 +114,26 @@ def _owner_lists(owners: Iterable[Owner]) -> tuple[list[str], list[str]]:
 
 #: A grant's remainder as the sum of its entries: its grant less everything else.
 SIGNED = case((CreditEntry.kind == GRANT, CreditEntry.amount_pusd), else_=-CreditEntry.amount_pusd)
+
+#: The divisor of ``_split_sum``: an amount's high part is below 2**63 / 10**6, its low part 10**6.
+_SPLIT = 10**6
+
+
+def _split_sum(
+    amount: ColumnElement[Any] | InstrumentedAttribute[int],
+) -> tuple[ColumnElement[Any], ColumnElement[Any]]:
+    """``amount`` summed in two parts, ``high * 10**6 + low`` (each amount divided with
+    truncation, its remainder of the same sign, on both databases), so that no SQL integer sum
+    overflows: SQLite's ``sum`` of 64-bit integers raises past 2**63 (about 9.2 million USD in
+    picodollars, less than the grants of a few large customers together); ``_joined`` puts
+    them back together in Python."""
+    return func.sum(amount // _SPLIT), func.sum(amount % _SPLIT)
+
+
+def _joined(high: Any, low: Any) -> int:
+    """The total that ``_split_sum``'s parts make (0 for none)."""
+    return int(high or 0) * _SPLIT + int(low or 0)
+
 
 _OVERDRAFTS = cast(Table, CreditOverdraft.__table__)
 _CUSTOMERS = cast(Table, Customer.__table__)
@@ -598,25 +618,24 @@ class CoreCredits:
     def kind_totals(
         self, session: Session, since: datetime | None, until: datetime
     ) -> dict[tuple[str, bool], int]:
-        query = select(
-            CreditEntry.kind,
-            CreditEntry.grant_id.is_not(None),
-            func.sum(CreditEntry.amount_pusd),
-        ).where(CreditEntry.booked_at < until)
+        of_grant = CreditEntry.grant_id.is_not(None)
+        query = select(CreditEntry.kind, of_grant, *_split_sum(CreditEntry.amount_pusd))
+        query = query.where(CreditEntry.booked_at < until)
         if since is not None:
             query = query.where(CreditEntry.booked_at >= since)
-        query = query.group_by(CreditEntry.kind, CreditEntry.grant_id.is_not(None))
+        query = query.group_by(CreditEntry.kind, of_grant)
         return {
-            (kind, bool(of_grant)): int(total) for kind, of_grant, total in session.execute(query)
+            (kind, bool(of_grant)): _joined(high, low)
+            for kind, of_grant, high, low in session.execute(query)
         }
 
     def balances_before(self, session: Session, until: datetime) -> dict[str, int]:
         query = (
-            select(CreditEntry.grant_id, func.sum(SIGNED))
+            select(CreditEntry.grant_id, *_split_sum(SIGNED))
             .where(CreditEntry.grant_id.is_not(None), CreditEntry.booked_at < until)
             .group_by(CreditEntry.grant_id)
         )
-        return {str(grant_id): int(total) for grant_id, total in session.execute(query)}
+        return {str(grant_id): _joined(high, low) for grant_id, high, low in session.execute(query)}
 
     def owner_entries(self, session: Session, owner: Owner, limit: int) -> list[CreditEntry]:
         query = (
