@@ -109,10 +109,21 @@ def kept_sums(url: str) -> tuple[dict[str, int], dict[str, int]]:
                 "e.amount_pusd ELSE -e.amount_pusd END), 0) FROM credit_grants g "
                 "LEFT JOIN credit_entries e ON e.grant_id = g.grant_id GROUP BY g.grant_id"
             )
-            overdrafts = pairs("SELECT owner, overdraft_pusd FROM credit_overdrafts")
-            owed = pairs(
+
+            def joined(sql: str) -> dict[str, int]:
+                # Sums past 2**63 in two parts (SQLite's integers overflow), joined here.
+                return {
+                    str(k): int(high) * 10**12 + int(low)
+                    for k, high, low in conn.execute(text(sql))
+                }
+
+            overdrafts = joined(
+                "SELECT owner, overdraft_whole_usd, overdraft_pusd FROM credit_overdrafts"
+            )
+            owed = joined(
                 "SELECT CASE WHEN customer_id IS NOT NULL THEN 'customer:' || customer_id "
-                "ELSE 'key:' || api_key_id END, sum(amount_pusd) FROM credit_entries "
+                "ELSE 'key:' || api_key_id END, sum(amount_pusd / 1000000000000), "
+                "sum(amount_pusd % 1000000000000) FROM credit_entries "
                 "WHERE grant_id IS NULL GROUP BY 1"
             )
     finally:

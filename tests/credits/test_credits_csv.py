@@ -108,3 +108,31 @@ def test_a_period_is_ascii_digits_and_the_manifest_names_it_canonically(
         assert response.json()["errors"][0]["path"] == "query.period"
     manifest = ok(client.get("/v1/exports/credits.manifest.json", params={"period": " 2026-03 "}))
     assert (manifest["period"], manifest["since"]) == ("2026-03", "2026-03-01T00:00:00Z")
+
+
+def test_grants_beyond_a_64_bit_sum_of_picodollars_export_exactly(
+    client: TestClient, app: FastAPI, settings: Settings
+) -> None:
+    """Three grants of 9,000,000 USD (9 * 10**18 picodollars each: their sum is past 2**63,
+    where SQLite's integer ``sum`` raised "integer overflow" and both the CSV and its manifest
+    answered 500): the totals and balances are exact."""
+    ok(client.post("/v1/prices", json=PRICE), 201)
+    march = "2026-03-01T00:00:00Z"
+    for n in range(3):
+        grant(client, f"big{n}", "9000000", march, api_key_id=f"key_{n}")
+    grant(client, "small", "0.000001", march, api_key_id="key_0", priority=1)
+    call(client, "c1", "2026-03-02T10:00:00Z", 1000, key="key_0")  # 0.01: 0.000001 of small
+    reconcile(app, settings, "2026-03-02T10:05:00Z")
+    body, manifest = export(client, "2026-03")
+    assert body.count(b"\r\n") == 7  # the header, four grants, two draws
+    assert b"4,grant,2026-03-01T00:00:00Z,,key_0,small,0.000001,,\r\n" in body
+    assert b"6,draw,2026-03-02T10:05:00Z,,key_0,big0,0.009999,c1,1\r\n" in body
+    assert manifest["to_date"] == {
+        "grants_usd": "27000000.000001", "draws_usd": "0.01", "expiries_usd": "0",
+        "voids_usd": "0", "overdrafts_usd": "0", "balances_usd": "26999999.990001",
+    }  # fmt: skip
+    assert manifest["in_period"] == {k: v for k, v in manifest["to_date"].items()
+                                     if k != "balances_usd"}  # fmt: skip
+    assert manifest["opening_balance_usd"] == "0"
+    assert manifest["closing_balance_usd"] == "26999999.990001"
+    assert manifest["identity_holds"] is True

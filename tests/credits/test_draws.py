@@ -306,3 +306,44 @@ def test_kept_remainders_equal_the_entries_after_draws_re_rating_expiry_void_and
     assert [k for k, *_ in entries(app)[3:]] == [
         "draw", "reversal", "draw", "draw", "expiry", "draw", "draw", "void", "overdraft",
     ]  # fmt: skip
+
+
+def test_overdrafts_past_a_64_bit_sum_of_picodollars_are_kept_exactly(
+    client: TestClient, app: FastAPI, settings: Settings
+) -> None:
+    """Two calls of 5,000,000 USD each (50,000,000 output tokens at 100,000 USD per million,
+    the price limit) and one of 0.00018 drawn by a key
+    with 1 USD of credit: an overdraft of 10,000,000.00018 USD, past 2**63 picodollars, where
+    the one kept sum turned into a binary float on SQLite (9999999.000180000768) and
+    PostgreSQL refused the step (the second call never settled)."""
+    ok(client.post("/v1/prices", json=PRICE), 201)
+    dear = {**PRICE, "model": "m-dear", "input_usd_per_mtok": "100000",
+            "output_usd_per_mtok": "100000"}  # fmt: skip
+    ok(client.post("/v1/prices", json=dear), 201)
+    grant(client, "g1", "1", api_key_id="key_d")
+    for n, at in enumerate(("2026-03-02T10:00:00Z", "2026-03-02T11:00:00Z")):
+        rid = f"dear-{n}"
+        events = [
+            {"event_id": f"{rid}-s", "request_id": rid, "type": "stream.started",
+             "occurred_at": at, "api_key_id": "key_d", "model": "m-dear",
+             "protocol": "anthropic.messages"},
+            {"event_id": f"{rid}-u", "request_id": rid, "type": "stream.usage",
+             "occurred_at": at.replace(":00Z", ":01Z"), "input_tokens": 0,
+             "output_tokens": 50_000_000, "source": "upstream"},
+        ]  # fmt: skip
+        ok(client.post("/v1/events", json={"events": events}), 200)
+        reconcile(app, settings, at.replace(":00:00Z", ":05:00Z"))
+        assert ok(client.get(f"/v1/calls/{rid}"))["settled"] is True
+    call(client, "small", "2026-03-02T12:00:00Z", 18, key="key_d")  # 0.00018
+    reconcile(app, settings, "2026-03-02T12:05:00Z")
+    figures = balance(client, api_key_id="key_d")
+    assert (figures["balance_usd"], figures["overdraft_usd"]) == ("0", "9999999.00018")
+    # A late usage of the first call at a tenth of its output: its overdraft given back
+    # (4,999,999 USD, a reversal past the kept fraction), 500,000 USD overdrawn again.
+    late = {"event_id": "dear-0-late", "request_id": "dear-0", "type": "stream.usage",
+            "occurred_at": "2026-03-02T10:00:02Z", "input_tokens": 0,
+            "output_tokens": 5_000_000, "source": "upstream"}  # fmt: skip
+    ok(client.post("/v1/events", json={"events": [late]}), 200)
+    reconcile(app, settings, "2026-03-02T13:05:00Z")
+    figures = balance(client, api_key_id="key_d")
+    assert (figures["balance_usd"], figures["overdraft_usd"]) == ("0", "5499999.00018")

@@ -334,3 +334,41 @@ def test_0026_numbers_the_credit_entries_of_calls_by_their_calls(fresh_url: str)
     finally:
         engine.dispose()
     assert after == before
+
+
+def test_0027_splits_the_kept_overdrafts_into_dollars_and_picodollars(fresh_url: str) -> None:
+    """The overdrafts kept before 0027 (one 64-bit sum an owner) are split into whole dollars
+    and the picodollars below one; a downgrade joins them again."""
+    config = alembic_config(fresh_url)
+    command.upgrade(config, "0026_credit_entries_call_no")
+    engine = create_engine(fresh_url, poolclass=NullPool)
+    kept = "SELECT owner, overdraft_pusd FROM credit_overdrafts ORDER BY owner"
+    try:
+        with engine.begin() as conn:
+            for owner, amount in (("customer:acme", 1_234_567_890_123_456), ("key:k", 9),
+                                  ("key:z", 0), ("key:w", 7 * 10**12)):  # fmt: skip
+                conn.execute(
+                    text("INSERT INTO credit_overdrafts VALUES (:o, NULL, :k, :a)"),
+                    {"o": owner, "k": owner, "a": amount},
+                )
+        command.upgrade(config, "0027_credit_overdraft_whole")
+        with engine.connect() as conn:
+            split = conn.execute(
+                text(
+                    "SELECT owner, overdraft_whole_usd, overdraft_pusd FROM credit_overdrafts "
+                    "ORDER BY owner"
+                )
+            ).all()
+        assert [tuple(row) for row in split] == [
+            ("customer:acme", 1234, 567_890_123_456),
+            ("key:k", 0, 9),
+            ("key:w", 7, 0),
+            ("key:z", 0, 0),
+        ]
+        command.downgrade(config, "0026_credit_entries_call_no")
+        with engine.connect() as conn:
+            joined = [tuple(row) for row in conn.execute(text(kept))]
+        assert joined == [("customer:acme", 1_234_567_890_123_456), ("key:k", 9),
+                          ("key:w", 7 * 10**12), ("key:z", 0)]  # fmt: skip
+    finally:
+        engine.dispose()

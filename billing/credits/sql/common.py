@@ -36,7 +36,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from billing.budgets.sql.holds import held_total
 from billing.credits.rows import (
@@ -114,6 +114,29 @@ def _owner_lists(owners: Iterable[Owner]) -> tuple[list[str], list[str]]:
 
 #: A grant's remainder as the sum of its entries: its grant less everything else.
 SIGNED = case((CreditEntry.kind == GRANT, CreditEntry.amount_pusd), else_=-CreditEntry.amount_pusd)
+
+#: Picodollars in a dollar: ``CreditOverdraft``'s two parts.
+_PUSD_PER_USD = 10**12
+
+#: The divisor of ``_split_sum``: an amount's high part is below 2**63 / 10**6, its low part 10**6.
+_SPLIT = 10**6
+
+
+def _split_sum(
+    amount: ColumnElement[Any] | InstrumentedAttribute[int],
+) -> tuple[ColumnElement[Any], ColumnElement[Any]]:
+    """``amount`` summed in two parts, ``high * 10**6 + low`` (each amount divided with
+    truncation, its remainder of the same sign, on both databases), so that no SQL integer sum
+    overflows: SQLite's ``sum`` of 64-bit integers raises past 2**63 (about 9.2 million USD in
+    picodollars, less than the grants of a few large customers together); ``_joined`` puts
+    them back together in Python."""
+    return func.sum(amount // _SPLIT), func.sum(amount % _SPLIT)
+
+
+def _joined(high: Any, low: Any) -> int:
+    """The total that ``_split_sum``'s parts make (0 for none)."""
+    return int(high or 0) * _SPLIT + int(low or 0)
+
 
 _OVERDRAFTS = cast(Table, CreditOverdraft.__table__)
 _CUSTOMERS = cast(Table, Customer.__table__)
@@ -289,16 +312,26 @@ def _balance(of_customer: bool) -> Select[Any]:
         .where(calls_of, Call.settled.is_(False))
         .scalar_subquery()
     )
-    overdraft = (
-        select(CreditOverdraft.overdraft_pusd)
-        .where(CreditOverdraft.owner == bindparam("account"))
-        .scalar_subquery()
+    overdraft = select(CreditOverdraft.overdraft_pusd).where(
+        CreditOverdraft.owner == bindparam("account")
     )
+    # The overdraft's two parts (``CreditOverdraft``), joined in Python: no 64-bit sum in SQL.
+    whole = overdraft.with_only_columns(CreditOverdraft.overdraft_whole_usd).scalar_subquery()
     figures = select(
-        held.label("held"), pending.label("pending"), overdraft.label("overdraft")
+        held.label("held"),
+        pending.label("pending"),
+        overdraft.scalar_subquery().label("overdraft"),
+        whole.label("overdraft_whole"),
     ).subquery("f")
     return (
-        select(figures.c.held, figures.c.pending, figures.c.overdraft, *_GRANT_COLUMNS, _VOIDED)
+        select(
+            figures.c.held,
+            figures.c.pending,
+            figures.c.overdraft,
+            figures.c.overdraft_whole,
+            *_GRANT_COLUMNS,
+            _VOIDED,
+        )
         .select_from(figures.outerjoin(CreditGrant, grants_of))
         .order_by(CreditGrant.grant_id)
     )
@@ -387,15 +420,22 @@ class CoreCredits:
                     "owner": owner.account(),
                     "customer_id": owner.customer_id,
                     "api_key_id": owner.api_key_id,
-                    "overdraft_pusd": amount,
+                    "overdraft_whole_usd": amount // _PUSD_PER_USD,
+                    "overdraft_pusd": amount % _PUSD_PER_USD,
                 }
                 for owner, amount in sorted(overdrafts.items(), key=lambda i: i[0].sort_key())
             ]
+            # Each part as kept (0 <= part < 10**12) plus the change's: below 2 * 10**12, its
+            # dollars carried (a change's whole dollars may be negative: a reversal).
             upsert = self._insert(_OVERDRAFTS)
+            fraction = _OVERDRAFTS.c.overdraft_pusd + upsert.excluded.overdraft_pusd
             upsert = upsert.on_conflict_do_update(
                 index_elements=[_OVERDRAFTS.c.owner],
                 set_={
-                    "overdraft_pusd": _OVERDRAFTS.c.overdraft_pusd + upsert.excluded.overdraft_pusd
+                    "overdraft_whole_usd": _OVERDRAFTS.c.overdraft_whole_usd
+                    + upsert.excluded.overdraft_whole_usd
+                    + fraction // _PUSD_PER_USD,
+                    "overdraft_pusd": fraction % _PUSD_PER_USD,
                 },
             )
             session.execute(upsert, rows)
@@ -498,9 +538,10 @@ class CoreCredits:
         # (its compile state, its result) cost many times its reading (each balance, and each
         # authorization of a ``credit_required`` customer).
         rows = session.connection().execute(_balance(of_customer), params).all()
-        held, pending, overdraft = rows[0][:3]
-        grants = [_grant_view(row[3:]) for row in rows if row[3] is not None]
-        return BalanceFigures(int(held), int(pending), int(overdraft or 0), grants)
+        held, pending, overdraft, whole = rows[0][:4]
+        grants = [_grant_view(row[4:]) for row in rows if row[4] is not None]
+        overdraft_pusd = int(whole or 0) * _PUSD_PER_USD + int(overdraft or 0)
+        return BalanceFigures(int(held), int(pending), overdraft_pusd, grants)
 
     def drawn(self, session: Session, request_ids: Sequence[str]) -> Drawn:
         found: Drawn = {}
@@ -562,10 +603,15 @@ class CoreCredits:
         if not owners:
             return {}
         by_account = {owner.account(): owner for owner in owners}
-        query = select(CreditOverdraft.owner, CreditOverdraft.overdraft_pusd).where(
-            CreditOverdraft.owner.in_(list(by_account))
-        )
-        return {by_account[account]: int(amount) for account, amount in session.execute(query)}
+        query = select(
+            CreditOverdraft.owner,
+            CreditOverdraft.overdraft_whole_usd,
+            CreditOverdraft.overdraft_pusd,
+        ).where(CreditOverdraft.owner.in_(list(by_account)))
+        return {
+            by_account[account]: int(whole) * _PUSD_PER_USD + int(fraction)
+            for account, whole, fraction in session.execute(query)
+        }
 
     def pending(self, session: Session, owner: Owner) -> int:
         return self.pending_by_owner(session, [owner]).get(owner, 0)
@@ -598,25 +644,24 @@ class CoreCredits:
     def kind_totals(
         self, session: Session, since: datetime | None, until: datetime
     ) -> dict[tuple[str, bool], int]:
-        query = select(
-            CreditEntry.kind,
-            CreditEntry.grant_id.is_not(None),
-            func.sum(CreditEntry.amount_pusd),
-        ).where(CreditEntry.booked_at < until)
+        of_grant = CreditEntry.grant_id.is_not(None)
+        query = select(CreditEntry.kind, of_grant, *_split_sum(CreditEntry.amount_pusd))
+        query = query.where(CreditEntry.booked_at < until)
         if since is not None:
             query = query.where(CreditEntry.booked_at >= since)
-        query = query.group_by(CreditEntry.kind, CreditEntry.grant_id.is_not(None))
+        query = query.group_by(CreditEntry.kind, of_grant)
         return {
-            (kind, bool(of_grant)): int(total) for kind, of_grant, total in session.execute(query)
+            (kind, bool(of_grant)): _joined(high, low)
+            for kind, of_grant, high, low in session.execute(query)
         }
 
     def balances_before(self, session: Session, until: datetime) -> dict[str, int]:
         query = (
-            select(CreditEntry.grant_id, func.sum(SIGNED))
+            select(CreditEntry.grant_id, *_split_sum(SIGNED))
             .where(CreditEntry.grant_id.is_not(None), CreditEntry.booked_at < until)
             .group_by(CreditEntry.grant_id)
         )
-        return {str(grant_id): int(total) for grant_id, total in session.execute(query)}
+        return {str(grant_id): _joined(high, low) for grant_id, high, low in session.execute(query)}
 
     def owner_entries(self, session: Session, owner: Owner, limit: int) -> list[CreditEntry]:
         query = (

@@ -62,14 +62,23 @@ class CreditOverdraft(Base):
     """(v3) An owner's overdraft: the sum of its ``CreditEntry`` rows of no grant (overdrafts
     less their reversals), kept like ``CreditGrant.remaining_pusd`` by the transaction that books
     each of them; a row from the owner's first such entry. ``owner`` is ``customer:<id>`` or
-    ``key:<id>`` (``billing.credits.rows.Owner.account``)."""
+    ``key:<id>`` (``billing.credits.rows.Owner.account``). The sum is exact picodollars split
+    as ``overdraft_whole_usd * 10**12 + overdraft_pusd`` (0 <= ``overdraft_pusd`` < 10**12,
+    migration 0027), so that an owner's overdrafts past 2**63 picodollars (9.2 million USD)
+    neither overflow a 64-bit integer (PostgreSQL refused the step: its call never settled)
+    nor turn it to a binary float (SQLite's integer arithmetic does on overflow)."""
 
     __tablename__ = "credit_overdrafts"
 
     owner: Mapped[str] = mapped_column(String(140), primary_key=True)
     customer_id: Mapped[str | None] = mapped_column(String(128))
     api_key_id: Mapped[str | None] = mapped_column(String(128))
+    #: The part of the overdraft below a dollar, in picodollars (0 to 10**12 - 1).
     overdraft_pusd: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    #: (0027) The whole dollars of the overdraft.
+    overdraft_whole_usd: Mapped[int] = mapped_column(
+        BigInteger, nullable=False, server_default=text("0")
+    )
 
 
 class CreditEntry(Base):
