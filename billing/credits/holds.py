@@ -11,7 +11,6 @@ from sqlalchemy.orm import Session
 from billing.budgets.repository import repository as budgets_repository
 from billing.budgets.spent import unstepped_estimates
 from billing.credits.rows import Owner
-from billing.plans.repository import repository as plans_repository
 
 
 def held_for_owner(session: Session, owner: Owner, now: datetime) -> int:
@@ -52,17 +51,12 @@ def unstepped_by_owner(
     key's customer at its start, else its key), so that an open call is pending from the ingest
     that stored it (CONTRACT "Authorizations and holds (v3)": no wait for a reconcile pass). A
     call a live hold of the owners stands for is left out: the hold counts it
-    (``held_by_owner``). A customer's calls have no customer on their row yet: those of every
-    key ever assigned to it are read (the assignment at each call's start decides), not every
-    call not stepped (under steady ingest, each of a busy service's authorizations of a
-    ``credit_required`` customer would estimate all of them)."""
+    (``held_by_owner``). A customer's calls have no customer on their row yet: every call not
+    stepped is read (few rows, ``ix_calls_unstepped``)."""
     keys = {o.api_key_id for o in owners if o.customer_id is None and o.api_key_id is not None}
     customers = {o.customer_id for o in owners if o.customer_id is not None}
     repo = budgets_repository(session)
-    wanted_keys = set(keys)
-    if customers:
-        wanted_keys.update(plans_repository(session).keys_ever_of(session, sorted(customers)))
-    calls = repo.unstepped_calls(session, wanted_keys, False)
+    calls = repo.unstepped_calls(session, keys, bool(customers))
     if not calls:
         return {}
     holds = repo.live_holds(session, now, keys, customers, False)

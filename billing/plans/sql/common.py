@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from sqlalchemy import bindparam, exists, func, select, text, update
+from sqlalchemy import exists, func, select, text, update
 from sqlalchemy.orm import Session, aliased
 
 from billing.storage.models import Call, KeyAssignment, PlanPrice, PlanVersion
@@ -40,23 +40,17 @@ _FIRST_KEYS = text(_key_page_sql(True))
 _NEXT_KEYS = text(_key_page_sql(False))
 
 
-#: The keys ever assigned to the bound customers (``ids``; the assignments' customer index).
-_KEYS_EVER_OF = select(KeyAssignment.api_key_id).where(
-    KeyAssignment.customer_id.in_(bindparam("ids", expanding=True))
-)
-
-
 class CorePlans:
     """``PlansRepository`` on both databases."""
 
     def keys_ever_of(self, session: Session, customer_ids: Sequence[str]) -> list[str]:
         found: set[str] = set()
         ids = sorted(set(customer_ids))
-        # On the connection (each authorization of a ``credit_required`` customer while calls
-        # wait for a step): the ORM session's execution cost more than the index read.
-        conn = session.connection()
         for start in range(0, len(ids), CHUNK):
-            found.update(conn.execute(_KEYS_EVER_OF, {"ids": ids[start : start + CHUNK]}).scalars())
+            query = select(KeyAssignment.api_key_id).where(
+                KeyAssignment.customer_id.in_(ids[start : start + CHUNK])
+            )
+            found.update(session.scalars(query))
         return sorted(found)
 
     def customers_keys_in_force(
