@@ -151,15 +151,6 @@ def _estimates(
     return found
 
 
-def unstepped_estimates(
-    session: Session, unstepped: list[Unstepped], skip: Collection[str]
-) -> list[tuple[Unstepped, str | None, dict[str, int]]]:
-    """``_estimates`` with the customer of each call at its start and its charge: what the
-    credits count of the calls not yet stepped (``billing.credits.holds.unstepped_by_owner``),
-    as the budgets count them."""
-    return _estimates(session, unstepped, skip, True, True)
-
-
 def spent(
     session: Session,
     budgets: Sequence[Budgeted],

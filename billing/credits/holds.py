@@ -9,7 +9,6 @@ from datetime import datetime
 from sqlalchemy.orm import Session
 
 from billing.budgets.repository import repository as budgets_repository
-from billing.budgets.spent import unstepped_estimates
 from billing.credits.rows import Owner
 
 
@@ -39,32 +38,3 @@ def held_by_owner(session: Session, owners: Collection[Owner], now: datetime) ->
             if mine:
                 held[owner] = held.get(owner, 0) + amount
     return held
-
-
-def unstepped_by_owner(
-    session: Session, owners: Collection[Owner], now: datetime
-) -> dict[Owner, int]:
-    """What each of ``owners``' calls stored but not yet read by a reconciliation step will be
-    charged (picodollars; an owner without such calls: absent): estimated as the budgets
-    estimate them (``billing.budgets.spent``: the ``stream.started`` input and the largest
-    generated count at the model's price, charged under the key's plan, the call's owner its
-    key's customer at its start, else its key), so that an open call is pending from the ingest
-    that stored it (CONTRACT "Authorizations and holds (v3)": no wait for a reconcile pass). A
-    call a live hold of the owners stands for is left out: the hold counts it
-    (``held_by_owner``). A customer's calls have no customer on their row yet: every call not
-    stepped is read (few rows, ``ix_calls_unstepped``)."""
-    keys = {o.api_key_id for o in owners if o.customer_id is None and o.api_key_id is not None}
-    customers = {o.customer_id for o in owners if o.customer_id is not None}
-    repo = budgets_repository(session)
-    calls = repo.unstepped_calls(session, keys, bool(customers))
-    if not calls:
-        return {}
-    holds = repo.live_holds(session, now, keys, customers, False)
-    standing = {hold.request_id for hold in holds if hold.call == "unstepped"}
-    wanted = set(owners)
-    pending: dict[Owner, int] = {}
-    for call, customer, estimate in unstepped_estimates(session, calls, standing):
-        owner = Owner.of(customer, call.api_key_id)
-        if owner in wanted:
-            pending[owner] = pending.get(owner, 0) + estimate["charge"]
-    return pending

@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from billing.credits.draws import active, book_expiries, draw_order, ended
-from billing.credits.holds import held_by_owner, unstepped_by_owner
+from billing.credits.holds import held_by_owner
 from billing.credits.repository import repository
 from billing.credits.rows import GRANT, VOID, GrantView, Movement, Owner
 from billing.credits.schemas import CustomerIn, GrantIn, to_pusd
@@ -265,19 +265,15 @@ def grant_json(session: Session, grant_id: str, now: datetime) -> dict[str, Any]
 def _figures(
     session: Session, owner: Owner, now: datetime
 ) -> tuple[list[GrantView], dict[str, int]]:
-    # The calls no step has read yet first: a step that reads and draws one in between then
-    # counts it twice for this one read, never not at all.
-    unstepped = unstepped_by_owner(session, [owner], now).get(owner, 0)
     # One statement: holds, open calls, remainders and overdraft read in one snapshot.
     read = repository(session).balance_figures(session, owner, now)
     grants = sorted(read.grants, key=draw_order)
     balance_pusd = sum(_left(g, now) for g in grants if active(g, now))
-    pending = read.pending + unstepped
     figures = {
         "balance": balance_pusd,
         "held": read.held,
-        "pending": pending,
-        "available": balance_pusd - read.held - pending,
+        "pending": read.pending,
+        "available": balance_pusd - read.held - read.pending,
         "overdraft": read.overdraft,
     }
     return grants, figures
@@ -296,10 +292,7 @@ def _figures_of(
     # in between (PostgreSQL reads each statement's latest commit) then counts it twice for
     # this one read, pending and drawn, never not at all.
     held = held_by_owner(session, owners, now)
-    unstepped = unstepped_by_owner(session, owners, now)
     pending = repo.pending_by_owner(session, owners)
-    for owner, amount in unstepped.items():
-        pending[owner] = pending.get(owner, 0) + amount
     grants: dict[Owner, list[GrantView]] = {owner: [] for owner in owners}
     for grant in repo.grants(session, owners):
         mine = grants.get(Owner.of(grant.owner.customer_id, grant.owner.api_key_id))

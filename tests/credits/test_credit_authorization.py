@@ -7,16 +7,12 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 import pytest
-from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from billing.reconcile.runner import run_pass
-from billing.settings import Settings
 from tests.conftest import LiveServer
 from tests.credits.helpers import JAN, PRICE, balance, grant, ok
 
@@ -137,49 +133,3 @@ def test_a_markup_plan_holds_the_charge_against_the_credit(client: TestClient) -
     ]
     figures = balance(client)
     assert (figures["held_usd"], figures["available_usd"]) == ("0.24", "0.06")
-
-
-def _open_call(client: TestClient, rid: str, key: str, input_tokens: int) -> None:
-    """A call's ``stream.started`` only (now, with the gateway's input count): open, and read
-    by no reconciliation step (the test app runs no background pass)."""
-    started = datetime.now(UTC) - timedelta(seconds=5)
-    event = {"event_id": f"{rid}-s", "request_id": rid, "type": "stream.started",
-             "occurred_at": started.isoformat(), "api_key_id": key, "model": "m-credit",
-             "protocol": "anthropic.messages", "input_tokens": input_tokens}  # fmt: skip
-    ok(client.post("/v1/events", json={"events": [event]}), 200)
-
-
-def test_an_open_call_is_pending_from_its_ingest_without_waiting_for_a_step(
-    acme: TestClient, app: FastAPI, settings: Settings
-) -> None:
-    """A call of 0.3 (300,000 input tokens at 1 USD per million) posted but not yet read by a
-    reconciliation step took nothing from the available credit: an authorization of 0.4 right
-    after it was admitted against 0.5 of credit, the owner then 0.2 overdrawn."""
-    grant(acme, "g1", "0.5")
-    ok(acme.put("/v1/keys/key_b", json={"customer_id": None, "effective_from": JAN}), 201)
-    grant(acme, "gb", "1", api_key_id="key_b")
-    _open_call(acme, "open-1", "key_a", 300_000)
-    _open_call(acme, "open-b", "key_b", 100_000)  # another owner's: 0.1 pending of key_b
-    figures = balance(acme)
-    assert (figures["pending_usd"], figures["available_usd"]) == ("0.3", "0.2")
-    assert balance(acme, api_key_id="key_b")["pending_usd"] == "0.1"
-    assert ok(acme.get("/v1/customers/acme"))["balance"]["pending_usd"] == "0.3"
-    assert [c["balance"]["pending_usd"] for c in ok(acme.get("/v1/customers"))["data"]] == ["0.3"]
-    assert _authorize(acme, "r-big", "0.4")["reason"] == "insufficient_credit"
-    # A hold whose call is posted stands for it until a step reads it: counted once, as held.
-    assert _authorize(acme, "r-held", "0.15")["decision"] == "allow"
-    _open_call(acme, "r-held", "key_a", 100_000)
-    figures = balance(acme)
-    assert (figures["held_usd"], figures["pending_usd"], figures["available_usd"]) == (
-        "0.15",
-        "0.3",
-        "0.05",
-    )
-    # Once a step read the calls, their own figures count: the same amounts, once.
-    run_pass(app.state.billing.sessions, settings, now=datetime.now(UTC))
-    figures = balance(acme)
-    assert (figures["held_usd"], figures["pending_usd"], figures["available_usd"]) == (
-        "0.05",
-        "0.4",
-        "0.05",
-    )
