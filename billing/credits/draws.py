@@ -120,9 +120,9 @@ def _others(session: Session, owner: Owner, now: datetime) -> int:
 def after_step(
     session: Session,
     entries: Sequence[ChargedEntry],
+    call_numbers: Mapping[str, int],
     now: datetime,
     settled_in_sql: Sequence[CommonCharge] = (),
-    call_numbers: Mapping[str, int] | None = None,
 ) -> None:
     """Book the draws of the ledger entries a reconciliation step booked (in its transaction):
     ``entries``, the rule's (``call_numbers``: each of their calls' ``calls.call_no``, which
@@ -158,7 +158,6 @@ def after_step(
     # The rule's: (call, owner's sort key) → [the owner's charge of the call's new entries, the
     # last entry's seq, the owner, the call's number].
     work: dict[tuple[str, str, str], list[Any]] = {}
-    numbers = call_numbers or {}
     for entry in entries:
         charged = owners.get((entry.customer_id, entry.api_key_id))
         if charged is None or charged not in holders:
@@ -166,7 +165,7 @@ def after_step(
         place = (entry.request_id, *charged.sort_key())
         total = work.get(place)
         if total is None:
-            total = work[place] = [0, entry.seq, charged, numbers[entry.request_id]]
+            total = work[place] = [0, entry.seq, charged, call_numbers[entry.request_id]]
         total[0] += entry.charge_pusd or 0
         total[1] = max(total[1], entry.seq)
     if not work and not fast:

@@ -158,7 +158,7 @@ def reconcile_calls(
             done = set(common)
             request_ids = [rid for rid in request_ids if rid not in done]
             if not request_ids:
-                credit_draws.after_step(session, [], now, common_charged)
+                credit_draws.after_step(session, [], {}, now, common_charged)
                 rollups.after_step(session, {}, [], [], deltas)
                 drift_rollup.after_writes(session, {}, [], common_drift)
                 budget_counters.after_step(session, every, now)
@@ -229,7 +229,7 @@ def reconcile_calls(
     repo.write_attempts(session, updates)
     repo.write_entries(session, entries)
     numbers = {rid: state.call_no for rid, state in states.items()}
-    credit_draws.after_step(session, entries, now, common_charged, numbers)
+    credit_draws.after_step(session, entries, numbers, now, common_charged)
     rollups.after_step(session, rolled_up, after, entries, deltas)
     held = [new.request_id for _, new, _ in updates if drift_rollup.holds(new)]
     drift_rollup.after_writes(session, drift_before, held, common_drift)

@@ -56,6 +56,7 @@ from billing.credits.rows import (
     Owner,
 )
 from billing.reconcile.sql.sqlite_fastpath import SCRATCH_COMMON
+from billing.rollups.rows import PICO
 from billing.storage.dialects import DialectInsert
 from billing.storage.lists import ARRAY_LIST, JSON_LIST, Listed
 from billing.storage.models import (
@@ -115,8 +116,6 @@ def _owner_lists(owners: Iterable[Owner]) -> tuple[list[str], list[str]]:
 #: A grant's remainder as the sum of its entries: its grant less everything else.
 SIGNED = case((CreditEntry.kind == GRANT, CreditEntry.amount_pusd), else_=-CreditEntry.amount_pusd)
 
-#: Picodollars in a dollar: ``CreditOverdraft``'s two parts.
-_PUSD_PER_USD = 10**12
 
 #: The divisor of ``_split_sum``: an amount's high part is below 2**63 / 10**6, its low part 10**6.
 _SPLIT = 10**6
@@ -420,8 +419,8 @@ class CoreCredits:
                     "owner": owner.account(),
                     "customer_id": owner.customer_id,
                     "api_key_id": owner.api_key_id,
-                    "overdraft_whole_usd": amount // _PUSD_PER_USD,
-                    "overdraft_pusd": amount % _PUSD_PER_USD,
+                    "overdraft_whole_usd": amount // PICO,
+                    "overdraft_pusd": amount % PICO,
                 }
                 for owner, amount in sorted(overdrafts.items(), key=lambda i: i[0].sort_key())
             ]
@@ -434,8 +433,8 @@ class CoreCredits:
                 set_={
                     "overdraft_whole_usd": _OVERDRAFTS.c.overdraft_whole_usd
                     + upsert.excluded.overdraft_whole_usd
-                    + fraction // _PUSD_PER_USD,
-                    "overdraft_pusd": fraction % _PUSD_PER_USD,
+                    + fraction // PICO,
+                    "overdraft_pusd": fraction % PICO,
                 },
             )
             session.execute(upsert, rows)
@@ -540,7 +539,7 @@ class CoreCredits:
         rows = session.connection().execute(_balance(of_customer), params).all()
         held, pending, overdraft, whole = rows[0][:4]
         grants = [_grant_view(row[4:]) for row in rows if row[4] is not None]
-        overdraft_pusd = int(whole or 0) * _PUSD_PER_USD + int(overdraft or 0)
+        overdraft_pusd = int(whole or 0) * PICO + int(overdraft or 0)
         return BalanceFigures(int(held), int(pending), overdraft_pusd, grants)
 
     def drawn(self, session: Session, request_ids: Sequence[str]) -> Drawn:
@@ -609,7 +608,7 @@ class CoreCredits:
             CreditOverdraft.overdraft_pusd,
         ).where(CreditOverdraft.owner.in_(list(by_account)))
         return {
-            by_account[account]: int(whole) * _PUSD_PER_USD + int(fraction)
+            by_account[account]: int(whole) * PICO + int(fraction)
             for account, whole, fraction in session.execute(query)
         }
 
